@@ -1,0 +1,36 @@
+"""Typed errors: everything omnicore raises on purpose derives from OmniCoreError.
+
+Callers (the CLI, the demo, apps) catch OmniCoreError and show its message; anything else
+escaping omnicore is a bug. Each message says what went wrong *and* what to do about it.
+"""
+
+
+class OmniCoreError(Exception):
+    """Base class of every error omnicore raises deliberately."""
+
+
+class ConfigError(OmniCoreError):
+    """A config.json is missing, malformed, or describes a model omnicore cannot run."""
+
+
+class WeightsError(OmniCoreError):
+    """A weights file is unreadable, truncated, hostile, or does not match its config.
+
+    The message always names the file and, where there is one, the tensor key.
+    """
+
+
+class ModelNotFoundError(OmniCoreError):
+    """The model could not be found locally and could not be downloaded (offline, bad id)."""
+
+
+class InputError(OmniCoreError, ValueError):
+    """Bad user input: empty or huge text, unknown instruct, bad duration/speed, ..."""
+
+
+class AudioError(OmniCoreError, ValueError):
+    """Audio that cannot be used: unreadable, empty, NaN/inf, bad sample rate or channels."""
+
+
+class VoicePromptError(OmniCoreError):
+    """A saved voice prompt file is unreadable, of an unknown version, or inconsistent."""
