@@ -1,0 +1,158 @@
+"""The safetensors reader and ParamReader: good files load, every kind of bad file gets a
+WeightsError naming the file (and key), never a numpy traceback."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors.numpy import save_file
+
+from omnicore.errors import ModelNotFoundError, WeightsError
+from omnicore.weights import ParamReader, read_safetensors, resolve_model_dir
+
+
+def _write_raw(path, header: dict, data: bytes, header_len: int | None = None):
+    hb = json.dumps(header).encode()
+    n = len(hb) if header_len is None else header_len
+    path.write_bytes(struct.pack("<Q", n) + hb + data)
+    return path
+
+
+@pytest.fixture
+def good(tmp_path):
+    rng = np.random.default_rng(0)
+    tensors = {
+        "w": rng.standard_normal((4, 3)).astype(np.float32),
+        "ids": np.arange(8, dtype=np.int64),
+        "scalarish": np.ones((1,), np.float32),
+    }
+    p = tmp_path / "good.safetensors"
+    save_file(tensors, str(p), metadata={"format": "pt"})
+    return p, tensors
+
+
+def test_f32_and_i64_are_zero_copy_views(good):
+    path, ref = good
+    got = read_safetensors(path)
+    assert set(got) == set(ref)
+    for k in ref:
+        np.testing.assert_array_equal(got[k], ref[k])
+        assert got[k].dtype == ref[k].dtype
+    # zero-copy: the arrays are views into the file's memory map, not fresh buffers
+    assert not got["w"].flags["OWNDATA"] and not got["w"].flags["WRITEABLE"]
+
+
+def test_bf16_and_f16_become_float32(tmp_path):
+    x = np.array([[1.0, -2.5, 3.140625], [0.0, 1e-3, 65504.0]], np.float32)
+    # bf16 = the top 16 bits of the float32 (values chosen to be exact in bf16 / f16)
+    bf = (x.view(np.uint32) >> 16).astype(np.uint16)
+    f16 = np.array([[0.5, -1.0], [2.0, 1024.0]], np.float16)
+    data = bf.tobytes() + f16.tobytes()
+    header = {"a": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, bf.nbytes]},
+              "b": {"dtype": "F16", "shape": [2, 2], "data_offsets": [bf.nbytes, len(data)]}}
+    got = read_safetensors(_write_raw(tmp_path / "h.safetensors", header, data))
+    assert got["a"].dtype == np.float32 and got["b"].dtype == np.float32
+    np.testing.assert_array_equal(got["a"], (bf.astype(np.uint32) << 16).view(np.float32))
+    np.testing.assert_array_equal(got["b"], f16.astype(np.float32))
+
+
+def test_truncated_file(good, tmp_path):
+    path, _ = good
+    raw = path.read_bytes()
+    for cut in (0, 5, 20, len(raw) - 1):
+        p = tmp_path / f"cut{cut}.safetensors"
+        p.write_bytes(raw[:cut])
+        with pytest.raises(WeightsError, match=str(p.name)):
+            read_safetensors(p)
+
+
+@pytest.mark.parametrize("entry, match", [
+    ({"dtype": "F32", "shape": [4], "data_offsets": [0, 10**12]}, "outside"),
+    ({"dtype": "F32", "shape": [4], "data_offsets": [8, 4]}, "outside"),
+    ({"dtype": "F32", "shape": [4], "data_offsets": [-16, 0]}, "outside"),
+    ({"dtype": "F32", "shape": [2**39, 2**39], "data_offsets": [0, 16]}, "needs"),
+    ({"dtype": "F32", "shape": [3], "data_offsets": [0, 16]}, "needs"),
+    ({"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}, "bad shape"),
+    ({"dtype": "F32", "shape": "4", "data_offsets": [0, 16]}, "bad shape"),
+    ({"dtype": "F32", "shape": [4], "data_offsets": [0]}, "data_offsets"),
+    ({"dtype": "Q4", "shape": [4], "data_offsets": [0, 16]}, "dtype"),
+    ({"dtype": "F32", "shape": [4], "data_offsets": [0, 16], "evil": 1}, "malformed"),
+    ("not an object", "malformed"),
+])
+def test_hostile_headers(tmp_path, entry, match):
+    p = _write_raw(tmp_path / "x.safetensors", {"t": entry}, b"\0" * 16)
+    with pytest.raises(WeightsError, match=match) as info:
+        read_safetensors(p)
+    assert "x.safetensors" in str(info.value)
+
+
+def test_absurd_header_length_and_bad_json(tmp_path):
+    p = _write_raw(tmp_path / "big.safetensors", {"t": {}}, b"", header_len=2**62)
+    with pytest.raises(WeightsError, match="header length"):
+        read_safetensors(p)
+    p = tmp_path / "junk.safetensors"
+    p.write_bytes(struct.pack("<Q", 4) + b"\xff\xfe{[")
+    with pytest.raises(WeightsError, match="JSON"):
+        read_safetensors(p)
+    p = tmp_path / "list.safetensors"
+    p.write_bytes(struct.pack("<Q", 2) + b"[]")
+    with pytest.raises(WeightsError, match="object"):
+        read_safetensors(p)
+
+
+def test_overlapping_tensors(tmp_path):
+    header = {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+              "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}}
+    with pytest.raises(WeightsError, match="overlap"):
+        read_safetensors(_write_raw(tmp_path / "o.safetensors", header, b"\0" * 24))
+
+
+def test_missing_file_and_directory(tmp_path):
+    with pytest.raises(WeightsError, match="not found"):
+        read_safetensors(tmp_path / "nope.safetensors")
+    with pytest.raises(WeightsError, match="directory"):
+        read_safetensors(tmp_path)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=200), n=st.integers(0, 2**64 - 1))
+def test_random_bytes_never_crash(tmp_path, data, n):
+    p = tmp_path / "fuzz.safetensors"
+    p.write_bytes(struct.pack("<Q", n) + data)
+    try:
+        read_safetensors(p)
+    except WeightsError:
+        pass
+
+
+def test_param_reader_checks_keys_shapes_and_audit(good):
+    path, ref = good
+    r = ParamReader.open(path)
+    np.testing.assert_array_equal(r.take("w", (4, 3)), ref["w"])
+    r.take("ids", (None,))
+    with pytest.raises(WeightsError, match=r"'missing\.key'"):
+        r.take("missing.key", (1,))
+    with pytest.raises(WeightsError, match=r"'w' has shape \[4, 3\]"):
+        r.take("w", (3, 4))
+    with pytest.raises(WeightsError, match="not used.*'scalarish'"):
+        r.finish()
+    r.skip("scal")
+    r.finish()
+
+
+def test_resolve_model_dir_local_and_errors(tmp_path, monkeypatch):
+    assert resolve_model_dir(tmp_path) == tmp_path
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    with pytest.raises(ModelNotFoundError, match="found a file"):
+        resolve_model_dir(f)
+    with pytest.raises(ModelNotFoundError, match="owner/name"):
+        resolve_model_dir(tmp_path / "does" / "not" / "exist")
+    # Offline with an empty cache: a fast, explicit message that says what to download.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(ModelNotFoundError, match="huggingface-cli download k2-fsa/OmniVoice"):
+        resolve_model_dir("k2-fsa/OmniVoice")
