@@ -185,3 +185,197 @@ class GenerationConfig:
     def from_dict(cls, d: dict[str, Any]) -> "GenerationConfig":
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+# --- Higgs Audio V2 codec ---
+# `audio_tokenizer/config.json`: a top-level HiggsAudioV2Tokenizer config with two nested
+# sub-configs, the acoustic DAC (`acoustic_model_config`) and the semantic HuBERT
+# (`semantic_model_config`). The class defaults in transformers do NOT describe the released
+# checkpoint (e.g. DAC ratios [8, 5, 4, 2] there vs [8, 5, 4, 2, 3] in the file), so every
+# number is read from the JSON; the defaults below only fill fields the file may omit.
+
+
+def _int_tuple(obj, where: str, name: str) -> None:
+    value = getattr(obj, name)
+    if (not isinstance(value, tuple) or not value
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
+        raise ConfigError(f"{where}: {name} must be a non-empty list of positive integers, got {value!r}")
+
+
+def _tuples(kw: dict, *names: str) -> dict:
+    for name in names:
+        if isinstance(kw.get(name), list):
+            kw[name] = tuple(kw[name])
+    return kw
+
+
+@dataclass(frozen=True)
+class DacConfig:
+    """The acoustic branch: a DAC encoder (waveform -> latent) and decoder (latent -> waveform).
+
+    As in transformers, `upsampling_ratios` defaults to the reversed `downsampling_ratios` and
+    `hidden_size` to `encoder_hidden_size * 2**len(downsampling_ratios)` when the file omits them;
+    the released file sets both ([8, 5, 4, 2, 3] and 256).
+    """
+
+    encoder_hidden_size: int = 64
+    decoder_hidden_size: int = 1024
+    hidden_size: int = 256
+    downsampling_ratios: tuple[int, ...] = (8, 5, 4, 2, 3)
+    upsampling_ratios: tuple[int, ...] = (8, 5, 4, 2, 3)
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "acoustic_model_config") -> "DacConfig":
+        kw = _tuples(_pick(cls, d, where, required=("downsampling_ratios",)),
+                     "downsampling_ratios", "upsampling_ratios")
+        down = kw["downsampling_ratios"]
+        if isinstance(down, tuple):
+            kw.setdefault("upsampling_ratios", down[::-1])
+            kw.setdefault("hidden_size", kw.get("encoder_hidden_size", 64) * 2 ** len(down))
+        cfg = cls(**kw)
+        _positive_ints(cfg, where, "encoder_hidden_size", "decoder_hidden_size", "hidden_size")
+        _int_tuple(cfg, where, "downsampling_ratios")
+        _int_tuple(cfg, where, "upsampling_ratios")
+        if cfg.decoder_hidden_size % 2 ** len(cfg.upsampling_ratios):
+            raise ConfigError(f"{where}: decoder_hidden_size {cfg.decoder_hidden_size} must be divisible "
+                              f"by 2**{len(cfg.upsampling_ratios)} (each decoder block halves it)")
+        return cfg
+
+
+@dataclass(frozen=True)
+class HubertConfig:
+    """The semantic branch: HuBERT (conv feature encoder + post-LN transformer) at 16 kHz."""
+
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    layer_norm_eps: float = 1e-5
+    feat_extract_norm: str = "group"
+    feat_extract_activation: str = "gelu"
+    feat_proj_layer_norm: bool = True
+    conv_dim: tuple[int, ...] = (512, 512, 512, 512, 512, 512, 512)
+    conv_stride: tuple[int, ...] = (5, 2, 2, 2, 2, 2, 2)
+    conv_kernel: tuple[int, ...] = (10, 3, 3, 3, 3, 2, 2)
+    conv_bias: bool = False
+    num_conv_pos_embeddings: int = 128
+    num_conv_pos_embedding_groups: int = 16
+    conv_pos_batch_norm: bool = False
+    do_stable_layer_norm: bool = False
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "semantic_model_config") -> "HubertConfig":
+        kw = _tuples(_pick(cls, d, where), "conv_dim", "conv_stride", "conv_kernel")
+        cfg = cls(**kw)
+        _positive_ints(cfg, where, "hidden_size", "num_hidden_layers", "num_attention_heads",
+                       "intermediate_size", "num_conv_pos_embeddings", "num_conv_pos_embedding_groups")
+        for name in ("conv_dim", "conv_stride", "conv_kernel"):
+            _int_tuple(cfg, where, name)
+        if not len(cfg.conv_dim) == len(cfg.conv_stride) == len(cfg.conv_kernel):
+            raise ConfigError(f"{where}: conv_dim, conv_stride and conv_kernel must have the same length")
+        if cfg.hidden_size % cfg.num_attention_heads:
+            raise ConfigError(f"{where}: hidden_size {cfg.hidden_size} is not a multiple of "
+                              f"num_attention_heads {cfg.num_attention_heads}")
+        if cfg.hidden_size % cfg.num_conv_pos_embedding_groups:
+            raise ConfigError(f"{where}: hidden_size {cfg.hidden_size} is not a multiple of "
+                              f"num_conv_pos_embedding_groups {cfg.num_conv_pos_embedding_groups}")
+        # Only the variant the Higgs checkpoint uses (HuBERT-base) is implemented.
+        unsupported = [(cfg.feat_extract_norm != "group", f"feat_extract_norm={cfg.feat_extract_norm!r}"),
+                       (cfg.hidden_act != "gelu", f"hidden_act={cfg.hidden_act!r}"),
+                       (cfg.feat_extract_activation != "gelu",
+                        f"feat_extract_activation={cfg.feat_extract_activation!r}"),
+                       (cfg.do_stable_layer_norm, "do_stable_layer_norm=true"),
+                       (cfg.conv_pos_batch_norm, "conv_pos_batch_norm=true")]
+        bad = [text for flag, text in unsupported if flag]
+        if bad:
+            raise ConfigError(f"{where}: {', '.join(bad)} is not supported (omnicore implements the "
+                              "HuBERT-base layout: group norm, GELU, post-LN, weight-normed pos conv)")
+        return cfg
+
+
+@dataclass(frozen=True)
+class HiggsAudioV2TokenizerConfig:
+    """`audio_tokenizer/config.json`: the whole codec, with the derived sizes as properties."""
+
+    acoustic_model_config: DacConfig
+    semantic_model_config: HubertConfig
+    sample_rate: int = 24000
+    semantic_sample_rate: int = 16000
+    downsample_factor: int = 320
+    codebook_size: int = 1024
+    codebook_dim: int = 64
+    kernel_size: int = 3
+    unit_kernel_size: int = 3
+    strides: tuple[int, ...] = (1, 1)
+    channel_ratios: tuple[float, ...] = (1, 1)
+    block_dilations: tuple[int, ...] = (1, 1)
+    target_bandwidths: tuple[float, ...] = (0.5, 1, 1.5, 2)
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "audio_tokenizer/config.json") -> "HiggsAudioV2TokenizerConfig":
+        if d.get("model_type", "higgs_audio_v2_tokenizer") != "higgs_audio_v2_tokenizer":
+            raise ConfigError(f"{where}: model_type is {d.get('model_type')!r}, expected "
+                              "'higgs_audio_v2_tokenizer' (is this the audio_tokenizer/ config?)")
+        for sub in ("acoustic_model_config", "semantic_model_config"):
+            if not isinstance(d.get(sub), dict):
+                raise ConfigError(f"{where}: missing the `{sub}` object")
+        kw = _tuples(_pick(cls, d, where), "strides", "channel_ratios", "block_dilations", "target_bandwidths")
+        kw["acoustic_model_config"] = DacConfig.from_dict(d["acoustic_model_config"],
+                                                          f"{where}: acoustic_model_config")
+        kw["semantic_model_config"] = HubertConfig.from_dict(d["semantic_model_config"],
+                                                             f"{where}: semantic_model_config")
+        if kw.get("codebook_dim", 0) is None:  # transformers: null means "the fused latent width"
+            kw["codebook_dim"] = (kw["acoustic_model_config"].hidden_size
+                                  + kw["semantic_model_config"].hidden_size)
+        cfg = cls(**kw)
+        _positive_ints(cfg, where, "sample_rate", "semantic_sample_rate", "downsample_factor",
+                       "codebook_size", "codebook_dim", "kernel_size", "unit_kernel_size")
+        for name in ("strides", "block_dilations"):
+            _int_tuple(cfg, where, name)
+        if len(cfg.strides) != len(cfg.channel_ratios):
+            raise ConfigError(f"{where}: strides and channel_ratios must have the same length")
+        if any(s != 1 for s in cfg.strides) or any(r != 1 for r in cfg.channel_ratios):
+            raise ConfigError(f"{where}: only strides [1, ...] and channel_ratios [1, ...] are supported "
+                              f"(got {list(cfg.strides)}, {list(cfg.channel_ratios)})")
+        tb = cfg.target_bandwidths
+        if not tb or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0 for b in tb):
+            raise ConfigError(f"{where}: target_bandwidths must be a non-empty list of positive numbers")
+        if cfg.num_quantizers < 1:
+            raise ConfigError(f"{where}: target_bandwidths {list(tb)} give no quantizer at this frame rate")
+        if cfg.semantic_downsample_factor < 1:
+            raise ConfigError(f"{where}: hop_length {cfg.hop_length} and downsample_factor "
+                              f"{cfg.downsample_factor} give a semantic downsampling factor below 1")
+        return cfg
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "HiggsAudioV2TokenizerConfig":
+        return cls.from_dict(read_json(path), str(path))
+
+    @property
+    def hop_length(self) -> int:
+        """Waveform samples per code frame (960 = 8*5*4*2*3 in the released checkpoint)."""
+        return math.prod(self.acoustic_model_config.downsampling_ratios)
+
+    @property
+    def frame_rate(self) -> int:
+        return math.ceil(self.sample_rate / self.hop_length)
+
+    @property
+    def codebook_nbits(self) -> int:
+        return math.ceil(math.log2(self.codebook_size))
+
+    @property
+    def num_quantizers(self) -> int:
+        """Codebooks at the highest target bandwidth (8 for the released checkpoint)."""
+        return int(1000 * self.target_bandwidths[-1] // (self.frame_rate * self.codebook_nbits))
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the fused latent the quantizer works in: acoustic + semantic channels."""
+        return self.acoustic_model_config.hidden_size + self.semantic_model_config.hidden_size
+
+    @property
+    def semantic_downsample_factor(self) -> int:
+        """HuBERT frames per code frame (2: HuBERT runs at 50 Hz, codes at 25 Hz)."""
+        return int(self.hop_length / (self.sample_rate / self.semantic_sample_rate) / self.downsample_factor)
