@@ -1,93 +1,710 @@
-"""Audio front/back-end in numpy: resampling, loading, and the reference's clean-up steps.
+"""Audio front/back-end in numpy: resampling, loading, clean-up of references and outputs.
+
+Everything here runs on the CPU in numpy (audio handling is a tiny share of the work), on mono
+float32 waveforms in [-1, 1] unless a docstring says otherwise. The defaults and arithmetic
+follow what the reference (omnivoice 0.2.1) does around generation, so that omnicore's outputs
+have the same length and samples:
+
+* `resample` reproduces `torchaudio.functional.resample` (its defaults) on float32 input.
+* `load_audio` reads a file or an in-memory array, mixes to mono and resamples to 24 kHz.
+* `remove_silence`, `trim_long_audio` reproduce the reference's pydub calls exactly: pydub
+  works on 16-bit PCM, measures time in whole milliseconds and loudness as the integer RMS of
+  `audioop.rms`, so those steps quantise their output to int16 steps (x/32768).
+* `prepare_reference_audio` and `postprocess_output` compose the steps the way the reference's
+  `create_voice_clone_prompt` and `_decode_and_post_process` do.
+* `write_audio_atomic` writes through a temporary file and a rename.
 
 Dimension legend:
     L  samples of one channel (time)
     C  channels
+    B  independent signals resampled together (leading axes flattened)
     P  polyphase output phases per block (new rate after gcd reduction)
     O  input hop per block (original rate after gcd reduction)
-    K  taps of one polyphase filter (2*width + O)
+    K  taps of one polyphase filter (2*width + O); Kb taps kept in the banded variant
     N  output blocks (each yields P samples)
+    W  windows scanned by the silence detector
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+import tempfile
+from typing import Sequence, Union
 
 import numpy as np
 
 from omnicore.errors import AudioError
 
+logger = logging.getLogger(__name__)
+
 SAMPLE_RATE = 24000
 
 # ---------------------------------------------------------------------------
-# Resampling (matches torchaudio.functional.resample with its defaults)
+# Resampling (same numbers as torchaudio.functional.resample with its defaults)
 # ---------------------------------------------------------------------------
 
 _LOWPASS_WIDTH = 6
 _ROLLOFF = 0.99
+_MAX_RATE = 1_000_000  # Hz; keeps filter tables bounded for absurd rates
+_DENSE_MAX = 1 << 22  # filter-bank elements above which the banded variant is used
+_CHUNK_ELEMS = 1 << 22  # elements per gathered/copied block (bounds temporary memory)
 
 
-def _sinc_kernel(orig: int, new: int) -> tuple[np.ndarray, int]:
-    """Polyphase windowed-sinc filter bank for gcd-reduced rates, built in float32.
+def _taps(p: np.ndarray, k: np.ndarray, orig: int, new: int, width: int, base: float) -> np.ndarray:
+    """Windowed-sinc tap value for phase(s) `p` and tap index(es) `k` (broadcast), float32.
 
-    Every step is done in float32 in the same order as torchaudio does when the waveform is
-    float32 (it builds the kernel in the waveform's dtype), so the taps agree to the last ulp or
-    two of sin/cos; python-float constants are rounded to float32 first, as torch does for
-    scalar operands of a float32 tensor.
+    torchaudio builds its kernel in the waveform's dtype, so for float32 audio every step is a
+    float32 operation, and python-float constants are rounded to float32 before use (as torch
+    does with scalar operands). Doing the same steps in the same order gives the same taps up to
+    an ulp or two of sin/cos.
     """
     f32 = np.float32
-    base = min(orig, new) * _ROLLOFF  # python float, like the reference
-    width = math.ceil(_LOWPASS_WIDTH * orig / base)
-    idx = np.arange(-width, width + orig, dtype=f32) / f32(orig)  # [K]
-    t = np.arange(0, -new, -1, dtype=f32)[:, None] / f32(new) + idx[None, :]  # [P, K]
+    idx = (k - width).astype(f32) / f32(orig)
+    t = (-p).astype(f32) / f32(new) + idx
     t = t * f32(base)
     t = np.clip(t, f32(-_LOWPASS_WIDTH), f32(_LOWPASS_WIDTH))
     window = np.cos(t * f32(math.pi) / f32(_LOWPASS_WIDTH) / f32(2)) ** 2
     t = t * f32(math.pi)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        kernel = np.where(t == 0, f32(1.0), np.sin(t) / t)  # [P, K]
-    kernel = kernel * (window * f32(base / orig))
-    return kernel.astype(f32), width
+    safe = np.where(t == 0, f32(1.0), t)
+    kernel = np.where(t == 0, f32(1.0), np.sin(safe) / safe)
+    return (kernel * (window * f32(base / orig))).astype(f32)
+
+
+def _check_rate(name: str, sr) -> int:
+    if isinstance(sr, (bool, np.bool_)) or not isinstance(sr, (int, float, np.integer, np.floating)):
+        raise AudioError(f"{name} must be a number of Hz, got {type(sr).__name__}; pass e.g. 24000")
+    if not math.isfinite(float(sr)) or float(sr) != int(sr) or int(sr) <= 0:
+        raise AudioError(f"{name} must be a positive whole number of Hz, got {sr!r}; pass e.g. 24000")
+    if int(sr) > _MAX_RATE:
+        raise AudioError(f"{name} {int(sr)} Hz is above {_MAX_RATE} Hz; pass the audio's true rate")
+    return int(sr)
 
 
 def resample(x: np.ndarray, orig_sr: int, new_sr: int) -> np.ndarray:
-    """Resample the last axis of `x` from `orig_sr` to `new_sr` Hz; returns float32.
+    """Resample the last axis of `x` from `orig_sr` to `new_sr` Hz; returns a new float32 array.
 
     Same result as `torchaudio.functional.resample(x, orig_sr, new_sr)` with its defaults
-    (Hann-windowed sinc, 6 zero crossings, rolloff 0.99) on a float32 tensor: the output has
-    ceil(new_sr * L / orig_sr) samples. Works on any leading shape ([L], [C, L], ...).
-    Equal rates return a float32 copy.
+    (Hann-windowed sinc, 6 zero crossings, rolloff 0.99) on a float32 tensor, to float32
+    rounding: ceil(new_sr * L / orig_sr) output samples, any leading shape ([L], [C, L], ...).
+    Equal rates return a float32 copy. Rates must be whole numbers in 1..1_000_000 Hz.
     """
+    orig_sr = _check_rate("orig_sr", orig_sr)
+    new_sr = _check_rate("new_sr", new_sr)
     x = np.asarray(x, dtype=np.float32)
-    if int(orig_sr) != orig_sr or int(new_sr) != new_sr or orig_sr <= 0 or new_sr <= 0:
-        raise AudioError(
-            f"sample rates must be positive integers, got {orig_sr!r} -> {new_sr!r}; "
-            "pass the audio's true rate in Hz as an int"
-        )
-    orig_sr, new_sr = int(orig_sr), int(new_sr)
+    if x.ndim == 0:
+        raise AudioError("resample needs an array of samples, got a scalar")
     if orig_sr == new_sr:
         return x.copy()
     g = math.gcd(orig_sr, new_sr)
     orig, new = orig_sr // g, new_sr // g
-    kernel, width = _sinc_kernel(orig, new)  # [P, K]
-    lead = x.shape[:-1]
-    length = x.shape[-1]
+    base = min(orig, new) * _ROLLOFF  # python float, as in the reference
+    width = math.ceil(_LOWPASS_WIDTH * orig / base)
+    k_full = 2 * width + orig
+    lead, length = x.shape[:-1], x.shape[-1]
     flat = x.reshape(-1, length)  # [..., L] -> [B, L]
-    # Zero padding (width left, width + O right) and a stride-O view turn the strided
-    # convolution into one GEMM: block n reads padded samples n*O .. n*O + K - 1.
-    padded = np.zeros((flat.shape[0], length + 2 * width + orig), dtype=np.float32)
+    target = math.ceil(new * length / orig)  # float division, as the reference does
+    padded = np.zeros((flat.shape[0], length + k_full), dtype=np.float32)  # [B, L + K]
     padded[:, width:width + length] = flat
+    if new * k_full <= _DENSE_MAX:
+        out = _resample_dense(padded, length, orig, new, width, base, k_full)
+    else:
+        out = _resample_banded(padded, target, orig, new, width, base, k_full)
+    return np.ascontiguousarray(out[:, :target].reshape(*lead, target))
+
+
+def _resample_dense(padded, length, orig, new, width, base, k_full):
+    """Polyphase GEMM: block n of O input hops times the [K, P] filter bank gives P outputs."""
+    kernel = _taps(np.arange(new)[:, None], np.arange(k_full)[None, :], orig, new, width, base)  # [P, K]
+    n_sig = padded.shape[0]
     n_blocks = length // orig + 1
-    k = kernel.shape[1]
+    # Block n reads padded samples n*O .. n*O + K - 1: a stride-O view, copied to contiguous
+    # rows in pieces so that the product goes through BLAS with bounded temporary memory.
     frames = np.lib.stride_tricks.as_strided(
         padded,
-        shape=(flat.shape[0], n_blocks, k),
+        shape=(n_sig, n_blocks, k_full),
         strides=(padded.strides[0], orig * padded.strides[1], padded.strides[1]),
         writeable=False,
     )  # [B, N, K]
-    out = frames @ kernel.T  # [B, N, K] @ [K, P] -> [B, N, P]
-    # Sample n*P + p of the output is phase p of block n; the reference computes the
-    # target length with float division, so do the same.
-    target = math.ceil(new * length / orig)
-    out = out.reshape(flat.shape[0], n_blocks * new)[:, :target]  # [B, N*P] -> [B, L']
-    return np.ascontiguousarray(out.reshape(*lead, target))
+    out = np.empty((n_sig, n_blocks, new), dtype=np.float32)  # [B, N, P]
+    step = max(1, _CHUNK_ELEMS // k_full)
+    for b in range(n_sig):
+        for n0 in range(0, n_blocks, step):
+            rows = np.ascontiguousarray(frames[b, n0:n0 + step])  # [n, K]
+            out[b, n0:n0 + step] = rows @ kernel.T  # [n, K] @ [K, P] -> [n, P]
+    return out.reshape(n_sig, n_blocks * new)  # sample n*P + p is phase p of block n
+
+
+def _resample_banded(padded, target, orig, new, width, base, k_full):
+    """Same sums for rate pairs whose dense filter bank would be huge (e.g. 3001 -> 24000 Hz).
+
+    Taps with |t| >= lowpass width are clamped by the reference to a window value of
+    cos(pi/2)^2 ~ 2e-15 times a sinc of ~3e-9 (about 1e-23): they are left out, and each phase
+    keeps only its Kb taps around the sinc's support.
+    """
+    reach = _LOWPASS_WIDTH * orig / base
+    kb = min(k_full, math.ceil(2 * reach) + 3)
+    phases = np.arange(new)
+    start = np.floor(width + orig * phases / new - reach).astype(np.int64) - 1
+    start = np.clip(start, 0, k_full - kb)  # [P]
+    taps = _taps(phases[:, None], start[:, None] + np.arange(kb)[None, :], orig, new, width, base)  # [P, Kb]
+    out = np.empty((padded.shape[0], target), dtype=np.float32)  # [B, L']
+    step = max(1, _CHUNK_ELEMS // (kb * padded.shape[0]))
+    for j0 in range(0, target, step):
+        j = np.arange(j0, min(target, j0 + step))  # output samples of this piece
+        p = j % new
+        first = (j // new) * orig + start[p]  # first padded sample read by each output
+        gathered = padded[:, first[:, None] + np.arange(kb)[None, :]]  # [B, n, Kb]
+        out[:, j] = np.einsum("bnk,nk->bn", gathered, taps[p])  # [B, n, Kb] . [n, Kb] -> [B, n]
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------
+
+MAX_CHANNELS = 64
+MAX_SECONDS = 3600.0
+
+AudioSource = Union[str, os.PathLike, tuple]
+
+
+def _int_to_float(a: np.ndarray) -> np.ndarray:
+    """Scale integer PCM to [-1, 1) the way libsndfile does when soundfile reads it as float."""
+    if a.dtype == np.uint8:
+        return ((a.astype(np.float32) - np.float32(128)) / np.float32(128)).astype(np.float32)
+    if np.issubdtype(a.dtype, np.signedinteger):
+        scale = float(2 ** (8 * a.dtype.itemsize - 1))
+        return (a.astype(np.float64) / scale).astype(np.float32)
+    raise AudioError(
+        f"audio samples of type {a.dtype} are not supported; pass float32/float64 in [-1, 1] "
+        "or int8/int16/int32/uint8 PCM"
+    )
+
+
+def _channels_first(a: np.ndarray) -> np.ndarray:
+    """[L] -> [1, L]; a 2-D array is [C, L] or [L, C]: the shorter axis is the channel axis."""
+    if a.ndim == 1:
+        return a[None, :]
+    if a.ndim != 2:
+        raise AudioError(
+            f"audio array must be 1-D [samples] or 2-D [channels, samples], got shape {a.shape}"
+        )
+    cl = a if a.shape[0] <= a.shape[1] else a.T  # [C, L]
+    if cl.shape[0] > MAX_CHANNELS:
+        raise AudioError(
+            f"audio array {a.shape} would have {cl.shape[0]} channels (more than {MAX_CHANNELS}); "
+            "pass [channels, samples] or [samples, channels] with a sensible channel count"
+        )
+    return cl
+
+
+def _read_file(path) -> tuple[np.ndarray, int]:
+    import soundfile as sf
+
+    name = os.fspath(path)
+    if isinstance(name, bytes):
+        name = os.fsdecode(name)
+    if not os.path.exists(name):
+        raise AudioError(f"audio file not found: {name!r}; check the path")
+    if os.path.isdir(name):
+        raise AudioError(f"{name!r} is a folder, not an audio file; pass the path of a WAV/FLAC/OGG file")
+    try:
+        data, sr = sf.read(name, dtype="float32", always_2d=True)  # [L, C]
+    except Exception as exc:  # libsndfile reports every unreadable format the same way
+        raise AudioError(
+            f"cannot read audio file {name!r} ({exc}); convert it to WAV, FLAC or OGG "
+            "(e.g. `ffmpeg -i input.m4a output.wav`) and try again"
+        ) from None
+    return data.T, int(sr)  # [L, C] -> [C, L] (a view, as in the reference)
+
+
+def load_audio(src: AudioSource, target_sr: int = SAMPLE_RATE, *, min_seconds: float = 0.0) -> np.ndarray:
+    """Read audio and return it as mono float32 [L] at `target_sr` Hz.
+
+    `src` is either a path of any file soundfile can read (WAV, FLAC, OGG, MP3 with
+    libsndfile >= 1.1, ...) or a tuple `(samples, sample_rate)` where `samples` is array-like
+    [L], [C, L] or [L, C] (for 2-D input the shorter axis is taken as channels, so any clip longer
+    than its channel count is read correctly; at most 64 channels). Float samples are taken as
+    they are; integer samples are scaled like soundfile does when reading int PCM (int16 /32768,
+    int32 /2**31, int8 /128, uint8 (x-128)/128). Channels are averaged in float32, as the
+    reference does, then `resample` brings the rate to `target_sr`.
+
+    Raises AudioError (saying what to do) for an unreadable/missing file, an empty or non-finite
+    signal, a bad rate, too many channels, more than an hour of audio, or audio shorter than
+    `min_seconds`.
+    """
+    target_sr = _check_rate("target_sr", target_sr)
+    if isinstance(src, tuple):
+        if len(src) != 2:
+            raise AudioError("in-memory audio must be a tuple (samples, sample_rate)")
+        samples, sr = src
+        sr = _check_rate("sample rate", sr)
+        try:
+            a = np.asarray(samples)
+        except Exception:
+            raise AudioError("audio samples must be a numeric array") from None
+        if a.dtype == object or a.dtype.kind not in "biuf":
+            raise AudioError(f"audio samples must be real numbers, got dtype {a.dtype}")
+        if a.dtype.kind == "b":
+            raise AudioError("audio samples must be numbers, not booleans")
+        if a.dtype.kind in "iu":
+            a = _int_to_float(a)
+        data = _channels_first(a).astype(np.float32, copy=False)  # [C, L]
+    elif isinstance(src, (str, bytes, os.PathLike)):
+        data, sr = _read_file(src)  # [C, L]
+        if sr <= 0:
+            raise AudioError(f"audio file {src!r} declares a sample rate of {sr} Hz; re-export it")
+        sr = _check_rate("sample rate", sr)
+        if data.shape[0] > MAX_CHANNELS:
+            raise AudioError(f"audio file {src!r} has {data.shape[0]} channels; export it as mono or stereo")
+    else:
+        raise AudioError(
+            f"audio must be a file path or a (samples, sample_rate) tuple, got {type(src).__name__}"
+        )
+    if data.shape[-1] == 0 or data.shape[0] == 0:
+        raise AudioError("the audio is empty (0 samples); pass a recording with sound in it")
+    if data.shape[-1] / sr > MAX_SECONDS:
+        raise AudioError(
+            f"the audio is {data.shape[-1] / sr:.0f} s long (limit {MAX_SECONDS:.0f} s); "
+            "cut it to the part you need (3-10 s is best for a voice reference)"
+        )
+    if data.shape[-1] / sr < min_seconds:
+        raise AudioError(
+            f"the audio is only {data.shape[-1] / sr:.3f} s long; use at least {min_seconds} s"
+        )
+    if not np.isfinite(data).all():
+        raise AudioError("the audio contains NaN or infinite samples; fix or re-export the recording")
+    if data.shape[0] > 1:
+        data = np.mean(data, axis=0, keepdims=True)  # [C, L] -> [1, L]
+    return resample(data[0], sr, target_sr)  # [L] -> [L']
+
+
+# ---------------------------------------------------------------------------
+# pydub's silence detection, on 16-bit PCM with millisecond positions
+# ---------------------------------------------------------------------------
+# pydub measures positions in whole ms and turns them into samples with int(ms * sr/1000);
+# a segment's length in ms is round(1000 * samples / sr) (Python's round), so it can claim up
+# to half a millisecond more than its samples, and a slice ending there is zero-padded to the
+# claimed length. Loudness is audioop.rms: floor(sqrt(sum(x^2) / n)) over int16 samples. The
+# helpers below reproduce those rules on numpy int16 arrays so the cut points are identical.
+
+
+def _pcm16(wav: np.ndarray) -> np.ndarray:
+    """float [-1, 1] -> int16 the way the reference hands audio to pydub (scale, clip, truncate)."""
+    return (np.asarray(wav, dtype=np.float32) * 32768.0).clip(-32768, 32767).astype(np.int16)
+
+
+def _from_pcm16(pcm: np.ndarray) -> np.ndarray:
+    return pcm.astype(np.float32) / 32768.0
+
+
+def _len_ms(n: int, sr: int) -> int:
+    return round(1000 * (n / sr))
+
+
+def _ms_to_samples(ms, sr: int):
+    return int(ms * (sr / 1000.0))
+
+
+def _slice_bounds(n: int, sr: int, start_ms: np.ndarray, end_ms: np.ndarray):
+    """Sample range, and length after pydub's zero padding, of slices seg[start:end] (ms >= 0)."""
+    total = _len_ms(n, sr)
+    a = np.minimum(start_ms, total)
+    b = np.minimum(end_ms, total)
+    s = (a * (sr / 1000.0)).astype(np.int64)  # int() truncation of non-negative floats
+    e = (b * (sr / 1000.0)).astype(np.int64)
+    have = np.clip(np.minimum(e, n) - s, 0, None)
+    # pydub pads a short slice with zero frames, but only when the slice got some data at all
+    size = np.where((have > 0) & (e - s > have), e - s, have)
+    return s, e, have, size
+
+
+def _slice_ms(pcm: np.ndarray, sr: int, start_ms=None, end_ms=None) -> np.ndarray:
+    """pydub's `segment[start_ms:end_ms]` for non-negative positions."""
+    n = len(pcm)
+    start_ms = 0 if start_ms is None else start_ms
+    end_ms = _len_ms(n, sr) if end_ms is None else end_ms
+    s, _, have, size = (int(v) for v in _slice_bounds(n, sr, np.array(start_ms), np.array(end_ms)))
+    out = np.zeros(size, dtype=np.int16)
+    out[:have] = pcm[s:s + have]
+    return out
+
+
+def _window_rms(pcm: np.ndarray, sr: int, start_ms: np.ndarray, end_ms: np.ndarray) -> np.ndarray:
+    """audioop.rms of many slices seg[start:end] at once via a prefix sum of squares.  [W] -> [W]"""
+    sq = np.concatenate([[0], np.cumsum(pcm.astype(np.int64) ** 2)])  # [L+1], exact in int64
+    s, _, have, size = _slice_bounds(len(pcm), sr, start_ms, end_ms)
+    lo = np.minimum(s, len(pcm))
+    total = sq[lo + have] - sq[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rms = np.floor(np.sqrt(total.astype(np.float64) / size))
+    return np.where(size > 0, rms, 0).astype(np.int64)
+
+
+def _quiet_rms_limit(threshold_db: float) -> int:
+    """Largest integer RMS whose dBFS (pydub: 20*log(rms/32768, 10)) is below `threshold_db`."""
+    lo, hi = 0, 32768  # rms 0 is -inf dBFS: always quiet
+    if 20 * math.log(hi / 32768.0, 10) < threshold_db:
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if 20 * math.log(mid / 32768.0, 10) < threshold_db:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def detect_leading_silence(pcm: np.ndarray, sr: int = SAMPLE_RATE, silence_threshold: float = -50.0,
+                           chunk_size: int = 10) -> int:
+    """pydub's `detect_leading_silence` on int16 mono PCM: ms where the leading quiet part ends."""
+    total = _len_ms(len(pcm), sr)
+    starts = np.arange(0, total, chunk_size)  # [W] every chunk start the loop could test
+    quiet = _window_rms(pcm, sr, starts, starts + chunk_size) <= _quiet_rms_limit(silence_threshold)
+    loud = np.flatnonzero(~quiet)
+    trim = int(starts[loud[0]]) if loud.size else len(starts) * chunk_size
+    return min(trim, total)
+
+
+def detect_silence(pcm: np.ndarray, sr: int = SAMPLE_RATE, min_silence_len: int = 1000,
+                   silence_thresh: float = -16, seek_step: int = 1) -> list[list[int]]:
+    """pydub's `detect_silence` on int16 mono PCM: [start_ms, end_ms] of each silent stretch."""
+    seg_len = _len_ms(len(pcm), sr)
+    if seg_len < min_silence_len:
+        return []
+    limit = 10 ** (float(silence_thresh) / 20) * 32768.0
+    last = seg_len - min_silence_len
+    starts = np.arange(0, last + 1, seek_step)
+    if last % seek_step:
+        starts = np.append(starts, last)  # pydub always tests the final window
+    quiet = starts[_window_rms(pcm, sr, starts, starts + min_silence_len) <= limit]  # [W']
+    if quiet.size == 0:
+        return []
+    # Quiet windows merge into one stretch unless a jump is both discontinuous and wider
+    # than a window, as pydub's loop decides.
+    gap = quiet[1:] - quiet[:-1]
+    cut = (gap != seek_step) & (gap > min_silence_len)
+    first = np.concatenate([quiet[:1], quiet[1:][cut]])
+    last_start = np.concatenate([quiet[:-1][cut], quiet[-1:]])
+    return [[int(a), int(b) + min_silence_len] for a, b in zip(first, last_start)]
+
+
+def detect_nonsilent(pcm: np.ndarray, sr: int = SAMPLE_RATE, min_silence_len: int = 1000,
+                     silence_thresh: float = -16, seek_step: int = 1) -> list[list[int]]:
+    """pydub's `detect_nonsilent`: the [start_ms, end_ms] stretches between silences."""
+    silent = detect_silence(pcm, sr, min_silence_len, silence_thresh, seek_step)
+    seg_len = _len_ms(len(pcm), sr)
+    if not silent:
+        return [[0, seg_len]]
+    if silent[0][0] == 0 and silent[0][1] == seg_len:
+        return []
+    ranges, prev_end = [], 0
+    for start, end in silent:
+        ranges.append([prev_end, start])
+        prev_end = end
+    if silent[-1][1] != seg_len:
+        ranges.append([prev_end, seg_len])
+    if ranges[0] == [0, 0]:
+        ranges.pop(0)
+    return ranges
+
+
+def split_on_silence(pcm: np.ndarray, sr: int = SAMPLE_RATE, min_silence_len: int = 1000,
+                     silence_thresh: float = -16, keep_silence: int | bool = 100,
+                     seek_step: int = 1) -> list[np.ndarray]:
+    """pydub's `split_on_silence` on int16 mono PCM: the sounding pieces, each with up to
+    `keep_silence` ms of context (shared halfway when two pieces' context would overlap)."""
+    seg_len = _len_ms(len(pcm), sr)
+    if isinstance(keep_silence, (bool, np.bool_)):
+        keep_silence = seg_len if keep_silence else 0
+    ranges = [[a - keep_silence, b + keep_silence]
+              for a, b in detect_nonsilent(pcm, sr, min_silence_len, silence_thresh, seek_step)]
+    for left, right in zip(ranges, ranges[1:]):
+        if right[0] < left[1]:
+            left[1] = (left[1] + right[0]) // 2
+            right[0] = left[1]
+    return [_slice_ms(pcm, sr, max(a, 0), min(b, seg_len)) for a, b in ranges]
+
+
+def _trim_edges_pcm(pcm: np.ndarray, sr: int, lead_sil: int, trail_sil: int, threshold: float) -> np.ndarray:
+    start = max(0, detect_leading_silence(pcm, sr, threshold) - lead_sil)
+    pcm = _slice_ms(pcm, sr, start)[::-1]
+    start = max(0, detect_leading_silence(pcm, sr, threshold) - trail_sil)
+    return np.ascontiguousarray(_slice_ms(pcm, sr, start)[::-1])
+
+
+def remove_silence(wav: np.ndarray, sr: int = SAMPLE_RATE, mid_sil: int = 300, lead_sil: int = 100,
+                   trail_sil: int = 300) -> np.ndarray:
+    """Shorten inner silences and trim the edges, exactly as the reference's `remove_silence`.
+
+    Inner stretches quieter than -50 dBFS lasting >= `mid_sil` ms (scanned in 10 ms steps) are
+    cut down to `mid_sil` ms of context on each side (skipped when mid_sil <= 0); then leading
+    and trailing quiet is trimmed to at most `lead_sil` / `trail_sil` ms (scanned in 10 ms
+    chunks). Works on 16-bit PCM like pydub, so the result is float32 on a 1/32768 grid and can
+    be a few samples longer than the sounding part (pydub's ms rounding pads with zeros).
+    """
+    pcm = _pcm16(wav)
+    if mid_sil > 0:
+        pieces = split_on_silence(pcm, sr, mid_sil, -50, keep_silence=mid_sil, seek_step=10)
+        pcm = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int16)
+    return _from_pcm16(_trim_edges_pcm(pcm, sr, lead_sil, trail_sil, -50))
+
+
+def trim_long_audio(wav: np.ndarray, sr: int = SAMPLE_RATE, max_duration: float = 15.0,
+                    min_duration: float = 3.0, trim_threshold: float = 20.0) -> np.ndarray:
+    """Cut audio longer than `trim_threshold` s at a pause, as the reference's `trim_long_audio`.
+
+    Sounding stretches are found at -40 dBFS (100 ms windows, 10 ms steps); the cut goes at the
+    latest stretch start within `max_duration`, or at `max_duration` when that start is before
+    `min_duration`. Audio at most `trim_threshold` s long (or with no sounding stretch) is
+    returned unchanged; trimmed audio comes back on pydub's int16 grid.
+    """
+    wav = np.asarray(wav, dtype=np.float32)
+    if len(wav) / sr <= trim_threshold:
+        return wav
+    pcm = _pcm16(wav)
+    sounding = detect_nonsilent(pcm, sr, min_silence_len=100, silence_thresh=-40, seek_step=10)
+    if not sounding:
+        return wav
+    max_ms, min_ms = int(max_duration * 1000), int(min_duration * 1000)
+    split = 0
+    for start, end in sounding:
+        if split < start <= max_ms:
+            split = start
+        if end > max_ms:
+            break
+    if split < min_ms:
+        split = min(max_ms, _len_ms(len(pcm), sr))
+    return _from_pcm16(_slice_ms(pcm, sr, 0, split))
+
+
+# ---------------------------------------------------------------------------
+# Volume, fades, joins
+# ---------------------------------------------------------------------------
+
+REF_RMS_TARGET = 0.1  # references quieter than this are boosted to it, outputs scaled back
+PEAK_TARGET = 0.5  # outputs without a reference are peak-normalised to this
+
+
+def reference_rms(wav: np.ndarray) -> float:
+    """Root mean square of a waveform, accumulated in float32 like the reference."""
+    wav = np.asarray(wav, dtype=np.float32)
+    return float(np.sqrt(np.mean(wav.reshape(1, -1) ** 2)))
+
+
+def normalize_reference_volume(wav: np.ndarray) -> tuple[np.ndarray, float]:
+    """Boost a quiet reference (0 < RMS < 0.1) to RMS 0.1; returns (waveform, original RMS)."""
+    wav = np.asarray(wav, dtype=np.float32)
+    rms = reference_rms(wav)
+    if 0 < rms < REF_RMS_TARGET:
+        wav = wav * REF_RMS_TARGET / rms
+    return wav, rms
+
+
+def match_output_volume(wav: np.ndarray, ref_rms: float | None) -> np.ndarray:
+    """Undo the reference boost on generated audio (scale by ref_rms/0.1 when ref_rms < 0.1);
+    without a reference (ref_rms None) peak-normalise instead."""
+    wav = np.asarray(wav, dtype=np.float32)
+    if ref_rms is not None:
+        return wav * ref_rms / REF_RMS_TARGET if ref_rms < REF_RMS_TARGET else wav
+    return peak_normalize(wav)
+
+
+def peak_normalize(wav: np.ndarray, peak_target: float = PEAK_TARGET) -> np.ndarray:
+    """Scale so the largest |sample| is `peak_target` (left alone when the peak is <= 1e-6).
+
+    The reference fails on an empty waveform here; an empty one is returned unchanged.
+    """
+    wav = np.asarray(wav, dtype=np.float32)
+    if wav.size == 0:
+        return wav
+    peak = np.abs(wav).max()
+    return wav / peak * peak_target if peak > 1e-6 else wav
+
+
+def fade_and_pad(wav: np.ndarray, pad_duration: float = 0.1, fade_duration: float = 0.1,
+                 sr: int = SAMPLE_RATE) -> np.ndarray:
+    """Linear fade-in/out over `fade_duration` s (at most half the clip each) and
+    `pad_duration` s of zeros on both sides, as the reference's `fade_and_pad_audio`."""
+    wav = np.asarray(wav, dtype=np.float32)
+    if wav.shape[-1] == 0:
+        return wav
+    fade_n, pad_n = int(fade_duration * sr), int(pad_duration * sr)
+    out = wav.copy()
+    if fade_n > 0:
+        k = min(fade_n, out.shape[-1] // 2)
+        if k > 0:
+            out[..., :k] *= np.linspace(0, 1, k, dtype=np.float32)
+            out[..., -k:] *= np.linspace(1, 0, k, dtype=np.float32)
+    if pad_n > 0:
+        zeros = np.zeros(out.shape[:-1] + (pad_n,), dtype=out.dtype)
+        out = np.concatenate([zeros, out, zeros], axis=-1)  # [L] -> [L + 2*pad]
+    return out
+
+
+def cross_fade_chunks(chunks: Sequence[np.ndarray], sr: int = SAMPLE_RATE,
+                      silence_duration: float = 0.3) -> np.ndarray:
+    """Join separately generated chunks as the reference's `cross_fade_chunks`: each join
+    fades the left side out and the right side in over a third of `silence_duration` and puts
+    a third of it as zeros in between."""
+    chunks = [np.asarray(c, dtype=np.float32) for c in chunks]
+    if not chunks:
+        raise AudioError("no audio chunks to join")
+    if len(chunks) == 1:
+        return chunks[0]
+    fade_n = int(silence_duration * sr) // 3
+    merged = chunks[0].copy()
+    for chunk in chunks[1:]:
+        n_out = min(fade_n, merged.shape[-1])
+        if n_out > 0:
+            merged[..., -n_out:] *= np.linspace(1, 0, n_out, dtype=np.float32)
+        incoming = chunk.copy()
+        n_in = min(fade_n, incoming.shape[-1])
+        if n_in > 0:
+            incoming[..., :n_in] *= np.linspace(0, 1, n_in, dtype=np.float32)
+        gap = np.zeros(chunks[0].shape[:-1] + (fade_n,), dtype=np.float32)
+        merged = np.concatenate([merged, gap, incoming], axis=-1)  # [L1] + [gap] + [L2]
+    return merged
+
+
+# ---------------------------------------------------------------------------
+# The reference's two compositions
+# ---------------------------------------------------------------------------
+
+HOP_LENGTH = 960  # codec samples per frame at 24 kHz
+
+
+def _mono(wav: np.ndarray, what: str) -> np.ndarray:
+    wav = np.asarray(wav, dtype=np.float32)
+    if wav.ndim == 2 and wav.shape[0] == 1:
+        wav = wav[0]  # [1, L] -> [L]
+    if wav.ndim != 1:
+        raise AudioError(f"{what} must be a mono waveform [samples] or [1, samples], got {wav.shape}")
+    return wav
+
+
+def prepare_reference_audio(src: AudioSource, preprocess_prompt: bool = True, *, trim_long: bool = False,
+                            sr: int = SAMPLE_RATE, hop_length: int = HOP_LENGTH) -> tuple[np.ndarray, float]:
+    """What the reference's `create_voice_clone_prompt` does to the audio before encoding.
+
+    Load (`load_audio`) -> boost quiet audio to RMS 0.1 -> with `preprocess_prompt`: cut
+    references over 20 s at a pause (only when `trim_long`; the reference does that only when
+    it transcribes the audio itself) and remove silence (inner > 200 ms, keep 100 ms lead and
+    200 ms tail) -> drop the last L % hop_length samples. Returns (float32 [L'] at `sr` Hz with
+    L' a multiple of hop_length, RMS of the loaded audio before the boost).
+    """
+    wav = load_audio(src, sr)
+    wav, rms = normalize_reference_volume(wav)
+    if preprocess_prompt:
+        if trim_long:
+            wav = trim_long_audio(wav, sr, trim_threshold=20.0)
+        wav = remove_silence(wav, sr, mid_sil=200, lead_sil=100, trail_sil=200)
+        if wav.shape[-1] == 0:
+            raise AudioError(
+                "the reference audio is silent (nothing above -50 dBFS); use a louder recording "
+                "or turn off prompt preprocessing (preprocess_prompt=False)"
+            )
+    if wav.shape[-1] / sr > 20.0:
+        logger.warning("reference audio is %.1f s long; 3-10 s clones better and runs faster",
+                       wav.shape[-1] / sr)
+    if hop_length:
+        keep = wav.shape[-1] - wav.shape[-1] % hop_length
+        if keep == 0:
+            raise AudioError(
+                f"the reference audio is too short ({wav.shape[-1] / sr * 1000:.0f} ms after "
+                f"clean-up; at least {hop_length / sr * 1000:.0f} ms are needed); use 3-10 s of speech"
+            )
+        wav = wav[:keep]
+    return wav, rms
+
+
+def postprocess_output(audio: np.ndarray | Sequence[np.ndarray], ref_rms: float | None, *,
+                       postprocess: bool = True, pad_duration: float = 0.1, fade_duration: float = 0.1,
+                       sr: int = SAMPLE_RATE) -> np.ndarray:
+    """What the reference does to decoded audio (`_decode_and_post_process`); float32 [L'].
+
+    `audio` is one decoded waveform ([L] or [1, L]) or a list of chunk waveforms, which are
+    first joined with `cross_fade_chunks`. Then: with `postprocess`, `remove_silence` (inner
+    > 500 ms, keep 100 ms at both ends); `match_output_volume` (ref_rms from the voice prompt,
+    None without a reference); `fade_and_pad`.
+    """
+    if isinstance(audio, (list, tuple)):
+        wav = cross_fade_chunks([_mono(c, "each chunk") for c in audio], sr)
+    else:
+        wav = _mono(audio, "decoded audio")
+    if postprocess:
+        wav = remove_silence(wav, sr, mid_sil=500, lead_sil=100, trail_sil=100)
+    wav = match_output_volume(wav, ref_rms)
+    return fade_and_pad(wav, pad_duration, fade_duration, sr)
+
+
+# ---------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------
+
+_INT_SUBTYPES = ("PCM_16", "PCM_24", "PCM_32", "PCM_S8", "PCM_U8")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_audio_atomic(path: str | os.PathLike, wav: np.ndarray, sr: int = SAMPLE_RATE,
+                       subtype: str | None = None) -> None:
+    """Write `wav` ([L] mono or [C, L]) to `path` so that `path` is either the complete new
+    file or untouched: data goes to a temporary file in the same folder, which is flushed,
+    synced and renamed over `path`; on any failure it is removed.
+
+    The format comes from the extension (.wav, .flac, .ogg, ... anything libsndfile writes);
+    WAV and FLAC default to 16-bit PCM. Float samples are clipped to [-1, 1] for integer
+    formats. Raises AudioError for an unknown extension, bad samples or a failed write.
+    """
+    import soundfile as sf
+
+    sr = _check_rate("sample rate", sr)
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    ext = os.path.splitext(path)[1].lstrip(".").upper()
+    formats = sf.available_formats()
+    if ext not in formats or ext == "RAW":
+        known = ", ".join("." + f.lower() for f in ("WAV", "FLAC", "OGG"))
+        raise AudioError(f"cannot tell the audio format of {path!r}; use an extension such as {known}")
+    if subtype is None:
+        subtype = "PCM_16" if ext in ("WAV", "WAVEX", "FLAC", "AIFF", "RF64", "W64") else sf.default_subtype(ext)
+    data = np.asarray(wav, dtype=np.float32)
+    if data.ndim == 2:
+        data = data.T  # [C, L] -> [L, C], soundfile's layout
+    elif data.ndim != 1:
+        raise AudioError(f"audio to write must be [samples] or [channels, samples], got {data.shape}")
+    if data.size == 0:
+        raise AudioError(f"refusing to write empty audio to {path!r}")
+    if not np.isfinite(data).all():
+        raise AudioError(f"audio for {path!r} contains NaN or infinite samples; nothing was written")
+    if subtype in _INT_SUBTYPES:
+        data = np.clip(data, -1.0, 1.0)
+    if not os.path.isdir(folder):
+        raise AudioError(f"folder {folder!r} does not exist; create it first")
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+        with os.fdopen(fd, "wb") as fh:
+            sf.write(fh, data, sr, format=ext, subtype=subtype)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+        tmp = None
+    except AudioError:
+        raise
+    except Exception as exc:
+        raise AudioError(f"could not write {path!r} ({exc}); check the folder is writable and has space") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
