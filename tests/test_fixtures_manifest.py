@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -77,14 +78,25 @@ def test_every_listed_file_exists_with_its_hash(manifest):
     assert not bad, "\n".join(bad) + "\n" + REGEN_HINT
 
 
+def _committed_fixture_files() -> set[str]:
+    """Fixture files git knows (a fresh clone's files); all present files outside git."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--", *FIXTURE_DIRS], cwd=ROOT,
+                             check=True, capture_output=True).stdout
+        return {f for f in out.decode().split("\0") if f and (ROOT / f).is_file()}
+    except (OSError, subprocess.CalledProcessError):
+        present = set()
+        for d in FIXTURE_DIRS:
+            base = ROOT / d
+            if base.is_dir():
+                present |= {p.relative_to(ROOT).as_posix() for p in base.rglob("*")
+                            if p.is_file() and "__pycache__" not in p.parts}
+        return present
+
+
 def test_every_fixture_file_is_listed(manifest):
     listed = set(manifest["files"])
-    present = set()
-    for d in FIXTURE_DIRS:
-        base = ROOT / d
-        if base.is_dir():
-            present |= {p.relative_to(ROOT).as_posix() for p in base.rglob("*")
-                        if p.is_file() and "__pycache__" not in p.parts}
+    present = _committed_fixture_files()
     assert present - listed == set(), f"not in the manifest: {sorted(present - listed)}; {REGEN_HINT}"
 
 

@@ -74,12 +74,35 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def fixture_files() -> list[Path]:
+def git_known(paths: list[Path]) -> set[Path] | None:
+    """The paths git tracks or has staged (None outside a git checkout)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--", *FIXTURE_DIRS], cwd=ROOT,
+                             check=True, capture_output=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return {(ROOT / f).resolve() for f in out.decode().split("\0") if f}
+
+
+def fixture_files(also: list[Path] = ()) -> list[Path]:
+    """Fixture files to list: those git knows (tracked or staged) plus those written just now.
+
+    Someone else's uncommitted work-in-progress fixture is left out, so the committed manifest
+    never names a file that a fresh clone lacks. Stage a new fixture (git add) before running
+    --manifest-only, or let this script write it.
+    """
     files = []
     for d in FIXTURE_DIRS:
         base = ROOT / d
         if base.is_dir():
-            files += [p for p in base.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+            files += [p.resolve() for p in base.rglob("*")
+                      if p.is_file() and "__pycache__" not in p.parts]
+    known = git_known(files)
+    if known is not None:
+        fresh = {Path(p).resolve() for p in also}
+        files = [p for p in files if p in known or p in fresh]
     return sorted(files)
 
 
@@ -151,7 +174,8 @@ def write_manifest(stage_results: dict | None = None) -> dict:
     stages.update(stage_results or {})
     pins = read_pins()
     files = {}
-    for p in fixture_files():
+    written = [ROOT / f for r in (stage_results or {}).values() for f in r.get("files", [])]
+    for p in fixture_files(written):
         files[rel(p)] = {"sha256": sha256_of(p), "bytes": p.stat().st_size}
     # stages whose files are gone are dropped
     stages = {k: v for k, v in stages.items()
