@@ -103,7 +103,7 @@ def resample(x: np.ndarray, orig_sr: int, new_sr: int) -> np.ndarray:
     width = math.ceil(_LOWPASS_WIDTH * orig / base)
     k_full = 2 * width + orig
     lead, length = x.shape[:-1], x.shape[-1]
-    flat = x.reshape(-1, length)  # [..., L] -> [B, L]
+    flat = x.reshape(math.prod(lead), length)  # [..., L] -> [B, L]
     target = math.ceil(new * length / orig)  # float division, as the reference does
     padded = np.zeros((flat.shape[0], length + k_full), dtype=np.float32)  # [B, L + K]
     padded[:, width:width + length] = flat
@@ -577,11 +577,16 @@ HOP_LENGTH = 960  # codec samples per frame at 24 kHz
 
 
 def _mono(wav: np.ndarray, what: str) -> np.ndarray:
-    wav = np.asarray(wav, dtype=np.float32)
+    try:
+        wav = np.asarray(wav, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise AudioError(f"{what} must be an array of float samples") from None
     if wav.ndim == 2 and wav.shape[0] == 1:
         wav = wav[0]  # [1, L] -> [L]
     if wav.ndim != 1:
         raise AudioError(f"{what} must be a mono waveform [samples] or [1, samples], got {wav.shape}")
+    if not np.isfinite(wav).all():
+        raise AudioError(f"{what} contains NaN or infinite samples (a decoding fault); nothing to save")
     return wav
 
 
