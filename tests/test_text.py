@@ -1,0 +1,351 @@
+"""Text front-end against the reference's recorded behaviour, plus properties on arbitrary input.
+
+The table cases in fixtures/reference/text_cases.json were produced by running the reference
+package (tools/reference/dump_text.py); every comparison here is exact.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from omnicore import text as T
+from omnicore.errors import InputError
+from omnicore.languages import LANGUAGES
+
+CASES = json.loads(
+    (Path(__file__).parent / "fixtures" / "reference" / "text_cases.json").read_text("utf-8")
+)
+FAST = settings(max_examples=150, deadline=None)
+
+
+# ---------------------------------------------------------------------------
+# The fixture itself must be able to catch mistakes
+# ---------------------------------------------------------------------------
+
+
+def test_fixture_is_not_trivial():
+    langs = CASES["language"]
+    assert any(c["warned"] for c in langs) and any(c["output"] for c in langs)
+    kinds = {c.get("kind", "ok") for c in CASES["instruct"]}
+    assert kinds == {"ok", "unknown", "conflict", "dialect_with_accent"}
+    assert any("，" in (c.get("output") or "") for c in CASES["instruct"])
+    assert any(c["unknown"][0][1] for c in CASES["instruct"] if c.get("kind") == "unknown")
+    frames = {c["frames"] for c in CASES["duration"]}
+    assert len(frames) > 40 and 1 in frames
+    plans = [c["plan"] for c in CASES["plan"]]
+    assert sum(p["chunked"] and len(p["chunks"]) > 5 for p in plans) > 10
+    assert any(p["chunked"] and len(p["chunks"]) == 1 for p in plans)
+    assert any(not p["chunked"] for p in plans)
+    assert len({len(c["chunks"]) for c in CASES["pack_sentences"]}) > 10
+
+
+# ---------------------------------------------------------------------------
+# Languages
+# ---------------------------------------------------------------------------
+
+
+def test_language_table_matches_reference():
+    ours = sorted([lang_id, name.lower()] for lang_id, name in LANGUAGES)
+    assert ours == CASES["languages"]
+    assert len(T.supported_language_ids()) == len(LANGUAGES) == 646
+    assert T.supported_language_names() == {name for _, name in CASES["languages"]}
+
+
+@pytest.mark.parametrize("case", CASES["language"], ids=lambda c: repr(c["input"]))
+def test_resolve_language_matches_reference(case, caplog):
+    with caplog.at_level(logging.WARNING, logger="omnicore.text"):
+        assert T.resolve_language(case["input"]) == case["output"]
+    assert bool(caplog.records) == case["warned"]
+
+
+def test_unknown_language_warning_says_what_to_do(caplog):
+    with caplog.at_level(logging.WARNING, logger="omnicore.text"):
+        assert T.resolve_language("EN") is None  # ids are case-sensitive, as in the reference
+        assert T.resolve_language("Englsh") is None
+    first, second = (r.getMessage() for r in caplog.records)
+    assert "did you mean 'en'" in first and "supported_language_ids()" in first
+    assert "did you mean 'en'" in second
+
+
+def test_language_helpers():
+    choices = T.language_choices()
+    assert ("English (en)", "en") in choices and len(choices) == 646
+    assert len({lang_id for _, lang_id in choices}) == 646
+    assert T.language_display_name("zh") == "Chinese"
+    with pytest.raises(InputError):
+        T.language_display_name("xx-unknown")
+    with pytest.raises(InputError):
+        T.resolve_language(42)
+
+
+@FAST
+@given(st.text(max_size=30))
+def test_resolve_language_total_and_idempotent(language):
+    lang_id = T.resolve_language(language)
+    assert lang_id is None or lang_id in T.supported_language_ids()
+    assert T.resolve_language(lang_id) == lang_id
+
+
+# ---------------------------------------------------------------------------
+# Voice-design instructs
+# ---------------------------------------------------------------------------
+
+
+def test_instruct_vocabulary_matches_reference():
+    ref = CASES["instruct_vocabulary"]
+    vocab = T.instruct_vocabulary()
+    assert list(vocab) == ["gender", "age", "pitch", "style", "accent", "dialect"]
+    items = [i for group in vocab.values() for i in group]
+    assert sorted(i.en for i in items if i.en) == ref["valid_en"]
+    assert sorted(i.zh for i in items if i.zh) == ref["valid_zh"]
+    groups = sorted(sorted(f for i in g for f in (i.en, i.zh) if f) for g in vocab.values())
+    assert groups == sorted(ref["exclusive_groups"])
+    assert all(i.value in (i.en, i.zh) and " / " in i.label for i in items)
+
+
+@pytest.mark.parametrize("case", CASES["instruct"], ids=lambda c: repr(c["instruct"]))
+def test_resolve_instruct_matches_reference(case):
+    if "error" not in case:
+        assert T.resolve_instruct(case["instruct"], case["text"]) == case["output"]
+        return
+    with pytest.raises(InputError) as err:
+        T.resolve_instruct(case["instruct"], case["text"])
+    msg = str(err.value)
+    if case["kind"] == "unknown":
+        for raw, suggestion in case["unknown"]:
+            if suggestion:
+                assert f"{raw!r}: did you mean {suggestion!r}?" in msg
+            else:
+                assert f"{raw!r}: not a known item" in msg
+    elif case["kind"] == "conflict":
+        for group in case["conflicts"]:
+            assert " vs ".join(repr(x) for x in group) in msg
+    else:
+        assert "combines a Chinese dialect" in msg
+
+
+def test_instruct_error_names_item_suggestion_and_category_choices():
+    with pytest.raises(InputError) as err:
+        T.resolve_instruct("femal, britsh accent, robot")
+    msg = str(err.value)
+    assert "'femal': did you mean 'female'? Choices for gender: male, female / 男，女" in msg
+    assert "did you mean 'british accent'? Choices for accent (English speech only)" in msg
+    assert "'robot': not a known item" in msg and "dialect (Chinese speech only):" in msg
+    with pytest.raises(ValueError):  # InputError is a ValueError, like the reference's error
+        T.resolve_instruct("male, female")
+
+
+def test_instruct_language_choice():
+    assert T.resolve_instruct("Male, Low Pitch") == "male, low pitch"
+    assert T.resolve_instruct("Male, Low Pitch", "你好") == "男，低音调"
+    assert T.resolve_instruct("male, low pitch", use_zh=True) == "男，低音调"
+    assert T.resolve_instruct("男，低音调", "你好", use_zh=False) == "male, low pitch"
+    assert T.resolve_instruct("女, british accent", "你好") == "female, british accent"
+    assert T.resolve_instruct("female, 四川话") == "女，四川话"
+    assert T.resolve_instruct(None) is None and T.resolve_instruct("  ") is None
+    with pytest.raises(InputError):
+        T.resolve_instruct(["male"])
+
+
+FORMS = sorted({f for g in T.instruct_vocabulary().values() for i in g for f in (i.en, i.zh) if f})
+
+
+@FAST
+@given(st.lists(st.sampled_from(FORMS), max_size=5), st.sampled_from([", ", ",", "，", " ， "]),
+       st.booleans())
+def test_resolve_instruct_of_vocabulary_is_idempotent(items, sep, use_zh):
+    try:
+        out = T.resolve_instruct(sep.join(items), use_zh=use_zh)
+    except InputError:
+        return
+    if out:
+        assert T.resolve_instruct(out, use_zh=use_zh) == out
+        assert all(part in FORMS for part in out.replace("，", ", ").split(", "))
+
+
+@FAST
+@given(st.text(max_size=40), st.one_of(st.none(), st.text(max_size=10)))
+def test_resolve_instruct_total(instruct, text):
+    try:
+        out = T.resolve_instruct(instruct, text)
+    except InputError as e:
+        assert str(e)
+        return
+    assert out is None or isinstance(out, str)
+
+
+# ---------------------------------------------------------------------------
+# Reference-text punctuation
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES["punctuation"], ids=lambda c: repr(c["input"]))
+def test_add_punctuation_matches_reference(case):
+    assert T.add_punctuation(case["input"]) == case["output"]
+
+
+@FAST
+@given(st.text(max_size=40))
+def test_add_punctuation_idempotent(text):
+    once = T.add_punctuation(text)
+    assert T.add_punctuation(once) == once
+
+
+# ---------------------------------------------------------------------------
+# Duration estimate
+# ---------------------------------------------------------------------------
+
+
+def test_text_weight_matches_reference_bit_for_bit():
+    for case in CASES["weight"]:
+        assert T.text_weight(case["text"]) == case["weight"], case["text"]
+
+
+@pytest.mark.parametrize("case", CASES["duration"], ids=lambda c: repr(c["text"][:20]))
+def test_estimate_target_frames_matches_reference(case):
+    got = T.estimate_target_frames(case["text"], case["ref_text"], case["num_ref_frames"],
+                                   case["speed"])
+    assert got == case["frames"]
+
+
+def test_estimate_yardstick_and_overrides():
+    # "Nice to meet you." is 25 frames of weight; under 50 frames the cube-root boost applies.
+    assert T.estimate_target_frames("Nice to meet you.") == int(50 * 0.5 ** (1 / 3))
+    long = "Nice to meet you. " * 8
+    assert T.estimate_target_frames(long, "Nice to meet you.", 25) > 50
+    assert T.estimate_target_frames(long, speed=2.0) < T.estimate_target_frames(long)
+    for bad in (0, -1.0, float("nan"), float("inf"), "fast", True):
+        with pytest.raises(InputError):
+            T.estimate_target_frames(long, speed=bad)
+    with pytest.raises(InputError):
+        T.estimate_target_frames(long, speed=1e-320)
+    with pytest.raises(InputError):
+        T.estimate_target_frames(long, "ref", 2.5)
+
+
+@FAST
+@given(st.text(max_size=60), st.one_of(st.none(), st.text(max_size=20)),
+       st.one_of(st.none(), st.integers(-5, 500)), st.floats(0.1, 10))
+def test_estimate_total(text, ref_text, num_ref_frames, speed):
+    frames = T.estimate_target_frames(text, ref_text, num_ref_frames, speed)
+    assert isinstance(frames, int) and frames >= 1
+
+
+# ---------------------------------------------------------------------------
+# Chunking and the generation plan
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES["pack_sentences"], ids=lambda c: repr(c["text"][:20]))
+def test_pack_sentences_matches_reference(case):
+    got = T.pack_sentences(case["text"], case["chunk_len"], case["min_chunk_len"])
+    assert got == case["chunks"]
+
+
+def _plan_args(case):
+    return dict(speed=case["speed"], duration=case["duration"],
+                chunk_duration=case.get("audio_chunk_duration", 15.0),
+                chunk_threshold=case.get("audio_chunk_threshold", 30.0))
+
+
+@pytest.mark.parametrize("case", CASES["plan"], ids=lambda c: repr(c["text"][:20]))
+def test_plan_synthesis_matches_reference(case):
+    want = case["plan"]
+    plan = T.plan_synthesis(case["text"], case["ref_text"], case["num_ref_frames"],
+                            **_plan_args(case))
+    assert (plan.frames, plan.speed, plan.chunked) == (want["frames"], want["speed"],
+                                                       want["chunked"])
+    got = []
+    for chunk in plan.chunks:
+        ref_frames = {"prompt": case["num_ref_frames"], "chunk0": plan.chunks[0].frames,
+                      None: None}[chunk.reference]
+        got.append({"text": chunk.text, "frames": chunk.frames, "ref_text": chunk.ref_text,
+                    "ref_frames": ref_frames})
+    assert got == want["chunks"]
+    if want["chunked"]:
+        frames = want["frames"]
+        assert T.chunk_text(case["text"], frames, _plan_args(case)["chunk_duration"]) == [
+            c["text"] for c in want["chunks"]]
+
+
+def test_plan_modes():
+    text = "The quick brown fox jumps over the lazy dog. " * 40
+    auto = T.plan_synthesis(text)
+    assert auto.chunked and len(auto.chunks) > 2
+    assert auto.chunks[0].reference is None
+    assert {c.reference for c in auto.chunks[1:]} == {"chunk0"}
+    assert {c.ref_text for c in auto.chunks[1:]} == {auto.chunks[0].text}
+    clone = T.plan_synthesis(text, "A reference.", 40)
+    assert {c.reference for c in clone.chunks} == {"prompt"}
+    short = T.plan_synthesis("Hello.", duration=2.0)
+    assert (short.frames, short.chunked, short.chunks[0].text) == (50, False, "Hello.")
+
+
+def test_batch_items_are_planned_independently():
+    batch = CASES["batch"]
+    for i, text in enumerate(batch["texts"]):
+        plan = T.plan_synthesis(text, speed=batch["speed"][i], duration=batch["duration"][i])
+        assert plan.frames == batch["frames"][i] and plan.speed == batch["speeds"][i]
+
+
+@FAST
+@given(st.text(min_size=1, max_size=400), st.integers(1, 3000))
+def test_chunk_text_keeps_every_character(text, frames):
+    chunks = T.chunk_text(text, frames)
+    assert all(c and c == c.strip() for c in chunks)
+    assert "".join("".join(chunks).split()) == "".join(text.split())
+
+
+@FAST
+@given(st.text(max_size=300), st.one_of(st.none(), st.floats(allow_nan=True)),
+       st.one_of(st.none(), st.floats(allow_nan=True)))
+def test_plan_synthesis_total(text, speed, duration):
+    try:
+        plan = T.plan_synthesis(text, speed=speed, duration=duration, chunk_threshold=2.0,
+                                chunk_duration=1.0)
+    except InputError as e:
+        assert str(e)
+        return
+    assert plan.frames >= 1 and plan.chunks and all(c.frames >= 1 for c in plan.chunks)
+
+
+# ---------------------------------------------------------------------------
+# Input limits
+# ---------------------------------------------------------------------------
+
+
+def test_validate_text_limits():
+    assert T.validate_text(" hi ") == " hi "
+    assert T.validate_text("x" * T.MAX_TEXT_CHARS)
+    for bad in ("", " \n\t", "x" * (T.MAX_TEXT_CHARS + 1), "bad \ud800 surrogate", None, b"hi"):
+        with pytest.raises(InputError):
+            T.validate_text(bad)
+
+
+def test_validate_speed_and_duration():
+    assert T.validate_speed(None) is None and T.validate_speed(2) == 2.0
+    assert T.validate_duration(None) is None and T.validate_duration(1.5) == 1.5
+    for bad in (0, -1, float("nan"), float("inf"), "1", True):
+        with pytest.raises(InputError):
+            T.validate_speed(bad)
+        with pytest.raises(InputError):
+            T.validate_duration(bad)
+    with pytest.raises(InputError):
+        T.validate_duration(T.MAX_DURATION_S + 1)
+    with pytest.raises(InputError):  # slow enough to exceed the output limit
+        T.plan_synthesis("你" * 19_000, speed=0.5)
+
+
+@FAST
+@given(st.text(max_size=200))
+def test_validate_text_total(text):
+    try:
+        assert T.validate_text(text) is text
+    except InputError as e:
+        assert str(e)
