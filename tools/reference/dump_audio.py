@@ -29,6 +29,7 @@ from types import SimpleNamespace
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
+SPEECH = ROOT / "tests" / "fixtures" / "audio"  # espeak-ng clips committed by make_speech_clip.py
 SR = 24000
 
 RESAMPLE_PAIRS = [
@@ -284,6 +285,9 @@ def dump_prompt(out_dir: Path) -> Path:
             ("loud_file", wav_path, "Hello", True),
             ("long_untranscribed", (torch.from_numpy(long_ref), SR), None, True),
         ]
+        for clip in ("speech_24k", "speech_16k_stereo"):  # real speech, read from the file
+            if (SPEECH / f"{clip}.wav").exists():
+                cases.append((f"file_{clip}", str(SPEECH / f"{clip}.wav"), "The quick brown fox.", True))
         for name, src, text, pre in cases:
             codec = _RecordingCodec()
             prompt = OmniVoice.create_voice_clone_prompt(_stand_in(codec), src, ref_text=text, preprocess_prompt=pre)
@@ -312,6 +316,10 @@ def dump_post(out_dir: Path) -> Path:
                       ("voice", _ms(300), 0.1)], seed=42)
     chunk_c = _build([("voice", 1000, 0.2)], seed=43)  # shorter than the cross-fade
     waves = [speech, chunk_a, chunk_b, chunk_c]
+    if (SPEECH / "speech_24k.wav").exists():  # wave4: real speech standing in for decoded audio
+        import soundfile as sf
+
+        waves.append(sf.read(str(SPEECH / "speech_24k.wav"), dtype="float32")[0])
     cases = {
         "single_noref": (0, None, True, 0.1, 0.1),
         "single_quietref": (0, 0.05, True, 0.1, 0.1),
@@ -321,7 +329,10 @@ def dump_post(out_dir: Path) -> Path:
         "chunks_quietref_raw": ([1, 2], 0.02, False, 0.0, 0.0),
         "chunks_ref_odd": ([3, 1], 0.07, True, 0.0125, 0.3),
     }
-    arrays = {f"wave{i}": w for i, w in enumerate(waves)}
+    if len(waves) > 4:
+        cases["speech_noref"] = (4, None, True, 0.1, 0.1)
+        cases["speech_quietref"] = (4, 0.03, True, 0.1, 0.1)
+    arrays = {f"wave{i}": w for i, w in enumerate(waves[:4])}  # wave4 is read from its file
     for name, (which, rms, post, pad, fade) in cases.items():
         codec = _RecordingCodec(decoded=waves)
         cfg = OmniVoiceGenerationConfig(postprocess_output=post, pad_duration=pad, fade_duration=fade)
