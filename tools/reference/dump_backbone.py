@@ -235,6 +235,7 @@ def item_arrays(model, specs, rec, codes, gen_kwargs, prefix=""):
         out[p + "lang"] = np.array(s.get("lang") or "")
         out[p + "instruct"] = np.array(s.get("instruct") or "")
         out[p + "num_target"] = np.array(T, dtype=np.int64)
+        out[p + "denoise"] = np.array(bool(gen_kwargs["denoise"]))
         if s.get("ref_codes") is not None:
             out[p + "ref_codes"] = s["ref_codes"].astype(np.int64)  # [C, R]
         # The targets as the model saw them at each step (cond row, before that step's update).
