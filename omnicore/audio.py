@@ -92,7 +92,10 @@ def resample(x: np.ndarray, orig_sr: int, new_sr: int) -> np.ndarray:
     """
     orig_sr = _check_rate("orig_sr", orig_sr)
     new_sr = _check_rate("new_sr", new_sr)
-    x = np.asarray(x, dtype=np.float32)
+    try:
+        x = np.asarray(x, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise AudioError("resample needs a numeric array of samples") from None
     if x.ndim == 0:
         raise AudioError("resample needs an array of samples, got a scalar")
     if orig_sr == new_sr:
@@ -175,8 +178,8 @@ def _int_to_float(a: np.ndarray) -> np.ndarray:
     if a.dtype == np.uint8:
         return ((a.astype(np.float32) - np.float32(128)) / np.float32(128)).astype(np.float32)
     if np.issubdtype(a.dtype, np.signedinteger):
-        scale = float(2 ** (8 * a.dtype.itemsize - 1))
-        return (a.astype(np.float64) / scale).astype(np.float32)
+        # a power-of-two scale is exact, so casting first rounds exactly like libsndfile
+        return a.astype(np.float32) / np.float32(2 ** (8 * a.dtype.itemsize - 1))
     raise AudioError(
         f"audio samples of type {a.dtype} are not supported; pass float32/float64 in [-1, 1] "
         "or int8/int16/int32/uint8 PCM"

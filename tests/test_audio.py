@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from omnicore import audio
@@ -91,6 +91,7 @@ def test_resample_shapes_and_identity():
     length=st.integers(0, 300),
 )
 def test_resample_any_rates(orig, new, length):
+    assume(length * new <= 2_000_000 * orig)  # keep outputs small
     x = np.random.default_rng(length).standard_normal(length).astype(np.float32)
     y = audio.resample(x, orig, new)
     assert y.dtype == np.float32
