@@ -130,10 +130,6 @@ class Packing:
     cos: np.ndarray  # [N, E]
     sin: np.ndarray  # [N, E]
 
-    @property
-    def total(self) -> int:
-        return sum(self.lengths)
-
 
 def rope_inv_freq(cfg: OmniVoiceConfig) -> np.ndarray:
     """Rotary frequencies theta^(-2i/E), rounded the way the float32 reference rounds them."""

@@ -179,11 +179,11 @@ def generate_codes(params: BackboneParams, cfg: OmniVoiceConfig, items: Sequence
     pack = make_packing([ids.shape[1] for ids, _ in rows], cfg)
     ids = xp.asarray(np.concatenate([r[0] for r in rows], axis=1))  # [C, N]
     audio_mask = xp.asarray(np.concatenate([r[1] for r in rows]))  # [N]
-    num_out = [it.num_target for it in items] * (2 if use_uncond else 1)
-    # Where item b's targets sit in the packed axis, in every row that holds them.
-    target_slices = [[slice(s + L - T, s + L)] for s, L, T in zip(pack.starts, pack.lengths, num_out)]
-    if use_uncond:
-        target_slices = [target_slices[b] + target_slices[B + b] for b in range(B)]
+    num_out = [it.num_target for it in items] * (2 if use_uncond else 1)  # targets end every row
+    # Packed columns of item b's targets: in its conditional row r = b and, with guidance,
+    # in its unconditional row r = B + b. Both are rewritten after every step.
+    row_targets = [slice(s + L - T, s + L) for s, L, T in zip(pack.starts, pack.lengths, num_out)]
+    target_slices = [row_targets[b::B] for b in range(B)]
 
     tokens = [xp.full((C, it.num_target), mask_id, dtype=xp.int64) for it in items]
     fill_step = [np.full((C, it.num_target), -1, dtype=np.int64) for it in items]
