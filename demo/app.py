@@ -1,0 +1,446 @@
+"""omnicore demo: OmniVoice text-to-speech in the browser, on numpy + Numba, without torch.
+
+    python demo/app.py                                   # k2-fsa/OmniVoice from the hub (or its cache)
+    python demo/app.py --model weights/tiny-random       # offline smoke checkpoint (its audio is noise)
+    OMNICORE_MODEL=/path/to/OmniVoice python demo/app.py
+
+A thin shell over the public API (`omnicore.OmniVoice.synthesize` and friends): every number on
+the page comes from a `Synthesis` result. Three tabs (voice clone, voice design, auto voice) share
+one settings panel and one output panel; each tab is also an API endpoint (`/clone`, `/design`,
+`/auto`, plus `/make_voice_prompt` and `/check_instruct`) for `gradio_client`.
+
+Queueing: synthesis is CPU-bound and one model instance serves everyone, so all synthesis
+endpoints share one concurrency group of `--concurrency` jobs (default 1: running two at once
+only splits the same cores); up to `--max-queue` further requests wait in line (default 16) and
+see their place in the queue; beyond that new requests are refused with a "queue full" message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+
+try:
+    import omnicore  # noqa: F401
+except ImportError:  # a source checkout without `pip install -e .`: use the package beside demo/
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from omnicore import OmniVoice, VoiceClonePrompt
+from omnicore.errors import OmniCoreError
+from omnicore.text import instruct_vocabulary, language_choices, resolve_instruct
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from visuals import render_unmasking, render_waveform  # noqa: E402
+
+DEFAULT_MODEL = "k2-fsa/OmniVoice"
+DEFAULT_CONCURRENCY = 1
+DEFAULT_MAX_QUEUE = 16
+AUTO_LANGUAGE = "auto"
+NO_PICK = "(any)"
+SYNTHESIS_GROUP = "synthesis"  # one concurrency group for every endpoint that runs the model
+
+_STAGE_NAMES = {
+    "encode": "encode (reference clip to codes)",
+    "prepare": "prepare (text, language, prompt)",
+    "unmask": "unmask (iterative decoding)",
+    "decode": "decode (codes to waveform)",
+    "postprocess": "post-process (trim, loudness, fades)",
+}
+
+INTRO = """\
+# omnicore · OmniVoice text-to-speech, no torch
+OmniVoice writes speech as a grid of codec tokens: **8 codebooks × 25 frames per second**. It
+starts from a fully masked grid and, step by step, fills in the cells it is most sure of, looking
+at the whole utterance at once (a bidirectional transformer, not left-to-right). A codec then
+turns the grid into a 24 kHz waveform. Pick a mode, press **Generate**, then look at the
+**Unmasking view** below the output to see the order in which the grid was written.
+"""
+
+UNMASKING_CAPTION = """\
+**How to read it.** Each cell is one code (row = codebook, column = 40 ms frame); its colour is
+the step that filled it, **dark = early, yellow = late**.
+* **Schedule**: every step may fill a budget of cells taken from a shifted time grid
+  (`t_shift`, 0.1 by default): very few cells at first, most of them in the last steps
+  (left chart). Fewer steps mean bigger jumps.
+* **Layer penalty**: a cell's confidence is lowered by `layer penalty × codebook index`, so the
+  coarse codebook 0 settles first and the fine-detail codebooks 5-7 last (right chart). Set the
+  penalty to 0 in *Unmasking knobs* and the rows mix.
+* **Confidence ordering**: within a step's budget the model takes the cells whose predicted
+  token has the highest (classifier-free-guided) log-probability; the *position temperature*
+  adds random noise to that ranking so the order is spread over time. Set it to 0 to see the
+  pure confidence order.
+"""
+
+CSS = """
+#unmasking-view img, #waveform-view img { image-rendering: pixelated; object-fit: contain; }
+#instruct-status { min-height: 2.5em; }
+.omni-footer { font-size: 0.85em; opacity: 0.8; }
+"""
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers: turning UI values into API arguments and results into displays
+# ------------------------------------------------------------------------------------------------
+
+
+def _fail(exc: Exception) -> gr.Error:
+    """A user-facing error toast for anything a synthesis call raised (never a traceback box)."""
+    if isinstance(exc, OmniCoreError):
+        title = {"InputError": "Check your input", "AudioError": "Unusable audio",
+                 "VoicePromptError": "Unusable voice prompt file"}.get(type(exc).__name__,
+                                                                       "Cannot synthesise")
+        return gr.Error(str(exc), title=title, duration=None, print_exception=False)
+    traceback.print_exc()  # unexpected: keep the details in the server log for a bug report
+    return gr.Error(f"Unexpected {type(exc).__name__}: {exc}. This is a bug in omnicore; the "
+                    "server log has the details.", title="Internal error", duration=None,
+                    print_exception=False)
+
+
+def _seed(seed) -> int:
+    if seed is None or int(seed) < 0:
+        return secrets.randbelow(2**31)
+    return int(seed)
+
+
+def _settings(language, num_step, guidance_scale, speed, duration, seed, denoise,
+              postprocess_output, t_shift, layer_penalty_factor, position_temperature,
+              class_temperature) -> dict:
+    """Shared-panel values -> keyword arguments of OmniVoice.synthesize."""
+    duration = float(duration or 0.0)
+    speed = float(speed or 1.0)
+    return dict(
+        language=None if language in (None, "", AUTO_LANGUAGE) else language,
+        num_step=int(num_step), guidance_scale=float(guidance_scale),
+        duration=duration if duration > 0 else None,  # a fixed duration overrides speed
+        speed=speed if duration <= 0 and speed != 1.0 else None,
+        seed=_seed(seed), denoise=bool(denoise), postprocess_output=bool(postprocess_output),
+        t_shift=float(t_shift), layer_penalty_factor=float(layer_penalty_factor),
+        position_temperature=float(position_temperature),
+        class_temperature=float(class_temperature),
+    )
+
+
+def _timings_markdown(result, sample_rate: int, seed: int) -> str:
+    audio_s = len(result.audio) / float(sample_rate)
+    total = sum(result.timings.values())
+    lines = ["| stage | seconds |", "|---|---:|"]
+    for stage, secs in result.timings.items():
+        lines.append(f"| {_STAGE_NAMES.get(stage, stage)} | {secs:.3f} |")
+    lines.append(f"| **total** | **{total:.3f}** |")
+    rtf = total / audio_s if audio_s > 0 else float("inf")
+    C, T = result.codes.shape
+    chunks = len(result.text_chunks)
+    lines += ["", f"**{audio_s:.2f} s** of audio from {C} × {T} codes in {total:.2f} s: "
+              f"**RTF {rtf:.2f}** ({'faster' if rtf < 1 else 'slower'} than real time; "
+              f"RTF = compute time / audio time) · {result.num_steps} steps"
+              f"{f' per chunk × {chunks} text chunks' if chunks > 1 else ''} · seed **{seed}**"]
+    return "\n".join(lines)
+
+
+def _outputs(model, result, seed: int):
+    sr = model.sampling_rate
+    pcm = np.round(np.clip(np.nan_to_num(result.audio), -1.0, 1.0) * 32767.0).astype(np.int16)
+    return ((sr, pcm), render_waveform(result.audio, sr),
+            render_unmasking(result.fill_steps, result.num_steps),
+            _timings_markdown(result, sr, seed))
+
+
+def _progress_hook(progress):
+    def on_step(step: int, num_steps: int) -> None:
+        progress((step, num_steps), desc="Unmasking", unit="steps")
+    return on_step
+
+
+def _voice_items():
+    """Picker choices per category: [(label, value), ...] with a leading "(any)"."""
+    return {cat: [(NO_PICK, "")] + [(item.label, item.value) for item in items]
+            for cat, items in instruct_vocabulary().items()}
+
+
+def compose_instruct(*picked: str) -> str:
+    """Join the picked attribute values with commas; resolve_instruct unifies the language."""
+    return ", ".join(p for p in picked if p)
+
+
+def check_instruct(instruct: str, text: str = "") -> str:
+    """Markdown telling whether an instruct is valid, and what the model will read."""
+    if not instruct or not instruct.strip():
+        return "No attributes picked: the model will choose a voice (like *Auto voice*)."
+    try:
+        resolved = resolve_instruct(instruct, text or None)
+    except OmniCoreError as exc:
+        return f"⚠️ **Invalid combination.** {exc}"
+    return f"✅ The model will read the instruct `{resolved}`."
+
+
+# ------------------------------------------------------------------------------------------------
+# The page
+# ------------------------------------------------------------------------------------------------
+
+
+def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAULT_CONCURRENCY,
+               max_queue: int = DEFAULT_MAX_QUEUE) -> gr.Blocks:
+    """The Blocks app for one loaded model (queue configured; call .launch(**launch_options()))."""
+    workdir = Path(tempfile.mkdtemp(prefix="omnicore-demo-"))
+    atexit.register(shutil.rmtree, workdir, ignore_errors=True)
+
+    def run(progress, **kwargs):
+        seed = kwargs["seed"]
+        try:
+            result = model.synthesize(on_step=_progress_hook(progress), **kwargs)[0]
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a message, never a trace
+            raise _fail(exc) from None
+        return _outputs(model, result, seed)
+
+    # --- endpoints: parameter names are what gradio_client users see ---
+
+    def clone(text, ref_audio, ref_text, voice_prompt_file, preprocess_prompt, language,
+              num_step, guidance_scale, speed, duration, seed, denoise, postprocess_output,
+              t_shift, layer_penalty_factor, position_temperature, class_temperature,
+              progress=gr.Progress()):
+        kwargs = _settings(language, num_step, guidance_scale, speed, duration, seed, denoise,
+                           postprocess_output, t_shift, layer_penalty_factor,
+                           position_temperature, class_temperature)
+        if voice_prompt_file:
+            if ref_audio:
+                gr.Info("Using the voice prompt file; the reference clip is ignored.")
+            try:
+                kwargs["voice_clone_prompt"] = VoiceClonePrompt.load(voice_prompt_file)
+            except Exception as exc:  # noqa: BLE001
+                raise _fail(exc) from None
+        elif ref_audio:
+            progress(0.0, desc="Encoding the reference clip")
+            kwargs.update(ref_audio=ref_audio, ref_text=ref_text or None,
+                          preprocess_prompt=bool(preprocess_prompt))
+        else:
+            raise gr.Error("Upload or record a reference clip (and type its transcript), or "
+                           "load a voice prompt file.", title="No voice to clone",
+                           print_exception=False)
+        return run(progress, text=text, **kwargs)
+
+    def design(text, instruct, language, num_step, guidance_scale, speed, duration, seed,
+               denoise, postprocess_output, t_shift, layer_penalty_factor,
+               position_temperature, class_temperature, progress=gr.Progress()):
+        kwargs = _settings(language, num_step, guidance_scale, speed, duration, seed, denoise,
+                           postprocess_output, t_shift, layer_penalty_factor,
+                           position_temperature, class_temperature)
+        return run(progress, text=text, instruct=instruct or None, **kwargs)
+
+    def auto(text, language, num_step, guidance_scale, speed, duration, seed, denoise,
+             postprocess_output, t_shift, layer_penalty_factor, position_temperature,
+             class_temperature, progress=gr.Progress()):
+        kwargs = _settings(language, num_step, guidance_scale, speed, duration, seed, denoise,
+                           postprocess_output, t_shift, layer_penalty_factor,
+                           position_temperature, class_temperature)
+        return run(progress, text=text, **kwargs)
+
+    def make_voice_prompt(ref_audio, ref_text, preprocess_prompt):
+        if not ref_audio:
+            raise gr.Error("Upload or record a reference clip first.", title="No reference clip",
+                           print_exception=False)
+        try:
+            prompt = model.create_voice_clone_prompt(ref_audio, ref_text=ref_text or None,
+                                                     preprocess_prompt=bool(preprocess_prompt))
+            path = workdir / f"voice-{secrets.token_hex(4)}.npz"
+            prompt.save(path)
+        except Exception as exc:  # noqa: BLE001
+            raise _fail(exc) from None
+        gr.Info(f"Voice prompt saved ({prompt.ref_audio_tokens.shape[1]} frames): download it "
+                "to reuse this voice without re-encoding the clip.")
+        return str(path)
+
+    is_random = "random" in str(model_name).lower()
+    with gr.Blocks(title="omnicore · OmniVoice TTS", analytics_enabled=False,
+                   delete_cache=(3600, 7200)) as demo:
+        gr.Markdown(INTRO)
+        gr.Markdown(f"Model: `{model_name}` · {model.sampling_rate} Hz"
+                    + (" · ⚠️ **random smoke-test weights: the audio is noise**, the pictures "
+                       "still show how decoding works." if is_random else ""))
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=5):
+                with gr.Tabs():
+                    with gr.Tab("Voice clone", id="clone"):
+                        clone_text = gr.Textbox(label="Text to speak", lines=3,
+                                                elem_id="clone-text",
+                                                value="This is my voice, cloned from a short clip.")
+                        with gr.Row():
+                            ref_audio = gr.Audio(label="Reference clip (3-10 s of clean speech)",
+                                                 sources=["upload", "microphone"],
+                                                 type="filepath", elem_id="ref-audio")
+                            with gr.Column():
+                                ref_text = gr.Textbox("", label="Transcript of the reference clip",
+                                                      lines=3, elem_id="ref-text",
+                                                      info="Required: omnicore has no speech "
+                                                           "recogniser.")
+                                preprocess = gr.Checkbox(True, label="Clean up the clip (trim "
+                                                         "silences, normalise loudness)")
+                        with gr.Row():
+                            voice_file = gr.File(label="Voice prompt file (.npz): used instead "
+                                                 "of the clip when set", file_types=[".npz"],
+                                                 elem_id="voice-file")
+                            save_voice = gr.Button("Save the clip as a voice prompt",
+                                                   elem_id="save-voice")
+                        clone_btn = gr.Button("Generate", variant="primary", elem_id="clone-go")
+                    with gr.Tab("Voice design", id="design"):
+                        design_text = gr.Textbox(label="Text to speak", lines=3,
+                                                 elem_id="design-text",
+                                                 value="Good evening. Here is tonight's forecast.")
+                        pickers = []
+                        items = _voice_items()
+                        notes = {"accent": "English speech only", "dialect": "Chinese speech only"}
+                        cats = list(items)
+                        for row in (cats[:3], cats[3:]):
+                            with gr.Row():
+                                for cat in row:
+                                    pickers.append(gr.Dropdown(
+                                        items[cat], value="", label=cat.capitalize(),
+                                        info=notes.get(cat), elem_id=f"pick-{cat}"))
+                        instruct = gr.Textbox("", label="Instruct (composed from the pickers; "
+                                              "you may edit it)", elem_id="instruct",
+                                              placeholder="e.g. female, young adult, british accent")
+                        instruct_status = gr.Markdown(check_instruct(""), elem_id="instruct-status")
+                        design_btn = gr.Button("Generate", variant="primary", elem_id="design-go")
+                    with gr.Tab("Auto voice", id="auto"):
+                        auto_text = gr.Textbox(label="Text to speak", lines=3, elem_id="auto-text",
+                                               value="Hello! Nobody told me what to sound like, "
+                                                     "so I picked a voice myself.")
+                        gr.Markdown("No reference and no instruct: the model invents a voice. "
+                                    "Fix the seed to get the same voice again.")
+                        auto_btn = gr.Button("Generate", variant="primary", elem_id="auto-go")
+
+                with gr.Accordion("Settings", open=True):
+                    language = gr.Dropdown([("Auto (from the text)", AUTO_LANGUAGE)]
+                                           + language_choices(), value=AUTO_LANGUAGE,
+                                           label=f"Language ({len(language_choices())} "
+                                                 "supported; type to search)",
+                                           filterable=True, elem_id="language")
+                    with gr.Row():
+                        num_step = gr.Slider(1, 64, value=32, step=1, label="Unmasking steps",
+                                             elem_id="steps")
+                        guidance = gr.Slider(0.0, 5.0, value=2.0, step=0.1,
+                                             label="Guidance scale (classifier-free)")
+                    with gr.Row():
+                        speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05,
+                                          label="Speed (when the duration is estimated)")
+                        duration = gr.Number(0, label="Fixed duration in seconds (0 = estimate "
+                                             "from the text)", minimum=0, maximum=600)
+                    with gr.Row():
+                        seed = gr.Number(-1, precision=0, label="Seed (-1 = random)",
+                                         elem_id="seed")
+                        denoise = gr.Checkbox(True, label="Denoise (clone mode)")
+                        postprocess = gr.Checkbox(True, label="Post-process (trim, fades)")
+                    with gr.Accordion("Unmasking knobs", open=False):
+                        with gr.Row():
+                            t_shift = gr.Slider(0.01, 1.0, value=0.1, step=0.01,
+                                                label="t_shift (schedule: small = slow start)")
+                            layer_penalty = gr.Slider(0.0, 20.0, value=5.0, step=0.5,
+                                                      label="Layer penalty")
+                        with gr.Row():
+                            pos_temp = gr.Slider(0.0, 20.0, value=5.0, step=0.5,
+                                                 label="Position temperature (0 = pure "
+                                                       "confidence order)")
+                            class_temp = gr.Slider(0.0, 2.0, value=0.0, step=0.05,
+                                                   label="Class temperature (0 = argmax tokens)")
+
+            with gr.Column(scale=6):
+                audio_out = gr.Audio(label="Generated speech", type="numpy", format="wav",
+                                     interactive=False, buttons=["download"], elem_id="audio-out",
+                                     # the browser's own player: the waveform is drawn below
+                                     waveform_options=gr.WaveformOptions(
+                                         show_recording_waveform=False))
+                wave_img = gr.Image(label="Waveform and spectrogram", type="numpy", format="png",
+                                    interactive=False, elem_id="waveform-view",
+                                    buttons=["download", "fullscreen"])
+                timings = gr.Markdown("Timings per stage appear here after a run.",
+                                      elem_id="timings")
+
+        gr.Markdown("## Unmasking view")
+        unmask_img = gr.Image(label="Unmasking order of the 8 × T code grid", type="numpy",
+                              format="png", interactive=False, elem_id="unmasking-view",
+                              buttons=["download", "fullscreen"])
+        gr.Markdown(UNMASKING_CAPTION)
+        gr.Markdown(f"Requests are queued: {concurrency} synthesis at a time, up to {max_queue} "
+                    "waiting; your place in the queue shows on the output while you wait. "
+                    "Model weights: OmniVoice (CC-BY-NC 4.0) and the Higgs Audio V2 codec "
+                    "(Boson community licence), downloaded from the Hugging Face Hub.",
+                    elem_classes=["omni-footer"])
+
+        settings = [language, num_step, guidance, speed, duration, seed, denoise, postprocess,
+                    t_shift, layer_penalty, pos_temp, class_temp]
+        outputs = [audio_out, wave_img, unmask_img, timings]
+        synth = dict(concurrency_limit=concurrency, concurrency_id=SYNTHESIS_GROUP)
+        clone_btn.click(clone, [clone_text, ref_audio, ref_text, voice_file, preprocess, *settings],
+                        outputs, api_name="clone", **synth)
+        design_btn.click(design, [design_text, instruct, *settings], outputs, api_name="design",
+                         **synth)
+        auto_btn.click(auto, [auto_text, *settings], outputs, api_name="auto", **synth)
+        save_voice.click(make_voice_prompt, [ref_audio, ref_text, preprocess], voice_file,
+                         api_name="make_voice_prompt", **synth)
+
+        # Cheap UI helpers run outside the synthesis group, so they stay instant under load.
+        quick = dict(concurrency_limit=None, show_progress="hidden")
+        for picker in pickers:
+            picker.change(compose_instruct, pickers, instruct, api_visibility="private", **quick)
+        instruct.change(check_instruct, [instruct, design_text], instruct_status,
+                        api_name="check_instruct", **quick)
+        design_text.change(check_instruct, [instruct, design_text], instruct_status,
+                           api_visibility="private", **quick)
+
+    demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
+    return demo
+
+
+def launch_options() -> dict:
+    """Theme and CSS (gradio 6 takes them in launch)."""
+    theme = gr.themes.Soft(primary_hue="violet", secondary_hue="teal",
+                           font=["ui-sans-serif", "system-ui", "sans-serif"],
+                           font_mono=["ui-monospace", "monospace"])
+    return dict(theme=theme, css=CSS)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Gradio demo of omnicore (OmniVoice TTS without torch).")
+    p.add_argument("--model", default=os.environ.get("OMNICORE_MODEL", DEFAULT_MODEL),
+                   help="hub id or local checkpoint dir (default: $OMNICORE_MODEL or "
+                        f"{DEFAULT_MODEL}); weights/tiny-random runs offline (noise)")
+    p.add_argument("--host", default=None,
+                   help="address to listen on (default: gradio's, 127.0.0.1; Spaces set 0.0.0.0)")
+    p.add_argument("--port", type=int, default=None, help="port (default: gradio's, 7860)")
+    p.add_argument("--concurrency", type=int,
+                   default=int(os.environ.get("OMNICORE_DEMO_CONCURRENCY", DEFAULT_CONCURRENCY)),
+                   help="syntheses that may run at once (default 1)")
+    p.add_argument("--max-queue", type=int,
+                   default=int(os.environ.get("OMNICORE_DEMO_MAX_QUEUE", DEFAULT_MAX_QUEUE)),
+                   help="requests that may wait in the queue (default 16)")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip the short synthesis at start-up that compiles the kernels")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    print(f"loading {args.model} ...", flush=True)
+    try:
+        model = OmniVoice.from_pretrained(args.model)
+        if not args.no_warmup:  # compile the Numba kernels now rather than in the first request
+            model.generate("Hello.", num_step=2, seed=0)
+    except OmniCoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    demo = build_demo(model, args.model, args.concurrency, args.max_queue)
+    demo.launch(server_name=args.host, server_port=args.port, **launch_options())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
