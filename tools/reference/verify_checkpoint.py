@@ -61,6 +61,7 @@ def main() -> None:
     ap.add_argument("ckpt", type=Path)
     ap.add_argument("--num-step", type=int, default=32)
     ap.add_argument("--json", type=Path, help="write the numbers here")
+    ap.add_argument("--no-f64", action="store_true", help="skip the float64 rerun (full size)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     torch.manual_seed(0)
@@ -77,10 +78,12 @@ def main() -> None:
     c32 = greedy_codes(m32, text, 2.0, num_step=args.num_step, language="en")
     distinct = [int(len(np.unique(row))) for row in c32]
     report["greedy_f32"] = {"shape": list(c32.shape), "distinct_per_row": distinct}
-    m64 = load(args.ckpt, torch.float64)
-    c64 = greedy_codes(m64, text, 2.0, num_step=args.num_step, language="en")
-    report["greedy_f64_equal"] = bool(np.array_equal(c32, c64))
-    report["greedy_f64_mismatch_cells"] = int((c32 != c64).sum())
+    if not args.no_f64:
+        m64 = load(args.ckpt, torch.float64)
+        c64 = greedy_codes(m64, text, 2.0, num_step=args.num_step, language="en")
+        report["greedy_f64_equal"] = bool(np.array_equal(c32, c64))
+        report["greedy_f64_mismatch_cells"] = int((c32 != c64).sum())
+        del m64
 
     # Codec: decode random codes, decode other codes, encode back.
     codec = m32.audio_tokenizer
