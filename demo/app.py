@@ -99,10 +99,10 @@ def _fail(exc: Exception) -> gr.Error:
         title = {"InputError": "Check your input", "AudioError": "Unusable audio",
                  "VoicePromptError": "Unusable voice prompt file"}.get(type(exc).__name__,
                                                                        "Cannot synthesise")
-        return gr.Error(str(exc), title=title, duration=None, print_exception=False)
+        return gr.Error(str(exc), title=title, duration=30, print_exception=False)
     traceback.print_exc()  # unexpected: keep the details in the server log for a bug report
     return gr.Error(f"Unexpected {type(exc).__name__}: {exc}. This is a bug in omnicore; the "
-                    "server log has the details.", title="Internal error", duration=None,
+                    "server log has the details.", title="Internal error", duration=30,
                     print_exception=False)
 
 
@@ -150,7 +150,7 @@ def _timings_markdown(result, sample_rate: int, seed: int) -> str:
 def _outputs(model, result, seed: int):
     sr = model.sampling_rate
     pcm = np.round(np.clip(np.nan_to_num(result.audio), -1.0, 1.0) * 32767.0).astype(np.int16)
-    return ((sr, pcm), render_waveform(result.audio, sr),
+    return ((sr, pcm), render_waveform(result.audio, sr, width=760),
             render_unmasking(result.fill_steps, result.num_steps),
             _timings_markdown(result, sr, seed))
 
@@ -179,8 +179,8 @@ def check_instruct(instruct: str, text: str = "") -> str:
     try:
         resolved = resolve_instruct(instruct, text or None)
     except OmniCoreError as exc:
-        return f"⚠️ **Invalid combination.** {exc}"
-    return f"✅ The model will read the instruct `{resolved}`."
+        return f"⚠ **Invalid combination.** {exc}"
+    return f"✓ Valid: the model will read the instruct `{resolved}`."
 
 
 # ------------------------------------------------------------------------------------------------
@@ -359,14 +359,15 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                      waveform_options=gr.WaveformOptions(
                                          show_recording_waveform=False))
                 wave_img = gr.Image(label="Waveform and spectrogram", type="numpy", format="png",
-                                    interactive=False, elem_id="waveform-view",
+                                    interactive=False, show_label=False, elem_id="waveform-view",
                                     buttons=["download", "fullscreen"])
                 timings = gr.Markdown("Timings per stage appear here after a run.",
                                       elem_id="timings")
 
         gr.Markdown("## Unmasking view")
         unmask_img = gr.Image(label="Unmasking order of the 8 × T code grid", type="numpy",
-                              format="png", interactive=False, elem_id="unmasking-view",
+                              format="png", interactive=False, show_label=False,
+                              elem_id="unmasking-view",
                               buttons=["download", "fullscreen"])
         gr.Markdown(UNMASKING_CAPTION)
         gr.Markdown(f"Requests are queued: {concurrency} synthesis at a time, up to {max_queue} "
