@@ -220,8 +220,18 @@ def summarize(name: str, arrs: dict) -> str:
 
 
 def dump(ckpt_dir: Path, out_dir: Path) -> list[Path]:
-    warnings.filterwarnings("ignore")
+    # Quiet the reference's warnings here only: later stages may record warnings themselves.
+    previous = logging.root.manager.disable
     logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _dump(ckpt_dir, out_dir)
+    finally:
+        logging.disable(previous)
+
+
+def _dump(ckpt_dir: Path, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     model = load_model(ckpt_dir)
     written = []

@@ -40,6 +40,7 @@ DEFAULT_OUT = ROOT / "tests" / "fixtures" / "reference"
 FIXTURE_DIRS = ["weights/tiny-random", "tests/fixtures/reference", "tests/fixtures/onnx",
                 "tests/fixtures/audio"]
 TORCH_SEED = 0
+_INITIAL_WARNING_FILTERS = list(__import__("warnings").filters)
 MANIFEST_VERSION = 1
 
 
@@ -122,8 +123,14 @@ def load_module(name: str, path: Path):
 
 
 def deterministic_torch() -> None:
+    """Same starting state for every stage (seed, threads, dtype, logging and warning filters)."""
+    import logging
+    import warnings
+
     import torch
 
+    logging.disable(logging.NOTSET)
+    warnings.filters[:] = _INITIAL_WARNING_FILTERS
     torch.manual_seed(TORCH_SEED)
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float32)

@@ -199,6 +199,36 @@ def dynamic_shapes(name: str):
     raise KeyError(name)
 
 
+def strip_metadata(path: Path) -> None:
+    """Drop the exporter's per-node provenance (stack traces with this checkout's paths, FX node
+    text) so the file depends only on the weights and the graph, not on where it was exported."""
+    import onnx
+
+    model = onnx.load(str(path))
+
+    def clean_graph(g):
+        del g.metadata_props[:]
+        for vi in list(g.value_info) + list(g.input) + list(g.output):
+            del vi.metadata_props[:]
+        for init in g.initializer:
+            del init.metadata_props[:]
+        for node in g.node:
+            del node.metadata_props[:]
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    clean_graph(attr.g)
+                for sub in attr.graphs:
+                    clean_graph(sub)
+
+    clean_graph(model.graph)
+    for fn in model.functions:
+        del fn.metadata_props[:]
+        for node in fn.node:
+            del node.metadata_props[:]
+    del model.metadata_props[:]
+    onnx.save(model, str(path))
+
+
 def export_one(model, name: str, module, path: Path) -> dict:
     import onnxruntime as ort
     import torch
@@ -213,6 +243,7 @@ def export_one(model, name: str, module, path: Path) -> dict:
             optimize=True, verbose=False,
         )
     prog.save(str(path), external_data=False)
+    strip_metadata(path)
 
     # Check on other shapes than the export example.
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

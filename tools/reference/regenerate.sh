@@ -16,7 +16,6 @@ PY="$VENV/bin/python"
 cd "$ROOT"
 
 export PYTHONHASHSEED=0 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
-export PYTHONWARNINGS=ignore
 
 "$PY" tools/reference/make_checkpoint.py --size tiny --out weights/tiny-random
 "$PY" tools/reference/make_speech_clip.py
