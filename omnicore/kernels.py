@@ -180,15 +180,16 @@ def _group_norm_nb(x, num_groups, weight, bias, eps):  # x [B, T, C] float32
         var = np.zeros(num_groups, np.float64)
         for c in range(c_):
             var[c // cg] += acc[c]
+        centre = np.empty(c_, np.float32)
         scale = np.empty(c_, np.float32)
-        shift = np.empty(c_, np.float32)
         for c in range(c_):
-            rstd = 1.0 / math.sqrt(var[c // cg] / count + eps)
-            scale[c] = rstd * weight[c]
-            shift[c] = bias[c] - mean[c // cg] * rstd * weight[c]
+            centre[c] = mean[c // cg]
+            scale[c] = weight[c] / math.sqrt(var[c // cg] / count + eps)
+        # (x - mean) * scale + bias: unlike x * scale + (bias - mean * scale) this does not
+        # cancel catastrophically when the mean is large against the spread
         for t in range(t_):
             for c in range(c_):
-                out[b, t, c] = x[b, t, c] * scale[c] + shift[c]
+                out[b, t, c] = (x[b, t, c] - centre[c]) * scale[c] + bias[c]
     return out
 
 
