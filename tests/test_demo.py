@@ -1,0 +1,490 @@
+"""The Gradio demo (demo/app.py), run for real on the tiny random checkpoint.
+
+One app server is started per module, on 127.0.0.1 and a free port, exactly as a user would
+start it (`python demo/app.py --model weights/tiny-random`). It is then driven two ways:
+  * through `gradio_client`, the API a Hugging Face Space exposes (every tab is an endpoint);
+  * from a real headless Chromium (Debian's `chromium` + `chromium-driver`, through selenium):
+    fill each tab, generate, check that the page shows a playable WAV and the unmasking view,
+    and keep screenshots as CI artefacts (their folder is printed; set OMNICORE_ARTIFACTS_DIR
+    to choose it).
+The tiny checkpoint's audio is noise, so the checks are about plumbing, not about speech. With
+CI=true a missing gradio, selenium or browser is a failure, elsewhere a skip with the reason.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "demo" / "app.py"
+CKPT = ROOT / "weights" / "tiny-random"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+STEPS = 4  # few unmasking steps keep every request short; the picture still has 4 colours
+SERVER_START_S = 300  # model load + the start-up synthesis that compiles the kernels
+REQUEST_S = 120
+
+
+def _missing(what: str, how: str):
+    """Fail under CI (which installs everything), skip elsewhere; either way say how to fix."""
+    message = f"{what} is not available ({how})"
+    if IN_CI:
+        pytest.fail(message + "; CI must install it (see .ci/run)")
+    pytest.skip(message)
+
+
+try:
+    import gradio  # noqa: F401
+    from gradio_client import Client, handle_file
+    from gradio_client.exceptions import AppError
+except ImportError:
+    _missing("gradio", "pip install -e '.[demo]'")
+
+sys.path.insert(0, str(ROOT / "demo"))
+import visuals  # noqa: E402  (demo/visuals.py: the demo's image rendering)
+
+# ------------------------------------------------------------------------------------------------
+# Fixtures: the app server, a reference clip, the client
+# ------------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """Base URL of a running demo on the tiny checkpoint; the server log is shown on failure."""
+    assert (CKPT / "config.json").is_file(), f"tiny checkpoint missing at {CKPT}"
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("demo-server") / "server.log"
+    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1",
+               PYTHONUNBUFFERED="1", OMNICORE_MODEL="k2-fsa/OmniVoice")  # --model must win
+    env.pop("GRADIO_SERVER_NAME", None)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(APP), "--model", str(CKPT), "--host", "127.0.0.1",
+             "--port", str(port), "--concurrency", "1", "--max-queue", "8"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + SERVER_START_S
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"demo exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(url + "/gradio_api/info", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"demo not up after {SERVER_START_S} s:\n{log_path.read_text()[-4000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.returncode not in (0, -15, 143):
+        print(log_path.read_text()[-4000:])
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return Client(server, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def ref_wav(tmp_path_factory) -> Path:
+    """A 2 s voiced-like clip at 16 kHz (the demo must resample it): harmonics under a syllable
+    envelope, plus a little noise and silence at both ends for the clean-up to trim."""
+    sr = 16000
+    t = np.arange(int(2.0 * sr)) / sr
+    f0 = 140.0 + 20.0 * np.sin(2 * np.pi * 0.7 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / sr
+    voiced = sum(np.sin(k * phase) / k for k in range(1, 8))
+    envelope = np.clip(np.sin(2 * np.pi * 2.0 * t), 0.0, None) ** 0.5
+    clip = 0.2 * voiced * envelope + 0.003 * np.random.default_rng(0).standard_normal(len(t))
+    clip = np.concatenate([np.zeros(sr // 4), clip, np.zeros(sr // 4)]).astype(np.float32)
+    path = tmp_path_factory.mktemp("ref") / "reference.wav"
+    sf.write(path, clip, sr)
+    return path
+
+
+def _check_wav(data: bytes) -> np.ndarray:
+    """A playable WAV: RIFF/WAVE header, 24 kHz, non-empty, finite, not silent."""
+    assert data[:4] == b"RIFF" and data[8:12] == b"WAVE", data[:16]
+    audio, sr = sf.read(io.BytesIO(data), dtype="float32")
+    assert sr == 24000
+    assert audio.ndim == 1 and len(audio) > 2400, audio.shape
+    assert np.isfinite(audio).all() and np.abs(audio).max() > 0
+    return audio
+
+
+def _check_unmasking_png(data: bytes, steps: int = STEPS) -> None:
+    from PIL import Image
+
+    img = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    assert img.shape[1] == 1000 and img.shape[0] > 200, img.shape
+    # every step's colour shows up in the grid (top-left area holds the codebook rows)
+    grid = img[34:34 + 8 * 24, 64:908].reshape(-1, 3)
+    step_colours = visuals.colormap(np.linspace(0, 1, steps, dtype=np.float32))
+    for c in step_colours:
+        assert (np.abs(grid.astype(int) - c).sum(axis=1) == 0).any(), f"step colour {c} missing"
+
+
+def _read(path: str) -> bytes:
+    return Path(path).read_bytes()
+
+
+# ------------------------------------------------------------------------------------------------
+# The pictures (no server needed)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_unmasking_view_colours_cells_by_step():
+    fill = np.array([[0, 1, 2, 3], [3, 2, 1, 0]], dtype=np.int16).repeat(4, axis=0)  # [8, 4]
+    img = visuals.render_unmasking(fill, num_steps=4)
+    assert img.dtype == np.uint8 and img.shape[1] == 1000 and img.shape[2] == 3
+    # the cell of row 0 / frame 0 (step 1) and of row 0 / frame 3 (step 4) differ in colour and
+    # match the colour map's ends
+    cell_w = (1000 - 64 - 92) / 4
+    first = img[34 + 10, 64 + int(0.5 * cell_w)]
+    last = img[34 + 10, 64 + int(3.5 * cell_w)]
+    np.testing.assert_array_equal(first, visuals.colormap(np.float32(0.0)))
+    np.testing.assert_array_equal(last, visuals.colormap(np.float32(1.0)))
+    with pytest.raises(ValueError):
+        visuals.render_unmasking(np.zeros((8, 0), np.int16), 4)
+
+
+def test_waveform_view_handles_short_and_silent_audio():
+    for audio in (np.zeros(100, np.float32), np.sin(np.arange(48000) / 5.0).astype(np.float32)):
+        img = visuals.render_waveform(audio, 24000)
+        assert img.dtype == np.uint8 and img.ndim == 3 and img.shape[1] == 1000
+    loud = visuals.render_waveform(np.sin(np.arange(48000) / 5.0).astype(np.float32), 24000)
+    quiet = visuals.render_waveform(np.zeros(48000, np.float32), 24000)
+    assert not np.array_equal(loud, quiet)
+
+
+# ------------------------------------------------------------------------------------------------
+# The Space files
+# ------------------------------------------------------------------------------------------------
+
+
+def _requirement_names(lines) -> set[str]:
+    names = set()
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if line:
+            names.add(re.split(r"[<>=!~;\[ @]", line, maxsplit=1)[0].lower().replace("_", "-"))
+    return names
+
+
+def test_space_requirements_cover_omnicore_runtime_dependencies():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = _requirement_names(project["dependencies"]) | {"gradio"}
+    have = _requirement_names((ROOT / "demo" / "requirements.txt").read_text().splitlines())
+    assert wanted <= have, f"demo/requirements.txt lacks {sorted(wanted - have)}"
+
+
+def test_space_front_matter():
+    import yaml  # a gradio dependency
+
+    text = (ROOT / "demo" / "README.md").read_text(encoding="utf-8")
+    assert text.startswith("---\n")
+    meta = yaml.safe_load(text.split("---\n")[1])
+    assert meta["sdk"] == "gradio"
+    assert (ROOT / "demo" / meta["app_file"]).is_file()
+    # the Space runs the gradio major version the tests run
+    assert str(meta["sdk_version"]).split(".")[0] == gradio.__version__.split(".")[0]
+    assert "k2-fsa/OmniVoice" in meta["models"]
+
+
+def test_default_model_is_the_hub_checkpoint_and_offline_fails_clearly(tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
+               GRADIO_ANALYTICS_ENABLED="False")
+    env.pop("OMNICORE_MODEL", None)
+    run = subprocess.run([sys.executable, str(APP)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "k2-fsa/OmniVoice" in run.stderr and run.stderr.startswith("error:")
+    assert "Traceback" not in run.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# gradio_client: the Space's API
+# ------------------------------------------------------------------------------------------------
+
+
+def test_api_auto_voice(client):
+    audio, wave, grid, timings = client.predict(
+        text="Hello from the tiny model.", num_step=STEPS, seed=1, api_name="/auto")
+    _check_wav(_read(audio))
+    _check_unmasking_png(_read(grid))
+    assert Path(wave).stat().st_size > 1000
+    assert "RTF" in timings and "unmask" in timings and "seed **1**" in timings
+
+
+def test_api_voice_design_and_its_instruct_check(client):
+    audio, _, grid, _ = client.predict(
+        text="Good evening.", instruct="female, british accent", num_step=STEPS, seed=2,
+        api_name="/design")
+    _check_wav(_read(audio))
+    _check_unmasking_png(_read(grid))
+    ok = client.predict(instruct="Female, British Accent", text="Hi.", api_name="/check_instruct")
+    assert "female, british accent" in ok and "✓ Valid" in ok
+
+
+def test_api_invalid_instruct_is_explained(client):
+    msg = client.predict(instruct="male, british accent, 四川话", text="Hi.",
+                         api_name="/check_instruct")
+    assert "Invalid" in msg and "dialect" in msg and "accent" in msg
+    with pytest.raises(AppError) as err:
+        client.predict(text="Hi.", instruct="male, british accent, 四川话", num_step=STEPS,
+                       api_name="/design")
+    assert "dialect" in str(err.value) and "Traceback" not in str(err.value)
+    with pytest.raises(AppError) as err:
+        client.predict(text="Hi.", instruct="mal", num_step=STEPS, api_name="/design")
+    assert "male" in str(err.value)  # the did-you-mean suggestion reaches the user
+
+
+def test_api_bad_input_gives_typed_messages(client, tmp_path):
+    with pytest.raises(AppError) as err:
+        client.predict(text="   ", num_step=STEPS, api_name="/auto")
+    assert "text" in str(err.value).lower() and "Traceback" not in str(err.value)
+    with pytest.raises(AppError) as err:
+        client.predict(text="Hi.", ref_audio=None, voice_prompt_file=None, num_step=STEPS,
+                       api_name="/clone")
+    assert "reference clip" in str(err.value)
+    junk = tmp_path / "junk.npz"
+    junk.write_bytes(b"not a voice prompt")
+    with pytest.raises(AppError) as err:
+        client.predict(text="Hi.", ref_audio=None, voice_prompt_file=handle_file(str(junk)),
+                       num_step=STEPS, api_name="/clone")
+    assert "voice prompt" in str(err.value)
+
+
+def test_api_voice_clone_from_clip_and_from_saved_prompt(client, ref_wav):
+    from omnicore import VoiceClonePrompt
+
+    audio, _, grid, timings = client.predict(
+        text="Cloned speech.", ref_audio=handle_file(str(ref_wav)),
+        ref_text="A short reference sentence.", voice_prompt_file=None, num_step=STEPS, seed=3,
+        api_name="/clone")
+    _check_wav(_read(audio))
+    _check_unmasking_png(_read(grid))
+    assert "encode" in timings  # the clip went through the codec encoder
+    npz = client.predict(ref_audio=handle_file(str(ref_wav)),
+                         ref_text="A short reference sentence.", api_name="/make_voice_prompt")
+    prompt = VoiceClonePrompt.load(npz)
+    assert prompt.ref_audio_tokens.shape[0] == 8 and prompt.ref_audio_tokens.shape[1] > 0
+    assert prompt.ref_text.startswith("A short reference sentence")
+    audio2, _, _, timings2 = client.predict(
+        text="Cloned speech.", ref_audio=None, voice_prompt_file=handle_file(npz),
+        num_step=STEPS, seed=3, api_name="/clone")
+    _check_wav(_read(audio2))
+    assert "encode" not in timings2  # a saved prompt skips the encoder
+
+
+def test_two_concurrent_requests_both_complete(server):
+    def one(seed):
+        c = Client(server, verbose=False)
+        return c.predict(text=f"Request number {seed}.", num_step=STEPS, seed=seed,
+                         api_name="/auto")
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(one, (11, 12), timeout=2 * REQUEST_S))
+    audios = [_check_wav(_read(r[0])) for r in results]
+    assert "seed **11**" in results[0][3] and "seed **12**" in results[1][3]
+    assert not (len(audios[0]) == len(audios[1]) and np.array_equal(audios[0], audios[1]))
+
+
+# ------------------------------------------------------------------------------------------------
+# A real browser
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        _missing("headless Chromium", "apt-get install -y chromium chromium-driver")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        _missing("selenium", "pip install selenium")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                 "--window-size=1400,2300", f"--user-data-dir={profile}"):
+        opts.add_argument(flag)
+    # explicit driver path: selenium must not try to download a driver or a browser
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def artefacts():
+    folder = Path(os.environ.get("OMNICORE_ARTIFACTS_DIR")
+                  or tempfile.mkdtemp(prefix="omnicore-demo-screenshots-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+class Page:
+    """What a person does on the page, in selenium terms."""
+
+    def __init__(self, driver, url: str, shots: Path):
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        self.d, self.url, self.shots, self.By = driver, url, shots, By
+        self.wait = lambda timeout=REQUEST_S: WebDriverWait(driver, timeout, poll_frequency=0.2)
+
+    def css(self, selector: str):
+        return self.d.find_element(self.By.CSS_SELECTOR, selector)
+
+    def open(self) -> None:
+        self.d.get(self.url)
+        self.wait(60).until(lambda d: d.find_elements(self.By.CSS_SELECTOR, "#clone-go"))
+
+    def tab(self, name: str) -> None:
+        self.d.find_element(self.By.XPATH,
+                            f"//button[@role='tab' and normalize-space()='{name}']").click()
+
+    def type(self, selector: str, text: str) -> None:
+        from selenium.webdriver.common.keys import Keys
+
+        box = self.css(selector)
+        box.send_keys(Keys.CONTROL, "a")
+        box.send_keys(Keys.DELETE)
+        box.send_keys(text)
+        box.send_keys(Keys.TAB)  # commit, as leaving the field does
+
+    def pick(self, picker: str, label: str) -> None:
+        self.css(f"#{picker} input").click()
+        option = f"#{picker} li[role=option][aria-label='{label}']"
+        self.wait(10).until(lambda d: d.find_elements(self.By.CSS_SELECTOR, option))
+        self.css(option).click()
+
+    def value(self, selector: str) -> str:
+        return self.css(selector).get_attribute("value")
+
+    def audio_src(self) -> str:
+        found = self.d.find_elements(self.By.CSS_SELECTOR, "#audio-out audio")
+        return (found[0].get_attribute("src") or "") if found else ""
+
+    def generate(self, button: str) -> bytes:
+        """Click a Generate button; wait for a new audio and unmasking image; return the WAV."""
+        before = self.audio_src()
+        grid_before = self.image_src("#unmasking-view")
+        self.css(button).click()
+        self.wait().until(lambda d: self.audio_src() not in ("", before)
+                          and self.image_src("#unmasking-view") not in ("", grid_before))
+        with urllib.request.urlopen(self.audio_src(), timeout=30) as r:
+            return r.read()
+
+    def image_src(self, block: str) -> str:
+        imgs = self.d.find_elements(self.By.CSS_SELECTOR, f"{block} img")
+        loaded = [i for i in imgs
+                  if self.d.execute_script("return arguments[0].naturalWidth", i) > 0]
+        return loaded[0].get_attribute("src") if loaded else ""
+
+    def fetch(self, src: str) -> bytes:
+        with urllib.request.urlopen(src, timeout=30) as r:
+            return r.read()
+
+    def screenshot(self, name: str) -> Path:
+        path = self.shots / f"{name}.png"
+        self.d.save_screenshot(str(path))
+        return path
+
+
+def test_browser_all_tabs(server, browser, artefacts, ref_wav, capsys):
+    page = Page(browser, server, artefacts)
+    page.open()
+    assert "omnicore" in browser.title
+    with capsys.disabled():
+        print(f"\n[demo] browser screenshots in {artefacts}")
+
+    # shared settings: few steps, fixed seed
+    page.type("#steps input[type=number]", str(STEPS))
+    page.type("#seed input", "5")
+
+    # Auto voice
+    page.tab("Auto voice")
+    page.type("#auto-text textarea", "Testing the auto voice in a real browser.")
+    _check_wav(page.generate("#auto-go"))
+    _check_unmasking_png(page.fetch(page.image_src("#unmasking-view")))
+    assert page.image_src("#waveform-view")
+    assert "RTF" in page.css("#timings").text
+    page.screenshot("1-auto-voice")
+
+    # Voice design: pickers compose the instruct; the status line checks it live
+    page.tab("Voice design")
+    page.type("#design-text textarea", "Testing voice design.")
+    page.pick("pick-gender", "Female / 女")
+    page.pick("pick-accent", "British Accent / 英国口音")
+    page.wait(20).until(lambda d: page.value("#instruct textarea") == "female, british accent")
+    page.wait(20).until(lambda d: "✓ Valid" in page.css("#instruct-status").text)
+    _check_wav(page.generate("#design-go"))
+    page.screenshot("2-voice-design")
+
+    # ... and an invalid combination is explained inline and on Generate, with no traceback
+    page.pick("pick-dialect", "Sichuan Dialect / 四川话")
+    page.wait(20).until(lambda d: "Invalid combination" in page.css("#instruct-status").text)
+    status = page.css("#instruct-status").text
+    assert "dialect" in status and "accent" in status
+    page.css("#design-go").click()
+    toast = "[data-testid='toast-body']"
+    page.wait(60).until(lambda d: any("dialect" in t.text for t in
+                                      d.find_elements(page.By.CSS_SELECTOR, toast)))
+    assert "Traceback" not in browser.find_element(page.By.TAG_NAME, "body").text
+    page.screenshot("3-invalid-instruct")
+
+    # Voice clone: upload a clip, type its transcript, generate; then save a voice prompt
+    page.tab("Voice clone")
+    page.type("#clone-text textarea", "Testing the voice clone.")
+    page.css("#ref-audio input[type=file]").send_keys(str(ref_wav))
+    page.wait(30).until(lambda d: d.find_elements(page.By.CSS_SELECTOR, "#ref-audio audio, "
+                                                  "#ref-audio [data-testid*=waveform]"))
+    page.type("#ref-text textarea", "A short reference sentence.")
+    _check_wav(page.generate("#clone-go"))
+    page.css("#save-voice").click()
+    link = "#voice-file a[href*='.npz']"
+    page.wait().until(lambda d: d.find_elements(page.By.CSS_SELECTOR, link))
+    npz = page.fetch(page.css(link).get_attribute("href"))
+    assert npz[:2] == b"PK"  # an .npz is a zip archive
+    page.screenshot("4-voice-clone")
+    for name in ("1-auto-voice", "2-voice-design", "3-invalid-instruct", "4-voice-clone"):
+        assert (artefacts / f"{name}.png").stat().st_size > 10_000
