@@ -11,12 +11,12 @@ second frame, semantic conv encoder; (acoustic) DAC encoder -> concat, acoustic 
 Public API (pure functions over params, arrays and the config):
     load_params(reader, cfg, encoder=True) -> CodecParams     (decoder-only with encoder=False)
     load_encoder_params(reader, cfg, params) -> CodecParams   (add the encoder half later)
-    load_codec(codec_dir, encoder=True) -> (cfg, params)
+    load_codec(codec_dir, encoder=True) -> (cfg, params);  ensure_encoder(params, cfg, codec_dir)
     decode(params, codes, cfg) -> float32 waveform [hop*T] (or [B, hop*T] for codes [B, Q, T])
-    decode_stream(params, codes, cfg, chunk_frames, overlap_frames) -> iterator of waveform pieces
-    decode_chunked(...) -> the concatenated pieces (equal to `decode` up to float32 rounding)
-    encode(params, waveform, cfg, sample_rate=24000) -> int64 codes [Q, T]
-    encode_features(...) -> the encoder's intermediate tensors (for tests and debugging)
+    decode_stream(params, codes, cfg, chunk_frames=50, overlap_frames=None) -> waveform pieces
+    decode_chunked(...) -> the joined pieces (equal to `decode`); decoder_receptive_field(cfg)
+    encode(params, waveform, cfg, sample_rate=24000, pad=True) -> int64 codes [Q, T]
+    encode_features(...) -> the encoder's intermediate tensors; quantize(params, latent, cfg)
 
 Dimension legend:
     B  batch of code sequences      Q  codebooks used (<= num_quantizers, 8)
@@ -40,7 +40,7 @@ from .audio import resample
 from .backend import to_device, to_numpy, xp
 from .config import HiggsAudioV2TokenizerConfig
 from .errors import AudioError, InputError, WeightsError
-from .kernels import conv1d, conv_out_len, conv_transpose1d, conv_transpose_weight, conv_weight, pad_time, snake
+from .kernels import conv1d, conv_out_len, conv_transpose1d, conv_transpose_weight, conv_weight, snake
 
 # The reference pads the 16 kHz semantic input by this many samples on each side (it is a
 # fixed number in transformers, not hop_length // 2 as in the original Boson code).
@@ -583,8 +583,8 @@ def _acoustic_encode(enc: EncoderParams, x):
     return _conv(enc.ac_conv2, x, padding=1)
 
 
-def quantize(params: CodecParams, latent, cfg: HiggsAudioV2TokenizerConfig, *, num_quantizers: int | None = None,
-             return_residuals: bool = False):
+def quantize(params: CodecParams, latent, cfg: HiggsAudioV2TokenizerConfig, *,
+             num_quantizers: int | None = None, return_residuals: bool = False):
     """Residual VQ of latent [T, D] -> codes [Q, T] (int64); with return_residuals also the
     residual each quantizer saw, [Q, T, D]."""
     enc, dec = params.encoder, params.decoder
@@ -599,7 +599,8 @@ def quantize(params: CodecParams, latent, cfg: HiggsAudioV2TokenizerConfig, *, n
         code = dist.argmin(axis=1)  # first index on ties, like torch's max
         codes.append(code)
         r = r - (dec.embed[q][code] @ dec.out_w[q] + dec.out_b[q])  # [T, d] -> [T, D]
-    codes = np.stack([to_numpy(c) for c in codes]).astype(np.int64) if codes else np.zeros((0, latent.shape[0]), np.int64)
+    shape = (0, latent.shape[0])
+    codes = np.stack([to_numpy(c) for c in codes]).astype(np.int64) if codes else np.zeros(shape, np.int64)
     if return_residuals:
         return codes, np.stack([to_numpy(r) for r in residuals])
     return codes

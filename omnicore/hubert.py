@@ -84,7 +84,8 @@ def load_params(reader, cfg: HubertConfig, prefix: str = "semantic_model.") -> H
     cf = cfg.conv_dim[-1]
     p = f"{prefix}feature_projection."
     if cfg.feat_proj_layer_norm:
-        proj_ln_w, proj_ln_b = dev(reader.take(p + "layer_norm.weight", (cf,))), dev(reader.take(p + "layer_norm.bias", (cf,)))
+        proj_ln_w = dev(reader.take(p + "layer_norm.weight", (cf,)))
+        proj_ln_b = dev(reader.take(p + "layer_norm.bias", (cf,)))
     else:
         proj_ln_w = proj_ln_b = None
     proj_w = dev(reader.take(p + "projection.weight", (d, cf)).T)  # [D, Cf] -> [Cf, D]
