@@ -365,10 +365,10 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                     interactive=False, show_label=False, elem_id="waveform-view",
                                     buttons=["download", "fullscreen"])
                 timings = gr.Markdown("Timings per stage appear here after a run.",
-                                      elem_id="timings")
+                                      label="Timings", elem_id="timings")
 
         gr.Markdown("## Unmasking view")
-        unmask_img = gr.Image(label="Unmasking order of the 8 × T code grid", type="numpy",
+        unmask_img = gr.Image(label="Unmasking view", type="numpy",
                               format="png", interactive=False, show_label=False,
                               elem_id="unmasking-view",
                               buttons=["download", "fullscreen"])

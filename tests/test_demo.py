@@ -309,6 +309,22 @@ def test_api_voice_clone_from_clip_and_from_saved_prompt(client, ref_wav):
     assert "encode" not in timings2  # a saved prompt skips the encoder
 
 
+def test_progress_reports_unmasking_steps(client):
+    job = client.submit(text="Watching the progress of the unmasking steps.", num_step=32, seed=4,
+                        api_name="/auto")
+    seen = set()
+    deadline = time.monotonic() + REQUEST_S
+    while not job.done() and time.monotonic() < deadline:
+        for unit in job.status().progress_data or ():
+            seen.add((unit.index, unit.length, unit.unit, unit.desc))
+        time.sleep(0.02)
+    _check_wav(_read(job.result(timeout=REQUEST_S)[0]))
+    assert seen, "no progress update arrived while 32 steps ran"
+    assert all(length == 32 and unit == "steps" and desc == "Unmasking"
+               for _, length, unit, desc in seen), seen
+    assert all(0 < index <= 32 for index, *_ in seen), seen
+
+
 def test_two_concurrent_requests_both_complete(server):
     def one(seed):
         c = Client(server, verbose=False)
