@@ -1,7 +1,7 @@
 """omnicore demo: OmniVoice text-to-speech in the browser, on numpy + Numba, without torch.
 
-    python demo/app.py                                   # k2-fsa/OmniVoice from the hub (or its cache)
-    python demo/app.py --model weights/tiny-random       # offline smoke checkpoint (its audio is noise)
+    python demo/app.py                              # k2-fsa/OmniVoice from the hub (or its cache)
+    python demo/app.py --model weights/tiny-random  # offline smoke checkpoint (its audio is noise)
     OMNICORE_MODEL=/path/to/OmniVoice python demo/app.py
 
 A thin shell over the public API (`omnicore.OmniVoice.synthesize` and friends): every number on
@@ -116,7 +116,8 @@ def _seed(seed) -> int:
 def _settings(language, num_step, guidance_scale, speed, duration, seed, denoise,
               postprocess_output, t_shift, layer_penalty_factor, position_temperature,
               class_temperature) -> dict:
-    """Shared-panel values -> keyword arguments of OmniVoice.synthesize."""
+    """Shared-panel values -> keyword arguments of OmniVoice.synthesize (gradio has already
+    checked that the numbers are numbers)."""
     duration = float(duration or 0.0)
     speed = float(speed or 1.0)
     return dict(
@@ -181,7 +182,7 @@ def check_instruct(instruct: str, text: str = "") -> str:
     try:
         resolved = resolve_instruct(instruct, text or None)
     except OmniCoreError as exc:
-        return f"⚠ **Invalid combination.** {exc}"
+        return f"⚠ **Invalid instruct.** {exc}"
     return f"✓ Valid: the model will read the instruct `{resolved}`."
 
 
@@ -310,7 +311,8 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                         info=notes.get(cat), elem_id=f"pick-{cat}"))
                         instruct = gr.Textbox("", label="Instruct (composed from the pickers; "
                                               "you may edit it)", elem_id="instruct",
-                                              placeholder="e.g. female, young adult, british accent")
+                                              placeholder="e.g. female, young adult, "
+                                                          "british accent")
                         instruct_status = gr.Markdown(check_instruct(""), elem_id="instruct-status")
                         design_btn = gr.Button("Generate", variant="primary", elem_id="design-go")
                     with gr.Tab("Auto voice", id="auto"):
@@ -413,7 +415,8 @@ def launch_options() -> dict:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Gradio demo of omnicore (OmniVoice TTS without torch).")
+    p = argparse.ArgumentParser(
+        description="Gradio demo of omnicore (OmniVoice TTS without torch).")
     p.add_argument("--model", default=os.environ.get("OMNICORE_MODEL", DEFAULT_MODEL),
                    help="hub id or local checkpoint dir (default: $OMNICORE_MODEL or "
                         f"{DEFAULT_MODEL}); weights/tiny-random runs offline (noise)")

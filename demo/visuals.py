@@ -139,8 +139,8 @@ def render_unmasking(fill_steps: np.ndarray, num_steps: int, width: int = 1000) 
     # --- text ---
     pil = Image.fromarray(img)
     d = ImageDraw.Draw(pil)
-    d.text((left, 8), f"Unmasking order: {K} codebooks x {T} frames, colour = step that filled the cell "
-           f"({n} steps)", fill=_INK, font=font)
+    d.text((left, 8), f"Unmasking order: {K} codebooks x {T} frames, colour = step that filled "
+           f"the cell ({n} steps)", fill=_INK, font=font)
     for k in range(K):
         d.text((left - 8, top + k * row_h + row_h // 2 - 1), f"cb {k}", fill=_INK, font=small,
                anchor="rm")
@@ -265,6 +265,7 @@ def render_waveform(audio: np.ndarray, sample_rate: int, width: int = 1000) -> n
     while dur > 0 and t <= dur + 1e-6:
         px = left + int(round(t / dur * (plot_w - 1)))
         d.line([(px, s_top + spec_h), (px, s_top + spec_h + 4)], fill=_MUTED)
-        d.text((px, s_top + spec_h + 6), _fmt_seconds(t, tick), fill=_MUTED, font=small, anchor="ma")
+        d.text((px, s_top + spec_h + 6), _fmt_seconds(t, tick), fill=_MUTED, font=small,
+               anchor="ma")
         t += tick
     return np.asarray(pil)

@@ -97,7 +97,8 @@ def server(tmp_path_factory):
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"demo not up after {SERVER_START_S} s:\n{log_path.read_text()[-4000:]}")
+                pytest.fail(f"demo not up after {SERVER_START_S} s:\n"
+                            f"{log_path.read_text()[-4000:]}")
             time.sleep(0.5)
         yield url
     finally:
@@ -261,7 +262,7 @@ def test_api_voice_design_and_its_instruct_check(client):
 def test_api_invalid_instruct_is_explained(client):
     msg = client.predict(instruct="male, british accent, 四川话", text="Hi.",
                          api_name="/check_instruct")
-    assert "Invalid" in msg and "dialect" in msg and "accent" in msg
+    assert "Invalid instruct" in msg and "dialect" in msg and "accent" in msg
     with pytest.raises(AppError) as err:
         client.predict(text="Hi.", instruct="male, british accent, 四川话", num_step=STEPS,
                        api_name="/design")
@@ -478,7 +479,7 @@ def test_browser_all_tabs(server, browser, artefacts, ref_wav, capsys):
 
     # ... and an invalid combination is explained inline and on Generate, with no traceback
     page.pick("pick-dialect", "Sichuan Dialect / 四川话")
-    page.wait(20).until(lambda d: "Invalid combination" in page.css("#instruct-status").text)
+    page.wait(20).until(lambda d: "Invalid instruct" in page.css("#instruct-status").text)
     status = page.css("#instruct-status").text
     assert "dialect" in status and "accent" in status
     page.css("#design-go").click()
