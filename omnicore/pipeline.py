@@ -225,6 +225,14 @@ class OmniVoice:
         """Text (or a list of texts) -> list of float32 waveforms at `sampling_rate`."""
         return [s.audio for s in self.synthesize(text, **kwargs)]
 
+    def stream(self, text, **kwargs):
+        """Speak `text` (a string, or an iterable of text fragments as they arrive) as an
+        iterator of float32 audio pieces: a short first chunk, the rest made while it plays.
+        Same arguments as `generate` for one text; see `omnicore.streaming.stream`."""
+        from . import streaming
+
+        return streaming.stream(self, text, **kwargs)
+
     def generate_codes(self, text, **kwargs) -> list[np.ndarray]:
         """Like `generate`, but stop before decoding: int64 codes [C, T] per text."""
         return [s.codes for s in self.synthesize(text, _decode=False, **kwargs)]
@@ -242,7 +250,7 @@ class OmniVoice:
         t0 = time.perf_counter()
         items, encode_s = self._prepare(text, language, ref_audio, ref_text, voice_clone_prompt,
                                         instruct, duration, speed, gen)
-        prepare_s = time.perf_counter() - t0
+        prepare_s = time.perf_counter() - t0 - encode_s  # the clip's encode is timed on its own
 
         threshold = int(gen.audio_chunk_threshold * self.frame_rate)
         short = [i for i, it in enumerate(items) if it.frames <= threshold]
