@@ -2,7 +2,9 @@
 WeightsError naming the file (and key), never a numpy traceback."""
 
 import json
+import shutil
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
-from omnicore.errors import ModelNotFoundError, WeightsError
+from omnicore.errors import ConfigError, ModelNotFoundError, OmniCoreError, WeightsError
 from omnicore.weights import ParamReader, read_safetensors, resolve_model_dir
 
 
@@ -156,3 +158,101 @@ def test_resolve_model_dir_local_and_errors(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     with pytest.raises(ModelNotFoundError, match="huggingface-cli download k2-fsa/OmniVoice"):
         resolve_model_dir("k2-fsa/OmniVoice")
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole checkpoints: the real-layout tiny checkpoint, a BF16 copy, and broken copies of it
+# ---------------------------------------------------------------------------------------------
+
+TINY = Path(__file__).resolve().parents[1] / "weights" / "tiny-random"
+
+
+def _copy_tiny(tmp_path) -> Path:
+    dst = tmp_path / "ckpt"
+    shutil.copytree(TINY, dst)
+    return dst
+
+
+def _rewrite(path: Path, edit) -> None:
+    tensors = {k: np.array(v) for k, v in read_safetensors(path).items()}
+    save_file(edit(tensors), str(path))
+
+
+def test_tiny_checkpoint_loads_with_every_key_used():
+    from omnicore import OmniVoice
+
+    model = OmniVoice.from_pretrained(TINY)  # ParamReader.finish() ran for the backbone
+    raw = read_safetensors(TINY / "model.safetensors")
+    assert model.params.embed_tokens.shape == raw["llm.embed_tokens.weight"].shape
+    # the codec's full load (decoder + encoder) also audits every key of its file
+    from omnicore import codec
+    cfg, params = codec.load_codec(TINY, encoder=True)
+    assert params.encoder is not None
+
+
+def test_bf16_checkpoint_loads_and_matches_rounded_f32(tmp_path):
+    from omnicore import OmniVoice
+
+    ckpt = _copy_tiny(tmp_path)
+    src = read_safetensors(TINY / "model.safetensors")
+    # write every float tensor as BF16 (round to nearest even), like `--dtype bf16` exports
+    header, blobs, offset = {}, [], 0
+    for key, arr in src.items():
+        if arr.dtype == np.float32:
+            bits = arr.view(np.uint32).astype(np.uint64)
+            bf = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            data, dtype = bf.tobytes(), "BF16"
+        else:
+            data, dtype = np.ascontiguousarray(arr).tobytes(), "I64"
+        header[key] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    _write_raw(ckpt / "model.safetensors", header, b"".join(blobs))
+    model = OmniVoice.from_pretrained(ckpt)
+    ref = src["llm.norm.weight"]
+    got = np.asarray(model.params.norm)
+    assert got.dtype == np.float32
+    assert np.abs(got - ref).max() <= np.abs(ref).max() * 2 ** -8
+    codes = model.generate_codes("bf16 works.", num_step=2, duration=0.4)[0]
+    assert codes.shape == (8, 10)
+
+
+@pytest.mark.parametrize("breakage, match", [
+    ("truncate", "truncated|outside"),
+    ("drop_key", "missing tensor 'llm.norm.weight'"),
+    ("extra_key", "not used.*'llm.extra.weight'"),
+    ("reshape", "llm.layers.0.mlp.up_proj.weight"),
+    ("config_hidden", "shape"),
+    ("config_json", "invalid JSON"),
+    ("no_tokenizer", "tokenizer"),
+    ("codec_truncate", "audio_tokenizer"),
+])
+def test_broken_checkpoints_give_typed_errors(tmp_path, breakage, match):
+    from omnicore import OmniVoice
+
+    ckpt = _copy_tiny(tmp_path)
+    model_file = ckpt / "model.safetensors"
+    if breakage == "truncate":
+        raw = model_file.read_bytes()
+        model_file.write_bytes(raw[: len(raw) // 2])
+    elif breakage == "drop_key":
+        _rewrite(model_file, lambda t: {k: v for k, v in t.items() if k != "llm.norm.weight"})
+    elif breakage == "extra_key":
+        _rewrite(model_file, lambda t: {**t, "llm.extra.weight": np.zeros(3, np.float32)})
+    elif breakage == "reshape":
+        _rewrite(model_file, lambda t: {**t, "llm.layers.0.mlp.up_proj.weight":
+                                        t["llm.layers.0.mlp.up_proj.weight"][:-1]})
+    elif breakage == "config_hidden":
+        cfg = json.loads((ckpt / "config.json").read_text())
+        cfg["llm_config"]["intermediate_size"] += 8
+        (ckpt / "config.json").write_text(json.dumps(cfg))
+    elif breakage == "config_json":
+        (ckpt / "config.json").write_text("{ not json")
+    elif breakage == "no_tokenizer":
+        (ckpt / "tokenizer.json").unlink()
+    elif breakage == "codec_truncate":
+        f = ckpt / "audio_tokenizer" / "model.safetensors"
+        f.write_bytes(f.read_bytes()[:1000])
+    with pytest.raises(OmniCoreError, match=match) as info:
+        OmniVoice.from_pretrained(ckpt)
+    assert isinstance(info.value, (WeightsError, ConfigError, ModelNotFoundError))
