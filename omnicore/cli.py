@@ -4,6 +4,7 @@
     omnicore say "Hello." --instruct "female, low pitch" -o a.wav   # voice design
     omnicore say "Hello." --ref-audio me.wav --ref-text "..." -o b.wav  # voice cloning
     omnicore clone-prompt me.wav --ref-text "..." -o me.npz     # save a voice, reuse with --voice
+    llm ... | omnicore say --stream --raw | aplay -r 24000 -f S16_LE -c 1   # speak as text arrives
     omnicore batch jobs.jsonl --out-dir out/                    # many utterances
     omnicore codec encode in.wav -o codes.npy | decode codes.npy -o out.wav | roundtrip in.wav -o rt.wav
 
@@ -82,15 +83,14 @@ def cmd_say(args) -> int:
 
     from .text import validate_text
 
+    if args.raw or args.stream:
+        return _say_stream(args)
+    if args.output is None:
+        raise InputError("say needs -o/--output FILE (or --stream --raw for PCM on stdout)")
     text = validate_text(_read_text(args))  # fail before the (slow) model load
     model = _load_model(args)
     kw = _gen_kwargs(args)
-    if args.voice:
-        kw["voice_clone_prompt"] = VoiceClonePrompt.load(args.voice)
-    elif args.ref_audio:
-        kw.update(ref_audio=args.ref_audio, ref_text=args.ref_text)
-    elif args.ref_text:
-        raise InputError("--ref-text needs --ref-audio (or use --voice with a saved prompt)")
+    _voice_kwargs(args, kw, VoiceClonePrompt)
     t0 = time.perf_counter()
     result = model.synthesize(text, on_step=_progress(not args.quiet), **kw)[0]
     elapsed = time.perf_counter() - t0
@@ -99,6 +99,84 @@ def cmd_say(args) -> int:
     _log(args, f"wrote {args.output}: {secs:.2f} s of audio in {elapsed:.1f} s "
                f"(RTF {elapsed / max(secs, 1e-9):.2f}, {result.codes.shape[1]} frames, "
                f"{len(result.text_chunks)} chunk(s))")
+    return 0
+
+
+def _voice_kwargs(args, kw: dict, prompt_cls) -> None:
+    if args.voice:
+        kw["voice_clone_prompt"] = prompt_cls.load(args.voice)
+    elif args.ref_audio:
+        kw.update(ref_audio=args.ref_audio, ref_text=args.ref_text)
+    elif args.ref_text:
+        raise InputError("--ref-text needs --ref-audio (or use --voice with a saved prompt)")
+
+
+def _stdin_fragments():
+    """Text from stdin as it arrives (whatever one read returns, not whole lines), UTF-8."""
+    import codecs
+
+    buf = getattr(sys.stdin, "buffer", None)
+    if buf is not None and hasattr(buf, "read1"):
+        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        while True:
+            data = buf.read1(4096)
+            if not data:
+                break
+            yield dec.decode(data)
+        yield dec.decode(b"", final=True)
+    else:  # a text stream without a byte buffer (e.g. io.StringIO in tests)
+        while True:
+            data = sys.stdin.read(4096)
+            if not data:
+                break
+            yield data
+
+
+def _say_stream(args) -> int:
+    """`say --stream`: audio is written as each chunk is made (see omnicore.streaming)."""
+    from . import streaming
+    from .pipeline import VoiceClonePrompt
+    from .text import validate_text
+
+    if args.text_file or (args.text is not None and args.text != "-"):
+        source = validate_text(_read_text(args))  # fail before the (slow) model load
+    elif sys.stdin.isatty():
+        raise InputError("no text given: pass TEXT, --text-file FILE, or pipe text on stdin")
+    else:
+        source = _stdin_fragments()  # each sentence is spoken as soon as it is complete
+    to_stdout = args.output in (None, "-")
+    if to_stdout and not args.raw:
+        raise InputError("--stream to stdout needs --raw (16-bit PCM); or give -o FILE")
+    kw = _gen_kwargs(args)
+    _voice_kwargs(args, kw, VoiceClonePrompt)
+    if to_stdout:
+        writer = streaming.RawPcmWriter(sys.stdout.buffer)
+    else:
+        writer = streaming.AudioFileWriter(args.output, 24000, raw=args.raw)  # checks the path first
+    try:
+        model = _load_model(args)
+        t0 = time.perf_counter()
+        st = model.stream(source, **kw)
+        try:
+            for piece in st:
+                writer.write(piece)
+                if writer.samples == len(piece):
+                    _log(args, f"first audio after {time.perf_counter() - t0:.2f} s")
+        finally:
+            st.close()
+        writer.commit()
+    except BrokenPipeError:  # the player went away: stop quietly, as `cmd | head` does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except BaseException:
+        writer.abort()
+        raise
+    elapsed = time.perf_counter() - t0
+    secs = writer.samples / model.sampling_rate
+    _log(args, f"wrote {'stdout' if to_stdout else args.output}: {secs:.2f} s of audio in "
+               f"{elapsed:.1f} s (RTF {elapsed / max(secs, 1e-9):.2f}, {len(st.text_chunks)} "
+               f"chunk(s), first audio after {st.first_audio_s or 0:.2f} s)")
     return 0
 
 
@@ -265,11 +343,17 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Voice: automatic, designed with --instruct, or cloned with "
                                    "--ref-audio/--ref-text or --voice.")
     s.add_argument("text", nargs="?", help="text to speak ('-' or omitted: read stdin)")
-    s.add_argument("-o", "--output", required=True, help="output file (.wav, .flac, .ogg)")
+    s.add_argument("-o", "--output", help="output file (.wav, .flac, .ogg); required unless --raw")
     s.add_argument("--text-file", help="read the text from this UTF-8 file")
     s.add_argument("--ref-audio", help="reference clip to clone (3-10 s of clean speech)")
     s.add_argument("--ref-text", help="transcript of --ref-audio (required with it)")
     s.add_argument("--voice", help="voice prompt file from `omnicore clone-prompt`")
+    s.add_argument("--stream", action="store_true",
+                   help="write audio as it is made: a short first chunk, then sentence by "
+                        "sentence; text from stdin is read as it arrives")
+    s.add_argument("--raw", action="store_true",
+                   help="raw 16-bit mono PCM at 24 kHz (implies --stream) to -o FILE or stdout, "
+                        "e.g. | aplay -r 24000 -f S16_LE -c 1")
     model_opts(s)
     gen_opts(s)
     s.set_defaults(func=cmd_say)
