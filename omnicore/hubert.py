@@ -139,6 +139,9 @@ def layer_norm(x, w, b, eps: float):
     return xc / xp.sqrt(var + xp.float32(eps)) * w + b
 
 
+_QUERY_BLOCK = 1024  # 20 s of audio per block
+
+
 def _softmax(x):
     x = x - x.max(axis=-1, keepdims=True)
     e = xp.exp(x)
@@ -152,10 +155,14 @@ def _attention(lp: HubertLayerParams, x, num_heads: int):
     qkv = x @ lp.qkv_w + lp.qkv_b  # [F, D] -> [F, 3D]
     qkv = qkv.reshape(f, 3, num_heads, dh).transpose(1, 2, 0, 3)  # -> [3, H, F, Dh]
     q, k, v = qkv[0], qkv[1], qkv[2]
-    scores = (q @ k.transpose(0, 2, 1)) * xp.float32(dh ** -0.5)  # [H, F, Dh] @ [H, Dh, F] -> [H, F, F]
-    out = _softmax(scores) @ v  # [H, F, F] @ [H, F, Dh] -> [H, F, Dh]
-    out = out.transpose(1, 0, 2).reshape(f, d)  # -> [F, D]
-    return out @ lp.out_w + lp.out_b
+    kt = k.transpose(0, 2, 1)  # [H, Dh, F]
+    out = xp.empty((f, num_heads, dh), dtype=xp.float32)
+    # Queries in blocks bound the [H, block, F] score matrix for long clips (each query row's
+    # softmax is independent, so blocking changes nothing numerically).
+    for s in range(0, f, _QUERY_BLOCK):
+        scores = (q[:, s:s + _QUERY_BLOCK] @ kt) * xp.float32(dh ** -0.5)  # [H, Fq, Dh] @ [H, Dh, F] -> [H, Fq, F]
+        out[s:s + _QUERY_BLOCK] = (_softmax(scores) @ v).transpose(1, 0, 2)  # [H, Fq, Dh] -> [Fq, H, Dh]
+    return out.reshape(f, d) @ lp.out_w + lp.out_b  # [F, D] -> [F, D]
 
 
 def hidden_states(params: HubertParams, wav16, cfg: HubertConfig) -> list:

@@ -346,6 +346,15 @@ def test_hubert_states_match_reference(tiny, fx):
         assert rel(got, want) <= FEATURE_TOL
 
 
+def test_blocked_attention_changes_nothing(tiny, fx, monkeypatch):
+    cfg, params = tiny
+    x16 = np.pad(resample(fx["encode"]["input_padded"][:24000], 24000, 16000), (160, 160))
+    whole = hubert.hidden_states(params.encoder.hubert, x16, cfg.semantic_model_config)
+    monkeypatch.setattr(hubert, "_QUERY_BLOCK", 7)  # long clips attend in query blocks
+    blocked = hubert.hidden_states(params.encoder.hubert, x16, cfg.semantic_model_config)
+    assert all(np.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(whole, blocked))
+
+
 def test_encoder_features_match_reference(tiny, fx):
     cfg, params = tiny
     e = fx["encode"]
