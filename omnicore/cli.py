@@ -29,8 +29,8 @@ DEFAULT_MODEL = os.environ.get("OMNICORE_MODEL", "k2-fsa/OmniVoice")
 
 
 def _progress(enabled: bool):
-    """A one-line step counter on stderr (only when stderr is a terminal or forced)."""
-    if not enabled:
+    """A one-line step counter on stderr; only on a terminal, so logs don't fill with \r lines."""
+    if not enabled or not sys.stderr.isatty():
         return None
 
     def on_step(step: int, total: int) -> None:  # step counts from 1
