@@ -6,9 +6,9 @@ is to split the text and pipeline the pieces:
 
     text (string, or fragments as they arrive)
       -> TextChunker         short first chunk, then sentence-sized chunks (the rule below)
-      -> worker thread       chunk k: unmask -> codes [C, T_k] -> windowed decode (W frames at a
-                             time, with overlap, so the first samples come before the chunk is
-                             decoded) -> per-chunk silence trim -> incremental join
+      -> worker thread       chunk k: unmask -> codes [C, T_k] -> windowed decode (W frames, then
+                             4 W at a time, with overlap, so the first samples come before the
+                             chunk is decoded) -> per-chunk silence trim -> incremental join
       -> consumer            iterates float32 pieces at 24 kHz while the worker makes chunk k+1
 
 The concatenated pieces equal `generate_chunks(...)` (the same plan run synchronously, each
@@ -70,13 +70,13 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
 from . import audio, codec as codec_mod, text as text_mod
 from .config import GenerationConfig
-from .errors import AudioError, InputError, OmniCoreError
+from .errors import AudioError, InputError
 
 __all__ = ["ChunkRule", "TextChunker", "split_text", "SilenceTrimmer", "StreamJoiner",
            "SpeechStream", "stream", "generate_chunks"]
@@ -525,6 +525,26 @@ def _chunks_of(fragments: Iterator[str], rule: ChunkRule | None) -> Iterator[str
     yield from chunker.flush()
 
 
+LATER_WINDOWS = 4  # windows after a chunk's first are this many times longer
+
+
+def decode_windows(codec, codes: np.ndarray, first: int) -> Iterator[np.ndarray]:
+    """Decode codes [C, T] progressively: frames [0, first), then `LATER_WINDOWS * first` frames
+    at a time. Each window is decoded with the decoder's receptive field of context on both sides
+    (as `codec.decode_stream` does), so the pieces join into the one-shot `codec.decode`. A short
+    first window gives the chunk's first samples early; longer later ones cut the overlap cost
+    (1.8x the one-shot work at 25 frames, 1.2x at 100)."""
+    context = max(codec_mod.decoder_receptive_field(codec.cfg))
+    hop, t_ = codec.hop_length, codes.shape[1]
+    start = 0
+    while start < t_:
+        stop = min(t_, start + (first if start == 0 else LATER_WINDOWS * first))
+        lo, hi = max(0, start - context), min(t_, stop + context)
+        wav = codec_mod.decode(codec.params, codes[:, lo:hi], codec.cfg)  # [C, hi-lo] -> [hop*(hi-lo)]
+        yield wav[(start - lo) * hop:(stop - lo) * hop]  # -> [hop*(stop-start)]
+        start = stop
+
+
 def _check_window(decode_frames) -> int:
     if isinstance(decode_frames, bool) or not isinstance(decode_frames, int) or decode_frames < 1:
         raise InputError(f"decode_frames must be a positive integer, got {decode_frames!r}")
@@ -698,7 +718,7 @@ def _worker(shared: _Shared, model, plan: _Plan, decode_frames: int) -> None:
             shared.stats.append(stat)
             trimmer = SilenceTrimmer(model.sampling_rate) if plan.gen.postprocess_output else None
             joiner.start_chunk()
-            for wav in codec_mod.decode_stream(codec.params, codes, codec.cfg, chunk_frames=decode_frames):
+            for wav in decode_windows(codec, codes, decode_frames):
                 shared.check()
                 if not np.isfinite(wav).all():
                     raise AudioError("decoded audio contains NaN or infinite samples (a decoding fault); "
@@ -796,7 +816,9 @@ def stream(model, text, *, language=None, ref_audio=None, ref_text=None, voice_c
     reader thread; each chunk starts as soon as its end is confirmed. Same keyword arguments as
     `generate` (one text only; `audio_chunk_duration` / `audio_chunk_threshold` are accepted and
     unused: `rule` decides the chunks; `duration` needs a string). on_step is called from the
-    worker thread. decode_frames: frames per decode window (W). lookahead: chunks the worker may
+    worker thread. decode_frames: frames of each chunk's first decode window (W; later windows are
+    4 W: see `decode_windows`); the first window's peak also sets the gain without a voice
+    prompt. lookahead: chunks the worker may
     finish beyond the one being consumed (1 = chunk k+1 is made while chunk k is consumed).
     Argument errors raise here; errors met while generating are raised by `next()`.
     """

@@ -194,6 +194,14 @@ def test_join_offline_is_the_reference_post_processing_without_trim():
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("frames", [1, 24, 25, 26, 137])
+def test_decode_windows_join_into_the_one_shot_decode(model, frames):
+    codes = np.random.default_rng(frames).integers(0, 1024, (8, frames))
+    pieces = list(S.decode_windows(model.codec, codes, 25))
+    assert [len(p) // 960 for p in pieces][:2] == [min(25, frames), min(100, frames - 25)][:len(pieces)]
+    assert np.array_equal(np.concatenate(pieces), model.codec.decode(codes))
+
+
 def test_stream_equals_synchronous_chunked_generation(model, offline):
     st_ = model.stream(PARAGRAPH, rule=RULE, **FAST)
     pieces = list(st_)
