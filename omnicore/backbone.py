@@ -10,6 +10,15 @@ Why there is no KV cache: attention is bidirectional, so every position's keys a
 depend on every other position of its row, and each unmasking step changes the ids of the
 masked targets. Nothing computed in one step stays valid in the next.
 
+Where the time goes, and how it is kept near the GEMM roofline:
+  * projections and the MLP are GEMMs on all N packed tokens against the checkpoint's own
+    [out, in] matrices (x @ W.T: BLAS reads the transposed operand in place, so weights stay
+    zero-copy views of the memory-mapped file);
+  * attention is two GEMMs per (row, kv head): the G query heads that share a kv head are
+    stacked into one [L*G, E] matrix, and K/V are read in place (never repeated per head);
+  * everything between GEMMs (norms, rotary, softmax, SwiGLU) writes into a `Workspace` of
+    buffers made once per packing and reused by every layer of every unmasking step.
+
 Dimension legend:
     C  audio codebooks (8)       V  audio vocabulary per codebook (1025, MASK = 1024 included)
     N  tokens of all packed rows L  length of one row
@@ -38,20 +47,23 @@ from .errors import WeightsError
 class LayerParams:
     """One decoder layer; field names are the checkpoint's key leaves.
 
-    Projection matrices are stored transposed to [in, out] so that the model computes x @ W.
+    Projection matrices keep the checkpoint's [out, in] layout and the model computes x @ W.T.
+    A transposed copy made at load time would cost as much memory as the weights themselves
+    (the copy plus the file pages it was read from), and BLAS multiplies by W.T in place at
+    the same speed (measured on every projection shape of the full model).
     """
 
     input_layernorm: np.ndarray  # [D]
-    q_proj: np.ndarray  # [D, H*E]
-    k_proj: np.ndarray  # [D, K*E]
-    v_proj: np.ndarray  # [D, K*E]
-    o_proj: np.ndarray  # [H*E, D]
+    q_proj: np.ndarray  # [H*E, D]
+    k_proj: np.ndarray  # [K*E, D]
+    v_proj: np.ndarray  # [K*E, D]
+    o_proj: np.ndarray  # [D, H*E]
     q_norm: np.ndarray  # [E]
     k_norm: np.ndarray  # [E]
     post_attention_layernorm: np.ndarray  # [D]
-    gate_proj: np.ndarray  # [D, F]
-    up_proj: np.ndarray  # [D, F]
-    down_proj: np.ndarray  # [F, D]
+    gate_proj: np.ndarray  # [F, D]
+    up_proj: np.ndarray  # [F, D]
+    down_proj: np.ndarray  # [D, F]
 
 
 @dataclass(frozen=True)
@@ -60,15 +72,16 @@ class BackboneParams:
     audio_embeddings: np.ndarray  # [C*V, D]: codebook c's table is rows c*V .. c*V+V-1
     layers: tuple[LayerParams, ...]
     norm: np.ndarray  # [D]
-    audio_heads: np.ndarray  # [D, C*V] (transposed from the checkpoint's [C*V, D])
+    audio_heads: np.ndarray  # [C*V, D] as stored; logits are h @ audio_heads.T
 
 
 def load_params(reader, cfg: OmniVoiceConfig) -> BackboneParams:
     """Take every backbone tensor from `reader` (a weights.ParamReader), checked against `cfg`.
 
-    This is the one place where the checkpoint layout changes: linear weights are transposed
-    once to [in, out]. Embedding tables stay as stored (row gathers need no copy, so the
-    151676-row text table is only paged in where a prompt touches it).
+    Nothing is copied or transposed: every tensor stays as the checkpoint stores it (a view of
+    the memory-mapped file for F32 checkpoints), so only the pages a forward pass touches
+    become resident -- all projection weights, but of the 151676-row text table only the rows
+    a prompt uses.
     """
     q = cfg.llm_config
     D, F, E = q.hidden_size, q.intermediate_size, q.head_dim
@@ -78,9 +91,8 @@ def load_params(reader, cfg: OmniVoiceConfig) -> BackboneParams:
     def vec(key, n):
         return to_device(reader.take(key, (n,), np.float32))
 
-    def linear(key, n_out, n_in):  # [out, in] on disk -> [in, out]
-        w = reader.take(key, (n_out, n_in), np.float32)
-        return to_device(np.ascontiguousarray(w.T))
+    def linear(key, n_out, n_in):  # kept [out, in]; used as x @ W.T
+        return to_device(reader.take(key, (n_out, n_in), np.float32))
 
     layers = []
     for i in range(q.num_hidden_layers):
@@ -130,6 +142,10 @@ class Packing:
     cos: np.ndarray  # [N, E]
     sin: np.ndarray  # [N, E]
 
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.lengths)
+
 
 def rope_inv_freq(cfg: OmniVoiceConfig) -> np.ndarray:
     """Rotary frequencies theta^(-2i/E), rounded the way the float32 reference rounds them."""
@@ -152,35 +168,57 @@ def make_packing(lengths: Sequence[int], cfg: OmniVoiceConfig) -> Packing:
     return Packing(lengths, starts, to_device(np.cos(angles)), to_device(np.sin(angles)))
 
 
-# ---------------------------------------------------------------------------------------------
-# The model
-# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Workspace:
+    """Scratch buffers of one packing, reused by every layer of every unmasking step.
 
-
-def embed(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask):
-    """Input vectors of packed rows: ids [C, N] int64, audio_mask [N] bool -> [N, D].
-
-    Text positions look up codebook row 0's id in the text table. Audio positions add up one
-    vector per codebook, id + c*V in the joint audio table, MASK (V-1) included: a masked
-    frame is "MASK in every codebook", not zero.
+    A step's activations never outlive it, so one set of arrays serves all layers of all
+    steps: no allocator traffic and no freshly mapped pages to fault in on the hot path.
     """
-    C, V = cfg.num_audio_codebook, cfg.audio_vocab_size
-    ids = xp.asarray(ids)
-    audio_mask = xp.asarray(audio_mask)
-    x = xp.empty((ids.shape[1], params.embed_tokens.shape[1]), dtype=xp.float32)  # [N, D]
-    text_pos = xp.nonzero(~audio_mask)[0]
-    audio_pos = xp.nonzero(audio_mask)[0]
-    x[text_pos] = params.embed_tokens[ids[0, text_pos]]  # [n_text, D]
-    shifted = ids[:, audio_pos] + (xp.arange(C) * V)[:, None]  # [C, n_audio]
-    x[audio_pos] = params.audio_embeddings[shifted].sum(axis=0)  # [C, n_audio, D] -> [n_audio, D]
-    return x
+
+    x: np.ndarray  # [N, D] residual stream
+    h: np.ndarray  # [N, D] normalised input of a sub-block
+    d: np.ndarray  # [N, D] sub-block output before the residual add
+    q: np.ndarray  # [N, H*E] query projection
+    k: np.ndarray  # [N, K*E] keys (normalised and rotated in place)
+    v: np.ndarray  # [N, K*E] values
+    qg: np.ndarray  # [K, N, G*E] queries grouped by kv head: per row one [L*G, E] matrix
+    attn: np.ndarray  # [N, H*E] attention output, heads in the checkpoint's order
+    scores: np.ndarray  # [max L * G * max L] flat: one row's [L*G, L] scores of one kv head
+    heads_out: np.ndarray  # [max L * G * E] flat: the [L*G, E] output of one kv head
+    gate: np.ndarray  # [N, F]
+    up: np.ndarray  # [N, F]
 
 
-def rms_norm(x, weight, eps: float):
+def make_workspace(cfg: OmniVoiceConfig, pack: Packing) -> Workspace:
+    q = cfg.llm_config
+    N, D, F, E = pack.num_tokens, q.hidden_size, q.intermediate_size, q.head_dim
+    H, K = q.num_attention_heads, q.num_key_value_heads
+    G, Lmax = H // K, max(pack.lengths)
+
+    def buf(*shape):
+        return xp.empty(shape, dtype=xp.float32)
+
+    return Workspace(x=buf(N, D), h=buf(N, D), d=buf(N, D), q=buf(N, H * E), k=buf(N, K * E),
+                     v=buf(N, K * E), qg=buf(K, N, G * E), attn=buf(N, H * E),
+                     scores=buf(Lmax * G * Lmax), heads_out=buf(Lmax * G * E),
+                     gate=buf(N, F), up=buf(N, F))
+
+
+# ---------------------------------------------------------------------------------------------
+# Elementwise pieces (plain xp; each writes into a caller's buffer)
+# ---------------------------------------------------------------------------------------------
+
+
+def rms_norm(x, weight, eps: float, out=None):
     """RMSNorm over the last axis, in float32 whatever the storage type (as the reference)."""
     x = x.astype(xp.float32, copy=False)
     scale = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + xp.float32(eps))
-    return (x * scale.astype(xp.float32)) * weight
+    if out is None:
+        return (x * scale.astype(xp.float32)) * weight
+    xp.multiply(x, scale.astype(xp.float32), out=out)
+    xp.multiply(out, weight, out=out)
+    return out
 
 
 def rotate(x, cos, sin):
@@ -190,10 +228,28 @@ def rotate(x, cos, sin):
     return x * cos + rotated * sin
 
 
-def softmax_lastdim(s):
-    s = s - s.max(axis=-1, keepdims=True)
-    e = xp.exp(s)
-    return e / e.sum(axis=-1, keepdims=True)
+def qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps: float, qg):
+    """Per-head RMSNorm then rotary embedding of queries and keys.
+
+    q [N, H*E] -> qg [K, N, G*E] (query heads regrouped by the kv head they read);
+    k [N, K*E] is normalised and rotated in place. Qwen3 normalises every head before the
+    rotation (keeps the attention logits bounded).
+    """
+    N, E = cos.shape
+    K = k.shape[1] // E
+    c, s = cos[:, None, :], sin[:, None, :]  # [N, 1, E]
+    qr = rotate(rms_norm(q.reshape(N, -1, E), q_weight, eps), c, s)  # [N, H, E]
+    qg[...] = qr.reshape(N, K, -1).transpose(1, 0, 2)  # [N, H, E] -> [K, N, G*E]
+    k[...] = rotate(rms_norm(k.reshape(N, K, E), k_weight, eps), c, s).reshape(N, K * E)
+
+
+def softmax_rows(s, scale: float):
+    """In place: s [M, L] <- softmax(scale * s) along L."""
+    s *= xp.float32(scale)
+    s -= s.max(axis=-1, keepdims=True)
+    xp.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    return s
 
 
 def silu(x):
@@ -201,68 +257,124 @@ def silu(x):
     return x * (xp.float32(0.5) + xp.float32(0.5) * xp.tanh(xp.float32(0.5) * x))
 
 
-def attention(lp: LayerParams, cfg: OmniVoiceConfig, x, pack: Packing):
-    """Bidirectional grouped-query self-attention within each packed row: [N, D] -> [N, D]."""
-    q_cfg = cfg.llm_config
-    N, E = x.shape[0], q_cfg.head_dim
-    H, K = q_cfg.num_attention_heads, q_cfg.num_key_value_heads
-    G = H // K
-    q = (x @ lp.q_proj).reshape(N, H, E)  # [N, D] -> [N, H, E]
-    k = (x @ lp.k_proj).reshape(N, K, E)  # [N, D] -> [N, K, E]
-    v = (x @ lp.v_proj).reshape(N, K, E)  # [N, D] -> [N, K, E]
-    # Qwen3 normalises every query/key head before the rotation (keeps logits bounded).
-    cos, sin = pack.cos[:, None, :], pack.sin[:, None, :]  # [N, 1, E]
-    q = rotate(rms_norm(q, lp.q_norm, q_cfg.rms_norm_eps), cos, sin)
-    k = rotate(rms_norm(k, lp.k_norm, q_cfg.rms_norm_eps), cos, sin)
-    scale = xp.float32(E ** -0.5)
+def swiglu(gate, up):
+    """In place: gate [N, F] <- silu(gate) * up."""
+    gate *= xp.float32(0.5) + xp.float32(0.5) * xp.tanh(xp.float32(0.5) * gate)
+    gate *= up
+    return gate
 
-    out = xp.empty((N, H, E), dtype=xp.float32)
+
+# ---------------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------------
+
+
+def embed(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, out=None):
+    """Input vectors of packed rows: ids [C, N] int64, audio_mask [N] bool -> [N, D].
+
+    Text positions look up codebook row 0's id in the text table. Audio positions add up one
+    vector per codebook, id + c*V in the joint audio table, MASK (V-1) included: a masked
+    frame is "MASK in every codebook", not zero.
+    """
+    C, V = cfg.num_audio_codebook, cfg.audio_vocab_size
+    ids = xp.asarray(ids)
+    audio_mask = xp.asarray(audio_mask)
+    x = out if out is not None else xp.empty((ids.shape[1], params.embed_tokens.shape[1]), dtype=xp.float32)
+    text_pos = xp.nonzero(~audio_mask)[0]
+    audio_pos = xp.nonzero(audio_mask)[0]
+    x[text_pos] = params.embed_tokens[ids[0, text_pos]]  # [n_text, D]
+    shifted = ids[:, audio_pos] + (xp.arange(C) * V)[:, None]  # [C, n_audio]
+    x[audio_pos] = params.audio_embeddings[shifted].sum(axis=0)  # [C, n_audio, D] -> [n_audio, D]
+    return x
+
+
+def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Workspace):
+    """Bidirectional grouped-query self-attention within each packed row.
+
+    h [N, D] -> work.attn [N, H*E] (before o_proj).
+    """
+    q_cfg = cfg.llm_config
+    E, K = q_cfg.head_dim, q_cfg.num_key_value_heads
+    G = q_cfg.num_attention_heads // K
+    xp.matmul(h, lp.q_proj.T, out=work.q)  # [N, D] -> [N, H*E]
+    xp.matmul(h, lp.k_proj.T, out=work.k)  # [N, D] -> [N, K*E]
+    xp.matmul(h, lp.v_proj.T, out=work.v)  # [N, D] -> [N, K*E]
+    qk_norm_rope(work.q, work.k, lp.q_norm, lp.k_norm, pack.cos, pack.sin, q_cfg.rms_norm_eps, work.qg)
+    scale = E ** -0.5
     for start, L in zip(pack.starts, pack.lengths):
         rows = slice(start, start + L)
-        # Query head h = kv * G + g reads key/value head kv (the reference's repeat_kv order).
-        qs = q[rows].reshape(L, K, G, E).transpose(1, 2, 0, 3)  # [L, H, E] -> [K, G, L, E]
-        ks = k[rows].transpose(1, 2, 0)[:, None]  # [L, K, E] -> [K, 1, E, L]
-        vs = v[rows].transpose(1, 0, 2)[:, None]  # [L, K, E] -> [K, 1, L, E]
-        # No causal mask: every frame attends to the whole row, future included.
-        probs = softmax_lastdim((qs @ ks) * scale)  # [K, G, L, L]
-        o = probs @ vs  # [K, G, L, L] @ [K, 1, L, E] -> [K, G, L, E]
-        out[rows] = o.transpose(2, 0, 1, 3).reshape(L, H, E)  # -> [L, H, E]
-    return out.reshape(N, H * E) @ lp.o_proj  # [N, H*E] -> [N, D]
+        for kv in range(K):
+            cols = slice(kv * E, (kv + 1) * E)
+            # Query head h = kv * G + g reads key/value head kv (the reference's repeat_kv
+            # order); the G heads' queries of every position form one [L*G, E] matrix.
+            qm = work.qg[kv, rows].reshape(L * G, E)  # [L, G*E] -> [L*G, E]
+            s = work.scores[:L * G * L].reshape(L * G, L)
+            xp.matmul(qm, work.k[rows, cols].T, out=s)  # [L*G, E] @ [E, L] -> [L*G, L]
+            # No causal mask: every frame attends to the whole row, future included.
+            softmax_rows(s, scale)
+            o = work.heads_out[:L * G * E].reshape(L * G, E)
+            xp.matmul(s, work.v[rows, cols], out=o)  # [L*G, L] @ [L, E] -> [L*G, E]
+            work.attn[rows, kv * G * E:(kv + 1) * G * E] = o.reshape(L, G * E)
+    return work.attn
 
 
-def decoder_layer(lp: LayerParams, cfg: OmniVoiceConfig, x, pack: Packing):
-    """Pre-norm transformer layer: x + attn(norm(x)), then + SwiGLU MLP(norm(.)). [N, D]."""
+def _layer_inplace(lp: LayerParams, cfg: OmniVoiceConfig, pack: Packing, work: Workspace):
+    """One pre-norm transformer layer on work.x, in place."""
     eps = cfg.llm_config.rms_norm_eps
-    x = x + attention(lp, cfg, rms_norm(x, lp.input_layernorm, eps), pack)
-    h = rms_norm(x, lp.post_attention_layernorm, eps)
-    gated = silu(h @ lp.gate_proj) * (h @ lp.up_proj)  # [N, D] -> [N, F]
-    return x + gated @ lp.down_proj  # [N, F] -> [N, D]
+    x = work.x
+    rms_norm(x, lp.input_layernorm, eps, out=work.h)
+    attn = attention(lp, cfg, work.h, pack, work)
+    xp.matmul(attn, lp.o_proj.T, out=work.d)  # [N, H*E] -> [N, D]
+    x += work.d
+    rms_norm(x, lp.post_attention_layernorm, eps, out=work.h)
+    xp.matmul(work.h, lp.gate_proj.T, out=work.gate)  # [N, D] -> [N, F]
+    xp.matmul(work.h, lp.up_proj.T, out=work.up)  # [N, D] -> [N, F]
+    gated = swiglu(work.gate, work.up)
+    xp.matmul(gated, lp.down_proj.T, out=work.d)  # [N, F] -> [N, D]
+    x += work.d
 
 
-def hidden_states(params: BackboneParams, cfg: OmniVoiceConfig, x, pack: Packing):
-    """All decoder layers over packed embeddings: [N, D] -> [N, D] (before the final norm)."""
+def decoder_layer(lp: LayerParams, cfg: OmniVoiceConfig, x, pack: Packing, work: Workspace | None = None):
+    """Pre-norm transformer layer: x + attn(norm(x)), then + SwiGLU MLP(norm(.)). [N, D] -> new [N, D]."""
+    work = work or make_workspace(cfg, pack)
+    work.x[...] = x
+    _layer_inplace(lp, cfg, pack, work)
+    return work.x.copy()
+
+
+def hidden_states(params: BackboneParams, cfg: OmniVoiceConfig, x, pack: Packing,
+                  work: Workspace | None = None):
+    """All decoder layers over packed embeddings: [N, D] -> [N, D] (before the final norm).
+
+    The result is work.x (overwritten by the next call with the same workspace)."""
+    work = work or make_workspace(cfg, pack)
+    if x is not work.x:
+        work.x[...] = x
     for lp in params.layers:
-        x = decoder_layer(lp, cfg, x, pack)
-    return x
+        _layer_inplace(lp, cfg, pack, work)
+    return work.x
 
 
 def audio_logits(params: BackboneParams, cfg: OmniVoiceConfig, h):
     """Final norm and audio heads on selected positions: h [n, D] -> logits [C, n, V]."""
     C, V = cfg.num_audio_codebook, cfg.audio_vocab_size
     h = rms_norm(h, params.norm, cfg.llm_config.rms_norm_eps)
-    logits = (h @ params.audio_heads).reshape(h.shape[0], C, V)  # [n, D] -> [n, C*V] -> [n, C, V]
+    logits = (h @ params.audio_heads.T).reshape(h.shape[0], C, V)  # [n, D] -> [n, C*V] -> [n, C, V]
     return logits.transpose(1, 0, 2)  # [n, C, V] -> [C, n, V]
 
 
 def forward_rows(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, pack: Packing,
-                 num_out: Sequence[int]) -> list:
+                 num_out: Sequence[int], work: Workspace | None = None) -> list:
     """Logits of the last `num_out[r]` positions of every packed row r.
 
     ids [C, N], audio_mask [N] hold the rows back to back as described by `pack`. Returns one
     [C, num_out[r], V] float32 array per row. The final norm and the audio heads run on those
-    positions only: a 1024 x 8200 head on every prompt token would be pure waste.
+    positions only: a 1024 x 8200 head on every prompt token would be pure waste. `work`
+    (from make_workspace for this packing) is reused when given.
     """
-    h = hidden_states(params, cfg, embed(params, cfg, ids, audio_mask), pack)  # [N, D]
+    work = work or make_workspace(cfg, pack)
+    embed(params, cfg, ids, audio_mask, out=work.x)  # [N, D]
+    h = hidden_states(params, cfg, work.x, pack, work)  # [N, D]
     wanted = xp.asarray(np.concatenate(
         [np.arange(s + L - n, s + L) for s, L, n in zip(pack.starts, pack.lengths, num_out)]))
     logits = audio_logits(params, cfg, h[wanted])  # [C, sum(num_out), V]

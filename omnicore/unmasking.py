@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .backbone import BackboneParams, forward_rows, make_packing
+from .backbone import BackboneParams, forward_rows, make_packing, make_workspace
 from .backend import to_numpy, xp
 from .config import GenerationConfig, OmniVoiceConfig
 from .errors import InputError
@@ -177,6 +177,7 @@ def generate_codes(params: BackboneParams, cfg: OmniVoiceConfig, items: Sequence
         if ids.shape[0] != C:
             raise InputError(f"prepared inputs have {ids.shape[0]} codebook rows, the model {C}")
     pack = make_packing([ids.shape[1] for ids, _ in rows], cfg)
+    work = make_workspace(cfg, pack)  # activation buffers shared by all steps
     ids = xp.asarray(np.concatenate([r[0] for r in rows], axis=1))  # [C, N]
     audio_mask = xp.asarray(np.concatenate([r[1] for r in rows]))  # [N]
     num_out = [it.num_target for it in items] * (2 if use_uncond else 1)  # targets end every row
@@ -190,7 +191,7 @@ def generate_codes(params: BackboneParams, cfg: OmniVoiceConfig, items: Sequence
     schedules = [unmask_schedule(C * it.num_target, steps, gen.t_shift) for it in items]
 
     for step in range(steps):
-        logits = forward_rows(params, cfg, ids, audio_mask, pack, num_out)
+        logits = forward_rows(params, cfg, ids, audio_mask, pack, num_out, work=work)
         for b in range(B):
             k = schedules[b][step]
             if k <= 0:

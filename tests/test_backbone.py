@@ -67,17 +67,21 @@ def packed_rows(batch):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_params_are_transposed_once(params, cfg):
+def test_params_are_zero_copy_views_in_checkpoint_layout(params, cfg):
     q = cfg.llm_config
     lp = params.layers[0]
     assert len(params.layers) == q.num_hidden_layers
-    assert lp.q_proj.shape == (q.hidden_size, q.num_attention_heads * q.head_dim)
-    assert lp.o_proj.shape == (q.num_attention_heads * q.head_dim, q.hidden_size)
-    assert lp.down_proj.shape == (q.intermediate_size, q.hidden_size)
-    assert params.audio_heads.shape == (q.hidden_size, cfg.num_audio_codebook * cfg.audio_vocab_size)
+    # [out, in] as stored: the model multiplies by W.T, so nothing is transposed or copied
+    assert lp.q_proj.shape == (q.num_attention_heads * q.head_dim, q.hidden_size)
+    assert lp.o_proj.shape == (q.hidden_size, q.num_attention_heads * q.head_dim)
+    assert lp.down_proj.shape == (q.hidden_size, q.intermediate_size)
+    assert params.audio_heads.shape == (cfg.num_audio_codebook * cfg.audio_vocab_size, q.hidden_size)
     raw = read_safetensors(CKPT / "model.safetensors")
-    np.testing.assert_array_equal(lp.gate_proj, raw["llm.layers.0.mlp.gate_proj.weight"].T)
+    np.testing.assert_array_equal(lp.gate_proj, raw["llm.layers.0.mlp.gate_proj.weight"])
     assert all(a.dtype == np.float32 for a in (lp.q_proj, params.embed_tokens, params.norm))
+    # views into the memory map, not private copies (only touched pages become resident)
+    for a in (lp.q_proj, lp.down_proj, params.audio_heads, params.embed_tokens):
+        assert not a.flags.owndata and not a.flags.writeable
 
 
 def test_missing_misshaped_or_bad_tensors_raise(cfg):

@@ -231,9 +231,9 @@ def test_loop_invariants(params, cfg, tok, case, seed):
     mask_id = cfg.audio_mask_id
     seen = []  # the packed ids the backbone got at every step
 
-    def spy(params_, cfg_, ids, audio_mask, pack, num_out):
+    def spy(params_, cfg_, ids, audio_mask, pack, num_out, **kw):
         seen.append((np.array(ids), pack))
-        return bb.forward_rows(params_, cfg_, ids, audio_mask, pack, num_out)
+        return bb.forward_rows(params_, cfg_, ids, audio_mask, pack, num_out, **kw)
 
     steps_reported = []
     with mock.patch.object(um, "forward_rows", side_effect=spy):
