@@ -16,8 +16,9 @@ Where the time goes, and how it is kept near the GEMM roofline:
     zero-copy views of the memory-mapped file);
   * attention is two GEMMs per (row, kv head): the G query heads that share a kv head are
     stacked into one [L*G, E] matrix, and K/V are read in place (never repeated per head);
-  * everything between GEMMs (norms, rotary, softmax, SwiGLU) writes into a `Workspace` of
-    buffers made once per packing and reused by every layer of every unmasking step.
+  * everything between GEMMs (norms fused with the residual adds, q/k norm + rotary, softmax,
+    SwiGLU) is a Numba kernel from `kernels` that writes into a `Workspace` of buffers made
+    once per packing and reused by every layer of every unmasking step.
 
 Dimension legend:
     C  audio codebooks (8)       V  audio vocabulary per codebook (1025, MASK = 1024 included)
@@ -34,6 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
+from . import kernels
 from .backend import to_device, xp
 from .config import OmniVoiceConfig
 from .errors import WeightsError
@@ -205,63 +207,9 @@ def make_workspace(cfg: OmniVoiceConfig, pack: Packing) -> Workspace:
                      gate=buf(N, F), up=buf(N, F))
 
 
-# ---------------------------------------------------------------------------------------------
-# Elementwise pieces (plain xp; each writes into a caller's buffer)
-# ---------------------------------------------------------------------------------------------
-
-
 def rms_norm(x, weight, eps: float, out=None):
     """RMSNorm over the last axis, in float32 whatever the storage type (as the reference)."""
-    x = x.astype(xp.float32, copy=False)
-    scale = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + xp.float32(eps))
-    if out is None:
-        return (x * scale.astype(xp.float32)) * weight
-    xp.multiply(x, scale.astype(xp.float32), out=out)
-    xp.multiply(out, weight, out=out)
-    return out
-
-
-def rotate(x, cos, sin):
-    """Half-split rotary embedding: x [.., E] rotated by (cos, sin) [.., E]."""
-    half = x.shape[-1] // 2
-    rotated = xp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos + rotated * sin
-
-
-def qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps: float, qg):
-    """Per-head RMSNorm then rotary embedding of queries and keys.
-
-    q [N, H*E] -> qg [K, N, G*E] (query heads regrouped by the kv head they read);
-    k [N, K*E] is normalised and rotated in place. Qwen3 normalises every head before the
-    rotation (keeps the attention logits bounded).
-    """
-    N, E = cos.shape
-    K = k.shape[1] // E
-    c, s = cos[:, None, :], sin[:, None, :]  # [N, 1, E]
-    qr = rotate(rms_norm(q.reshape(N, -1, E), q_weight, eps), c, s)  # [N, H, E]
-    qg[...] = qr.reshape(N, K, -1).transpose(1, 0, 2)  # [N, H, E] -> [K, N, G*E]
-    k[...] = rotate(rms_norm(k.reshape(N, K, E), k_weight, eps), c, s).reshape(N, K * E)
-
-
-def softmax_rows(s, scale: float):
-    """In place: s [M, L] <- softmax(scale * s) along L."""
-    s *= xp.float32(scale)
-    s -= s.max(axis=-1, keepdims=True)
-    xp.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
-    return s
-
-
-def silu(x):
-    # x * sigmoid(x) written with tanh: same value, and no exp overflow for very negative x
-    return x * (xp.float32(0.5) + xp.float32(0.5) * xp.tanh(xp.float32(0.5) * x))
-
-
-def swiglu(gate, up):
-    """In place: gate [N, F] <- silu(gate) * up."""
-    gate *= xp.float32(0.5) + xp.float32(0.5) * xp.tanh(xp.float32(0.5) * gate)
-    gate *= up
-    return gate
+    return kernels.rms_norm(x, weight, eps, out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,7 +247,9 @@ def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Wor
     xp.matmul(h, lp.q_proj.T, out=work.q)  # [N, D] -> [N, H*E]
     xp.matmul(h, lp.k_proj.T, out=work.k)  # [N, D] -> [N, K*E]
     xp.matmul(h, lp.v_proj.T, out=work.v)  # [N, D] -> [N, K*E]
-    qk_norm_rope(work.q, work.k, lp.q_norm, lp.k_norm, pack.cos, pack.sin, q_cfg.rms_norm_eps, work.qg)
+    # Qwen3 normalises every query/key head before the rotation (keeps the logits bounded).
+    kernels.qk_norm_rope(work.q, work.k, lp.q_norm, lp.k_norm, pack.cos, pack.sin,
+                         q_cfg.rms_norm_eps, work.qg)  # q -> qg [K, N, G*E]; k in place
     scale = E ** -0.5
     for start, L in zip(pack.starts, pack.lengths):
         rows = slice(start, start + L)
@@ -311,33 +261,40 @@ def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Wor
             s = work.scores[:L * G * L].reshape(L * G, L)
             xp.matmul(qm, work.k[rows, cols].T, out=s)  # [L*G, E] @ [E, L] -> [L*G, L]
             # No causal mask: every frame attends to the whole row, future included.
-            softmax_rows(s, scale)
+            kernels.softmax_rows(s, scale)
             o = work.heads_out[:L * G * E].reshape(L * G, E)
             xp.matmul(s, work.v[rows, cols], out=o)  # [L*G, L] @ [L, E] -> [L*G, E]
             work.attn[rows, kv * G * E:(kv + 1) * G * E] = o.reshape(L, G * E)
     return work.attn
 
 
-def _layer_inplace(lp: LayerParams, cfg: OmniVoiceConfig, pack: Packing, work: Workspace):
-    """One pre-norm transformer layer on work.x, in place."""
+def _layer_inplace(lp: LayerParams, cfg: OmniVoiceConfig, pack: Packing, work: Workspace,
+                   next_norm=None):
+    """One pre-norm transformer layer on work.x, in place.
+
+    On entry work.h holds rms_norm(x) with this layer's input norm. Each residual add is fused
+    with the norm that follows it: the post-attention norm, then `next_norm` (the next layer's
+    input norm) if given, so work.h is ready for the next layer.
+    """
     eps = cfg.llm_config.rms_norm_eps
-    x = work.x
-    rms_norm(x, lp.input_layernorm, eps, out=work.h)
     attn = attention(lp, cfg, work.h, pack, work)
     xp.matmul(attn, lp.o_proj.T, out=work.d)  # [N, H*E] -> [N, D]
-    x += work.d
-    rms_norm(x, lp.post_attention_layernorm, eps, out=work.h)
+    kernels.add_rms_norm(work.x, work.d, lp.post_attention_layernorm, eps, work.h)
     xp.matmul(work.h, lp.gate_proj.T, out=work.gate)  # [N, D] -> [N, F]
     xp.matmul(work.h, lp.up_proj.T, out=work.up)  # [N, D] -> [N, F]
-    gated = swiglu(work.gate, work.up)
+    gated = kernels.swiglu(work.gate, work.up)  # silu(gate) * up
     xp.matmul(gated, lp.down_proj.T, out=work.d)  # [N, F] -> [N, D]
-    x += work.d
+    if next_norm is None:
+        xp.add(work.x, work.d, out=work.x)
+    else:
+        kernels.add_rms_norm(work.x, work.d, next_norm, eps, work.h)
 
 
 def decoder_layer(lp: LayerParams, cfg: OmniVoiceConfig, x, pack: Packing, work: Workspace | None = None):
     """Pre-norm transformer layer: x + attn(norm(x)), then + SwiGLU MLP(norm(.)). [N, D] -> new [N, D]."""
     work = work or make_workspace(cfg, pack)
     work.x[...] = x
+    rms_norm(work.x, lp.input_layernorm, cfg.llm_config.rms_norm_eps, out=work.h)
     _layer_inplace(lp, cfg, pack, work)
     return work.x.copy()
 
@@ -350,8 +307,11 @@ def hidden_states(params: BackboneParams, cfg: OmniVoiceConfig, x, pack: Packing
     work = work or make_workspace(cfg, pack)
     if x is not work.x:
         work.x[...] = x
-    for lp in params.layers:
-        _layer_inplace(lp, cfg, pack, work)
+    layers = params.layers
+    rms_norm(work.x, layers[0].input_layernorm, cfg.llm_config.rms_norm_eps, out=work.h)
+    for i, lp in enumerate(layers):
+        nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else None
+        _layer_inplace(lp, cfg, pack, work, next_norm=nxt)
     return work.x
 
 

@@ -23,6 +23,7 @@ Weight layouts (made once by the stage loaders, never per call):
 from __future__ import annotations
 
 import math
+import types
 
 import numba as nb
 import numpy as np
@@ -64,8 +65,16 @@ _PARALLEL_MIN = 1 << 16
 
 
 def _twice(fn, **opts):
-    """Compile `fn` (written with nb.prange) once serial and once parallel."""
-    return nb.njit(cache=True, **opts)(fn), nb.njit(cache=True, parallel=True, **opts)(fn)
+    """Compile `fn` (written with nb.prange) once serial and once parallel.
+
+    The parallel twin is compiled from a renamed copy of `fn`: Numba names its on-disk cache
+    after the function's qualified name and line, not its compile options, so two versions of
+    one function would share a cache entry and the second would silently load the first's code.
+    """
+    par = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_par", fn.__defaults__,
+                             fn.__closure__)
+    par.__qualname__ = fn.__qualname__ + "_par"
+    return nb.njit(cache=True, **opts)(fn), nb.njit(cache=True, parallel=True, **opts)(par)
 
 
 def _snake_impl(x, alpha, inv_alpha):  # x [N, C] float32
@@ -334,3 +343,378 @@ def conv_transpose1d(x, w, b, *, kernel_size: int, stride: int, padding: int = 0
     if b is not None:
         y += b
     return y
+
+
+# =============================================================================================
+# Backbone and scoring kernels (performance engineer)
+#
+# Everything between the backbone's GEMMs: RMSNorm (alone and fused with the residual add),
+# per-head q/k RMSNorm + rotary embedding, row softmax, SwiGLU, and the guided scoring of the
+# unmasking loop. Each writes into a buffer the caller owns (the backbone's Workspace), so the
+# hot path allocates nothing.
+#
+# Two tricks make these loops vectorise (checked by timing: 3-10x):
+#   * exp() is our own float32 polynomial (`_exp_nonpos`): libm's expf is a scalar call that
+#     LLVM cannot vectorise without SVML, and numpy's SIMD exp cannot be fused with the
+#     reductions around it.
+#   * a running max is kept in 16 independent lanes (`_row_max`): LLVM does not vectorise a
+#     plain max reduction, even with fast-math flags.
+# Results that would be subnormal are flushed to 0. Subnormal operands make every later add
+# and FMA (the attention's P @ V GEMM included) take a microcode assist -- measured 5-14x
+# slower on this CPU, and sharp attention produces them all the time -- while a term below
+# 1.2e-38 cannot change a float32 sum that contains a term of size 1 (the row maximum gives
+# exp(0) = 1), nor any product it enters next to the other terms.
+# =============================================================================================
+
+from numba.core import types as _nbtypes  # noqa: E402
+from numba.extending import intrinsic as _intrinsic  # noqa: E402
+
+_FAST = {"contract", "reassoc", "nsz"}  # FMA contraction and reordered sums; NaN and inf kept
+_LANES = 16
+_EXP_MIN = np.float32(-87.33)  # exp below this is subnormal in float32
+
+
+@_intrinsic
+def _f32_from_bits(typingctx, bits):
+    """The float32 whose bit pattern is the int32 `bits` (a free reinterpretation)."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], context.get_value_type(_nbtypes.float32))
+    return _nbtypes.float32(_nbtypes.int32), codegen
+
+
+@nb.njit(inline="always", fastmath={"contract"})
+def _exp_nonpos(x):
+    """exp(x) for float32 x <= 0, within 1 ulp; 0 instead of a subnormal (x < -87.33).
+
+    exp(x) = 2**n * exp(r) with n = round(x / ln 2) and |r| <= ln(2)/2 (ln 2 split in two
+    parts so r is exact), exp(r) by a degree-7 polynomial (Cephes' expf coefficients), 2**n
+    built directly in the exponent bits (-126 <= n <= 0 here).
+    """
+    if x < _EXP_MIN:
+        return _F32(0.0)
+    n = math.floor(x * _F32(1.44269504) + _F32(0.5))
+    r = (x - n * _F32(0.693359375)) - n * _F32(-2.12194440e-4)
+    p = _F32(1.9875691500e-4)
+    p = p * r + _F32(1.3981999507e-3)
+    p = p * r + _F32(8.3334519073e-3)
+    p = p * r + _F32(4.1665795894e-2)
+    p = p * r + _F32(1.6666665459e-1)
+    p = p * r + _F32(5.0000001201e-1)
+    y = p * (r * r) + r + _F32(1.0)
+    return y * _f32_from_bits(np.int32((np.int32(n) + 127) << 23))
+
+
+@nb.njit(inline="always", fastmath=_FAST)
+def _row_max(row, n):
+    """max(row[:n]) kept in 16 lanes so that it vectorises (NaN-free rows)."""
+    acc = np.full(_LANES, -np.inf, dtype=np.float32)
+    n16 = n - n % _LANES
+    for j in range(0, n16, _LANES):
+        for lane in range(_LANES):
+            v = row[j + lane]
+            acc[lane] = v if v > acc[lane] else acc[lane]
+    mx = acc[0]
+    for lane in range(1, _LANES):
+        mx = acc[lane] if acc[lane] > mx else mx
+    for j in range(n16, n):
+        mx = row[j] if row[j] > mx else mx
+    return mx
+
+
+@nb.njit(inline="always", fastmath=_FAST)
+def _inv_rms(row, n, eps):
+    ss = _F32(0.0)
+    for j in range(n):
+        ss += row[j] * row[j]
+    return _F32(1.0) / math.sqrt(ss / _F32(n) + eps)
+
+
+def _pick(serial, parallel, size):
+    return parallel if size >= _PARALLEL_MIN else serial
+
+
+# --- RMSNorm ---------------------------------------------------------------------------------
+
+
+def _rms_norm_impl(x, weight, eps, out):  # x, out [N, D]
+    rows, d = x.shape
+    for i in nb.prange(rows):
+        s = _inv_rms(x[i], d, eps)
+        for j in range(d):
+            out[i, j] = (x[i, j] * s) * weight[j]
+
+
+def _add_rms_norm_impl(x, y, weight, eps, out):  # x += y; out = rms_norm(x)
+    rows, d = x.shape
+    for i in nb.prange(rows):
+        for j in range(d):
+            x[i, j] += y[i, j]
+        s = _inv_rms(x[i], d, eps)
+        for j in range(d):
+            out[i, j] = (x[i, j] * s) * weight[j]
+
+
+_rms_norm_nb, _rms_norm_nb_par = _twice(_rms_norm_impl, fastmath=_FAST)
+_add_rms_norm_nb, _add_rms_norm_nb_par = _twice(_add_rms_norm_impl, fastmath=_FAST)
+
+
+def rms_norm_np(x, weight, eps: float, out=None):
+    """Twin of `rms_norm`."""
+    x = x.astype(xp.float32, copy=False)
+    scale = (1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + xp.float32(eps))).astype(xp.float32)
+    if out is None:
+        return (x * scale) * weight
+    xp.multiply(x, scale, out=out)
+    xp.multiply(out, weight, out=out)
+    return out
+
+
+def rms_norm(x, weight, eps: float, out=None):
+    """RMSNorm over the last axis in float32: x * rsqrt(mean(x^2) + eps) * weight.
+
+    x [..., D]; written into `out` (same shape) when given, else into a new array."""
+    if not IS_NUMPY or x.dtype != _F32 or not x.flags.c_contiguous:
+        return rms_norm_np(x, weight, eps, out)
+    x2 = x.reshape(-1, x.shape[-1])  # [..., D] -> [N, D]
+    res = np.empty_like(x2) if out is None else out.reshape(x2.shape)
+    _pick(_rms_norm_nb, _rms_norm_nb_par, x2.size)(x2, weight, _F32(eps), res)
+    return res.reshape(x.shape)
+
+
+def add_rms_norm_np(x, y, weight, eps: float, out):
+    """Twin of `add_rms_norm`."""
+    x += y
+    return rms_norm_np(x, weight, eps, out)
+
+
+def add_rms_norm(x, y, weight, eps: float, out):
+    """Residual add fused with the next pre-norm: x += y (in place), out = rms_norm(x). [N, D]."""
+    if not IS_NUMPY:
+        return add_rms_norm_np(x, y, weight, eps, out)
+    _pick(_add_rms_norm_nb, _add_rms_norm_nb_par, x.size)(x, y, weight, _F32(eps), out)
+    return out
+
+
+# --- q/k RMSNorm + rotary embedding ------------------------------------------------------------
+
+
+@nb.njit(inline="always", fastmath=_FAST)
+def _norm_rope_head(src, i, c0, w, cos, sin, eps, dst, d0, d1, d2):
+    """dst[d0, d1, d2:d2+E] = rotate(rms_norm(src[i, c0:c0+E]) * w) with position i's tables.
+
+    Scalar indexing on purpose: slice views and slice assignment inside these loops made the
+    kernel 10x slower. j and j + E/2 are read before they are written, so dst may be src.
+    """
+    e = w.shape[0]
+    half = e // 2
+    ss = _F32(0.0)
+    for j in range(e):
+        v = src[i, c0 + j]
+        ss += v * v
+    s = _F32(1.0) / math.sqrt(ss / _F32(e) + eps)
+    for j in range(half):  # half-split rotation: (a, b) -> (a cos - b sin, b cos + a sin)
+        a = (src[i, c0 + j] * s) * w[j]
+        b = (src[i, c0 + j + half] * s) * w[j + half]
+        dst[d0, d1, d2 + j] = a * cos[i, j] - b * sin[i, j]
+        dst[d0, d1, d2 + j + half] = b * cos[i, j + half] + a * sin[i, j + half]
+
+
+def _qk_norm_rope_impl(q, k, q_weight, k_weight, cos, sin, eps, qg):
+    n_tok, e = cos.shape
+    n_kv = k.shape[1] // e
+    n_q = q.shape[1] // e
+    group = n_q // n_kv
+    k3 = k.reshape(1, n_tok, n_kv * e)  # the same memory, indexed like qg
+    for i in nb.prange(n_tok):
+        for h in range(n_q):  # query head h joins its kv head's group: qg[h // G, i, (h % G)*E:]
+            _norm_rope_head(q, i, h * e, q_weight, cos, sin, eps, qg, h // group, i, (h % group) * e)
+        for h in range(n_kv):  # keys in place
+            _norm_rope_head(k, i, h * e, k_weight, cos, sin, eps, k3, 0, i, h * e)
+
+
+_qk_norm_rope_nb, _qk_norm_rope_nb_par = _twice(_qk_norm_rope_impl, fastmath=_FAST)
+
+
+def _rotate_half_split(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + xp.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin
+
+
+def qk_norm_rope_np(q, k, q_weight, k_weight, cos, sin, eps: float, qg):
+    """Twin of `qk_norm_rope`."""
+    n, e = cos.shape
+    n_kv = k.shape[1] // e
+    c, s = cos[:, None, :], sin[:, None, :]  # [N, 1, E]
+    qr = _rotate_half_split(rms_norm_np(q.reshape(n, -1, e), q_weight, eps), c, s)  # [N, H, E]
+    qg[...] = qr.reshape(n, n_kv, -1).transpose(1, 0, 2)  # [N, H, E] -> [K, N, G*E]
+    k[...] = _rotate_half_split(rms_norm_np(k.reshape(n, n_kv, e), k_weight, eps), c, s).reshape(n, -1)
+    return qg
+
+
+def qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps: float, qg):
+    """Per-head RMSNorm, then half-split rotary embedding, of queries and keys.
+
+    q [N, H*E] -> qg [K, N, G*E]: query heads regrouped by the kv head they read (head
+    h = kv*G + g), so that one row's G heads form a single [L*G, E] matrix per kv head.
+    k [N, K*E] is normalised and rotated in place. cos, sin [N, E].
+    """
+    if not IS_NUMPY:
+        return qk_norm_rope_np(q, k, q_weight, k_weight, cos, sin, eps, qg)
+    _pick(_qk_norm_rope_nb, _qk_norm_rope_nb_par, q.size)(q, k, q_weight, k_weight, cos, sin, _F32(eps), qg)
+    return qg
+
+
+# --- softmax ---------------------------------------------------------------------------------
+
+
+def _softmax_impl(s, scale):  # in place over the rows of s [M, L]
+    m, n = s.shape
+    for i in nb.prange(m):
+        row = s[i]
+        mx = _row_max(row, n)
+        tot = _F32(0.0)
+        for j in range(n):
+            e = _exp_nonpos((row[j] - mx) * scale)
+            row[j] = e
+            tot += e
+        inv = _F32(1.0) / tot
+        for j in range(n):
+            row[j] *= inv
+
+
+_softmax_nb, _softmax_nb_par = _twice(_softmax_impl, fastmath=_FAST)
+
+
+def softmax_rows_np(s, scale: float):
+    """Twin of `softmax_rows`."""
+    s *= xp.float32(scale)
+    s -= s.max(axis=-1, keepdims=True)
+    xp.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    return s
+
+
+def softmax_rows(s, scale: float):
+    """In place: s [M, L] <- softmax(scale * s) along L (attention probabilities)."""
+    if not IS_NUMPY:
+        return softmax_rows_np(s, scale)
+    _pick(_softmax_nb, _softmax_nb_par, s.size)(s, _F32(scale))
+    return s
+
+
+# --- SwiGLU ----------------------------------------------------------------------------------
+
+
+def _swiglu_impl(gate, up):  # gate [N, F] <- silu(gate) * up
+    rows, f = gate.shape
+    for i in nb.prange(rows):
+        g_row, u_row = gate[i], up[i]
+        e = np.empty(f, dtype=np.float32)
+        # sigmoid from exp(-|g|) only, which never overflows; two loops, because LLVM does not
+        # vectorise the exp polynomial and the division together in one loop body
+        for j in range(f):
+            e[j] = _exp_nonpos(-abs(g_row[j]))
+        for j in range(f):
+            g = g_row[j]
+            num = g if g >= _F32(0.0) else g * e[j]  # g * sigmoid(g) = num / (1 + e)
+            g_row[j] = (num / (_F32(1.0) + e[j])) * u_row[j]
+
+
+_swiglu_nb, _swiglu_nb_par = _twice(_swiglu_impl, fastmath=_FAST)
+
+
+def swiglu_np(gate, up):
+    """Twin of `swiglu` (x * sigmoid(x) written with tanh: no exp overflow for very negative x)."""
+    gate *= xp.float32(0.5) + xp.float32(0.5) * xp.tanh(xp.float32(0.5) * gate)
+    gate *= up
+    return gate
+
+
+def swiglu(gate, up):
+    """In place: gate [N, F] <- silu(gate) * up (Qwen3's gated MLP activation)."""
+    if not IS_NUMPY:
+        return swiglu_np(gate, up)
+    _pick(_swiglu_nb, _swiglu_nb_par, gate.size)(gate, up)
+    return gate
+
+
+# --- guided scoring of the unmasking loop ----------------------------------------------------
+
+
+@nb.njit(inline="always", fastmath=_FAST)
+def _log_sum_exp(row, n):
+    mx = _row_max(row, n)
+    tot = _F32(0.0)
+    for j in range(n):
+        tot += _exp_nonpos(row[j] - mx)
+    return mx, math.log(tot)
+
+
+def _guided_scores_impl(cond, uncond, guidance, use_uncond, mask_id, lp, tokens, conf):
+    # cond, uncond, lp [T, C, V] C-contiguous; tokens [C, T] int64, conf [C, T] float32
+    t_, c_, v_ = cond.shape
+    for cell in nb.prange(t_ * c_):
+        t, c = cell // c_, cell % c_
+        x, out = cond[t, c], lp[t, c]
+        mx, log_tot = _log_sum_exp(x, v_)
+        if use_uncond:
+            y = uncond[t, c]
+            my, log_tot_u = _log_sum_exp(y, v_)
+            for j in range(v_):  # z = cl + g (cl - ul) with cl, ul the two log-softmaxes
+                cl = (x[j] - mx) - log_tot
+                ul = (y[j] - my) - log_tot_u
+                out[j] = cl + guidance * (cl - ul)
+            mz, log_tot_z = _log_sum_exp(out, v_)
+            for j in range(v_):
+                out[j] = (out[j] - mz) - log_tot_z
+        else:
+            for j in range(v_):
+                out[j] = (x[j] - mx) - log_tot
+        out[mask_id] = -np.inf  # MASK is never a prediction
+        best = _row_max(out, v_)
+        arg = 0
+        while out[arg] != best:  # first index of the maximum, as argmax
+            arg += 1
+        tokens[c, t] = arg
+        conf[c, t] = best
+
+
+_guided_scores_nb, _guided_scores_nb_par = _twice(_guided_scores_impl, fastmath=_FAST)
+
+
+def _log_softmax_np(x):
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - xp.log(xp.exp(x).sum(axis=-1, keepdims=True))
+
+
+def guided_scores_np(cond, uncond, guidance: float, mask_id: int):
+    """Twin of `guided_scores`."""
+    if uncond is not None and guidance != 0:
+        c, u = _log_softmax_np(cond), _log_softmax_np(uncond)
+        lp = _log_softmax_np(c + xp.float32(guidance) * (c - u))
+    else:
+        lp = _log_softmax_np(cond)
+    lp[..., mask_id] = -xp.inf
+    return lp, lp.argmax(axis=-1).astype(xp.int64), lp.max(axis=-1)
+
+
+def guided_scores(cond, uncond, guidance: float, mask_id: int):
+    """Classifier-free-guided log-probabilities of every cell, its best token and confidence.
+
+    cond, uncond [C, T, V] logits (uncond None, or guidance 0: no guidance) ->
+    lp [C, T, V] = log_softmax(c + g (c - u)) of the log-softmaxes c, u, with lp[..., MASK] = -inf;
+    tokens [C, T] int64 = argmax lp (first on ties); confidence [C, T] float32 = max lp.
+    """
+    if not IS_NUMPY:
+        return guided_scores_np(cond, uncond, guidance, mask_id)
+    use_uncond = uncond is not None and guidance != 0
+    # [C, T, V] views of the heads' [T, C, V] output are contiguous again once transposed back
+    ct = np.ascontiguousarray(cond.transpose(1, 0, 2), dtype=_F32)  # [C, T, V] -> [T, C, V]
+    ut = np.ascontiguousarray(uncond.transpose(1, 0, 2), dtype=_F32) if use_uncond else ct
+    c_, t_, v_ = cond.shape
+    lp = np.empty((t_, c_, v_), _F32)
+    tokens = np.empty((c_, t_), np.int64)
+    conf = np.empty((c_, t_), _F32)
+    _pick(_guided_scores_nb, _guided_scores_nb_par, ct.size)(
+        ct, ut, _F32(guidance), use_uncond, mask_id, lp, tokens, conf)
+    return lp.transpose(1, 0, 2), tokens, conf

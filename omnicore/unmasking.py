@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .backbone import BackboneParams, forward_rows, make_packing, make_workspace
+from . import kernels
 from .backend import to_numpy, xp
 from .config import GenerationConfig, OmniVoiceConfig
 from .errors import InputError
@@ -94,14 +95,7 @@ def gumbel_noise(rng: np.random.Generator, shape) -> np.ndarray:
 
 def guided_log_probs(cond_logits, uncond_logits, guidance_scale: float, mask_id: int):
     """Per-cell log-probabilities after guidance, MASK excluded: [C, T, V] -> [C, T, V]."""
-    if guidance_scale != 0:
-        c = log_softmax(cond_logits)
-        u = log_softmax(uncond_logits)
-        lp = log_softmax(c + xp.float32(guidance_scale) * (c - u))
-    else:
-        lp = log_softmax(cond_logits)
-    lp[..., mask_id] = -xp.inf
-    return lp
+    return kernels.guided_scores(cond_logits, uncond_logits, guidance_scale, mask_id)[0]
 
 
 def predict_tokens(lp, class_temperature: float, rng: np.random.Generator | None):
@@ -196,9 +190,11 @@ def generate_codes(params: BackboneParams, cfg: OmniVoiceConfig, items: Sequence
             k = schedules[b][step]
             if k <= 0:
                 continue
-            lp = guided_log_probs(logits[b], logits[B + b] if use_uncond else None,
-                                  gen.guidance_scale, mask_id)  # [C, T, V]
-            pred, confidence = predict_tokens(lp, gen.class_temperature, rngs[b])
+            # one fused pass: guided log-probs, greedy token and confidence of every cell
+            lp, pred, confidence = kernels.guided_scores(
+                logits[b], logits[B + b] if use_uncond else None, gen.guidance_scale, mask_id)
+            if gen.class_temperature > 0:
+                pred, _ = predict_tokens(lp, gen.class_temperature, rngs[b])
             filled = tokens[b] != mask_id
             chosen = choose_cells(confidence, filled, k, gen, rngs[b])
             flat = tokens[b].reshape(-1)  # a view: writes land in tokens[b]

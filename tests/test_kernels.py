@@ -203,3 +203,169 @@ def test_conv_transpose1d_matches_definition(b, t, cin, cout, stride, seed):
     ref = conv_transpose1d_direct(x, w, bias, stride, pad, opad)
     assert y.shape == ref.shape == (b, t * stride, cout)
     assert rel_err(y, ref) <= 1e-5
+
+
+# --------------------------------------------------------------------------------------------
+# Backbone and scoring kernels (performance engineer): every Numba kernel, serial and parallel,
+# against its plain-array twin and a float64 definition
+# --------------------------------------------------------------------------------------------
+
+F32_TINY = np.finfo(np.float32).tiny
+
+
+def _rms_f64(x, w, eps=1e-6):
+    x = x.astype(np.float64)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def test_exp_polynomial_within_one_ulp_and_flushes_subnormals():
+    x = np.concatenate([-np.geomspace(1e-8, 110, 20000), [0.0, -87.3, -87.34, -103.0, -np.inf]]).astype(np.float32)
+    got = np.array([K._exp_nonpos(v) for v in x], np.float32)
+    want = np.exp(x.astype(np.float64))
+    normal = want >= F32_TINY
+    assert np.all(np.abs(got[normal] - want[normal]) <= 1.5 * np.spacing(want[normal].astype(np.float32)))
+    # where the exact result is subnormal the kernel gives 0 (never a subnormal)
+    assert np.all((got[~normal] == 0) | (got[~normal] >= F32_TINY))
+    assert got[x == -np.inf][0] == 0 and got[x == 0][0] == 1
+
+
+def test_parallel_twins_have_their_own_cache_entries():
+    # Numba caches by function name: the parallel twin must be a separately named function
+    for ser, par in ((K._softmax_nb, K._softmax_nb_par), (K._snake_nb, K._snake_nb_par)):
+        assert par.py_func.__qualname__ == ser.py_func.__qualname__ + "_par"
+        assert par.targetoptions.get("parallel") and not ser.targetoptions.get("parallel")
+
+
+@SETTINGS
+@given(n=st.integers(1, 70), d=st.sampled_from([1, 7, 16, 64, 1024]), scale=st.sampled_from([1e-3, 1.0, 1e3]),
+       seed=st.integers(0, 99))
+def test_rms_norm_twins_agree(n, d, scale, seed):
+    rng = _rng(seed)
+    x = (scale * rng.standard_normal((n, d))).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, d).astype(np.float32)
+    want = _rms_f64(x, w)
+    outs = [K.rms_norm(x, w, 1e-6), K.rms_norm_np(x, w, 1e-6)]
+    for kern in (K._rms_norm_nb, K._rms_norm_nb_par):
+        out = np.empty_like(x)
+        kern(x, w, np.float32(1e-6), out)
+        outs.append(out)
+    for y in outs:
+        assert y.dtype == np.float32 and rel_err(y, want) <= 1e-6
+
+
+@SETTINGS
+@given(n=st.integers(1, 70), d=st.sampled_from([8, 64, 1024]), seed=st.integers(0, 99))
+def test_add_rms_norm_twins_agree(n, d, seed):
+    rng = _rng(seed)
+    x0 = rng.standard_normal((n, d)).astype(np.float32)
+    y = rng.standard_normal((n, d)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, d).astype(np.float32)
+    want_x = x0.astype(np.float64) + y
+    for fn in (K.add_rms_norm, K.add_rms_norm_np,
+               lambda *a: K._add_rms_norm_nb(*a[:3], np.float32(a[3]), a[4]),
+               lambda *a: K._add_rms_norm_nb_par(*a[:3], np.float32(a[3]), a[4])):
+        x, out = x0.copy(), np.empty_like(x0)
+        fn(x, y, w, 1e-6, out)
+        assert rel_err(x, want_x) <= 1e-7
+        assert rel_err(out, _rms_f64(want_x, w)) <= 1e-6
+
+
+@SETTINGS
+@given(n=st.integers(1, 40), kv=st.sampled_from([1, 2, 8]), group=st.sampled_from([1, 2, 4]),
+       e=st.sampled_from([2, 16, 128]), seed=st.integers(0, 99))
+def test_qk_norm_rope_twins_agree(n, kv, group, e, seed):
+    rng = _rng(seed)
+    h = kv * group
+    q = rng.standard_normal((n, h * e)).astype(np.float32)
+    k0 = rng.standard_normal((n, kv * e)).astype(np.float32)
+    qw, kw = rng.uniform(2, 4, e).astype(np.float32), rng.uniform(2, 4, e).astype(np.float32)
+    ang = np.arange(n)[:, None] * rng.uniform(0, 1, e // 2)[None]
+    ang = np.concatenate([ang, ang], 1)  # half-split tables
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+    def rope(x):  # float64 definition: x [n, heads, e]
+        half = e // 2
+        return x * cos[:, None] + np.concatenate([-x[..., half:], x[..., :half]], -1) * sin[:, None]
+
+    want_q = rope(_rms_f64(q.reshape(n, h, e), qw))  # [n, H, E]
+    want_q = want_q.reshape(n, kv, group * e).transpose(1, 0, 2)  # -> [K, n, G*E]
+    want_k = rope(_rms_f64(k0.reshape(n, kv, e), kw)).reshape(n, kv * e)
+    for fn in (K.qk_norm_rope, K.qk_norm_rope_np,
+               lambda *a: K._qk_norm_rope_nb(*a[:6], np.float32(a[6]), a[7]),
+               lambda *a: K._qk_norm_rope_nb_par(*a[:6], np.float32(a[6]), a[7])):
+        k, qg = k0.copy(), np.full((kv, n, group * e), np.nan, np.float32)
+        fn(q, k, qw, kw, cos, sin, 1e-6, qg)
+        assert np.abs(qg - want_q).max() <= 4e-6 * np.abs(want_q).max()
+        assert np.abs(k - want_k).max() <= 4e-6 * np.abs(want_k).max()
+
+
+@SETTINGS
+@given(m=st.integers(1, 40), n=st.integers(1, 300), spread=st.sampled_from([1.0, 30.0, 1e4]),
+       seed=st.integers(0, 99))
+def test_softmax_twins_agree_and_never_emit_subnormals(m, n, spread, seed):
+    s0 = (spread * _rng(seed).standard_normal((m, n))).astype(np.float32)
+    scale = 0.0884
+    z = s0.astype(np.float64) * np.float32(scale)
+    want = np.exp(z - z.max(1, keepdims=True))
+    want /= want.sum(1, keepdims=True)
+    for fn in (K.softmax_rows, K.softmax_rows_np, lambda s, c: K._softmax_nb(s, np.float32(c)),
+               lambda s, c: K._softmax_nb_par(s, np.float32(c))):
+        s = s0.copy()
+        fn(s, scale)
+        # relative to each row's largest probability (>= 1/n): float32 rounding only
+        assert np.all(np.abs(s - want) <= 2e-6 * want.max(1, keepdims=True) + F32_TINY)
+    s = s0.copy()
+    K.softmax_rows(s, scale)
+    assert not np.any((s > 0) & (s < F32_TINY))  # subnormals would slow every later GEMM
+
+
+@SETTINGS
+@given(n=st.integers(1, 40), f=st.integers(1, 300), scale=st.sampled_from([1.0, 10.0, 200.0]),
+       seed=st.integers(0, 99))
+def test_swiglu_twins_agree(n, f, scale, seed):
+    rng = _rng(seed)
+    g0 = (scale * rng.standard_normal((n, f))).astype(np.float32)
+    u = rng.standard_normal((n, f)).astype(np.float32)
+    g64 = g0.astype(np.float64)
+    with np.errstate(over="ignore"):  # exp(200) overflows to inf in float64 too: sigmoid 0
+        want = g64 / (1 + np.exp(-g64)) * u
+    for fn in (K.swiglu, K.swiglu_np, K._swiglu_nb, K._swiglu_nb_par):
+        g = g0.copy()
+        fn(g, u)
+        assert np.all(np.isfinite(g))
+        assert np.all(np.abs(g - want) <= 4e-7 * np.abs(g64 * u) + 1e-30)
+
+
+@SETTINGS
+@given(c=st.integers(1, 8), t=st.integers(1, 30), v=st.sampled_from([3, 17, 1025]),
+       guidance=st.sampled_from([0.0, 2.0, 3.5]), with_uncond=st.booleans(),
+       scale=st.sampled_from([1.0, 8.0, 60.0]), seed=st.integers(0, 99))
+def test_guided_scores_twins_agree(c, t, v, guidance, with_uncond, scale, seed):
+    rng = _rng(seed)
+    # the kernel receives [C, T, V] views of the heads' [T, C, V] output, as the backbone gives them
+    cond = (scale * rng.standard_normal((t, c, v))).astype(np.float32).transpose(1, 0, 2)
+    uncond = (scale * rng.standard_normal((t, c, v))).astype(np.float32).transpose(1, 0, 2) if with_uncond else None
+    mask = v - 1
+
+    def lsm(x):
+        return x - x.max(-1, keepdims=True) - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))
+
+    c64 = lsm(cond.astype(np.float64))
+    want = lsm(c64 + guidance * (c64 - lsm(uncond.astype(np.float64)))) if with_uncond and guidance else c64
+    want[..., mask] = -np.inf
+    for fn in (K.guided_scores, K.guided_scores_np):
+        lp, tokens, conf = fn(cond, uncond, guidance, mask)
+        assert lp.shape == (c, t, v) and tokens.dtype == np.int64 and conf.dtype == np.float32
+        assert np.isneginf(lp[..., mask]).all()
+        err = np.abs(lp[..., :mask] - want[..., :mask]).max() if v > 1 else 0.0
+        assert err <= 2e-6 * (1 + 2 * guidance) * max(1.0, np.abs(want[..., :mask]).max())
+        np.testing.assert_array_equal(conf, lp.max(-1))
+        np.testing.assert_array_equal(tokens, lp.argmax(-1))  # first index of the maximum
+
+
+def test_guided_scores_ties_take_the_first_index():
+    cond = np.zeros((2, 3, 9), np.float32)
+    cond[:, :, [2, 5]] = 4.0  # two equal best tokens per cell
+    for fn in (K.guided_scores, K.guided_scores_np):
+        _, tokens, _ = fn(cond, cond.copy(), 2.0, 8)
+        assert (tokens == 2).all()
