@@ -1,14 +1,14 @@
 """Time-to-first-audio of `model.stream()` against `model.generate()` on one paragraph.
 
     python3 benchmarks/bench_streaming.py --model weights/tiny-random
-    python3 benchmarks/bench_streaming.py --model /work/checkpoints/full --steps 8
+    python3 benchmarks/bench_streaming.py --model /work/checkpoints/full --steps 8 --repeat 2
 
 For a 4-sentence paragraph it measures, in one process after a warm-up run:
     generate()  wall time (the first sample exists only when everything is done)
     stream()    time to the first piece (TTFB), to each chunk's first audio, total time, and
                 per chunk: frames, unmasking and decode seconds, generation real-time factor
-    playback    a simulated player that starts at the first piece and plays in real time:
-                how long it would stall waiting for audio (0 = gap-free)
+    playback    a simulated real-time player: how long it stalls when it starts at the first
+                piece, and the earliest start time from which it never stalls
 Steady-state RTF = generation seconds / audio seconds over chunks 1.. (chunk 0 is the TTFB
 part); playback is gap-free when each chunk is generated within the previous chunk's
 duration, i.e. roughly when that RTF is below 1.
@@ -22,6 +22,8 @@ import os
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -58,6 +60,10 @@ def run_stream(model, text, kw) -> dict:
             gaps += 1
             clock = t
         clock += n / sr
+    # The earliest start from which real-time playback never waits: piece i must have arrived
+    # by start + (audio before it).
+    before = np.concatenate([[0.0], np.cumsum(lengths)[:-1] / sr])
+    gapfree_start = float(np.max(np.asarray(arrivals) - before))
     chunks = []
     for k, s in enumerate(st.chunk_stats):
         gen_s = s["unmask_s"] + s.get("decode_s", 0.0)
@@ -70,7 +76,8 @@ def run_stream(model, text, kw) -> dict:
     steady = (sum(c["unmask_s"] + c["decode_s"] for c in later) / sum(c["audio_s"] for c in later)
               if later else float("nan"))
     return {"ttfb_s": arrivals[0], "total_s": total, "audio_s": sum(lengths) / sr,
-            "chunks": chunks, "steady_rtf": steady, "stall_s": stall, "stalls": gaps}
+            "chunks": chunks, "steady_rtf": steady, "stall_s": stall, "stalls": gaps,
+            "gapfree_start_s": gapfree_start, "arrivals_s": arrivals, "piece_samples": lengths}
 
 
 def main(argv=None) -> int:
@@ -79,6 +86,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=32, help="unmasking steps (8 or 16 for full size on 2 cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--text", default=PARAGRAPH)
+    p.add_argument("--repeat", type=int, default=1, help="runs of each; the fastest is reported")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
 
@@ -90,8 +98,14 @@ def main(argv=None) -> int:
     model.generate("Warm up the kernels.", num_step=1)  # JIT compilation, page-in of the weights
     warm_s = time.perf_counter() - t0
 
-    gen = run_generate(model, args.text, kw)
-    stm = run_stream(model, args.text, kw)
+    # Alternate the two and keep each one's fastest run: on a shared machine, other processes
+    # only ever add time.
+    gens, stms = [], []
+    for _ in range(args.repeat):
+        gens.append(run_generate(model, args.text, kw))
+        stms.append(run_stream(model, args.text, kw))
+    gen = min(gens, key=lambda r: r["total_s"])
+    stm = min(stms, key=lambda r: r["total_s"])
 
     cfg = model.config.llm_config
     print(f"model {args.model} (hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers), "
@@ -102,9 +116,13 @@ def main(argv=None) -> int:
     for name, r in (("generate()", gen), ("stream()", stm)):
         print(f"{name:12} {r['ttfb_s']:8.2f} {r['total_s']:8.2f} {r['audio_s']:8.2f} "
               f"{r['total_s'] / r['audio_s']:6.2f}")
+    if args.repeat > 1:
+        print("runs: generate total " + ", ".join(f"{r['total_s']:.2f}" for r in gens)
+              + "; stream TTFB / total " + ", ".join(f"{r['ttfb_s']:.2f}/{r['total_s']:.2f}" for r in stms))
     print(f"\nTTFB stream / generate total: {stm['ttfb_s'] / gen['total_s']:.2f} (target <= 0.30)")
-    print(f"steady-state RTF (chunks 1..): {stm['steady_rtf']:.2f}; simulated real-time playback "
-          f"stalls {stm['stall_s']:.2f} s in {stm['stalls']} gap(s)\n")
+    print(f"steady-state RTF (chunks 1..): {stm['steady_rtf']:.2f}; real-time playback from the "
+          f"first piece stalls {stm['stall_s']:.2f} s in {stm['stalls']} gap(s); gap-free from "
+          f"{stm['gapfree_start_s']:.2f} s (generate(): {gen['total_s']:.2f} s)\n")
     print(f"{'chunk':>5} {'first audio s':>13} {'frames':>6} {'audio s':>7} {'unmask s':>8} "
           f"{'decode s':>8} {'RTF':>5}  text")
     for k, c in enumerate(stm["chunks"]):
@@ -114,7 +132,7 @@ def main(argv=None) -> int:
               f"{c['decode_s']:8.2f} {c['rtf']:5.2f}  {txt}")
     if args.json:
         Path(args.json).write_text(json.dumps({"model": args.model, "steps": args.steps,
-                                               "generate": gen, "stream": stm}, indent=1))
+                                               "generate": gens, "stream": stms}, indent=1))
     return 0
 
 
