@@ -21,8 +21,9 @@ its output (the reference's character weights, "Nice to meet you." = 1 s):
               once it holds >= 2 s of speech (or at a word break once >= 6 s: unpunctuated text)
     chunk k   ends at the first sentence end once >= 5 s, at a clause end once >= 10 s, or at a
               word break once >= 15 s (the reference's long-form chunk size)
-A mark ends a sentence only when whitespace follows it (so "3.5", "a,b", "Dr." and "p.m." do not) or,
-for full-width marks, when any character follows; the end of the input ends the last chunk.
+A mark ends a sentence only when whitespace follows it (so "3.5", "a,b", "Dr." and "p.m." do
+not) or, for full-width marks, when any character follows; the end of the input ends the last
+chunk.
 Each decision needs only the text read so far, which is why text arriving in fragments (LLM
 tokens) splits exactly as the whole string does.
 Why not a shorter first chunk: the model plans a chunk's duration and intonation as one complete
@@ -50,15 +51,16 @@ Post-processing (the reference normalises the whole utterance, which a stream ca
               louder passages may exceed 0.5 (headroom to 1.0: 6 dB); writers clip at 1.0.
     edges     `audio.fade_and_pad`: fade in / out and 0.1 s of zeros at both ends.
 The stream holds back only what these rules leave undecided: a chunk's quiet tail (until sound
-resumes or the chunk ends) and the last 100 ms of the utterance (the next join or the final
-fade touches them).
+resumes or the chunk ends), the last 100 ms of the utterance (the next join or the final fade
+touches them) and, at the very start, the first 0.2 s (the fade-in is min(0.1 s, half the
+length) long).
 
 Cancellation: leaving the loop (break, `close()`, the stream being garbage-collected) stops the
 worker within one unmasking step or decode window and joins it. Exceptions in the worker (or in
 the text source) are re-raised by the consumer's `next()` as the same object.
 
 Dimension legend:
-    C  codebooks (8)    T  frames of one chunk (25 per second)    W  frames per decode window
+    C  codebooks (8)    T  frames of one chunk (25 per second)    W  frames of a first decode window
     L  samples (24 000 per second)                                 B  samples per 10 ms block
 """
 
