@@ -40,7 +40,8 @@ from .audio import resample
 from .backend import to_device, to_numpy, xp
 from .config import HiggsAudioV2TokenizerConfig
 from .errors import AudioError, InputError, WeightsError
-from .kernels import conv1d, conv_out_len, conv_transpose1d, conv_transpose_weight, conv_weight, snake
+from .kernels import (conv1d, conv_out_len, conv_transpose1d, conv_transpose_weight, conv_weight,
+                      dac_res_unit, snake)
 
 # The reference pads the 16 kHz semantic input by this many samples on each side (it is a
 # fixed number in transformers, not hop_length // 2 as in the original Boson code).
@@ -343,17 +344,12 @@ def _conv(p: ConvParams, x, **kw):
 
 
 def _dac_res_unit(u: DacResUnit, x):
-    """x + conv1x1(snake(conv7_dilated(snake(x)))); 'same' padding keeps the length."""
-    y = snake(x, u.snake1.alpha, u.snake1.inv_alpha)
-    y = _conv(u.conv1, y, dilation=u.dilation, padding=(DAC_KERNEL - 1) * u.dilation // 2)
-    y = snake(y, u.snake2.alpha, u.snake2.inv_alpha)
-    y = _conv(u.conv2, y)
-    # DAC centre-crops the skip path when the convs shorten the signal; with this padding they
-    # never do, so the crop is a no-op kept for fidelity with other kernel/dilation choices.
-    crop = (x.shape[1] - y.shape[1]) // 2
-    if crop > 0:
-        x = x[:, crop:crop + y.shape[1]]
-    return x + y
+    """x + conv1x1(snake(conv7_dilated(snake(x)))); 'same' padding keeps the length.
+
+    (DAC centre-crops the skip path when the convs shorten the signal; with this padding they
+    never do.)"""
+    return dac_res_unit(x, u.snake1.alpha, u.snake1.inv_alpha, u.conv1.w, u.conv1.b, u.dilation,
+                        u.snake2.alpha, u.snake2.inv_alpha, u.conv2.w, u.conv2.b)
 
 
 # ---------------------------------------------------------------------------------------------

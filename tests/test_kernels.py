@@ -371,3 +371,47 @@ def test_guided_scores_ties_take_the_first_index():
     for fn in (K.guided_scores, K.guided_scores_np):
         _, tokens, _ = fn(cond, cond.copy(), 2.0, 8)
         assert (tokens == 2).all()
+
+
+@SETTINGS
+@given(b=st.integers(1, 2), t=st.integers(1, 90), c=st.sampled_from([1, 3, 16, 40]),
+       dilation=st.sampled_from([1, 3, 9]), chunk_rows=st.sampled_from([1, 5, 64, 1000]),
+       seed=st.integers(0, 99))
+def test_dac_res_unit_chunked_equals_plain(b, t, c, dilation, chunk_rows, seed):
+    rng = _rng(seed)
+    x = rng.standard_normal((b, t, c)).astype(np.float32)
+    w7 = (rng.standard_normal((7, c, c)) / np.sqrt(7 * c)).astype(np.float32)
+    w1 = (rng.standard_normal((1, c, c)) / np.sqrt(c)).astype(np.float32)
+    b7, b1 = (0.1 * rng.standard_normal((2, c))).astype(np.float32)
+    a1, a2 = rng.uniform(0.5, 1.5, (2, c)).astype(np.float32)
+    args = (a1, (1 / a1).astype(np.float32), w7, b7, dilation, a2, (1 / a2).astype(np.float32), w1, b1)
+    want = K.dac_res_unit_np(x, *args)
+    old = K._RES_UNIT_CHUNK_BYTES, K._PARALLEL_MIN
+    try:  # chunks of `chunk_rows` rows (many chunks, chunks shorter than the padding); both kernels
+        K._RES_UNIT_CHUNK_BYTES = 4 * 7 * c * chunk_rows
+        for par_min in (1, 1 << 40):
+            K._PARALLEL_MIN = par_min
+            got = K.dac_res_unit(x, *args)
+            assert got.shape == x.shape and got.dtype == np.float32
+            assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max()
+    finally:
+        K._RES_UNIT_CHUNK_BYTES, K._PARALLEL_MIN = old
+
+
+@settings(max_examples=10, deadline=None)
+@given(c=st.sampled_from([4, 8, 32, 64]), a=st.integers(0, 400), length=st.integers(60, 3000),
+       seed=st.integers(0, 99))
+def test_dac_res_unit_rows_do_not_depend_on_the_window(c, a, length, seed):
+    """A window of the input gives bit-identical rows away from its edges (streaming decode
+    relies on it): every chunk GEMM has the same shape, so BLAS rounds every row the same way."""
+    rng = _rng(seed)
+    x = rng.standard_normal((1, 3500, c)).astype(np.float32)
+    w7 = (rng.standard_normal((7, c, c)) / np.sqrt(7 * c)).astype(np.float32)
+    w1 = (rng.standard_normal((1, c, c)) / np.sqrt(c)).astype(np.float32)
+    b7, b1 = (0.1 * rng.standard_normal((2, c))).astype(np.float32)
+    al = rng.uniform(0.5, 1.5, c).astype(np.float32)
+    args = (al, (1 / al).astype(np.float32), w7, b7, 9, al, (1 / al).astype(np.float32), w1, b1)
+    pad = 27
+    full = K.dac_res_unit(x, *args)
+    part = K.dac_res_unit(x[:, a:a + length], *args)
+    np.testing.assert_array_equal(part[:, pad:length - pad], full[:, a + pad:a + length - pad])
