@@ -79,7 +79,7 @@ class DacResUnit:
 @dataclass(frozen=True)
 class DacDecoderBlock:
     snake: SnakeParams
-    conv_t_w: object  # [Cin, K*Cout] (kernels.conv_transpose_weight layout), K = 2 * stride
+    conv_t_w: object  # [2*Cin, stride*Cout] (kernels.conv_transpose_weight polyphase layout), K = 2 * stride
     conv_t_b: object  # [Cout]
     stride: int
     res_units: tuple  # 3 x DacResUnit
@@ -189,7 +189,7 @@ def load_decoder_params(reader, cfg: HiggsAudioV2TokenizerConfig) -> DecoderPara
         wt = reader.take(p + "conv_t1.weight", (cin, cout, 2 * s))
         blocks.append(DacDecoderBlock(
             snake=_take_snake(reader, p + "snake1.alpha", cin),
-            conv_t_w=to_device(conv_transpose_weight(wt)),
+            conv_t_w=to_device(conv_transpose_weight(wt, s)),
             conv_t_b=_dev(reader.take(p + "conv_t1.bias", (cout,))),
             stride=s,
             res_units=tuple(_take_dac_res_unit(reader, f"{p}res_unit{j + 1}.", cout, dil)

@@ -17,7 +17,7 @@ Dimension legend:
 Weight layouts (made once by the stage loaders, never per call):
     conv1d            torch [Cout, Cin, K]     -> [K, Cin, Cout]          (conv_weight)
     grouped conv1d    torch [C, Cg, K]         -> [K, G, Cg, Cg]          (grouped_conv_weight)
-    conv_transpose1d  torch [Cin, Cout, K]     -> [Cin, K * Cout]         (conv_transpose_weight)
+    conv_transpose1d  torch [Cin, Cout, K]     -> [M*Cin, stride*Cout]    (conv_transpose_weight, polyphase)
 """
 
 from __future__ import annotations
@@ -49,10 +49,20 @@ def grouped_conv_weight(w: np.ndarray, groups: int) -> np.ndarray:
     return np.ascontiguousarray(np.transpose(w, (3, 0, 2, 1)), dtype=_F32)  # -> [K, G, Cg_in, Cg_out]
 
 
-def conv_transpose_weight(w: np.ndarray) -> np.ndarray:
-    """torch ConvTranspose1d weight [Cin, Cout, K] -> [Cin, K*Cout] for one GEMM per call."""
+def conv_transpose_weight(w: np.ndarray, stride: int) -> np.ndarray:
+    """torch ConvTranspose1d weight [Cin, Cout, K] -> polyphase [M*Cin, stride*Cout], M = ceil(K/stride).
+
+    Output step q*stride + p (phase p) sums x[q - j] @ w[:, :, p + j*stride] over j < M, so row
+    block j and column block p hold tap p + j*stride (zero where that is past K): one GEMM
+    on the M shifted copies of x gives the output directly in time order.
+    """
     cin, cout, k = w.shape
-    return np.ascontiguousarray(np.transpose(w, (0, 2, 1)), dtype=_F32).reshape(cin, k * cout)
+    m = -(-k // stride)
+    out = np.zeros((m, cin, stride, cout), _F32)  # [M, Cin, stride, Cout]
+    for j in range(m):
+        for p in range(min(stride, k - j * stride)):
+            out[j, :, p, :] = w[:, :, p + j * stride]
+    return out.reshape(m * cin, stride * cout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,50 +233,6 @@ def group_norm(x, num_groups: int, weight, bias, eps: float = 1e-5):
 
 
 # ---------------------------------------------------------------------------------------------
-# Overlap-add (col2im) for transposed convolutions
-# ---------------------------------------------------------------------------------------------
-
-
-def _overlap_add_impl(cols, stride, start, length):  # cols [B, T, K, C] float32
-    b_, t_, k_, c_ = cols.shape
-    out = np.zeros((b_, length, c_), np.float32)
-    for r in nb.prange(length):
-        row = r + start  # row of the uncropped output
-        # input steps t whose K taps cover this row: t*stride <= row < t*stride + K
-        t_lo = max(0, (row - k_ + stride) // stride)
-        t_hi = min(t_ - 1, row // stride)
-        for b in range(b_):
-            for t in range(t_lo, t_hi + 1):
-                k = row - t * stride
-                for c in range(c_):
-                    out[b, r, c] += cols[b, t, k, c]
-    return out
-
-
-_overlap_add_nb, _overlap_add_nb_par = _twice(_overlap_add_impl)
-
-
-def overlap_add_np(cols, stride: int, start: int, length: int):
-    """Twin of `overlap_add`: scatter-add each tap's rows with a strided slice."""
-    b_, t_, k_, c_ = cols.shape
-    full = xp.zeros((b_, max((t_ - 1) * stride + k_, start + length), c_), dtype=xp.float32)
-    for k in range(k_):  # K is small (2 * stride)
-        full[:, k:k + (t_ - 1) * stride + 1:stride] += cols[:, :, k]
-    return full[:, start:start + length]
-
-
-def overlap_add(cols, stride: int, start: int, length: int):
-    """Sum cols [B, T, K, C] into rows t*stride + k of an output, keep rows [start, start+length).
-
-    This is the col2im half of a transposed convolution (the GEMM half is `x @ W`).
-    """
-    if not IS_NUMPY:
-        return overlap_add_np(cols, stride, start, length)
-    kernel = _overlap_add_nb_par if cols.size >= _PARALLEL_MIN else _overlap_add_nb
-    return kernel(np.ascontiguousarray(cols, dtype=_F32), stride, start, length)
-
-
-# ---------------------------------------------------------------------------------------------
 # Convolutions as GEMMs (xp only; no twins needed)
 # ---------------------------------------------------------------------------------------------
 
@@ -332,20 +298,83 @@ def grouped_conv1d(x, w, b=None, *, padding: int = 0):
     return y
 
 
-def conv_transpose1d(x, w, b, *, kernel_size: int, stride: int, padding: int = 0, output_padding: int = 0):
-    """torch ConvTranspose1d: x [B, T, Cin], w [Cin, K*Cout] (conv_transpose_weight) -> [B, To, Cout].
+def _transpose_steps(t_in: int, m: int, stride: int, padding: int, t_out: int) -> int:
+    """Uncropped polyphase output steps q needed to cover output rows [padding, padding + To)."""
+    return max(t_in + m - 1, -(-(padding + t_out) // stride))
 
-    To = (T - 1)*stride - 2*padding + K + output_padding. One GEMM gives every tap of every input
-    step; `overlap_add` sums them into place and crops `padding` rows on the left.
-    """
-    b_, t_, _ = x.shape
-    cout = w.shape[1] // kernel_size
+
+def conv_transpose1d_np(x, w, b, *, kernel_size: int, stride: int, padding: int = 0, output_padding: int = 0):
+    """Twin of `conv_transpose1d`: the whole polyphase GEMM at once."""
+    b_, t_, cin = x.shape
+    m, cout = w.shape[0] // cin, w.shape[1] // stride
     t_out = (t_ - 1) * stride - 2 * padding + kernel_size + output_padding
-    cols = (x @ w).reshape(b_, t_, kernel_size, cout)  # [B, T, Cin] -> [B, T, K*Cout] -> [B, T, K, Cout]
-    y = overlap_add(cols, stride, padding, t_out)  # -> [B, To, Cout]
-    if b is not None:
-        y += b
-    return y
+    q_ = _transpose_steps(t_, m, stride, padding, t_out)
+    xpad = pad_time(x, m - 1, q_ - t_)  # x[q - j] at row q + m - 1 - j
+    cols = xp.concatenate([xpad[:, m - 1 - j:m - 1 - j + q_] for j in range(m)], axis=2)  # [B, Q, M*Cin]
+    y = (cols @ w).reshape(b_, q_ * stride, cout)[:, padding:padding + t_out]  # [B, Q, s*Cout] -> [B, To, Cout]
+    return y + b if b is not None else y
+
+
+def _shift_taps_impl(x, start, cols):  # cols[i, j*C + c] = x[start + i - j, c] (0 outside x)
+    t_, c = x.shape
+    m = cols.shape[1] // c
+    for i in nb.prange(cols.shape[0]):
+        for j in range(m):
+            src = start + i - j
+            if 0 <= src < t_:
+                for k in range(c):
+                    cols[i, j * c + k] = x[src, k]
+            else:
+                for k in range(c):
+                    cols[i, j * c + k] = _F32(0.0)
+
+
+def _add_bias_impl(src, bias, dst):  # dst <- src + bias
+    for i in nb.prange(dst.shape[0]):
+        for j in range(dst.shape[1]):
+            dst[i, j] = src[i, j] + bias[j]
+
+
+_shift_taps_nb, _shift_taps_nb_par = _twice(_shift_taps_impl)
+_add_bias_nb, _add_bias_nb_par = _twice(_add_bias_impl)
+_TRANSPOSE_CHUNK_BYTES = 1 << 21  # the shifted-copies chunk stays in L2
+
+
+def conv_transpose1d(x, w, b, *, kernel_size: int, stride: int, padding: int = 0, output_padding: int = 0):
+    """torch ConvTranspose1d: x [B, T, Cin], w [M*Cin, stride*Cout] (conv_transpose_weight) -> [B, To, Cout].
+
+    To = (T - 1)*stride - 2*padding + K + output_padding. Polyphase form: the M shifted copies
+    of x side by side times w give `stride` consecutive output steps per row, already in time
+    order, so there is no overlap-add pass. Chunks of a fixed number of rows (shape-stable
+    GEMMs, like `dac_res_unit`: rows do not depend on where a chunk starts).
+    """
+    b_, t_, cin = x.shape
+    if not IS_NUMPY or x.dtype != _F32:
+        return conv_transpose1d_np(x, w, b, kernel_size=kernel_size, stride=stride, padding=padding,
+                                   output_padding=output_padding)
+    m, cout = w.shape[0] // cin, w.shape[1] // stride
+    t_out = (t_ - 1) * stride - 2 * padding + kernel_size + output_padding
+    q_ = _transpose_steps(t_, m, stride, padding, t_out)
+    rows = max(1, _TRANSPOSE_CHUNK_BYTES // (4 * m * cin))
+    cols = np.empty((rows, m * cin), _F32)
+    yc = np.empty((rows, stride * cout), _F32)
+    zero = np.zeros(cout, _F32)
+    out = np.empty((b_, t_out, cout), _F32)
+    par = rows * m * cin >= _PARALLEL_MIN
+    shift_taps = _shift_taps_nb_par if par else _shift_taps_nb
+    add_bias = _add_bias_nb_par if par else _add_bias_nb
+    for bi in range(b_):
+        xb = np.ascontiguousarray(x[bi])
+        for q0 in range(0, q_, rows):
+            shift_taps(xb, q0, cols)
+            np.matmul(cols, w, out=yc)  # [rows, M*Cin] @ [M*Cin, s*Cout] -> [rows, s*Cout]
+            flat = yc.reshape(rows * stride, cout)  # uncropped output steps q0*s ...
+            lo = max(0, padding - q0 * stride)  # first kept step of this chunk
+            hi = min(rows * stride, padding + t_out - q0 * stride)
+            if hi > lo:
+                o = q0 * stride + lo - padding
+                add_bias(flat[lo:hi], zero if b is None else b, out[bi, o:o + hi - lo])
+    return out
 
 
 # =============================================================================================

@@ -118,21 +118,30 @@ def test_group_norm_of_constant_channel_is_finite():
 
 
 @SETTINGS
-@given(b=st.integers(1, 2), t=st.integers(1, 40), stride=st.integers(1, 8), kmul=st.sampled_from([1, 2, 3]),
-       c=st.integers(1, 5), seed=st.integers(0, 99))
-def test_overlap_add_twins_agree(b, t, stride, kmul, c, seed):
-    k = kmul * stride
-    cols = _rng(seed).standard_normal((b, t, k, c)).astype(np.float32)
-    full = (t - 1) * stride + k
-    ref = np.zeros((b, full + 2, c))
-    for i in range(t):
-        ref[:, i * stride:i * stride + k] += cols[:, i]
-    for start, length in ((0, full), (min(2, full - 1), full - min(2, full - 1)), (1, full + 1)):
-        want = ref[:, start:start + length]
-        for y in (K.overlap_add(cols, stride, start, length), K.overlap_add_np(cols, stride, start, length),
-                  K._overlap_add_nb(cols, stride, start, length), K._overlap_add_nb_par(cols, stride, start, length)):
-            assert y.shape == (b, length, c)
-            assert np.abs(y - want).max() <= 1e-5
+@given(b=st.integers(1, 2), t=st.integers(1, 40), stride=st.integers(1, 6), k=st.integers(1, 13),
+       cin=st.integers(1, 5), cout=st.integers(1, 4), data=st.data())
+def test_polyphase_conv_transpose_any_shape(b, t, stride, k, cin, cout, data):
+    """The polyphase transposed conv for kernels that are not 2*stride, any padding and output
+    padding torch allows, in one chunk and in chunks of 2 rows, against the definition."""
+    pad = data.draw(st.integers(0, k - 1))
+    opad = data.draw(st.integers(0, stride - 1))
+    if (t - 1) * stride - 2 * pad + k + opad <= 0:
+        return
+    rng = _rng(data.draw(st.integers(0, 99)))
+    x = rng.standard_normal((b, t, cin)).astype(np.float32)
+    w = rng.standard_normal((cin, cout, k)).astype(np.float32)
+    ref = conv_transpose1d_direct(x, w, None, stride, pad, opad)
+    wp = K.conv_transpose_weight(w, stride)
+    old = K._TRANSPOSE_CHUNK_BYTES
+    try:
+        for chunk in (old, 4 * wp.shape[0] * 2):
+            K._TRANSPOSE_CHUNK_BYTES = chunk
+            for fn in (K.conv_transpose1d, K.conv_transpose1d_np):
+                y = fn(x, wp, None, kernel_size=k, stride=stride, padding=pad, output_padding=opad)
+                assert y.shape == ref.shape
+                assert np.abs(y - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max())
+    finally:
+        K._TRANSPOSE_CHUNK_BYTES = old
 
 
 def test_parallel_threshold_paths_both_used():
@@ -198,11 +207,19 @@ def test_conv_transpose1d_matches_definition(b, t, cin, cout, stride, seed):
     x = rng.standard_normal((b, t, cin)).astype(np.float32)
     w = rng.standard_normal((cin, cout, k)).astype(np.float32)
     bias = rng.standard_normal(cout).astype(np.float32)
-    y = K.conv_transpose1d(x, K.conv_transpose_weight(w), bias, kernel_size=k, stride=stride,
-                           padding=pad, output_padding=opad)
     ref = conv_transpose1d_direct(x, w, bias, stride, pad, opad)
-    assert y.shape == ref.shape == (b, t * stride, cout)
-    assert rel_err(y, ref) <= 1e-5
+    old = K._TRANSPOSE_CHUNK_BYTES
+    try:
+        for chunk in (old, 4 * 2 * cin * 3):  # one chunk, and chunks of 3 rows
+            K._TRANSPOSE_CHUNK_BYTES = chunk
+            for y in (K.conv_transpose1d(x, K.conv_transpose_weight(w, stride), bias, kernel_size=k,
+                                         stride=stride, padding=pad, output_padding=opad),
+                      K.conv_transpose1d_np(x, K.conv_transpose_weight(w, stride), bias, kernel_size=k,
+                                            stride=stride, padding=pad, output_padding=opad)):
+                assert y.shape == ref.shape == (b, t * stride, cout)
+                assert rel_err(y, ref) <= 1e-5
+    finally:
+        K._TRANSPOSE_CHUNK_BYTES = old
 
 
 # --------------------------------------------------------------------------------------------
