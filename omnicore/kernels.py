@@ -23,14 +23,47 @@ Weight layouts (made once by the stage loaders, never per call):
 from __future__ import annotations
 
 import math
+import os
+import sys
 import types
 
-import numba as nb
 import numpy as np
 
 from .backend import IS_NUMPY, xp
+from .errors import ConfigError
+
+_THREADS = os.environ.get("OMNICORE_NUM_THREADS", "").strip()
+if _THREADS and not (_THREADS.isdigit() and int(_THREADS) > 0):
+    raise ConfigError(f"OMNICORE_NUM_THREADS={_THREADS!r}: expected a positive integer (threads)")
+if _THREADS and "numba" not in sys.modules:
+    # Numba sizes its pool once, when it is imported; set before that, this is process-wide.
+    os.environ["NUMBA_NUM_THREADS"] = _THREADS
+
+import numba as nb  # noqa: E402
 
 _F32 = np.float32
+
+
+def set_num_threads(n: int) -> None:
+    """Use `n` threads for the BLAS under numpy (every GEMM) and for Numba's kernels.
+
+    BLAS is resized through threadpoolctl when that is installed (without it, set
+    OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS before starting Python). Numba's
+    setting made here holds for the calling thread; the environment variable
+    OMNICORE_NUM_THREADS, read when omnicore is imported, sizes Numba's pool for the whole
+    process and then calls this. By default both pools use every core.
+    """
+    nb.set_num_threads(max(1, min(int(n), nb.config.NUMBA_NUM_THREADS)))
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(int(n), user_api="blas")
+
+
+if _THREADS:
+    set_num_threads(int(_THREADS))
+
 
 # ---------------------------------------------------------------------------------------------
 # Layout conversions (called by loaders)

@@ -432,3 +432,21 @@ def test_dac_res_unit_rows_do_not_depend_on_the_window(c, a, length, seed):
     full = K.dac_res_unit(x, *args)
     part = K.dac_res_unit(x[:, a:a + length], *args)
     np.testing.assert_array_equal(part[:, pad:length - pad], full[:, a + pad:a + length - pad])
+
+
+def test_omnicore_num_threads_sizes_the_pools():
+    import os
+    import subprocess
+    import sys
+
+    code = ("import threading, numba; from omnicore import kernels; "
+            "out = [numba.get_num_threads()]; "
+            "t = threading.Thread(target=lambda: out.append(numba.get_num_threads())); t.start(); t.join(); "
+            "print(numba.config.NUMBA_NUM_THREADS, *out)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, OMNICORE_NUM_THREADS="1", PYTHONPATH=root)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "1", "1"]  # the pool, this thread and any other thread
+    env["OMNICORE_NUM_THREADS"] = "two"
+    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert bad.returncode != 0 and "OMNICORE_NUM_THREADS" in bad.stderr and "ConfigError" in bad.stderr
