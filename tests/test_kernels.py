@@ -439,7 +439,7 @@ def test_omnicore_num_threads_sizes_the_pools():
     import subprocess
     import sys
 
-    code = ("import threading, numba; from omnicore import kernels; "
+    code = ("from omnicore import kernels; import threading, numba; "
             "out = [numba.get_num_threads()]; "
             "t = threading.Thread(target=lambda: out.append(numba.get_num_threads())); t.start(); t.join(); "
             "print(numba.config.NUMBA_NUM_THREADS, *out)")
