@@ -144,12 +144,16 @@ def test_polyphase_conv_transpose_any_shape(b, t, stride, k, cin, cout, data):
         K._TRANSPOSE_CHUNK_BYTES = old
 
 
-def test_parallel_threshold_paths_both_used():
-    # the public functions pick the serial kernel for small inputs and the parallel one above the
-    # threshold; both must give the same numbers
+def test_parallel_threshold_paths_both_used(monkeypatch):
+    # with parallel kernels on (OMNICORE_PARALLEL_KERNELS=1) the public functions pick the serial
+    # kernel for small inputs and the parallel one above the threshold; both give the same numbers
     rng = _rng(0)
     big = rng.standard_normal((K._PARALLEL_MIN // 8 + 1, 8)).astype(np.float32)
     a = np.full(8, 0.7, np.float32)
+    assert K._pick(K._snake_nb, K._snake_nb_par, big.size) is K._snake_nb  # off by default
+    monkeypatch.setattr(K, "PARALLEL_KERNELS", True)
+    assert K._pick(K._snake_nb, K._snake_nb_par, big.size) is K._snake_nb_par
+    assert K._pick(K._snake_nb, K._snake_nb_par, 8) is K._snake_nb
     assert np.array_equal(K.snake(big, a, 1 / a), K._snake_nb(big, a, 1 / a))
     assert np.array_equal(K.gelu(big), K._gelu_nb(big.reshape(-1)).reshape(big.shape))
 
@@ -403,16 +407,17 @@ def test_dac_res_unit_chunked_equals_plain(b, t, c, dilation, chunk_rows, seed):
     a1, a2 = rng.uniform(0.5, 1.5, (2, c)).astype(np.float32)
     args = (a1, (1 / a1).astype(np.float32), w7, b7, dilation, a2, (1 / a2).astype(np.float32), w1, b1)
     want = K.dac_res_unit_np(x, *args)
-    old = K._RES_UNIT_CHUNK_BYTES, K._PARALLEL_MIN
+    old = K._RES_UNIT_CHUNK_BYTES, K.PARALLEL_KERNELS, K._PARALLEL_MIN
     try:  # chunks of `chunk_rows` rows (many chunks, chunks shorter than the padding); both kernels
         K._RES_UNIT_CHUNK_BYTES = 4 * 7 * c * chunk_rows
-        for par_min in (1, 1 << 40):
-            K._PARALLEL_MIN = par_min
+        K._PARALLEL_MIN = 1
+        for parallel in (False, True):
+            K.PARALLEL_KERNELS = parallel
             got = K.dac_res_unit(x, *args)
             assert got.shape == x.shape and got.dtype == np.float32
             assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max()
     finally:
-        K._RES_UNIT_CHUNK_BYTES, K._PARALLEL_MIN = old
+        K._RES_UNIT_CHUNK_BYTES, K.PARALLEL_KERNELS, K._PARALLEL_MIN = old
 
 
 @settings(max_examples=10, deadline=None)
