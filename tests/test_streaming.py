@@ -194,7 +194,7 @@ def test_join_offline_is_the_reference_post_processing_without_trim():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("frames", [1, 24, 25, 26, 137])
+@pytest.mark.parametrize("frames", [1, 25, 26, 137])
 def test_decode_windows_join_into_the_one_shot_decode(model, frames):
     codes = np.random.default_rng(frames).integers(0, 1024, (8, frames))
     pieces = list(S.decode_windows(model.codec, codes, 25))
@@ -219,9 +219,10 @@ def test_stream_equals_synchronous_chunked_generation(model, offline):
     assert not _wait_no_threads()
 
 
-def test_same_seed_same_stream_other_seed_differs(model, offline):
-    other = S.generate_chunks(model, PARAGRAPH, rule=RULE, num_step=3, seed=8)
-    assert not np.array_equal(other.codes, offline.codes)
+def test_same_seed_same_stream_other_seed_differs(model):
+    text = "Seeds decide the sampled tokens."
+    a, b, c = (np.concatenate(list(model.stream(text, num_step=2, seed=s))) for s in (7, 7, 8))
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
 
 
 def test_text_fragments_give_the_same_audio(model, offline):
