@@ -9,6 +9,12 @@ the page comes from a `Synthesis` result. Three tabs (voice clone, voice design,
 one settings panel and one output panel; each tab is also an API endpoint (`/clone`, `/design`,
 `/auto`, plus `/make_voice_prompt` and `/check_instruct`) for `gradio_client`.
 
+Streaming: with "Stream the audio as it is generated" ticked, the endpoints call
+`OmniVoice.stream` instead and yield each audio piece to a separate streaming player as soon as
+it exists; the final audio, waveform and timings are filled in from the same pieces at the end.
+The unmasking view needs the per-cell fill steps of `synthesize`, which a stream does not give,
+so it stays empty in that mode (the timings say so).
+
 Queueing: synthesis is CPU-bound and one model instance serves everyone, so all synthesis
 endpoints share one concurrency group of `--concurrency` jobs (default 1: running two at once
 only splits the same cores); up to `--max-queue` further requests wait in line (default 16) and
@@ -38,6 +44,7 @@ except ImportError:  # a source checkout without `pip install -e .`: use the pac
 
 from omnicore import OmniVoice, VoiceClonePrompt
 from omnicore.errors import OmniCoreError
+from omnicore.streaming import to_pcm16
 from omnicore.text import instruct_vocabulary, language_choices, resolve_instruct
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -158,6 +165,24 @@ def _outputs(model, result, seed: int, wall_s: float):
             _timings_markdown(result, sr, seed, wall_s))
 
 
+def _stream_timings_markdown(stream, audio_s: float, seed: int, wall_s: float) -> str:
+    """What a SpeechStream measured: time to first audio, then unmask / decode per text chunk."""
+    lines = ["| chunk | text | frames | unmask s | decode s |", "|---:|---|---:|---:|---:|"]
+    for k, st in enumerate(stream.chunk_stats):
+        text = st["text"] if len(st["text"]) <= 40 else st["text"][:37] + "..."
+        lines.append(f"| {k} | {text.replace('|', '/')} | {st.get('frames', '')} | "
+                     f"{st.get('unmask_s', 0.0):.3f} | {st.get('decode_s', 0.0):.3f} |")
+    rtf = wall_s / audio_s if audio_s > 0 else float("inf")
+    first, n = stream.first_audio_s, len(stream.chunk_stats)
+    lines += ["", f"**Streamed**: first audio after **{first:.2f} s**" if first is not None
+              else "**Streamed**: no audio", "",
+              f"**{audio_s:.2f} s** of audio in {wall_s:.2f} s: **RTF {rtf:.2f}** "
+              f"· {n} text chunk{'s' if n != 1 else ''} · seed **{seed}**", "",
+              "The unmasking view is not available in streaming mode (a stream does not report "
+              "the per-cell fill steps); untick streaming to see it."]
+    return "\n".join(lines)
+
+
 def _progress_hook(progress):
     def on_step(step: int, num_steps: int) -> None:
         progress((step, num_steps), desc="Unmasking", unit="steps")
@@ -206,12 +231,43 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
             raise _fail(exc) from None
         return _outputs(model, result, seed, time.perf_counter() - t0)
 
+    def run_streamed(progress, text, **kwargs):
+        """Yield every piece of `model.stream` to the streaming player, then the final outputs
+        (audio and waveform from the concatenated pieces; no unmasking view: see the notes)."""
+        seed, sr = kwargs["seed"], model.sampling_rate
+        t0 = time.perf_counter()
+        pieces = []
+        try:
+            progress(0.0, desc="Streaming")
+            with model.stream(text, **kwargs) as stream:
+                for piece in stream:
+                    pieces.append(piece)
+                    yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), (sr, to_pcm16(piece))
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a message, never a trace
+            raise _fail(exc) from None
+        wall_s = time.perf_counter() - t0
+        audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+        yield ((sr, to_pcm16(audio)), render_waveform(audio, sr, width=760), None,
+               _stream_timings_markdown(stream, len(audio) / float(sr), seed, wall_s), gr.skip())
+
+    def dispatch(streamed: bool, progress, text, **kwargs):
+        """The endpoints are generators: one final yield without streaming (the same outputs
+        `run` returns, and nothing for the streaming player), one yield per piece with it."""
+        if streamed:
+            if shutil.which("ffmpeg") is None:  # gradio encodes the streamed pieces with it
+                raise gr.Error("Streaming playback needs ffmpeg on the server (apt-get install "
+                               "ffmpeg); untick streaming to get the audio in one piece.",
+                               title="Streaming unavailable", print_exception=False)
+            yield from run_streamed(progress, text, **kwargs)
+        else:
+            yield (*run(progress, text=text, **kwargs), None)
+
     # --- endpoints: parameter names are what gradio_client users see ---
 
     def clone(text, ref_audio, ref_text, voice_prompt_file, preprocess_prompt, language,
               num_step, guidance_scale, speed, duration, seed, denoise, postprocess_output,
               t_shift, layer_penalty_factor, position_temperature, class_temperature,
-              progress=gr.Progress()):
+              stream=False, progress=gr.Progress()):
         kwargs = _settings(language, num_step, guidance_scale, speed, duration, seed, denoise,
                            postprocess_output, t_shift, layer_penalty_factor,
                            position_temperature, class_temperature)
@@ -230,23 +286,24 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
             raise gr.Error("Upload or record a reference clip (and type its transcript), or "
                            "load a voice prompt file.", title="No voice to clone",
                            print_exception=False)
-        return run(progress, text=text, **kwargs)
+        yield from dispatch(stream, progress, text, **kwargs)
 
     def design(text, instruct, language, num_step, guidance_scale, speed, duration, seed,
                denoise, postprocess_output, t_shift, layer_penalty_factor,
-               position_temperature, class_temperature, progress=gr.Progress()):
+               position_temperature, class_temperature, stream=False,
+               progress=gr.Progress()):
         kwargs = _settings(language, num_step, guidance_scale, speed, duration, seed, denoise,
                            postprocess_output, t_shift, layer_penalty_factor,
                            position_temperature, class_temperature)
-        return run(progress, text=text, instruct=instruct or None, **kwargs)
+        yield from dispatch(stream, progress, text, instruct=instruct or None, **kwargs)
 
     def auto(text, language, num_step, guidance_scale, speed, duration, seed, denoise,
              postprocess_output, t_shift, layer_penalty_factor, position_temperature,
-             class_temperature, progress=gr.Progress()):
+             class_temperature, stream=False, progress=gr.Progress()):
         kwargs = _settings(language, num_step, guidance_scale, speed, duration, seed, denoise,
                            postprocess_output, t_shift, layer_penalty_factor,
                            position_temperature, class_temperature)
-        return run(progress, text=text, **kwargs)
+        yield from dispatch(stream, progress, text, **kwargs)
 
     def make_voice_prompt(ref_audio, ref_text, preprocess_prompt):
         if not ref_audio:
@@ -344,6 +401,11 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                          elem_id="seed")
                         denoise = gr.Checkbox(True, label="Denoise (clone mode)")
                         postprocess = gr.Checkbox(True, label="Post-process (trim, fades)")
+                    streamed = gr.Checkbox(False, label="Stream the audio as it is generated",
+                                           elem_id="stream",
+                                           info="Plays in the streaming player while the rest "
+                                                "is made (text cut into chunks); no unmasking "
+                                                "view in this mode.")
                     with gr.Accordion("Unmasking knobs", open=False):
                         with gr.Row():
                             t_shift = gr.Slider(0.01, 1.0, value=0.1, step=0.01,
@@ -363,6 +425,8 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                      # the browser's own player: the waveform is drawn below
                                      waveform_options=gr.WaveformOptions(
                                          show_recording_waveform=False))
+                stream_out = gr.Audio(label="Streaming playback", streaming=True, autoplay=True,
+                                      interactive=False, elem_id="stream-out")
                 wave_img = gr.Image(label="Waveform and spectrogram", type="numpy", format="png",
                                     interactive=False, show_label=False, elem_id="waveform-view",
                                     buttons=["download", "fullscreen"])
@@ -382,8 +446,8 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                     elem_classes=["omni-footer"])
 
         settings = [language, num_step, guidance, speed, duration, seed, denoise, postprocess,
-                    t_shift, layer_penalty, pos_temp, class_temp]
-        outputs = [audio_out, wave_img, unmask_img, timings]
+                    t_shift, layer_penalty, pos_temp, class_temp, streamed]
+        outputs = [audio_out, wave_img, unmask_img, timings, stream_out]
         synth = dict(concurrency_limit=concurrency, concurrency_id=SYNTHESIS_GROUP)
         clone_btn.click(clone, [clone_text, ref_audio, ref_text, voice_file, preprocess, *settings],
                         outputs, api_name="clone", **synth)

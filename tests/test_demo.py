@@ -241,7 +241,7 @@ def test_default_model_is_the_hub_checkpoint_and_offline_fails_clearly(tmp_path)
 
 
 def test_api_auto_voice(client):
-    audio, wave, grid, timings = client.predict(
+    audio, wave, grid, timings, _ = client.predict(
         text="Hello from the tiny model.", num_step=STEPS, seed=1, api_name="/auto")
     _check_wav(_read(audio))
     _check_unmasking_png(_read(grid))
@@ -250,7 +250,7 @@ def test_api_auto_voice(client):
 
 
 def test_api_voice_design_and_its_instruct_check(client):
-    audio, _, grid, _ = client.predict(
+    audio, _, grid, _, _ = client.predict(
         text="Good evening.", instruct="female, british accent", num_step=STEPS, seed=2,
         api_name="/design")
     _check_wav(_read(audio))
@@ -291,7 +291,7 @@ def test_api_bad_input_gives_typed_messages(client, tmp_path):
 def test_api_voice_clone_from_clip_and_from_saved_prompt(client, ref_wav):
     from omnicore import VoiceClonePrompt
 
-    audio, _, grid, timings = client.predict(
+    audio, _, grid, timings, _ = client.predict(
         text="Cloned speech.", ref_audio=handle_file(str(ref_wav)),
         ref_text="A short reference sentence.", voice_prompt_file=None, num_step=STEPS, seed=3,
         api_name="/clone")
@@ -303,11 +303,39 @@ def test_api_voice_clone_from_clip_and_from_saved_prompt(client, ref_wav):
     prompt = VoiceClonePrompt.load(npz)
     assert prompt.ref_audio_tokens.shape[0] == 8 and prompt.ref_audio_tokens.shape[1] > 0
     assert prompt.ref_text.startswith("A short reference sentence")
-    audio2, _, _, timings2 = client.predict(
+    audio2, _, _, timings2, _ = client.predict(
         text="Cloned speech.", ref_audio=None, voice_prompt_file=handle_file(npz),
         num_step=STEPS, seed=3, api_name="/clone")
     _check_wav(_read(audio2))
     assert "encode" not in timings2  # a saved prompt skips the encoder
+
+
+def test_api_streaming_option(client):
+    """With stream=True the endpoint yields audio pieces to the streaming player while it
+    generates; the final audio and timings come from the same pieces; no unmasking view."""
+    if not shutil.which("ffmpeg"):  # gradio encodes streamed audio with it (on this machine)
+        _missing("ffmpeg", "apt-get install -y ffmpeg")
+    job = client.submit(text="Streaming from the tiny model. It is noise, but it flows.",
+                        num_step=STEPS, seed=6, stream=True, api_name="/auto")
+    audio, wave, grid, timings, _ = job.result(timeout=REQUEST_S)
+    _check_wav(_read(audio))
+    assert Path(wave).stat().st_size > 1000
+    assert grid is None and "not available in streaming mode" in timings
+    assert "first audio after" in timings and "seed **6**" in timings
+    # every yield before the final one fed the streaming player (an HLS playlist of the
+    # pieces so far) and left the other outputs alone
+    *steps, last = job.outputs()
+    assert last[0] == audio and steps, job.outputs()
+    played = [o[4] for o in steps if isinstance(o[4], str)]
+    assert played and all(p.endswith(".m3u8") for p in played), steps
+    assert all(isinstance(o[0], dict) for o in steps)  # gr.skip(): final audio only at the end
+    with pytest.raises(AppError) as err:  # errors are still the typed message
+        client.predict(text="   ", num_step=STEPS, stream=True, api_name="/auto")
+    assert "text" in str(err.value).lower() and "Traceback" not in str(err.value)
+    with pytest.raises(AppError) as err:
+        client.predict(text="Hi.", instruct="mal", num_step=STEPS, stream=True,
+                       api_name="/design")
+    assert "male" in str(err.value)
 
 
 def test_progress_reports_unmasking_steps(client):
