@@ -188,6 +188,7 @@ class Workspace:
     attn: np.ndarray  # [N, H*E] attention output, heads in the checkpoint's order
     scores: np.ndarray  # [max L * G * max L] flat: one row's [L*G, L] scores of one kv head
     heads_out: np.ndarray  # [max L * G * E] flat: the [L*G, E] output of one kv head
+    inv_sums: np.ndarray  # [max L * G]: 1 / softmax row sums of one kv head
     gate: np.ndarray  # [N, F]
     up: np.ndarray  # [N, F]
 
@@ -203,7 +204,7 @@ def make_workspace(cfg: OmniVoiceConfig, pack: Packing) -> Workspace:
 
     return Workspace(x=buf(N, D), h=buf(N, D), d=buf(N, D), q=buf(N, H * E), k=buf(N, K * E),
                      v=buf(N, K * E), qg=buf(K, N, G * E), attn=buf(N, H * E),
-                     scores=buf(Lmax * G * Lmax), heads_out=buf(Lmax * G * E),
+                     scores=buf(Lmax * G * Lmax), heads_out=buf(Lmax * G * E), inv_sums=buf(Lmax * G),
                      gate=buf(N, F), up=buf(N, F))
 
 
@@ -260,11 +261,13 @@ def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Wor
             qm = work.qg[kv, rows].reshape(L * G, E)  # [L, G*E] -> [L*G, E]
             s = work.scores[:L * G * L].reshape(L * G, L)
             xp.matmul(qm, work.k[rows, cols].T, out=s)  # [L*G, E] @ [E, L] -> [L*G, L]
-            # No causal mask: every frame attends to the whole row, future included.
-            kernels.softmax_rows(s, scale)
+            # No causal mask: every frame attends to the whole row, future included. The
+            # weights stay unnormalised; the [L*G, E] output rows are scaled instead.
+            inv = work.inv_sums[:L * G]
+            kernels.softmax_rows(s, scale, inv)
             o = work.heads_out[:L * G * E].reshape(L * G, E)
             xp.matmul(s, work.v[rows, cols], out=o)  # [L*G, L] @ [L, E] -> [L*G, E]
-            work.attn[rows, kv * G * E:(kv + 1) * G * E] = o.reshape(L, G * E)
+            kernels.scale_rows_into(o, inv, work.attn[rows, kv * G * E:(kv + 1) * G * E])
     return work.attn
 
 

@@ -677,24 +677,76 @@ def _softmax_impl(s, scale):  # in place over the rows of s [M, L]
             row[j] *= inv
 
 
+def _softmax_unnormalized_impl(s, scale, inv):  # s <- exp(scale*s - max), inv <- 1 / row sums
+    m, n = s.shape
+    for i in nb.prange(m):
+        row = s[i]
+        mx = _row_max(row, n)
+        tot = _F32(0.0)
+        for j in range(n):
+            e = _exp_nonpos((row[j] - mx) * scale)
+            row[j] = e
+            tot += e
+        inv[i] = _F32(1.0) / tot
+
+
+def _scale_rows_into_impl(o, inv, dst):  # dst [L, G*E] (a strided view) <- rows of o [L*G, E] * inv
+    n_rows, e = o.shape
+    group = dst.shape[1] // e
+    for r in nb.prange(n_rows):
+        src, f = o[r], inv[r]
+        out = dst[r // group, (r % group) * e:(r % group + 1) * e]
+        for j in range(e):
+            out[j] = src[j] * f
+
+
 _softmax_nb, _softmax_nb_par = _twice(_softmax_impl, fastmath=_FAST)
+_softmax_unnormalized_nb, _softmax_unnormalized_nb_par = _twice(_softmax_unnormalized_impl, fastmath=_FAST)
+_scale_rows_into_nb, _scale_rows_into_nb_par = _twice(_scale_rows_into_impl, fastmath=_FAST)
 
 
-def softmax_rows_np(s, scale: float):
+def softmax_rows_np(s, scale: float, inv=None):
     """Twin of `softmax_rows`."""
     s *= xp.float32(scale)
     s -= s.max(axis=-1, keepdims=True)
     xp.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
+    if inv is None:
+        s /= s.sum(axis=-1, keepdims=True)
+    else:
+        inv[...] = 1 / s.sum(axis=-1)
     return s
 
 
-def softmax_rows(s, scale: float):
-    """In place: s [M, L] <- softmax(scale * s) along L (attention probabilities)."""
+def softmax_rows(s, scale: float, inv=None):
+    """In place: s [M, L] <- softmax(scale * s) along L (attention probabilities).
+
+    With `inv` [M] given, the rows are left unnormalised (exp(scale * s - row max)) and inv gets
+    1 / row sum: attention then scales the [M, E] output rows instead of the [M, L] weights
+    (one pass over the larger array saved).
+    """
     if not IS_NUMPY:
-        return softmax_rows_np(s, scale)
-    _pick(_softmax_nb, _softmax_nb_par, s.size)(s, _F32(scale))
+        return softmax_rows_np(s, scale, inv)
+    if inv is None:
+        _pick(_softmax_nb, _softmax_nb_par, s.size)(s, _F32(scale))
+    else:
+        _pick(_softmax_unnormalized_nb, _softmax_unnormalized_nb_par, s.size)(s, _F32(scale), inv)
     return s
+
+
+def scale_rows_into_np(o, inv, dst):
+    """Twin of `scale_rows_into`."""
+    n_rows, e = o.shape
+    dst[...] = (o * inv[:, None]).reshape(dst.shape[0], -1)
+    return dst
+
+
+def scale_rows_into(o, inv, dst):
+    """dst [L, G*E] <- o [L*G, E] with row r scaled by inv[r] (row r = l*G + g lands at
+    dst[l, g*E:(g+1)*E]); dst may be a strided view (one kv head's block of the attention output)."""
+    if not IS_NUMPY:
+        return scale_rows_into_np(o, inv, dst)
+    _pick(_scale_rows_into_nb, _scale_rows_into_nb_par, o.size)(o, inv, dst)
+    return dst
 
 
 # --- SwiGLU ----------------------------------------------------------------------------------

@@ -455,3 +455,35 @@ def test_omnicore_num_threads_sizes_the_pools():
     env["OMNICORE_NUM_THREADS"] = "two"
     bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert bad.returncode != 0 and "OMNICORE_NUM_THREADS" in bad.stderr and "ConfigError" in bad.stderr
+
+
+@SETTINGS
+@given(m=st.integers(1, 40), n=st.integers(1, 200), seed=st.integers(0, 99))
+def test_unnormalised_softmax_and_row_scaling_twins_agree(m, n, seed):
+    s0 = (20 * _rng(seed).standard_normal((m, n))).astype(np.float32)
+    want = s0.copy()
+    K.softmax_rows_np(want, 0.1)
+    for fn in (K.softmax_rows, K.softmax_rows_np,
+               lambda s, c, inv: K._softmax_unnormalized_nb(s, np.float32(c), inv),
+               lambda s, c, inv: K._softmax_unnormalized_nb_par(s, np.float32(c), inv)):
+        s, inv = s0.copy(), np.empty(m, np.float32)
+        fn(s, 0.1, inv)
+        assert s.max(1).min() == 1.0  # exp(0) at each row's maximum: unnormalised
+        assert np.abs(s * inv[:, None] - want).max() <= 2e-6
+
+
+@SETTINGS
+@given(length=st.integers(1, 30), group=st.sampled_from([1, 2, 4]), e=st.sampled_from([1, 8, 128]),
+       kv=st.integers(0, 2), seed=st.integers(0, 99))
+def test_scale_rows_into_a_kv_head_block(length, group, e, kv, seed):
+    rng = _rng(seed)
+    o = rng.standard_normal((length * group, e)).astype(np.float32)
+    inv = rng.uniform(0.1, 2, length * group).astype(np.float32)
+    want = (o * inv[:, None]).reshape(length, group * e)
+    for fn in (K.scale_rows_into, K.scale_rows_into_np, K._scale_rows_into_nb, K._scale_rows_into_nb_par):
+        full = np.full((length, 3 * group * e), np.nan, np.float32)
+        block = full[:, kv * group * e:(kv + 1) * group * e]  # a strided view, like the backbone's
+        fn(o, inv, block)
+        np.testing.assert_allclose(block, want, rtol=1e-6)
+        rest = np.delete(full, np.s_[kv * group * e:(kv + 1) * group * e], axis=1)
+        assert np.isnan(rest).all()  # nothing written outside the block
