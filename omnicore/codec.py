@@ -316,7 +316,10 @@ def load_codec(codec_dir, *, encoder: bool = True) -> tuple[HiggsAudioV2Tokenize
 
     codec_dir = _codec_dir(codec_dir)
     cfg = HiggsAudioV2TokenizerConfig.from_file(codec_dir / "config.json")
-    return cfg, load_params(ParamReader.open(codec_dir / "model.safetensors"), cfg, encoder=encoder)
+    reader = ParamReader.open(codec_dir / "model.safetensors")
+    params = load_params(reader, cfg, encoder=encoder)
+    _release_file_pages(reader)
+    return cfg, params
 
 
 def ensure_encoder(params: CodecParams, cfg: HiggsAudioV2TokenizerConfig, codec_dir) -> CodecParams:
@@ -325,7 +328,29 @@ def ensure_encoder(params: CodecParams, cfg: HiggsAudioV2TokenizerConfig, codec_
         return params
     from .weights import ParamReader
 
-    return load_encoder_params(ParamReader.open(_codec_dir(codec_dir) / "model.safetensors"), cfg, params)
+    reader = ParamReader.open(_codec_dir(codec_dir) / "model.safetensors")
+    params = load_encoder_params(reader, cfg, params)
+    _release_file_pages(reader)
+    return params
+
+
+def _release_file_pages(reader) -> None:
+    """Drop this process's resident pages of the memory-mapped checkpoint after loading.
+
+    The loaders copied most codec tensors into new layouts, so the file pages they read are
+    dead weight in the resident set (~80 MB for the decoder half). The few tensors still used
+    in place (biases, Snake alphas) are simply read back from the page cache when next touched.
+    """
+    import mmap
+
+    for arr in reader.tensors.values():
+        base = arr
+        while base is not None and not isinstance(base, np.memmap):
+            base = getattr(base, "base", None)
+        mm = getattr(base, "_mmap", None)
+        if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            mm.madvise(mmap.MADV_DONTNEED)
+            return
 
 
 def _codec_dir(path) -> Path:
