@@ -14,8 +14,9 @@ Where the time goes, and how it is kept near the GEMM roofline:
   * projections and the MLP are GEMMs on all N packed tokens against the checkpoint's own
     [out, in] matrices (x @ W.T: BLAS reads the transposed operand in place, so weights stay
     zero-copy views of the memory-mapped file);
-  * attention is two GEMMs per (row, kv head): the G query heads that share a kv head are
-    stacked into one [L*G, E] matrix, and K/V are read in place (never repeated per head);
+  * attention is two batched GEMM calls per row (one GEMM per kv head each): the G query
+    heads that share a kv head are stacked into one [L*G, E] matrix, and K/V are read in place
+    (never repeated per head);
   * everything between GEMMs (norms fused with the residual adds, q/k norm + rotary, softmax,
     SwiGLU) is a Numba kernel from `kernels` that writes into a `Workspace` of buffers made
     once per packing and reused by every layer of every unmasking step.
@@ -186,9 +187,9 @@ class Workspace:
     v: np.ndarray  # [N, K*E] values
     qg: np.ndarray  # [K, N, G*E] queries grouped by kv head: per row one [L*G, E] matrix
     attn: np.ndarray  # [N, H*E] attention output, heads in the checkpoint's order
-    scores: np.ndarray  # [max L * G * max L] flat: one row's [L*G, L] scores of one kv head
-    heads_out: np.ndarray  # [max L * G * E] flat: the [L*G, E] output of one kv head
-    inv_sums: np.ndarray  # [max L * G]: 1 / softmax row sums of one kv head
+    scores: np.ndarray  # [K * max L * G * max L] flat: one row's [K, L*G, L] scores
+    heads_out: np.ndarray  # [K * max L * G * E] flat: one row's [K, L*G, E] outputs
+    inv_sums: np.ndarray  # [K * max L * G]: 1 / softmax row sums of one row
     gate: np.ndarray  # [N, F]
     up: np.ndarray  # [N, F]
 
@@ -204,7 +205,8 @@ def make_workspace(cfg: OmniVoiceConfig, pack: Packing) -> Workspace:
 
     return Workspace(x=buf(N, D), h=buf(N, D), d=buf(N, D), q=buf(N, H * E), k=buf(N, K * E),
                      v=buf(N, K * E), qg=buf(K, N, G * E), attn=buf(N, H * E),
-                     scores=buf(Lmax * G * Lmax), heads_out=buf(Lmax * G * E), inv_sums=buf(Lmax * G),
+                     scores=buf(K * Lmax * G * Lmax), heads_out=buf(K * Lmax * G * E),
+                     inv_sums=buf(K * Lmax * G),
                      gate=buf(N, F), up=buf(N, F))
 
 
@@ -253,21 +255,22 @@ def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Wor
                          q_cfg.rms_norm_eps, work.qg)  # q -> qg [K, N, G*E]; k in place
     scale = E ** -0.5
     for start, L in zip(pack.starts, pack.lengths):
-        rows = slice(start, start + L)
-        for kv in range(K):
-            cols = slice(kv * E, (kv + 1) * E)
-            # Query head h = kv * G + g reads key/value head kv (the reference's repeat_kv
-            # order); the G heads' queries of every position form one [L*G, E] matrix.
-            qm = work.qg[kv, rows].reshape(L * G, E)  # [L, G*E] -> [L*G, E]
-            s = work.scores[:L * G * L].reshape(L * G, L)
-            xp.matmul(qm, work.k[rows, cols].T, out=s)  # [L*G, E] @ [E, L] -> [L*G, L]
-            # No causal mask: every frame attends to the whole row, future included. The
-            # weights stay unnormalised; the [L*G, E] output rows are scaled instead.
-            inv = work.inv_sums[:L * G]
-            kernels.softmax_rows(s, scale, inv)
-            o = work.heads_out[:L * G * E].reshape(L * G, E)
-            xp.matmul(s, work.v[rows, cols], out=o)  # [L*G, L] @ [L, E] -> [L*G, E]
-            kernels.scale_rows_into(o, inv, work.attn[rows, kv * G * E:(kv + 1) * G * E])
+        rows, lg = slice(start, start + L), L * G
+        # Query head h = kv * G + g reads key/value head kv (the reference's repeat_kv order):
+        # per kv head, its G heads' queries of every position form one [L*G, E] matrix, and K/V
+        # are read in place. One batched call runs the K GEMMs of each kind.
+        q3 = work.qg[:, rows].reshape(K, lg, E)  # [K, L, G*E] -> [K, L*G, E] (view)
+        k3 = work.k[rows].reshape(L, K, E).transpose(1, 2, 0)  # [L, K*E] -> [K, E, L] (view)
+        v3 = work.v[rows].reshape(L, K, E).transpose(1, 0, 2)  # [L, K*E] -> [K, L, E] (view)
+        s = work.scores[:K * lg * L].reshape(K, lg, L)
+        xp.matmul(q3, k3, out=s)  # [K, L*G, E] @ [K, E, L] -> [K, L*G, L]
+        # No causal mask: every frame attends to the whole row, future included. The
+        # weights stay unnormalised; the [L*G, E] output rows are scaled instead.
+        inv = work.inv_sums[:K * lg]
+        kernels.softmax_rows(s.reshape(K * lg, L), scale, inv)
+        o = work.heads_out[:K * lg * E].reshape(K, lg, E)
+        xp.matmul(s, v3, out=o)  # [K, L*G, L] @ [K, L, E] -> [K, L*G, E]
+        kernels.scale_heads_into(o, inv, work.attn[rows])  # -> [L, H*E], heads in order
     return work.attn
 
 

@@ -690,19 +690,26 @@ def _softmax_unnormalized_impl(s, scale, inv):  # s <- exp(scale*s - max), inv <
         inv[i] = _F32(1.0) / tot
 
 
-def _scale_rows_into_impl(o, inv, dst):  # dst [L, G*E] (a strided view) <- rows of o [L*G, E] * inv
-    n_rows, e = o.shape
-    group = dst.shape[1] // e
-    for r in nb.prange(n_rows):
-        src, f = o[r], inv[r]
-        out = dst[r // group, (r % group) * e:(r % group + 1) * e]
-        for j in range(e):
-            out[j] = src[j] * f
+def _scale_heads_into_impl(o, inv, dst):
+    # dst [L, K*G*E] <- o [K, L*G, E] with row (kv, l*G + g) scaled by inv[kv*L*G + l*G + g],
+    # landing at dst[l, (kv*G + g)*E : ...] (query head h = kv*G + g, the checkpoint's order)
+    n_kv, lg, e = o.shape
+    n_tok = dst.shape[0]
+    group = lg // n_tok
+    for l in nb.prange(n_tok):
+        out = dst[l]
+        for kv in range(n_kv):
+            for g in range(group):
+                r = l * group + g
+                src, f = o[kv, r], inv[kv * lg + r]
+                base = (kv * group + g) * e
+                for j in range(e):
+                    out[base + j] = src[j] * f
 
 
 _softmax_nb, _softmax_nb_par = _twice(_softmax_impl, fastmath=_FAST)
 _softmax_unnormalized_nb, _softmax_unnormalized_nb_par = _twice(_softmax_unnormalized_impl, fastmath=_FAST)
-_scale_rows_into_nb, _scale_rows_into_nb_par = _twice(_scale_rows_into_impl, fastmath=_FAST)
+_scale_heads_into_nb, _scale_heads_into_nb_par = _twice(_scale_heads_into_impl, fastmath=_FAST)
 
 
 def softmax_rows_np(s, scale: float, inv=None):
@@ -733,19 +740,21 @@ def softmax_rows(s, scale: float, inv=None):
     return s
 
 
-def scale_rows_into_np(o, inv, dst):
-    """Twin of `scale_rows_into`."""
-    n_rows, e = o.shape
-    dst[...] = (o * inv[:, None]).reshape(dst.shape[0], -1)
+def scale_heads_into_np(o, inv, dst):
+    """Twin of `scale_heads_into`."""
+    n_kv, lg, e = o.shape
+    scaled = o * inv.reshape(n_kv, lg, 1)  # [K, L*G, E]
+    dst[...] = scaled.reshape(n_kv, dst.shape[0], -1, e).transpose(1, 0, 2, 3).reshape(dst.shape[0], -1)
     return dst
 
 
-def scale_rows_into(o, inv, dst):
-    """dst [L, G*E] <- o [L*G, E] with row r scaled by inv[r] (row r = l*G + g lands at
-    dst[l, g*E:(g+1)*E]); dst may be a strided view (one kv head's block of the attention output)."""
+def scale_heads_into(o, inv, dst):
+    """Attention output of one row, normalised and put in head order: o [K, L*G, E] (kv head
+    kv's G query heads stacked position-major), inv [K*L*G] (1 / softmax row sums) ->
+    dst [L, K*G*E] with query head h = kv*G + g at columns h*E .. h*E + E."""
     if not IS_NUMPY:
-        return scale_rows_into_np(o, inv, dst)
-    _pick(_scale_rows_into_nb, _scale_rows_into_nb_par, o.size)(o, inv, dst)
+        return scale_heads_into_np(o, inv, dst)
+    _pick(_scale_heads_into_nb, _scale_heads_into_nb_par, o.size)(o, inv, dst)
     return dst
 
 

@@ -473,17 +473,20 @@ def test_unnormalised_softmax_and_row_scaling_twins_agree(m, n, seed):
 
 
 @SETTINGS
-@given(length=st.integers(1, 30), group=st.sampled_from([1, 2, 4]), e=st.sampled_from([1, 8, 128]),
-       kv=st.integers(0, 2), seed=st.integers(0, 99))
-def test_scale_rows_into_a_kv_head_block(length, group, e, kv, seed):
+@given(length=st.integers(1, 30), kv=st.sampled_from([1, 2, 8]), group=st.sampled_from([1, 2, 4]),
+       e=st.sampled_from([1, 8, 128]), seed=st.integers(0, 99))
+def test_scale_heads_into_puts_heads_in_checkpoint_order(length, kv, group, e, seed):
     rng = _rng(seed)
-    o = rng.standard_normal((length * group, e)).astype(np.float32)
-    inv = rng.uniform(0.1, 2, length * group).astype(np.float32)
-    want = (o * inv[:, None]).reshape(length, group * e)
-    for fn in (K.scale_rows_into, K.scale_rows_into_np, K._scale_rows_into_nb, K._scale_rows_into_nb_par):
-        full = np.full((length, 3 * group * e), np.nan, np.float32)
-        block = full[:, kv * group * e:(kv + 1) * group * e]  # a strided view, like the backbone's
-        fn(o, inv, block)
-        np.testing.assert_allclose(block, want, rtol=1e-6)
-        rest = np.delete(full, np.s_[kv * group * e:(kv + 1) * group * e], axis=1)
-        assert np.isnan(rest).all()  # nothing written outside the block
+    o = rng.standard_normal((kv, length * group, e)).astype(np.float32)
+    inv = rng.uniform(0.1, 2, kv * length * group).astype(np.float32)
+    want = np.empty((length, kv * group * e), np.float32)
+    for k in range(kv):
+        for g in range(group):
+            h = k * group + g  # query head h reads kv head h // G
+            rows = np.arange(length) * group + g
+            want[:, h * e:(h + 1) * e] = o[k, rows] * inv[k * length * group + rows][:, None]
+    for fn in (K.scale_heads_into, K.scale_heads_into_np, K._scale_heads_into_nb, K._scale_heads_into_nb_par):
+        full = np.full((length + 3, kv * group * e), np.nan, np.float32)
+        fn(o, inv, full[1:length + 1])
+        np.testing.assert_allclose(full[1:length + 1], want, rtol=1e-6)
+        assert np.isnan(full[0]).all() and np.isnan(full[length + 1:]).all()
