@@ -1,0 +1,533 @@
+#!/usr/bin/env python3
+"""omnicore against the PyTorch reference, side by side in one process, on the full-size checkpoint.
+
+    /work/venvs/ref/bin/python benchmarks/bench_generate.py [--model DIR] [--quick] [--threads N]
+                                                           [--markdown FILE] [--json FILE]
+
+Runs under the reference venv (torch + omnivoice) with omnicore imported from this checkout.
+Both sides get the same thread count (torch.set_num_threads, OpenBLAS, MKL and Numba pools),
+the same texts, fixed durations and greedy settings (position and class temperature 0), so
+they do exactly the same work and must produce the same codes; the script checks that.
+
+Lines of the table (each alternates omnicore and the reference; ratio = omnicore / reference):
+  backbone step    median over the forward passes of a real 5 s generate (cond + uncond rows),
+                   with the GFLOP each side actually computes (the reference pads the
+                   unconditional row to the conditional length and runs its heads on every
+                   position), GFLOP/s, and % of the numpy sgemm roofline: the time numpy's
+                   BLAS takes for exactly the GEMMs of that forward pass, measured here.
+  scoring          per step: everything between two forward passes (guidance log-softmaxes,
+                   token choice, cell selection, id updates).
+  decode           codec decode of 10 s of codes; encode: a 5 s speech clip.
+  generate         full generate() (prepare, unmask, decode, post-process) for 5 s and 10 s
+                   targets at 32 and 16 steps; RTF = wall time / audio seconds.
+  peak RSS         each side alone in a child process (`--only omnicore|reference`) generating
+                   10 s of auto voice: ru_maxrss of that process.
+Interference: for each measurement the script records the CPU time the *rest of the machine*
+used during it (from /proc/stat, minus this process), shown as "others %" (100 % = one core
+busy with other work the whole time). Measurements with others > 10 % are flagged.
+
+--quick: fewer repeats, 16 steps only, no 10 s @ 32 case (about 8 minutes on 2 cores).
+The full run takes about 12-15 minutes on the 2-core benchmark box.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL = Path("/work/checkpoints/full")
+GREEDY = {"position_temperature": 0.0, "class_temperature": 0.0}
+TEXTS = {  # fixed durations are used, so the texts only set the prompt length
+    5: "The quick brown fox jumps over the lazy dog, then rests in the warm afternoon sun.",
+    10: ("Every evening the keeper climbed the narrow stairs, counted the steps out loud, and "
+         "lit the great lamp before the sun went down, while ships passed far out at sea."),
+}
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--markdown", type=Path, help="also write the result table here")
+    ap.add_argument("--json", type=Path, help="also write raw numbers here")
+    ap.add_argument("--only", choices=["omnicore", "reference"], help=argparse.SUPPRESS)
+    ap.add_argument("--seconds", type=float, default=10.0, help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=32, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+ARGS = parse_args()
+# Thread pools are sized when their libraries load: set them before numpy/torch/numba import.
+for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ[var] = str(ARGS.threads)
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _cpu_jiffies():
+    """(busy jiffies of the whole machine, busy jiffies of this process incl. its threads)."""
+    with open("/proc/stat") as f:
+        vals = [int(v) for v in f.readline().split()[1:]]
+    busy = sum(vals) - vals[3] - vals[4]  # minus idle and iowait
+    with open("/proc/self/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    own = int(fields[11]) + int(fields[12])  # utime + stime (all threads)
+    return busy, own
+
+
+def _children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+class Timer:
+    """Wall time of a block plus the CPU the rest of the machine burnt meanwhile."""
+
+    def __enter__(self):
+        self.j0 = _cpu_jiffies()
+        self.c0 = _children_cpu()
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = time.perf_counter() - self.t0
+        busy, own = _cpu_jiffies()
+        hz = os.sysconf("SC_CLK_TCK")
+        children = _children_cpu() - self.c0  # a measured child process is not "others"
+        others = max(0.0, ((busy - self.j0[0]) - (own - self.j0[1])) / hz - children)
+        self.others = others / max(self.wall, 1e-9)  # cores' worth of foreign work
+        return False
+
+
+def median(xs):
+    return float(np.median(np.asarray(xs, dtype=np.float64)))
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOP counts and the sgemm roofline
+# ---------------------------------------------------------------------------------------------
+
+
+def backbone_gemms(cfg, rows, heads_positions):
+    """GEMM shapes (m, k, n, count) of one forward pass over `rows` (attention within each row)."""
+    q = cfg.llm_config
+    D, F, E = q.hidden_size, q.intermediate_size, q.head_dim
+    H, K, nl = q.num_attention_heads, q.num_key_value_heads, q.num_hidden_layers
+    G, N = H // K, sum(rows)
+    shapes = [(N, D, H * E, nl), (N, D, K * E, 2 * nl), (N, H * E, D, nl),
+              (N, D, F, 2 * nl), (N, F, D, nl),
+              (heads_positions, D, cfg.num_audio_codebook * cfg.audio_vocab_size, 1)]
+    for L in rows:  # scores and weighted values, per kv head
+        shapes += [(L * G, E, L, K * nl), (L * G, L, E, K * nl)]
+    return shapes
+
+
+def gemm_flops(shapes):
+    return sum(2 * m * k * n * c for m, k, n, c in shapes)
+
+
+def sgemm_roofline_seconds(params, cfg, rows, heads_positions, repeats=3):
+    """Time numpy's BLAS alone takes for the GEMMs of one forward pass over `rows`: every
+    layer's projections with the model's real (memory-mapped) weights, as x @ W.T like
+    omnicore, the per-row attention GEMMs, and the heads; best of `repeats` full sweeps.
+    Weights stream from memory as in a real step (a single layer's weights repeated would sit
+    in cache and flatter the roofline)."""
+    q = cfg.llm_config
+    D, F, E = q.hidden_size, q.intermediate_size, q.head_dim
+    H, K = q.num_attention_heads, q.num_key_value_heads
+    G, N = H // K, sum(rows)
+    rng = np.random.default_rng(0)
+    x = {n: rng.standard_normal((N, n), dtype=np.float32) for n in (D, H * E, F)}
+    out = {n: np.empty((N, n), np.float32) for n in (D, K * E, H * E, F)}
+    att = [(rng.standard_normal((L * G, E), dtype=np.float32), rng.standard_normal((L, E), dtype=np.float32),
+            np.empty((L * G, L), np.float32), np.empty((L * G, E), np.float32)) for L in rows]
+    hx = rng.standard_normal((heads_positions, D), dtype=np.float32)
+
+    def sweep():
+        for lp in params.layers:
+            np.matmul(x[D], lp.q_proj.T, out=out[H * E])
+            np.matmul(x[D], lp.k_proj.T, out=out[K * E])
+            np.matmul(x[D], lp.v_proj.T, out=out[K * E])
+            for qm, km, s, o in att:
+                for _ in range(K):
+                    np.matmul(qm, km.T, out=s)
+                    np.matmul(s, km, out=o)
+            np.matmul(x[H * E], lp.o_proj.T, out=out[D])
+            np.matmul(x[D], lp.gate_proj.T, out=out[F])
+            np.matmul(x[D], lp.up_proj.T, out=out[F])
+            np.matmul(x[F], lp.down_proj.T, out=out[D])
+        hx @ params.audio_heads.T
+
+    sweep()
+    return min(_timed(sweep) for _ in range(repeats))
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------------------------
+# The two sides, instrumented
+# ---------------------------------------------------------------------------------------------
+
+
+class OmnicoreSide:
+    name = "omnicore"
+
+    def __init__(self, model_dir):
+        from omnicore import OmniVoice
+        from omnicore import unmasking
+
+        with Timer() as t:
+            self.model = OmniVoice.from_pretrained(str(model_dir))
+        self.load_s = t.wall
+        self.um = unmasking
+        self.sr = self.model.sampling_rate
+
+    def generate(self, text, seconds, steps):
+        """-> (wall s, others, codes [8, T], forward times, scoring times, rows, heads positions)."""
+        um = self.um
+        fwd, marks, info = [], [], {}
+        orig_fwd, orig_gen = um.forward_rows, um.generate_codes
+
+        def forward_rows(params, cfg, ids, audio_mask, pack, num_out, **kw):
+            t0 = time.perf_counter()
+            out = orig_fwd(params, cfg, ids, audio_mask, pack, num_out, **kw)
+            fwd.append((t0, time.perf_counter()))
+            info["rows"], info["heads"] = list(pack.lengths), int(sum(num_out))
+            return out
+
+        def generate_codes(*a, **k):
+            res = orig_gen(*a, **k)
+            marks.append(time.perf_counter())
+            info["codes"] = (res[0] if isinstance(res, tuple) else res)[0]
+            return res
+
+        um.forward_rows, um.generate_codes = forward_rows, generate_codes
+        try:
+            with Timer() as t:
+                self.model.generate(text, language="en", duration=seconds, num_step=steps, **GREEDY)
+        finally:
+            um.forward_rows, um.generate_codes = orig_fwd, orig_gen
+        return _step_stats(t, fwd, marks[-1], info)
+
+    def decode(self, codes):
+        return self.model.codec.decode(codes)
+
+    def encode(self, wav):
+        return self.model.codec.encode(wav, self.sr)
+
+
+class ReferenceSide:
+    name = "reference"
+
+    def __init__(self, model_dir):
+        import logging
+        import warnings
+
+        warnings.filterwarnings("ignore")
+        import torch
+
+        logging.disable(logging.WARNING)
+        from omnivoice.models.omnivoice import OmniVoice
+
+        torch.set_num_threads(ARGS.threads)
+        self.torch = torch
+        with Timer() as t:
+            self.model = OmniVoice.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+        self.load_s = t.wall
+        self.sr = self.model.sampling_rate
+
+    def generate(self, text, seconds, steps):
+        m, fwd, marks, info = self.model, [], [], {}
+        start = {}
+
+        def pre(module, args, kwargs):
+            start["t"] = time.perf_counter()
+            ids = kwargs["input_ids"]
+            info["rows"] = [ids.shape[2]] * ids.shape[0]  # padded: every row at the longest length
+            info["heads"] = ids.shape[0] * ids.shape[2]  # heads run on every position
+
+        def post(module, args, kwargs, out):
+            fwd.append((start["t"], time.perf_counter()))
+
+        orig_it = m._generate_iterative
+
+        def it(task, cfg):
+            res = orig_it(task, cfg)
+            marks.append(time.perf_counter())
+            info["codes"] = res[0].cpu().numpy().astype(np.int64)
+            return res
+
+        h1 = m.register_forward_pre_hook(pre, with_kwargs=True)
+        h2 = m.register_forward_hook(post, with_kwargs=True)
+        m._generate_iterative = it
+        try:
+            with Timer() as t:
+                m.generate(text, language="en", duration=seconds, num_step=steps, **GREEDY)
+        finally:
+            h1.remove()
+            h2.remove()
+            m._generate_iterative = orig_it
+        return _step_stats(t, fwd, marks[-1], info)
+
+    def decode(self, codes):
+        with self.torch.inference_mode():
+            c = self.torch.from_numpy(np.asarray(codes, np.int64))[None]
+            return self.model.audio_tokenizer.decode(c).audio_values[0].numpy()
+
+    def encode(self, wav):
+        with self.torch.inference_mode():
+            x = self.torch.from_numpy(np.asarray(wav, np.float32))[None, None]
+            return self.model.audio_tokenizer.encode(x).audio_codes[0].numpy()
+
+
+def _step_stats(t, fwd, end, info):
+    starts = [a for a, _ in fwd] + [end]
+    forward = [b - a for a, b in fwd]
+    scoring = [starts[i + 1] - fwd[i][1] for i in range(len(fwd))]
+    return {"wall": t.wall, "others": t.others, "codes": info["codes"], "forward": forward,
+            "scoring": scoring, "rows": info["rows"], "heads": info["heads"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Child mode: peak RSS of one side alone
+# ---------------------------------------------------------------------------------------------
+
+
+def child_main():
+    side = OmnicoreSide(ARGS.model) if ARGS.only == "omnicore" else ReferenceSide(ARGS.model)
+    res = side.generate(TEXTS[10], ARGS.seconds, ARGS.steps)
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"rss_mb": rss_mb, "wall": res["wall"], "load_s": side.load_s,
+                      "codes_sum": int(res["codes"].sum())}))
+
+
+def peak_rss(which, steps):
+    cmd = [sys.executable, __file__, "--only", which, "--model", str(ARGS.model),
+           "--threads", str(ARGS.threads), "--steps", str(steps), "--seconds", "10"]
+    with Timer() as t:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    res = json.loads(out.strip().splitlines()[-1])
+    res["others"] = t.others
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# Main run
+# ---------------------------------------------------------------------------------------------
+
+
+def machine_description(threads):
+    model = "?"
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    flags = open("/proc/cpuinfo").read()
+    isa = "AVX-512" if " avx512f" in flags else ("AVX2" if " avx2" in flags else "SSE")
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        blas = f"{blas.get('name')} {blas.get('version')}"
+    except Exception:  # pragma: no cover - older numpy
+        blas = "?"
+    import torch
+
+    torch_blas = "MKL" if torch.backends.mkl.is_available() else "?"
+    mem = int(open("/proc/meminfo").readline().split()[1]) / 2**20
+    return (f"{model}, {os.cpu_count()} cores ({isa}), {mem:.0f} GiB RAM; {threads} threads per side; "
+            f"Python {platform.python_version()}, numpy {np.__version__} ({blas}), "
+            f"torch {torch.__version__} ({torch_blas})")
+
+
+def ensure_checkpoint(path: Path):
+    if (path / "model.safetensors").is_file():
+        return
+    print(f"building the full-size random checkpoint in {path} ...", flush=True)
+    subprocess.run([sys.executable, str(ROOT / "tools/reference/make_checkpoint.py"), "--size", "full",
+                    "--out", str(path)], check=True)
+
+
+def main():
+    if ARGS.only:
+        return child_main()
+    ensure_checkpoint(ARGS.model)
+    quick = ARGS.quick
+    repeats = 2 if quick else 5
+    cases = [(5, 16), (10, 16)] if quick else [(5, 32), (5, 16), (10, 32), (10, 16)]
+    step_case = (5, 16) if quick else (5, 32)
+    log = lambda *a: print(*a, file=sys.stderr, flush=True)  # noqa: E731
+
+    desc = machine_description(ARGS.threads)
+    log(desc)
+    with open("/proc/loadavg") as f:
+        log("load before:", f.read().strip())
+
+    # Peak RSS first, each side alone (nothing else of this script is resident yet).
+    rss_steps = 16 if quick else 32
+    log("peak RSS children ...")
+    rss = {w: peak_rss(w, rss_steps) for w in ("omnicore", "reference")}
+
+    omni = OmnicoreSide(ARGS.model)
+    ref = ReferenceSide(ARGS.model)
+    log(f"loaded: omnicore {omni.load_s:.1f} s, reference {ref.load_s:.1f} s")
+    omni.generate(TEXTS[5], 1.0, 2)  # warm-up: Numba kernels, first-touch of the weights
+    ref.generate(TEXTS[5], 1.0, 2)
+
+    gens = {}
+    for i, (sec, steps) in enumerate(cases):
+        log(f"generate {sec} s @ {steps} steps ...")
+        a = lambda: omni.generate(TEXTS[sec], sec, steps)  # noqa: E731
+        b = lambda: ref.generate(TEXTS[sec], sec, steps)  # noqa: E731
+        if i % 2 == 0:  # alternate which side runs first
+            ra, rb = a(), b()
+        else:
+            rb, ra = b(), a()
+        gens[(sec, steps)] = (ra, rb)
+        log(f"  omnicore {ra['wall']:.1f} s, reference {rb['wall']:.1f} s, codes equal: "
+            f"{np.array_equal(ra['codes'], rb['codes'])}")
+
+    # How reproducible are the reference's own codes? Rerun one case with a single torch
+    # thread: on this random full-size checkpoint float32 rounding differences flip near-tied
+    # cell choices, so even the reference does not reproduce itself bit for bit.
+    log("reference at 1 thread (self-consistency) ...")
+    ref.torch.set_num_threads(1)
+    try:
+        self_codes = ref.generate(TEXTS[5], 5, 16)["codes"]
+    finally:
+        ref.torch.set_num_threads(ARGS.threads)
+    self_agree = float((self_codes == gens[(5, 16)][1]["codes"]).mean())
+
+    # Codec lines
+    rng = np.random.default_rng(0)
+    codes10 = rng.integers(0, 1024, (8, 250))
+    log("decode ...")
+    dec_o, dec_r = [], []
+    for i in range(repeats):
+        for side in ((omni, ref) if i % 2 == 0 else (ref, omni)):
+            with Timer() as t:
+                w = side.decode(codes10)
+            (dec_o if side is omni else dec_r).append(t)
+            if side is omni:
+                wa = w
+            else:
+                wb = w
+    dec_err = float(np.abs(wa - wb).max() / np.abs(wb).max())
+    import soundfile as sf
+
+    clip, sr = sf.read(ROOT / "tests/fixtures/audio/speech_24k.wav", dtype="float32")
+    assert sr == 24000
+    clip = np.tile(clip, int(np.ceil(5 * sr / len(clip))))[:5 * sr]
+    log("encode ...")
+    enc_o, enc_r = [], []
+    for i in range(repeats):
+        for side in ((omni, ref) if i % 2 == 0 else (ref, omni)):
+            with Timer() as t:
+                c = side.encode(clip)
+            (enc_o if side is omni else enc_r).append(t)
+            if side is omni:
+                ca = c
+            else:
+                cb = c
+    enc_agree = float((ca == cb).mean())
+
+    # Roofline on the shapes of the step case
+    from omnicore.config import OmniVoiceConfig
+
+    cfg = OmniVoiceConfig.from_file(ARGS.model / "config.json")
+    go, gr = gens[step_case]
+    shapes_o = backbone_gemms(cfg, go["rows"], go["heads"])
+    shapes_r = backbone_gemms(cfg, gr["rows"], gr["heads"])
+    log("sgemm roofline ...")
+    roof_o = sgemm_roofline_seconds(omni.model.params, cfg, go["rows"], go["heads"])
+    roof_r = sgemm_roofline_seconds(omni.model.params, cfg, gr["rows"], gr["heads"])
+
+    report = build_report(desc, ARGS, gens, step_case, shapes_o, shapes_r, roof_o, roof_r,
+                          dec_o, dec_r, dec_err, enc_o, enc_r, enc_agree, rss, omni, ref, self_agree)
+    print(report)
+    if ARGS.markdown:
+        ARGS.markdown.write_text(report + "\n")
+    if ARGS.json:
+        raw = {f"{s}s@{n}": {side: {k: v for k, v in r.items() if k != "codes"}
+                             for side, r in zip(("omnicore", "reference"), gens[(s, n)])}
+               for s, n in gens}
+        raw["rss"] = rss
+        ARGS.json.write_text(json.dumps(raw, indent=1))
+    with open("/proc/loadavg") as f:
+        log("load after:", f.read().strip())
+
+
+def build_report(desc, args, gens, step_case, shapes_o, shapes_r, roof_o, roof_r,
+                 dec_o, dec_r, dec_err, enc_o, enc_r, enc_agree, rss, omni, ref, self_agree):
+    rows = []
+    flag = lambda *ts: " (!)" if max(t for t in ts) > 0.10 else ""  # noqa: E731
+
+    def line(name, a, b, unit, fmt="{:.1f}", ratio=True, others=()):
+        r = f"{a / b:.2f}" if ratio and b else ""
+        note = flag(*others) if others else ""
+        rows.append(f"| {name}{note} | {fmt.format(a)} {unit} | {fmt.format(b)} {unit} | {r} |")
+
+    go, gr = gens[step_case]
+    fo, fr = median(go["forward"]), median(gr["forward"])
+    flo, flr = gemm_flops(shapes_o), gemm_flops(shapes_r)
+    sec, steps = step_case
+    oth = (go["others"], gr["others"])
+    line(f"backbone step, {sec} s target (median of {steps})", fo * 1e3, fr * 1e3, "ms", others=oth)
+    line("  GFLOP computed per step", flo / 1e9, flr / 1e9, "", ratio=True)
+    line("  GFLOP/s", flo / fo / 1e9, flr / fr / 1e9, "", ratio=True)
+    line("  % of numpy sgemm roofline on its GEMMs", 100 * roof_o / fo, 100 * roof_r / fr, "%",
+         fmt="{:.0f}", ratio=False)
+    line("  numpy sgemm roofline for those GEMMs", flo / roof_o / 1e9, flr / roof_r / 1e9,
+         "GFLOP/s", fmt="{:.0f}", ratio=False)
+    line("scoring per step", median(go["scoring"]) * 1e3, median(gr["scoring"]) * 1e3, "ms",
+         fmt="{:.2f}", others=oth)
+    line("decode 10 s", median([t.wall for t in dec_o]), median([t.wall for t in dec_r]), "s",
+         fmt="{:.2f}", others=[t.others for t in dec_o + dec_r])
+    line("encode 5 s clip", median([t.wall for t in enc_o]), median([t.wall for t in enc_r]), "s",
+         fmt="{:.2f}", others=[t.others for t in enc_o + enc_r])
+    for (s, n), (a, b) in gens.items():
+        same = "codes identical" if np.array_equal(a["codes"], b["codes"]) else \
+            f"codes {100 * float((a['codes'] == b['codes']).mean()):.1f} % equal"
+        line(f"generate() {s} s @ {n} steps ({same})", a["wall"], b["wall"], "s",
+             others=(a["others"], b["others"]))
+        line(f"  RTF {s} s @ {n}", a["wall"] / s, b["wall"] / s, "", fmt="{:.2f}")
+    line(f"peak RSS, auto voice 10 s @ {32 if not args.quick else 16} steps (own process)",
+         rss["omnicore"]["rss_mb"], rss["reference"]["rss_mb"], "MB", fmt="{:.0f}",
+         others=(rss["omnicore"]["others"], rss["reference"]["others"]))
+    line("model load (both halves of the codec for the reference)", omni.load_s, ref.load_s, "s")
+    head = ["| line | omnicore | reference | omnicore / reference |", "|---|---|---|---|"]
+    notes = [
+        "",
+        f"Machine: {desc}.",
+        f"Decode: max |omnicore - reference| / max |reference| = {dec_err:.1e}. "
+        f"Encode: {100 * enc_agree:.2f} % of codes equal.",
+        f"Generated codes: the reference itself, rerun with 1 torch thread instead of {args.threads} "
+        f"(5 s @ 16 steps), reproduces {100 * self_agree:.1f} % of its own codes: on this random "
+        "full-size checkpoint float32 rounding flips near-tied cell choices, so the % equal above "
+        "measures that, not a difference in what is computed (the tiny checkpoint's tests are "
+        "token-exact).",
+        "(!) = other processes used more than 10 % of a core during that measurement "
+        f"(max seen: step {100 * max(oth):.0f} %).",
+    ]
+    return "\n".join(head + rows + notes)
+
+
+if __name__ == "__main__":
+    main()
