@@ -16,7 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omnicore import backbone as bb
-from omnicore.config import OmniVoiceConfig
 from omnicore.errors import WeightsError
 from omnicore.weights import ParamReader, read_safetensors
 
@@ -29,19 +28,6 @@ RTOL = 1e-5
 
 def rel_err(got, want):
     return float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
-
-
-@pytest.fixture(scope="module")
-def cfg():
-    return OmniVoiceConfig.from_file(CKPT / "config.json")
-
-
-@pytest.fixture(scope="module")
-def params(cfg):
-    reader = ParamReader.open(CKPT / "model.safetensors")
-    p = bb.load_params(reader, cfg)
-    reader.finish()  # every tensor of the checkpoint is used
-    return p
 
 
 @pytest.fixture(scope="module")

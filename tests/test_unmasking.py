@@ -11,10 +11,9 @@ from hypothesis import strategies as st
 
 from omnicore import backbone as bb
 from omnicore import unmasking as um
-from omnicore.config import GenerationConfig, OmniVoiceConfig
+from omnicore.config import GenerationConfig
 from omnicore.errors import InputError
 from omnicore.tokenizer import PreparedItem, load_tokenizer, prepare_item
-from omnicore.weights import ParamReader
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "weights" / "tiny-random"
@@ -23,19 +22,6 @@ FIX = ROOT / "tests" / "fixtures" / "reference"
 # error (about 1e-6 of their ~20 scale) is amplified (1 + 2g) times. Measured max over every
 # step of every fixture case: 7.3e-5 (log-prob units).
 SCORE_ATOL = 2e-4
-
-
-@pytest.fixture(scope="module")
-def cfg():
-    return OmniVoiceConfig.from_file(CKPT / "config.json")
-
-
-@pytest.fixture(scope="module")
-def params(cfg):
-    reader = ParamReader.open(CKPT / "model.safetensors")
-    p = bb.load_params(reader, cfg)
-    reader.finish()
-    return p
 
 
 @pytest.fixture(scope="module")
