@@ -19,7 +19,8 @@ import numpy as np
 
 from .backend import to_device, xp
 from .config import HubertConfig
-from .kernels import conv1d, conv_out_len, conv_weight, gelu, group_norm, grouped_conv1d, grouped_conv_weight
+from .kernels import (conv1d, conv_out_len, conv_weight, gelu, group_norm, grouped_conv1d, grouped_conv_weight,
+                      softmax_rows)
 
 
 @dataclass(frozen=True)
@@ -142,12 +143,6 @@ def layer_norm(x, w, b, eps: float):
 _QUERY_BLOCK = 1024  # 20 s of audio per block
 
 
-def _softmax(x):
-    x = x - x.max(axis=-1, keepdims=True)
-    e = xp.exp(x)
-    return e / e.sum(axis=-1, keepdims=True)
-
-
 def _attention(lp: HubertLayerParams, x, num_heads: int):
     """Bidirectional multi-head self-attention, no mask (a single unpadded clip)."""
     f, d = x.shape
@@ -160,8 +155,11 @@ def _attention(lp: HubertLayerParams, x, num_heads: int):
     # Queries in blocks bound the [H, block, F] score matrix for long clips (each query row's
     # softmax is independent, so blocking changes nothing numerically).
     for s in range(0, f, _QUERY_BLOCK):
-        scores = (q[:, s:s + _QUERY_BLOCK] @ kt) * xp.float32(dh ** -0.5)  # [H, Fq, Dh] @ [H, Dh, F] -> [H, Fq, F]
-        out[s:s + _QUERY_BLOCK] = (_softmax(scores) @ v).transpose(1, 0, 2)  # [H, Fq, Dh] -> [Fq, H, Dh]
+        scores = q[:, s:s + _QUERY_BLOCK] @ kt  # [H, Fq, Dh] @ [H, Dh, F] -> [H, Fq, F]
+        # scaled softmax in place; the kernel flushes would-be subnormal weights to 0, which
+        # otherwise slow the next GEMM down several times
+        softmax_rows(scores.reshape(-1, f), dh ** -0.5)
+        out[s:s + _QUERY_BLOCK] = (scores @ v).transpose(1, 0, 2)  # [H, Fq, Dh] -> [Fq, H, Dh]
     return out.reshape(f, d) @ lp.out_w + lp.out_b  # [F, D] -> [F, D]
 
 
