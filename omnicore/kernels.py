@@ -910,13 +910,17 @@ _snake_taps_nb, _snake_taps_nb_par = _twice(_snake_taps_impl, fastmath={"contrac
 _bias_snake_nb, _bias_snake_nb_par = _twice(_bias_snake_impl, fastmath={"contract"})
 _bias_residual_nb, _bias_residual_nb_par = _twice(_bias_residual_impl)
 
-# Units at most this wide run chunk by chunk (im2col + one GEMM per chunk, everything in
-# cache); wider ones as per-tap GEMMs, which BLAS already runs near its peak there.
+# Units at most this wide run chunk by chunk (im2col + one GEMM per chunk); wider ones as
+# per-tap GEMMs, which BLAS already runs near its peak there.
 # Measured per unit at 1 thread (per-tap -> chunked): C=32 x 240k steps 140 -> 80 ms,
 # C=64 x 80k 107 -> 76 ms, C=128 x 40k 141 -> 104 ms, C=256 x 10k 111 -> 88 ms;
 # C=512 x 2k 70 -> 90 ms, so it stays per tap.
 _RES_UNIT_MAX_C = 256
-_RES_UNIT_CHUNK_BYTES = 1 << 21  # im2col chunk: stays in L2
+# im2col chunk size. With BLAS on 2 threads bigger GEMMs pay (measured per unit, 2 threads:
+# C=64 x 120k steps 73 -> 65 ms at 8 MB vs 2 MB, C=32 x 240k 68 -> 55 ms; 32 MB was slower);
+# the row cap keeps very narrow layers (tiny test models) from computing mostly padding.
+_RES_UNIT_CHUNK_BYTES = 1 << 23
+_RES_UNIT_MAX_ROWS = 16384
 
 
 def dac_res_unit_np(x, alpha1, inv1, w7, b7, dilation: int, alpha2, inv2, w1, b1):
@@ -947,7 +951,7 @@ def dac_res_unit(x, alpha1, inv1, w7, b7, dilation: int, alpha2, inv2, w1, b1):
         return dac_res_unit_np(x, alpha1, inv1, w7, b7, dilation, alpha2, inv2, w1, b1)
     b_, t_, _ = x.shape
     pad = (k_ - 1) * dilation // 2
-    rows = max(1, _RES_UNIT_CHUNK_BYTES // (4 * k_ * c))  # depends on the layer only
+    rows = max(1, min(_RES_UNIT_MAX_ROWS, _RES_UNIT_CHUNK_BYTES // (4 * k_ * c)))  # depends on the layer only
     win = np.empty((rows + 2 * pad, c), _F32)
     cols = np.empty((rows, k_ * c), _F32)
     h = np.empty((rows, c), _F32)
