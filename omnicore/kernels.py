@@ -662,17 +662,22 @@ def qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps: float, qg):
 # --- softmax ---------------------------------------------------------------------------------
 
 
+@nb.njit(inline="always", fastmath=_FAST, error_model="numpy")
+def _exp_shifted_row(row, n, scale):  # row <- exp(scale*(row - max)) in place; returns the sum
+    mx = _row_max(row, n)
+    tot = _F32(0.0)
+    for j in range(n):
+        e = _exp_nonpos((row[j] - mx) * scale)
+        row[j] = e
+        tot += e
+    return tot
+
+
 def _softmax_impl(s, scale):  # in place over the rows of s [M, L]
     m, n = s.shape
     for i in nb.prange(m):
         row = s[i]
-        mx = _row_max(row, n)
-        tot = _F32(0.0)
-        for j in range(n):
-            e = _exp_nonpos((row[j] - mx) * scale)
-            row[j] = e
-            tot += e
-        inv = _F32(1.0) / tot
+        inv = _F32(1.0) / _exp_shifted_row(row, n, scale)
         for j in range(n):
             row[j] *= inv
 
@@ -680,14 +685,7 @@ def _softmax_impl(s, scale):  # in place over the rows of s [M, L]
 def _softmax_unnormalized_impl(s, scale, inv):  # s <- exp(scale*s - max), inv <- 1 / row sums
     m, n = s.shape
     for i in nb.prange(m):
-        row = s[i]
-        mx = _row_max(row, n)
-        tot = _F32(0.0)
-        for j in range(n):
-            e = _exp_nonpos((row[j] - mx) * scale)
-            row[j] = e
-            tot += e
-        inv[i] = _F32(1.0) / tot
+        inv[i] = _F32(1.0) / _exp_shifted_row(s[i], n, scale)
 
 
 def _scale_heads_into_impl(o, inv, dst):
