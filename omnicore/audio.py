@@ -12,7 +12,8 @@ have the same length and samples:
   `audioop.rms`, so those steps quantise their output to int16 steps (x/32768).
 * `prepare_reference_audio` and `postprocess_output` compose the steps the way the reference's
   `create_voice_clone_prompt` and `_decode_and_post_process` do.
-* `write_audio_atomic` writes through a temporary file and a rename.
+* `write_audio_atomic` writes through `AtomicOutput`, the one atomic writer every omnicore
+  output goes through (unique temporary file in the target's folder, fsync, rename).
 
 Dimension legend:
     L  samples of one channel (time)
@@ -31,11 +32,11 @@ import logging
 import math
 import os
 import tempfile
-from typing import Sequence, Union
+from typing import BinaryIO, Callable, Sequence, Union
 
 import numpy as np
 
-from omnicore.errors import AudioError
+from omnicore.errors import AudioError, OmniCoreError
 
 logger = logging.getLogger(__name__)
 
@@ -655,34 +656,201 @@ def postprocess_output(audio: np.ndarray | Sequence[np.ndarray], ref_rms: float 
 _INT_SUBTYPES = ("PCM_16", "PCM_24", "PCM_32", "PCM_S8", "PCM_U8")
 
 
-def _umask() -> int:
-    mask = os.umask(0)
+def _read_umask() -> int:
+    """The process umask, read once at import: the only portable way to ask for it,
+    os.umask(0) then restoring it, leaves the umask at 0 for a moment, and a file another thread
+    creates in that moment (the demo serves requests on threads) would be world-writable. Linux
+    shows it in /proc/self/status, which changes nothing."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8) & 0o777
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+# Mode of every file omnicore writes, what open() would give a new file. A umask changed
+# after import is not seen; nothing in omnicore changes it.
+_FILE_MODE = 0o666 & ~_read_umask()
+_MAX_PREFIX = 64  # characters of the target's name kept in the temporary file's name
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
+def check_output_path(path: str | os.PathLike, error: type[OmniCoreError] = AudioError) -> str:
+    """The real path a new file for `path` goes to (symbolic links followed, so a link keeps
+    pointing at the new file), or `error` if it cannot be written there: its folder is missing,
+    or `path` names a folder, a device, a FIFO or a socket (replacing those by a regular file is
+    never what was meant, and reading from a FIFO blocks). An existing regular file is fine: it
+    is replaced."""
+    import stat
+
+    raw = os.fspath(path)
+    if not isinstance(raw, str):
+        raw = os.fsdecode(raw)
+    if not raw or raw.endswith(("/", os.sep)):
+        raise error(f"cannot write {raw!r}: it is a folder name, not a file name; add a file name")
+    target = os.path.realpath(raw)
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        what = "is not a folder" if os.path.exists(folder) else "does not exist"
+        raise error(f"cannot write {raw!r}: folder {folder!r} {what}; create the folder first "
+                    "or write somewhere else")
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        return target
+    except OSError as exc:
+        raise error(f"cannot write {raw!r} ({_reason(exc)}); write somewhere else") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise error(f"cannot write {raw!r}: it is a folder; give a file name inside it")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                else "a device")
+        raise error(f"cannot write {raw!r}: it is {kind}, not a regular file; give a file name")
+    return target
+
+
+class AtomicOutput:
+    """A file that appears at `path` complete or not at all, for writers that produce it in
+    pieces. The bytes go to `fh`, a new temporary file with a unique name in the target's folder
+    (so two writers of one path never share it, and the rename stays on one file system);
+    `commit()` flushes, syncs, sets the mode a new file would get and renames it over the target;
+    `abort()` (or an exception leaving a `with` block) removes it. Failures raise `error` (the
+    caller's typed error) saying what could not be written and why.
+    """
+
+    def __init__(self, path: str | os.PathLike, error: type[OmniCoreError] = AudioError):
+        self.error = error
+        self.path = os.fspath(path)
+        self.target = check_output_path(self.path, error)
+        self._tmp = None
+        self.fh = None
+        name = os.path.basename(self.target)[:_MAX_PREFIX]
+        try:
+            fd, self._tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp",
+                                             dir=os.path.dirname(self.target))
+            self.fh = os.fdopen(fd, "wb")
+        except BaseException as exc:
+            self.abort()
+            if isinstance(exc, Exception):
+                raise self.failed(exc) from None
+            raise
+
+    def failed(self, exc: BaseException) -> OmniCoreError:
+        """The typed error for a failed write (to raise)."""
+        return self.error(f"could not write {self.path!r} ({_reason(exc)}); check the folder is "
+                          "writable and the disk has space")
+
+    def commit(self) -> None:
+        if self._tmp is None:
+            raise self.error(f"{self.path!r} was already committed or aborted")
+        try:
+            self.fh.flush()
+            os.fsync(self.fh.fileno())
+            self.fh.close()
+            os.chmod(self._tmp, _FILE_MODE)
+            os.replace(self._tmp, self.target)
+            self._tmp = None
+        except BaseException as exc:
+            self.abort()
+            if isinstance(exc, Exception):
+                raise self.failed(exc) from None
+            raise
+        _sync_folder(os.path.dirname(self.target))
+
+    def abort(self) -> None:
+        """Remove the temporary file (idempotent; never raises)."""
+        fh, self.fh = self.fh, None
+        if fh is not None:
+            try:
+                fh.close()
+            except Exception:  # a failed flush of a file being thrown away
+                pass
+        tmp, self._tmp = self._tmp, None
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+    def __enter__(self) -> "AtomicOutput":
+        return self
+
+    def __exit__(self, exc_type, *rest) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+def _sync_folder(folder: str) -> None:
+    """Make the rename itself durable; best effort (some file systems refuse a folder fsync)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None],
+                 error: type[OmniCoreError] = AudioError) -> None:
+    """Write a file in one go through `AtomicOutput`: `write(fh)` gets the open binary temporary
+    file. `path` ends up the complete new file or untouched; nothing else is left behind. Any
+    failure (the folder, the disk, `write` itself) raises `error`; typed errors from `write`
+    pass through as they are."""
+    with AtomicOutput(path, error) as out:
+        try:
+            write(out.fh)
+        except OmniCoreError:
+            raise
+        except Exception as exc:
+            raise out.failed(exc) from None
+
+
+def audio_format(path: str | os.PathLike) -> tuple[str, str]:
+    """(format, subtype) soundfile writes for `path`'s extension: WAV, FLAC and the like as
+    16-bit PCM, others (.ogg, ...) at libsndfile's default. AudioError for an extension no
+    audio format has, so a typo fails before any work is done."""
+    import soundfile as sf
+
+    path = os.fspath(path)
+    ext = os.path.splitext(path)[1].lstrip(".").upper()
+    if ext not in sf.available_formats() or ext == "RAW":
+        known = ", ".join("." + f.lower() for f in ("WAV", "FLAC", "OGG"))
+        raise AudioError(f"cannot tell the audio format of {path!r}; use an extension such as {known}")
+    subtype = "PCM_16" if ext in ("WAV", "WAVEX", "FLAC", "AIFF", "RF64", "W64") else sf.default_subtype(ext)
+    return ext, subtype
 
 
 def write_audio_atomic(path: str | os.PathLike, wav: np.ndarray, sr: int = SAMPLE_RATE,
                        subtype: str | None = None) -> None:
     """Write `wav` ([L] mono or [C, L]) to `path` so that `path` is either the complete new
-    file or untouched: data goes to a temporary file in the same folder, which is flushed,
-    synced and renamed over `path`; on any failure it is removed.
+    file or untouched (see `write_atomic`).
 
     The format comes from the extension (.wav, .flac, .ogg, ... anything libsndfile writes);
     WAV and FLAC default to 16-bit PCM. Float samples are clipped to [-1, 1] for integer
-    formats. Raises AudioError for an unknown extension, bad samples or a failed write.
+    formats. Raises AudioError for an unknown extension, bad samples, a path that is a folder or
+    device or in a missing folder, or a failed write.
     """
     import soundfile as sf
 
     sr = _check_rate("sample rate", sr)
     path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    ext = os.path.splitext(path)[1].lstrip(".").upper()
-    formats = sf.available_formats()
-    if ext not in formats or ext == "RAW":
-        known = ", ".join("." + f.lower() for f in ("WAV", "FLAC", "OGG"))
-        raise AudioError(f"cannot tell the audio format of {path!r}; use an extension such as {known}")
-    if subtype is None:
-        subtype = "PCM_16" if ext in ("WAV", "WAVEX", "FLAC", "AIFF", "RF64", "W64") else sf.default_subtype(ext)
+    check_output_path(path, AudioError)  # "it is a folder" says more than "no format"
+    ext, default_subtype = audio_format(path)
+    subtype = subtype or default_subtype
     data = np.asarray(wav, dtype=np.float32)
     if data.ndim == 2:
         data = data.T  # [C, L] -> [L, C], soundfile's layout
@@ -694,25 +862,4 @@ def write_audio_atomic(path: str | os.PathLike, wav: np.ndarray, sr: int = SAMPL
         raise AudioError(f"audio for {path!r} contains NaN or infinite samples; nothing was written")
     if subtype in _INT_SUBTYPES:
         data = np.clip(data, -1.0, 1.0)
-    if not os.path.isdir(folder):
-        raise AudioError(f"folder {folder!r} does not exist; create it first")
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
-        with os.fdopen(fd, "wb") as fh:
-            sf.write(fh, data, sr, format=ext, subtype=subtype)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-        tmp = None
-    except AudioError:
-        raise
-    except Exception as exc:
-        raise AudioError(f"could not write {path!r} ({exc}); check the folder is writable and has space") from None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+    write_atomic(path, lambda fh: sf.write(fh, data, sr, format=ext, subtype=subtype), AudioError)

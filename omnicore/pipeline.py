@@ -69,17 +69,16 @@ class VoiceClonePrompt:
     ref_rms: float
 
     def save(self, path: str | Path) -> None:
+        """Write the prompt to `path` (an npz file; `path` is complete or untouched); a path
+        that cannot be written (missing folder, a folder or device, no space) is a
+        VoicePromptError."""
         meta = {"format": VOICE_PROMPT_FORMAT, "version": VOICE_PROMPT_VERSION,
                 "ref_text": self.ref_text, "ref_rms": float(self.ref_rms)}
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                np.savez(f, ref_audio_tokens=np.asarray(self.ref_audio_tokens, np.int64),
-                         meta=np.frombuffer(json.dumps(meta).encode("utf-8"), np.uint8))
-            tmp.replace(path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        tokens = np.asarray(self.ref_audio_tokens, np.int64)
+        meta_bytes = np.frombuffer(json.dumps(meta).encode("utf-8"), np.uint8)
+        # Complete or untouched, also with concurrent saves to one path (unique temp names).
+        audio.write_atomic(path, lambda fh: np.savez(fh, ref_audio_tokens=tokens, meta=meta_bytes),
+                           VoicePromptError)
 
     @classmethod
     def load(cls, path: str | Path) -> "VoiceClonePrompt":

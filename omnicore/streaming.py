@@ -889,97 +889,93 @@ class RawPcmWriter:
 
 
 class AudioFileWriter:
-    """Write audio pieces to `path` as they come, atomically: the samples go to a temporary file
-    in the same folder (for WAV, a header whose sizes libsndfile fixes up on close); `commit()`
-    flushes, syncs and renames it over `path`; `abort()` (or an exception leaving a `with` block)
-    removes it, so `path` is never half written. The format follows the extension (.wav, .flac,
-    .ogg, ...; .raw / .pcm or raw=True: headerless 16-bit PCM); WAV and FLAC are 16-bit, samples
-    clipped."""
+    """Write audio pieces to `path` as they come, atomically (through `audio.AtomicOutput`): the
+    samples go to a temporary file in the same folder (for WAV, a header whose sizes libsndfile
+    fixes up on close); `commit()` flushes, syncs and renames it over `path`; `abort()` (or an
+    exception leaving a `with` block) removes it, so `path` is never half written. The format
+    follows the extension (.wav, .flac, .ogg, ...; .raw / .pcm or raw=True: headerless 16-bit
+    PCM); WAV and FLAC are 16-bit, samples clipped. The path is checked here, before any audio
+    is made."""
 
     def __init__(self, path, sr: int = audio.SAMPLE_RATE, *, raw: bool = False):
         import os
-        import tempfile
 
         import soundfile as sf
 
         self.path = os.fspath(path)
         self.sr = sr
         self.samples = 0
-        folder = os.path.dirname(os.path.abspath(self.path))
+        self._sf = self._out = None
         ext = os.path.splitext(self.path)[1].lstrip(".").upper()
         self._raw = raw or ext in ("RAW", "PCM")
-        formats = sf.available_formats()
-        if not self._raw and ext not in formats:
-            raise AudioError(f"cannot tell the audio format of {self.path!r}; use an extension such as "
-                             ".wav, .flac, .ogg (or .raw for headerless PCM)")
-        if not os.path.isdir(folder):
-            raise AudioError(f"folder {folder!r} does not exist; create it first")
+        audio.check_output_path(self.path, AudioError)  # "it is a folder" says more than "no format"
+        if not self._raw:
+            try:
+                ext, subtype = audio.audio_format(self.path)
+            except AudioError:
+                raise AudioError(f"cannot tell the audio format of {self.path!r}; use an extension "
+                                 "such as .wav, .flac, .ogg (or .raw for headerless PCM)") from None
+            self._int = subtype.startswith("PCM")
+        self._out = audio.AtomicOutput(self.path, AudioError)
         try:
-            fd, self._tmp = tempfile.mkstemp(prefix="." + os.path.basename(self.path) + ".",
-                                             suffix=".tmp", dir=folder)
-            self._fh = os.fdopen(fd, "wb")
-            if self._raw:
-                self._sf = None
-            else:
-                subtype = ("PCM_16" if ext in ("WAV", "WAVEX", "FLAC", "AIFF", "RF64", "W64")
-                           else sf.default_subtype(ext))
-                self._int = subtype.startswith("PCM")
-                self._sf = sf.SoundFile(self._fh, "w", samplerate=sr, channels=1, format=ext,
+            if not self._raw:
+                self._sf = sf.SoundFile(self._out.fh, "w", samplerate=sr, channels=1, format=ext,
                                         subtype=subtype)
-        except Exception as exc:
+        except BaseException as exc:
             self.abort()
-            raise AudioError(f"could not write {self.path!r} ({exc}); check the folder is writable") from None
+            if isinstance(exc, Exception):
+                raise self._out.failed(exc) from None
+            raise
 
     def write(self, x: np.ndarray) -> None:
         x = np.asarray(x, np.float32)
         if not np.isfinite(x).all():
+            self.abort()
             raise AudioError(f"audio for {self.path!r} contains NaN or infinite samples; nothing was written")
+        if self._out is None:
+            raise AudioError(f"{self.path!r} was already committed or aborted")
         try:
             if self._sf is None:
-                self._fh.write(to_pcm16(x).tobytes())
+                self._out.fh.write(to_pcm16(x).tobytes())
             else:
                 self._sf.write(np.clip(x, -1.0, 1.0) if self._int else x)
-        except Exception as exc:
+        except BaseException as exc:
+            err = self._out.failed(exc)
             self.abort()
-            raise AudioError(f"could not write {self.path!r} ({exc}); check the disk has space") from None
+            if isinstance(exc, Exception):
+                raise err from None
+            raise
         self.samples += len(x)
 
     def commit(self) -> None:
-        import os
-
         if self.samples == 0:
             self.abort()
             raise AudioError(f"refusing to write empty audio to {self.path!r}")
+        if self._out is None:
+            raise AudioError(f"{self.path!r} was already committed or aborted")
+        out = self._out
         try:
             if self._sf is not None:
                 self._sf.close()  # writes the final header sizes
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
-            mask = os.umask(0)
-            os.umask(mask)
-            os.chmod(self._tmp, 0o666 & ~mask)
-            os.replace(self._tmp, self.path)
-            self._tmp = None
-        except Exception as exc:
+        except BaseException as exc:
             self.abort()
-            raise AudioError(f"could not write {self.path!r} ({exc})") from None
+            if isinstance(exc, Exception):
+                raise out.failed(exc) from None
+            raise
+        self._out = None
+        out.commit()  # removes the temporary file itself on failure
 
     def abort(self) -> None:
-        import os
-
-        for obj in (getattr(self, "_sf", None), getattr(self, "_fh", None)):
-            try:
-                if obj is not None and not obj.closed:
-                    obj.close()
-            except Exception:
-                pass
-        tmp, self._tmp = getattr(self, "_tmp", None), None
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        """Remove the temporary file (idempotent; never raises)."""
+        sfile, self._sf = self._sf, None
+        try:
+            if sfile is not None and not sfile.closed:
+                sfile.close()
+        except Exception:  # a header that cannot be finished: the file is thrown away anyway
+            pass
+        out, self._out = self._out, None
+        if out is not None:
+            out.abort()
 
     def __enter__(self):
         return self
