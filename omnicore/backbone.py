@@ -12,8 +12,8 @@ masked targets. Nothing computed in one step stays valid in the next.
 
 Where the time goes, and how it is kept near the GEMM roofline:
   * projections and the MLP are GEMMs on all N packed tokens against the checkpoint's own
-    [out, in] matrices (x @ W.T: BLAS reads the transposed operand in place, so weights stay
-    zero-copy views of the memory-mapped file);
+    [out, in] matrices (x @ W.T: BLAS reads the transposed operand in place, so the weights
+    are read from the file once, as stored, with no transposed copy);
   * attention is two batched GEMM calls per row (one GEMM per kv head each): the G query
     heads that share a kv head are stacked into one [L*G, E] matrix, and K/V are read in place
     (never repeated per head);
@@ -37,7 +37,7 @@ from typing import Sequence
 import numpy as np
 
 from . import kernels
-from .backend import to_device, xp
+from .backend import to_device, to_numpy, xp
 from .config import OmniVoiceConfig
 from .errors import WeightsError
 
@@ -51,9 +51,9 @@ class LayerParams:
     """One decoder layer; field names are the checkpoint's key leaves.
 
     Projection matrices keep the checkpoint's [out, in] layout and the model computes x @ W.T.
-    A transposed copy made at load time would cost as much memory as the weights themselves
-    (the copy plus the file pages it was read from), and BLAS multiplies by W.T in place at
-    the same speed (measured on every projection shape of the full model).
+    A transposed copy made at load time would briefly hold every matrix twice, and BLAS
+    multiplies by W.T in place at the same speed (measured on every projection shape of the
+    full model).
     """
 
     input_layernorm: np.ndarray  # [D]
@@ -71,7 +71,7 @@ class LayerParams:
 
 @dataclass(frozen=True)
 class BackboneParams:
-    embed_tokens: np.ndarray  # [text vocab, D]
+    embed_tokens: object  # [text vocab, D]: a weights.RowTable (rows read on use) or an array
     audio_embeddings: np.ndarray  # [C*V, D]: codebook c's table is rows c*V .. c*V+V-1
     layers: tuple[LayerParams, ...]
     norm: np.ndarray  # [D]
@@ -81,10 +81,10 @@ class BackboneParams:
 def load_params(reader, cfg: OmniVoiceConfig) -> BackboneParams:
     """Take every backbone tensor from `reader` (a weights.ParamReader), checked against `cfg`.
 
-    Nothing is copied or transposed: every tensor stays as the checkpoint stores it (a view of
-    the memory-mapped file for F32 checkpoints), so only the pages a forward pass touches
-    become resident -- all projection weights, but of the 151676-row text table only the rows
-    a prompt uses.
+    Nothing is transposed: every tensor keeps the checkpoint's layout, read once into process
+    memory (never memory-mapped: a mapped file truncated under a running model is a SIGBUS).
+    The 151676-row text table is the exception: a prompt uses a few hundred of its rows, so it
+    stays on disk as a weights.RowTable and `embed` reads just those rows.
     """
     q = cfg.llm_config
     D, F, E = q.hidden_size, q.intermediate_size, q.head_dim
@@ -123,7 +123,7 @@ def load_params(reader, cfg: OmniVoiceConfig) -> BackboneParams:
                            f"expected {expected.tolist()} for audio_vocab_size {cfg.audio_vocab_size}")
 
     return BackboneParams(
-        embed_tokens=to_device(reader.take("llm.embed_tokens.weight", (q.vocab_size, D), np.float32)),
+        embed_tokens=reader.take_rows("llm.embed_tokens.weight", (q.vocab_size, D)),
         audio_embeddings=to_device(reader.take("audio_embeddings.weight", (CV, D), np.float32)),
         layers=tuple(layers),
         norm=vec("llm.norm.weight", D),
@@ -233,7 +233,8 @@ def embed(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, out=Non
     x = out if out is not None else xp.empty((ids.shape[1], params.embed_tokens.shape[1]), dtype=xp.float32)
     text_pos = xp.nonzero(~audio_mask)[0]
     audio_pos = xp.nonzero(audio_mask)[0]
-    x[text_pos] = params.embed_tokens[ids[0, text_pos]]  # [n_text, D]
+    # The text table lives on the host (read by rows from disk): look up with host ids.
+    x[text_pos] = to_device(params.embed_tokens[to_numpy(ids[0, text_pos])])  # [n_text, D]
     shifted = ids[:, audio_pos] + (xp.arange(C) * V)[:, None]  # [C, n_audio]
     x[audio_pos] = params.audio_embeddings[shifted].sum(axis=0)  # [C, n_audio, D] -> [n_audio, D]
     return x

@@ -134,6 +134,7 @@ class EncoderParams:
 class CodecParams:
     decoder: DecoderParams
     encoder: EncoderParams | None = None  # None until the encoder half is loaded
+    source: tuple[int, int] | None = None  # (size, mtime ns) of the file the halves come from
 
 
 def _f32(a) -> np.ndarray:
@@ -311,46 +312,35 @@ def load_encoder_params(reader, cfg: HiggsAudioV2TokenizerConfig, params: CodecP
 
 def load_codec(codec_dir, *, encoder: bool = True) -> tuple[HiggsAudioV2TokenizerConfig, CodecParams]:
     """Read `config.json` + `model.safetensors` of an audio tokenizer directory (an OmniVoice
-    checkpoint directory works too: its `audio_tokenizer/` is used)."""
+    checkpoint directory works too: its `audio_tokenizer/` is used).
+
+    Every tensor is copied into process memory and the file is closed: nothing stays mapped,
+    so the file may change on disk afterwards without harming the loaded codec."""
     from .weights import ParamReader
 
     codec_dir = _codec_dir(codec_dir)
     cfg = HiggsAudioV2TokenizerConfig.from_file(codec_dir / "config.json")
-    reader = ParamReader.open(codec_dir / "model.safetensors")
-    params = load_params(reader, cfg, encoder=encoder)
-    _release_file_pages(reader)
-    return cfg, params
+    with ParamReader.open(codec_dir / "model.safetensors") as reader:
+        params = load_params(reader, cfg, encoder=encoder)
+        source = reader.tensors.stamp
+    return cfg, replace(params, source=source)
 
 
 def ensure_encoder(params: CodecParams, cfg: HiggsAudioV2TokenizerConfig, codec_dir) -> CodecParams:
-    """`params` with the encoder half loaded from `codec_dir` if it is not there yet."""
+    """`params` with the encoder half loaded from `codec_dir` if it is not there yet.
+
+    The file must still be the one the decoder half came from (same size and mtime), or the
+    two halves would belong to different checkpoints: otherwise a WeightsError says to reload."""
     if params.encoder is not None:
         return params
     from .weights import ParamReader
 
-    reader = ParamReader.open(_codec_dir(codec_dir) / "model.safetensors")
-    params = load_encoder_params(reader, cfg, params)
-    _release_file_pages(reader)
-    return params
-
-
-def _release_file_pages(reader) -> None:
-    """Drop this process's resident pages of the memory-mapped checkpoint after loading.
-
-    The loaders copied most codec tensors into new layouts, so the file pages they read are
-    dead weight in the resident set (~80 MB for the decoder half). The few tensors still used
-    in place (biases, Snake alphas) are simply read back from the page cache when next touched.
-    """
-    import mmap
-
-    for arr in reader.tensors.values():
-        base = arr
-        while base is not None and not isinstance(base, np.memmap):
-            base = getattr(base, "base", None)
-        mm = getattr(base, "_mmap", None)
-        if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-            mm.madvise(mmap.MADV_DONTNEED)
-            return
+    path = _codec_dir(codec_dir) / "model.safetensors"
+    with ParamReader.open(path) as reader:
+        if params.source is not None and reader.tensors.stamp != params.source:
+            raise WeightsError(f"{path}: the checkpoint file changed on disk since the codec's decoder "
+                               "half was loaded from it; reload the model to use the new file")
+        return load_encoder_params(reader, cfg, params)
 
 
 def _codec_dir(path) -> Path:

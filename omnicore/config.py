@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -18,21 +19,33 @@ from typing import Any
 from .errors import ConfigError
 
 
+# A config file is a few KB; anything far larger is not one (and must not be read whole).
+_MAX_JSON_BYTES = 64 * 1024 * 1024
+
+
 def read_json(path: str | Path) -> dict:
-    """Read a JSON object from `path`, turning every failure into a ConfigError."""
+    """Read a JSON object from `path`, turning every failure into a ConfigError.
+
+    Only a regular file is opened (a FIFO would block forever, a device never end)."""
+    from .weights import open_regular
+
     path = Path(path)
+    fd = open_regular(path, ConfigError)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(_MAX_JSON_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if len(data) > _MAX_JSON_BYTES:
+        raise ConfigError(f"{path}: larger than {_MAX_JSON_BYTES // 2**20} MB; is this really a config.json?")
+    try:
+        obj = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text; is this really a config.json?") from None
-    try:
-        obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested too deeply to be a config file") from None
     if not isinstance(obj, dict):
         raise ConfigError(f"{path}: expected a JSON object at the top level")
     return obj

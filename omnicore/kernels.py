@@ -1000,3 +1000,36 @@ def _gelu_value(v):
     half_x = _F32(0.5) * v
     # z >= 0 (x <= 0): erfc(z) = r; z < 0: erfc(z) = 2 - r
     return half_x * r if z >= 0 else v - half_x * r
+
+
+# --- all-finite check of loaded weights ------------------------------------------------------
+
+_EXP_MASK = np.uint32(0x7F800000)  # a float32 is NaN or inf exactly when these bits are all set
+_FINITE_BLOCK = 1 << 16  # elements between early-exit tests
+
+
+@nb.njit(cache=True, error_model="numpy")
+def _all_finite_nb(bits):  # bits [N] uint32: a float32 array's bit patterns
+    # The max of the exponent fields is an integer reduction, so LLVM vectorises it (a float
+    # test per element would not); checked once per block to stop early on a bad tensor.
+    n = bits.size
+    for start in range(0, n, _FINITE_BLOCK):
+        top = np.uint32(0)
+        for i in range(start, min(start + _FINITE_BLOCK, n)):
+            top = max(top, bits[i] & _EXP_MASK)
+        if top == _EXP_MASK:
+            return False
+    return True
+
+
+def all_finite_np(x) -> bool:
+    """Twin of `all_finite`."""
+    return bool(xp.isfinite(x).all())
+
+
+def all_finite(x) -> bool:
+    """True when the float array `x` holds no NaN and no infinity (no temporary arrays)."""
+    if not IS_NUMPY or not isinstance(x, np.ndarray) or x.dtype != np.float32:
+        return all_finite_np(x)
+    flat = x.reshape(-1) if x.flags.c_contiguous else np.ascontiguousarray(x).reshape(-1)  # [N]
+    return _all_finite_nb(flat.view(np.uint32))
