@@ -84,8 +84,20 @@ class VoiceClonePrompt:
     def load(cls, path: str | Path) -> "VoiceClonePrompt":
         try:
             with np.load(path, allow_pickle=False) as z:
+                shape, dtype = _npz_member_shape(z, "ref_audio_tokens")
+                if (len(shape) != 2 or not 1 <= shape[0] <= 64
+                        or not 1 <= shape[1] <= text_mod.MAX_REF_FRAMES):
+                    raise VoicePromptError(
+                        f"{path}: the voice prompt's codes have shape {list(shape)}; expected "
+                        f"[{PROMPT_CODEBOOKS}, frames] with 1 to {text_mod.MAX_REF_FRAMES} frames "
+                        f"({text_mod.MAX_REF_S:g} s). Re-create it from a 3-10 s clip.")
+                if math.prod(_npz_member_shape(z, "meta")[0]) > _MAX_META_BYTES:
+                    raise VoicePromptError(f"{path}: the voice prompt's metadata is over "
+                                           f"{_MAX_META_BYTES:,} bytes; not an omnicore prompt")
                 tokens = np.array(z["ref_audio_tokens"])
                 meta = json.loads(bytes(z["meta"]).decode("utf-8"))
+        except VoicePromptError:
+            raise
         except FileNotFoundError:
             raise VoicePromptError(f"{path}: voice prompt file not found") from None
         except Exception as exc:  # zip, npy, JSON and key errors of an untrusted file alike
@@ -99,12 +111,64 @@ class VoiceClonePrompt:
         if meta.get("version") != VOICE_PROMPT_VERSION:
             raise VoicePromptError(f"{path}: voice prompt version {meta.get('version')!r} is not "
                                    f"supported by this omnicore (it reads version {VOICE_PROMPT_VERSION})")
-        ref_text, ref_rms = meta.get("ref_text"), meta.get("ref_rms")
-        if (tokens.ndim != 2 or tokens.dtype.kind not in "iu" or tokens.shape[1] == 0
-                or not isinstance(ref_text, str) or not isinstance(ref_rms, (int, float))):
-            raise VoicePromptError(f"{path}: voice prompt is inconsistent (codes {tokens.shape}, "
-                                   f"{tokens.dtype}); re-create it")
-        return cls(tokens.astype(np.int64), ref_text, float(ref_rms))
+        prompt = cls(tokens, meta.get("ref_text"), meta.get("ref_rms"))
+        try:
+            return check_voice_prompt(prompt)
+        except InputError as exc:
+            raise VoicePromptError(f"{path}: {exc} (the file is damaged or was edited; "
+                                   "re-create it with `omnicore clone-prompt`)") from None
+
+
+# What every OmniVoice checkpoint uses: 8 codebooks of the Higgs codec with 1024 codes each
+# (id 1024 is the model's MASK). generate() checks prompts again against the loaded model.
+PROMPT_CODEBOOKS = 8
+PROMPT_CODEBOOK_SIZE = 1024
+# The meta JSON holds a format tag, a version, ref_text and ref_rms: a few KB at most.
+_MAX_META_BYTES = 1 << 20
+
+
+def _npz_member_shape(z, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of npz member `name`, read from its .npy header before any data, so a
+    hostile file cannot make `load` allocate a huge array."""
+    with z.zip.open(f"{name}.npy") as fh:
+        version = np.lib.format.read_magic(fh)
+        read = {(1, 0): np.lib.format.read_array_header_1_0,
+                (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if read is None:
+            raise ValueError(f"unsupported .npy version {version}")
+        shape, _, dtype = read(fh)
+    return shape, dtype
+
+
+def check_voice_prompt(prompt: "VoiceClonePrompt", num_codebooks: int = PROMPT_CODEBOOKS,
+                       codebook_size: int = PROMPT_CODEBOOK_SIZE) -> "VoiceClonePrompt":
+    """Return `prompt` with int64 codes if every value in it is usable, else InputError.
+
+    Codes: an integer array [num_codebooks, R] with 1 <= R <= text.MAX_REF_FRAMES and every
+    code in [0, codebook_size). ref_text: see text.validate_ref_text. ref_rms: a finite number
+    in (0, text.MAX_REF_RMS] (it scales the output, so a bad value inverts, silences or
+    overflows the audio).
+    """
+    if not isinstance(prompt, VoiceClonePrompt):
+        raise InputError("voice_clone_prompt must be a VoiceClonePrompt "
+                         "(from create_voice_clone_prompt or VoiceClonePrompt.load)")
+    tokens = prompt.ref_audio_tokens
+    if not isinstance(tokens, np.ndarray) or tokens.dtype.kind not in "iu":
+        kind = getattr(tokens, "dtype", type(tokens).__name__)
+        raise InputError(f"voice prompt codes must be an integer numpy array, got {kind}")
+    if tokens.ndim != 2 or tokens.shape[0] != num_codebooks:
+        raise InputError(f"voice prompt codes must have shape [{num_codebooks}, frames], "
+                         f"got {list(tokens.shape)}")
+    text_mod.validate_ref_frames(tokens.shape[1], "the voice prompt's reference audio")
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= codebook_size:
+        raise InputError(f"voice prompt codes must lie in [0, {codebook_size - 1}], found "
+                         f"{lo}..{hi}")
+    ref_text = text_mod.validate_ref_text(prompt.ref_text, "the voice prompt's ref_text")
+    ref_rms = text_mod.validate_ref_rms(prompt.ref_rms, "the voice prompt's ref_rms")
+    if tokens.dtype == np.int64 and ref_rms == prompt.ref_rms and type(prompt.ref_rms) is float:
+        return prompt
+    return VoiceClonePrompt(tokens.astype(np.int64), ref_text, ref_rms)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,24 +192,89 @@ class Codec:
         self._lock = threading.Lock()
 
     def decode(self, codes) -> np.ndarray:
-        """[C, T] -> float32 [960*T]; [B, C, T] -> float32 [B, 960*T]."""
-        codes = np.asarray(codes)
-        if codes.ndim == 3:
-            return np.stack([self.decode(c) for c in codes])
-        return codec_mod.decode(self.params, codes, self.cfg)
+        """[C, T] -> float32 [960*T]; [B, C, T] -> float32 [B, 960*T].
+
+        Codes must be integers in [0, codebook_size) (InputError otherwise), at most
+        text.MAX_DURATION_S of audio in all. Up to text.MAX_PASS_FRAMES frames (the longest
+        unmasking pass) are decoded in one shot; longer arrays in windows of that length with
+        the decoder's receptive field of overlap, so memory stays bounded.
+        """
+        arr = codec_mod._check_codes(codes, self.cfg)  # shape, dtype and range -> InputError
+        batch = arr.shape[0] if arr.ndim == 3 else 1
+        frames = arr.shape[-1]
+        if batch * frames > text_mod.MAX_DURATION_S * self.frame_rate:
+            raise InputError(
+                f"codes of {batch} x {frames:,} frames would decode to "
+                f"{batch * frames / self.frame_rate / 60:.0f} minutes of audio; the limit is "
+                f"{text_mod.MAX_DURATION_S / 60:g} minutes per call: decode it in parts")
+        if arr.ndim == 3:
+            if batch == 0:
+                return np.zeros((0, self.hop_length * frames), np.float32)
+            return np.stack([self.decode(c) for c in arr])  # one item at a time: bounded memory
+        if frames > text_mod.MAX_PASS_FRAMES:
+            return codec_mod.decode_chunked(self.params, arr, self.cfg,
+                                            chunk_frames=text_mod.MAX_PASS_FRAMES)
+        return codec_mod.decode(self.params, arr, self.cfg)
 
     def encode(self, waveform, sample_rate: int) -> np.ndarray:
         """Audio [L] or [C, L] at any rate -> int64 codes [C, T] (mixed to mono, resampled to
-        24 kHz and right-padded to whole frames first)."""
+        24 kHz and right-padded to whole frames first). At most text.MAX_REF_S seconds: the
+        encoder's attention grows with the square of the clip (AudioError beyond)."""
+        wav = audio.load_audio((waveform, sample_rate), self.sampling_rate)
+        check_clip_length(wav.shape[-1], self.sampling_rate)
         with self._lock:  # concurrent first uses (demo queue) load the encoder half once
             self.params = codec_mod.ensure_encoder(self.params, self.cfg, self.dir)
-        wav = audio.load_audio((waveform, sample_rate), self.sampling_rate)
         return codec_mod.encode(self.params, wav, self.cfg)
+
+
+def check_clip_length(num_samples: int, sample_rate: int) -> None:
+    """AudioError when a clip to encode is longer than text.MAX_REF_S seconds."""
+    seconds = num_samples / sample_rate
+    if seconds > text_mod.MAX_REF_S:
+        raise AudioError(
+            f"the clip is {seconds:.1f} s long; at most {text_mod.MAX_REF_S:g} s are encoded in "
+            "one go (a voice reference works best with 3-10 s of speech). Cut the clip, or "
+            "encode a long recording in parts.")
 
 
 # ---------------------------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------------------------
+
+
+def resolve_generation_config(generation_config, kwargs: dict) -> GenerationConfig:
+    """The GenerationConfig of a call from `generation_config` (a GenerationConfig, a dict of
+    its fields, or None) and keyword arguments naming its fields.
+
+    The reference lets `generation_config` silently win over the keyword arguments; here a
+    keyword that disagrees with it is an InputError (it would be ignored), one that agrees is
+    fine. Unknown names are an InputError.
+    """
+    names = {f.name for f in fields(GenerationConfig)}
+    unknown = set(kwargs) - names
+    if unknown:
+        raise InputError(f"unknown argument(s): {', '.join(sorted(unknown))}")
+    if generation_config is None:
+        return GenerationConfig(**kwargs)
+    if isinstance(generation_config, dict):
+        bad = [k for k in generation_config if k not in names]
+        if bad:
+            raise InputError(f"generation_config: unknown field(s) {', '.join(map(repr, bad))}; "
+                             f"the fields are {', '.join(sorted(names))}")
+        base = GenerationConfig(**generation_config)
+    elif isinstance(generation_config, GenerationConfig):
+        base = generation_config
+    else:
+        raise InputError("generation_config must be a GenerationConfig or a dict of its fields, "
+                         f"got {type(generation_config).__name__}")
+    clash = [k for k, v in kwargs.items() if getattr(base, k) != v]
+    if clash:
+        k = clash[0]
+        raise InputError(
+            f"{k}={kwargs[k]!r} conflicts with generation_config's {k}={getattr(base, k)!r}; "
+            "pass each setting once: in generation_config (dataclasses.replace(config, "
+            f"{k}=...) makes a changed copy) or as a keyword argument")
+    return base
 
 
 def _as_list(x, n: int, name: str, repeat: bool = True) -> list:
@@ -173,6 +302,8 @@ class _Item:
     ref_codes: np.ndarray | None  # int64 [C, R]
     ref_rms: float | None
     speed: float | None = None
+    plan: text_mod.SynthesisPlan | None = None  # the passes of a whole text item
+    seed: int | None = None
 
 
 class OmniVoice:
@@ -204,19 +335,25 @@ class OmniVoice:
     def create_voice_clone_prompt(self, ref_audio, ref_text: str | None = None,
                                   preprocess_prompt: bool = True) -> VoiceClonePrompt:
         """Encode a reference clip (path or (array, sample_rate)) into a reusable voice."""
-        if ref_text is None or not str(ref_text).strip():
+        if ref_text is None or (isinstance(ref_text, str) and not ref_text.strip()):
             raise InputError(
                 "ref_text is required: pass the transcript of the reference audio. (The "
                 "reference package can transcribe it with Whisper; omnicore has no ASR built in.)")
+        text_mod.validate_ref_text(ref_text)
         # Loudness boost, silence removal, whole codec frames only: exactly the reference's
         # clean-up. (It trims > 20 s clips only when it transcribes them itself; we never do.)
         wav, ref_rms = audio.prepare_reference_audio(
             ref_audio, preprocess_prompt, trim_long=False, sr=self.sampling_rate,
             hop_length=self.codec.hop_length)
+        check_clip_length(wav.shape[-1], self.sampling_rate)  # before the (costly) encode
+        if not ref_rms > 0:
+            raise AudioError("the reference audio is digital silence; record or upload speech")
         codes = self.codec.encode(wav, self.sampling_rate)  # [L] -> [C, R]
         if preprocess_prompt:
             ref_text = text_mod.add_punctuation(ref_text)
-        return VoiceClonePrompt(codes, ref_text, ref_rms)
+        # Loudness above 0.1 leaves the output as it is, so capping it at full scale (float
+        # clips can exceed it) changes nothing and keeps every saved prompt loadable.
+        return VoiceClonePrompt(codes, ref_text, min(ref_rms, text_mod.MAX_REF_RMS))
 
     # -- generation ---------------------------------------------------------------------------
 
@@ -241,28 +378,40 @@ class OmniVoice:
                    seed: int | None = None, on_step: Callable[[int, int], None] | None = None,
                    generation_config: GenerationConfig | None = None, _decode: bool = True,
                    **kwargs) -> list[Synthesis]:
-        """`generate` with the details: codes, per-cell fill steps, per-stage timings."""
-        unknown = set(kwargs) - {f.name for f in fields(GenerationConfig)}
-        if unknown:
-            raise InputError(f"unknown argument(s): {', '.join(sorted(unknown))}")
-        gen = generation_config or GenerationConfig(**kwargs)
+        """`generate` with the details: codes, per-cell fill steps, per-stage timings.
+
+        Every input is checked before any heavy work (text.py holds the limits: output length
+        per call and per pass, reference length, memory of one pass); `generation_config` is a
+        GenerationConfig or a dict of its fields, and a keyword argument may not contradict it.
+        `seed` is None, an integer >= 0, or one per text.
+        """
+        gen = resolve_generation_config(generation_config, kwargs)
+        if on_step is not None and not callable(on_step):
+            raise InputError(f"on_step must be a function (step, num_steps) or None, got "
+                             f"{type(on_step).__name__}")
         t0 = time.perf_counter()
         items, encode_s = self._prepare(text, language, ref_audio, ref_text, voice_clone_prompt,
-                                        instruct, duration, speed, gen)
+                                        instruct, duration, speed, gen, seed)
+        # Memory of every pass is checked before the first one runs; short items share passes
+        # in groups that fit the budget.
+        short = [i for i, it in enumerate(items) if not it.plan.chunked]
+        groups = self._batch_groups([items[i] for i in short], gen)
+        for it in items:
+            if it.plan.chunked:
+                self._check_chunk_passes(it, gen)
         prepare_s = time.perf_counter() - t0 - encode_s  # the clip's encode is timed on its own
 
-        threshold = int(gen.audio_chunk_threshold * self.frame_rate)
-        short = [i for i, it in enumerate(items) if it.frames <= threshold]
-        long = [i for i, it in enumerate(items) if it.frames > threshold]
         results: list = [None] * len(items)
-
         t0 = time.perf_counter()
-        if short:
-            codes, steps = self._unmask([items[i] for i in short], gen, seed, on_step)
-            for i, c, s in zip(short, codes, steps):
+        for group in groups:
+            idx = [short[j] for j in group]
+            codes, steps = self._unmask([items[i] for i in idx], gen,
+                                        [items[i].seed for i in idx], on_step)
+            for i, c, s in zip(idx, codes, steps):
                 results[i] = ([c], [s], [items[i].text])
-        for i in long:  # chunked generation, one long item at a time
-            results[i] = self._generate_chunked(items[i], gen, seed, on_step)
+        for i, it in enumerate(items):  # chunked generation, one long item at a time
+            if it.plan.chunked:
+                results[i] = self._generate_chunked(it, gen, on_step)
         unmask_s = time.perf_counter() - t0
 
         out = []
@@ -292,93 +441,138 @@ class OmniVoice:
 
     # -- internals ----------------------------------------------------------------------------
 
+    def check_prompt(self, prompt) -> VoiceClonePrompt:
+        """`prompt` checked against this model (codebooks, code range) and text.py's limits;
+        InputError naming what is wrong."""
+        size = min(self.codec.cfg.codebook_size, self.config.audio_mask_id)
+        try:
+            return check_voice_prompt(prompt, self.config.num_audio_codebook, size)
+        except InputError as exc:
+            raise InputError(f"voice_clone_prompt: {exc}") from None
+
     def _prepare(self, text, language, ref_audio, ref_text, voice_clone_prompt, instruct,
-                 duration, speed, gen: GenerationConfig) -> tuple[list[_Item], float]:
-        """Resolve every per-item input exactly as the reference's `_preprocess_all` does."""
+                 duration, speed, gen: GenerationConfig, seed=None) -> tuple[list[_Item], float]:
+        """Resolve every per-item input exactly as the reference's `_preprocess_all` does, and
+        plan each item's passes (text.plan_synthesis). Cheap checks come first, so that a bad
+        argument never waits for a reference clip to be encoded."""
         texts = [text] if isinstance(text, str) else text
         if not isinstance(texts, (list, tuple)) or not texts:
             raise InputError("text must be a non-empty string or a non-empty list of strings")
         texts = [text_mod.validate_text(t) for t in texts]
         n = len(texts)
+        text_mod.validate_edges(gen.pad_duration, gen.fade_duration)
+        seeds = text_mod.validate_seed(seed, n)
         langs = [text_mod.resolve_language(x) for x in _as_list(language, n, "language")]
         instructs = []
         for t, ins in zip(texts, _as_list(instruct, n, "instruct")):
             # The target text decides the instruct's language (Chinese text -> Chinese items).
             instructs.append(None if ins is None else text_mod.resolve_instruct(ins, t))
-
-        encode_s = 0.0
-        if voice_clone_prompt is None and ref_audio is not None:
-            t0 = time.perf_counter()
-            audios = _as_list(ref_audio, n, "ref_audio", repeat=False)
-            rtexts = _as_list(ref_text, n, "ref_text", repeat=False)
-            if len(rtexts) != len(audios):
-                raise InputError("give one ref_text per ref_audio")
-            voice_clone_prompt = [self.create_voice_clone_prompt(a, r, gen.preprocess_prompt)
-                                  for a, r in zip(audios, rtexts)]
-            encode_s = time.perf_counter() - t0
-        prompts = _as_list(voice_clone_prompt, n, "voice_clone_prompt")
-        for p in prompts:
-            if p is not None and not isinstance(p, VoiceClonePrompt):
-                raise InputError("voice_clone_prompt must be a VoiceClonePrompt "
-                                 "(from create_voice_clone_prompt or VoiceClonePrompt.load)")
-
         speeds = None if speed is None else [text_mod.validate_speed(v) for v in _as_list(speed, n, "speed")]
         durations = (None if duration is None else
                      [text_mod.validate_duration(v) for v in _as_list(duration, n, "duration")])
 
+        encode_s = 0.0
+        if voice_clone_prompt is None and ref_audio is not None:
+            audios = _as_list(ref_audio, n, "ref_audio", repeat=False)
+            rtexts = _as_list(ref_text, n, "ref_text", repeat=False)
+            if len(rtexts) != len(audios):
+                raise InputError("give one ref_text per ref_audio")
+            for r in rtexts:
+                if r is not None:
+                    text_mod.validate_ref_text(r)
+            t0 = time.perf_counter()
+            voice_clone_prompt = [self.create_voice_clone_prompt(a, r, gen.preprocess_prompt)
+                                  for a, r in zip(audios, rtexts)]
+            encode_s = time.perf_counter() - t0
+        prompts = [None if p is None else self.check_prompt(p)
+                   for p in _as_list(voice_clone_prompt, n, "voice_clone_prompt")]
+
         items = []
         for i in range(n):
             p = prompts[i]
-            has_dur = durations is not None and durations[i] is not None
-            item_speed = 1.0 if has_dur else (speeds[i] if speeds and speeds[i] is not None else 1.0)
-            frames = text_mod.estimate_target_frames(
-                texts[i], p.ref_text if p else None,
-                p.ref_audio_tokens.shape[1] if p else None, speed=item_speed)
-            chunk_speed = speeds[i] if speeds else None
-            if has_dur:
-                target = max(1, int(durations[i] * self.frame_rate))
-                chunk_speed = frames / target
-                frames = target
-            items.append(_Item(texts[i], frames, langs[i], instructs[i],
+            plan = text_mod.plan_synthesis(
+                texts[i], p.ref_text if p else None, p.ref_audio_tokens.shape[1] if p else None,
+                speed=speeds[i] if speeds else None,
+                duration=durations[i] if durations else None,
+                chunk_duration=gen.audio_chunk_duration,
+                chunk_threshold=gen.audio_chunk_threshold, frame_rate=self.frame_rate)
+            items.append(_Item(texts[i], plan.frames, langs[i], instructs[i],
                                p.ref_text if p else None, p.ref_audio_tokens if p else None,
-                               p.ref_rms if p else None, chunk_speed))
+                               p.ref_rms if p else None, plan.speed, plan, seeds[i]))
+        text_mod.check_total_frames(sum(c.frames for it in items for c in it.plan.chunks),
+                                    self.frame_rate)
         return items, encode_s
+
+    def _prepared(self, it: _Item, gen: GenerationConfig):
+        return tok_mod.prepare_item(self.tokenizer, self.config, it.text, it.frames,
+                                    ref_text=it.ref_text, ref_codes=it.ref_codes,
+                                    lang=it.language, instruct=it.instruct, denoise=gen.denoise)
+
+    def _rows(self, it: _Item, gen: GenerationConfig) -> tuple[list[int], list[int]]:
+        """Packed row lengths and scored positions of one item's pass (for memory checks)."""
+        L = self._prepared(it, gen).input_ids.shape[1]
+        if gen.guidance_scale != 0:  # the unconditional row: the targets alone
+            return [L, it.frames], [it.frames, it.frames]
+        return [L], [it.frames]
+
+    def _batch_groups(self, items: Sequence[_Item], gen: GenerationConfig) -> list[list[int]]:
+        """Indices of `items` in consecutive groups whose packed pass fits
+        text.MAX_PASS_BYTES; an item that alone does not fit is an InputError."""
+        groups: list[list[int]] = []
+        lengths: list[int] = []
+        outs: list[int] = []
+        sampling = gen.class_temperature > 0
+        for i, it in enumerate(items):
+            rows, num_out = self._rows(it, gen)
+            text_mod.check_pass_memory(self.config, rows, num_out, sampling)
+            if groups and text_mod.forward_bytes(self.config, lengths + rows, outs + num_out,
+                                                 sampling) <= text_mod.MAX_PASS_BYTES:
+                groups[-1].append(i)
+                lengths, outs = lengths + rows, outs + num_out
+            else:
+                groups.append([i])
+                lengths, outs = rows, num_out
+        return groups
+
+    def _chunk_items(self, item: _Item, chunk0_codes=None) -> list[_Item]:
+        """The passes of a chunked item as items. Later passes of an item without a voice
+        prompt use chunk 0's codes as reference: before those exist (`chunk0_codes` None),
+        zeros of chunk 0's length stand in, which give the same row lengths."""
+        passes = []
+        for chunk in item.plan.chunks:
+            ref_text, ref_codes = None, None
+            if chunk.reference == "prompt":
+                ref_text, ref_codes = item.ref_text, item.ref_codes
+            elif chunk.reference == "chunk0":
+                ref_text = chunk.ref_text
+                ref_codes = chunk0_codes if chunk0_codes is not None else np.zeros(
+                    (self.config.num_audio_codebook, item.plan.chunks[0].frames), np.int64)
+            passes.append(_Item(chunk.text, chunk.frames, item.language, item.instruct,
+                                ref_text, ref_codes, item.ref_rms, seed=item.seed))
+        return passes
+
+    def _check_chunk_passes(self, item: _Item, gen: GenerationConfig) -> None:
+        for sub in self._chunk_items(item):
+            rows, num_out = self._rows(sub, gen)
+            text_mod.check_pass_memory(self.config, rows, num_out, gen.class_temperature > 0)
 
     def _unmask(self, items: Sequence[_Item], gen: GenerationConfig, seed, on_step):
         """Build the model inputs for a batch of items and run the iterative unmasking."""
-        prepared = [tok_mod.prepare_item(self.tokenizer, self.config, it.text, it.frames,
-                                         ref_text=it.ref_text, ref_codes=it.ref_codes,
-                                         lang=it.language, instruct=it.instruct,
-                                         denoise=gen.denoise)
-                    for it in items]
+        prepared = [self._prepared(it, gen) for it in items]
         return unmasking.generate_codes(self.params, self.config, prepared, gen, seed=seed,
                                         on_step=on_step, return_fill_steps=True)
 
-    def _generate_chunked(self, item: _Item, gen: GenerationConfig, seed, on_step):
-        """Long text: split at sentence boundaries into ~audio_chunk_duration pieces.
+    def _generate_chunked(self, item: _Item, gen: GenerationConfig, on_step):
+        """Long text: the passes of the item's plan (text.plan_synthesis), one after another.
 
         With a reference voice every chunk is conditioned on it. Without one (auto / design),
         chunk 0 is generated first and its codes + text become the reference for every later
         chunk, which keeps the voice consistent across the utterance (the reference's rule).
         """
-        chunks = text_mod.chunk_text(item.text, item.frames, gen.audio_chunk_duration,
-                                     self.frame_rate)
         codes, steps = [], []
-
-        def run(chunk: str, ref_text, ref_codes):
-            frames = text_mod.estimate_target_frames(
-                chunk, ref_text, None if ref_codes is None else ref_codes.shape[1],
-                speed=item.speed if item.speed else 1.0)
-            sub = _Item(chunk, frames, item.language, item.instruct, ref_text, ref_codes, item.ref_rms)
-            c, s = self._unmask([sub], gen, seed, on_step)
+        for k in range(len(item.plan.chunks)):
+            sub = self._chunk_items(item, codes[0] if codes else None)[k]
+            c, s = self._unmask([sub], gen, [item.seed], on_step)
             codes.append(c[0])
             steps.append(s[0])
-
-        if item.ref_codes is not None:
-            for chunk in chunks:
-                run(chunk, item.ref_text, item.ref_codes)
-        else:
-            run(chunks[0], None, None)
-            for chunk in chunks[1:]:
-                run(chunk, chunks[0], codes[0])
-        return codes, steps, chunks
+        return codes, steps, [c.text for c in item.plan.chunks]

@@ -41,6 +41,24 @@ __all__ = [
     "validate_text",
     "validate_speed",
     "validate_duration",
+    "MAX_PASS_S",
+    "MAX_PASS_FRAMES",
+    "MAX_PASS_BYTES",
+    "MAX_REF_S",
+    "MAX_REF_FRAMES",
+    "MAX_REF_TEXT_CHARS",
+    "MAX_EDGE_S",
+    "MAX_REF_RMS",
+    "MAX_SEED",
+    "validate_ref_text",
+    "validate_ref_frames",
+    "validate_ref_rms",
+    "validate_edges",
+    "validate_seed",
+    "check_total_frames",
+    "check_pass_frames",
+    "forward_bytes",
+    "check_pass_memory",
     "resolve_language",
     "supported_language_ids",
     "supported_language_names",
@@ -158,6 +176,194 @@ def validate_duration(duration: object) -> float | None:
             "text into several calls."
         )
     return value
+
+
+# Limits that keep one call's memory bounded. Every size that a forward pass allocates grows
+# with the length L of one unmasking pass (attention scores [L*G, L] per kv head, activations
+# [N, intermediate], logits [8, T, 1025]), so each way of making L large is bounded here, before
+# anything is allocated; the API, the streaming planner, the CLI and the demo all use these.
+
+# Target frames of one unmasking pass. The reference cuts text above 30 s into ~15 s passes at
+# sentence marks but never inside a sentence, so a long unpunctuated sentence, or an explicit
+# duration on a short text, is one pass. Six times the reference's 30 s threshold is far beyond
+# what the model was trained to speak in one go, yet keeps a pass of the released model within
+# MAX_PASS_BYTES (about 3.3 GB at 180 s with a 12 s voice reference).
+MAX_PASS_S = 180.0
+MAX_PASS_FRAMES = int(MAX_PASS_S * FRAME_RATE)
+
+# Working memory of one forward pass (all rows packed together), estimated from the model's
+# dimensions by ``forward_bytes``. A fixed budget rather than the machine's free memory, so that
+# whether an input is accepted does not depend on what else runs. The default settings need
+# about 0.4 GB with the released model.
+MAX_PASS_BYTES = 4 * 2**30
+
+# Voice reference audio, in seconds of codec frames; also the longest clip the codec encodes in
+# one go. The model was trained on 3-10 s clips and the reference package warns above 20 s;
+# every unmasking pass re-reads the whole reference, and the encoder's activations grow with
+# the clip (its convolutions run at up to the full 24 kHz rate with 64+ channels).
+MAX_REF_S = 60.0
+MAX_REF_FRAMES = int(MAX_REF_S * FRAME_RATE)
+
+# Transcript of the voice reference: 60 s of fast speech is about 1,200 characters; its tokens
+# sit in every pass.
+MAX_REF_TEXT_CHARS = 2_000
+
+# Silence padding and fade lengths (reference default 0.1 s each) act on the whole output.
+MAX_EDGE_S = 5.0
+
+# Root mean square of a reference clip, as `audio.reference_rms` measures it on samples in
+# [-1, 1]: 1.0 is a full-scale square wave. It only matters below 0.1 (the output is scaled by
+# rms / 0.1), so a louder clip may be stored as 1.0 without changing anything.
+MAX_REF_RMS = 1.0
+
+# Seeds feed numpy's default_rng, which takes any non-negative integer; 64 bits is plenty.
+MAX_SEED = 2**64 - 1
+
+
+def validate_ref_text(ref_text: object, what: str = "ref_text") -> str:
+    """``ref_text`` as a usable reference transcript (a non-blank string of at most
+    ``MAX_REF_TEXT_CHARS`` characters, UTF-8 encodable), else ``InputError``."""
+    if not isinstance(ref_text, str):
+        raise InputError(f"{what} must be a string (the transcript of the reference audio), "
+                         f"got {type(ref_text).__name__}.")
+    if not ref_text.strip():
+        raise InputError(f"{what} is empty: pass the transcript of the reference audio.")
+    if len(ref_text) > MAX_REF_TEXT_CHARS:
+        raise InputError(
+            f"{what} is {len(ref_text):,} characters long; the limit is {MAX_REF_TEXT_CHARS:,} "
+            f"(a {MAX_REF_S:g} s reference). Use a 3-10 s clip and its transcript."
+        )
+    try:
+        ref_text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(
+            f"{what} contains an unpaired surrogate code point at character {e.start}; decode "
+            "it as UTF-8 (errors='replace') before passing it."
+        ) from None
+    return ref_text
+
+
+def validate_ref_frames(frames: int, what: str = "the voice reference") -> int:
+    """Reference length in codec frames: 1 .. ``MAX_REF_FRAMES``, else ``InputError``."""
+    if frames < 1:
+        raise InputError(f"{what} has no audio frames; re-create it from 3-10 s of speech.")
+    if frames > MAX_REF_FRAMES:
+        raise InputError(
+            f"{what} is {frames / FRAME_RATE:.1f} s long ({frames:,} frames); the limit is "
+            f"{MAX_REF_S:g} s. Cut the clip to 3-10 s of speech (the model was trained on such "
+            "clips) and re-create the voice prompt."
+        )
+    return frames
+
+
+def validate_ref_rms(ref_rms: object, what: str = "ref_rms") -> float:
+    """Loudness of a reference clip: a finite number in (0, ``MAX_REF_RMS``], else
+    ``InputError`` (a negative, zero, NaN or huge value would invert, silence or blow up the
+    output)."""
+    value = _real(ref_rms, what)
+    if not 0 < value <= MAX_REF_RMS:
+        raise InputError(
+            f"{what} is {value:g}; the RMS of a reference clip lies in (0, {MAX_REF_RMS:g}]. "
+            "Re-create the voice prompt from the audio."
+        )
+    return value
+
+
+def validate_edges(pad_duration: object, fade_duration: object) -> tuple[float, float]:
+    """Padding and fade lengths in seconds, each in [0, ``MAX_EDGE_S``], else ``InputError``."""
+    out = []
+    for name, v in (("pad_duration", pad_duration), ("fade_duration", fade_duration)):
+        value = _real(v, name)
+        if not 0 <= value <= MAX_EDGE_S:
+            raise InputError(
+                f"{name} is {value:g} s; it must lie in [0, {MAX_EDGE_S:g}] s (the reference "
+                "uses 0.1 s). Add longer silence to the saved audio instead."
+            )
+        out.append(value)
+    return out[0], out[1]
+
+
+def validate_seed(seed: object, n: int = 1) -> list[int | None]:
+    """One seed per item from ``seed``: ``None`` (fresh entropy), one integer in
+    [0, ``MAX_SEED``] for every item, or a list/tuple of ``n`` such integers (or ``None``)."""
+    def one(s):
+        if s is None:
+            return None
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral):
+            raise InputError(f"seed must be an integer >= 0 or None, got {type(s).__name__} {s!r}.")
+        if not 0 <= s <= MAX_SEED:
+            raise InputError(f"seed must lie in [0, 2**64 - 1], got {s}; use e.g. seed=42.")
+        return int(s)
+
+    if isinstance(seed, (list, tuple)):
+        if len(seed) != n:
+            raise InputError(f"got {len(seed)} seeds for {n} texts; pass one seed or one per text.")
+        return [one(s) for s in seed]
+    return [one(seed)] * n
+
+
+def check_total_frames(frames: int, frame_rate: int = FRAME_RATE) -> int:
+    """The whole output of one call, in frames: at most ``MAX_DURATION_S``, else ``InputError``."""
+    if frames > MAX_DURATION_S * frame_rate:
+        raise InputError(
+            f"the output would last about {frames / frame_rate / 60:.0f} minutes in all; the "
+            f"limit is {MAX_DURATION_S / 60:g} minutes per call. Split the text into several "
+            "calls, raise the speed or lower the duration."
+        )
+    return frames
+
+
+def check_pass_frames(frames: int, text: str, frame_rate: int = FRAME_RATE) -> int:
+    """Target frames of one unmasking pass: at most ``MAX_PASS_FRAMES``, else ``InputError``."""
+    if frames > MAX_PASS_S * frame_rate:
+        snippet = text if len(text) <= 40 else text[:37] + "..."
+        raise InputError(
+            f"one generation pass would be {frames / frame_rate:.0f} s of audio for the text "
+            f"{snippet!r}; the limit is {MAX_PASS_S:g} s per pass. Long text is generated in "
+            "~15 s pieces cut at sentence marks, but a sentence is never cut: add punctuation "
+            "(. , ; ! ?) to split it, or ask for a shorter duration or a faster speed."
+        )
+    return frames
+
+
+def forward_bytes(cfg, lengths, num_out, class_sampling: bool = False) -> int:
+    """Estimated peak working memory (bytes) of one forward pass plus scoring, for packed rows
+    of ``lengths`` positions whose last ``num_out`` positions are scored, from the model's
+    dimensions (``cfg`` an ``OmniVoiceConfig``; float32 throughout).
+
+    Counts what ``backbone.make_packing``/``make_workspace``/``forward_rows`` and the scoring
+    allocate: per packed token the residual, norm and sub-block buffers [3 D], query, grouped
+    query and attention output [3 H*E], keys and values [2 K*E], the MLP's gate and up [2 F],
+    rotary tables and their temporaries [4 E] and the embedding gather [(C+1) D] plus its ids;
+    per the longest row its [K, L*G, L] scores with [K, L*G, E] outputs; per scored position
+    the heads' logits [C*V] and two [D] rows; per item the [C, T, V] log-probabilities (four
+    times that with class sampling: negated copy and int64 indices of the top-k selection).
+    """
+    q = cfg.llm_config
+    C, V = cfg.num_audio_codebook, cfg.audio_vocab_size
+    D, F, E = q.hidden_size, q.intermediate_size, q.head_dim
+    H, K = q.num_attention_heads, q.num_key_value_heads
+    G = H // K
+    N, L, n = sum(lengths), max(lengths), sum(num_out)
+    per_token = 3 * D + 3 * H * E + 2 * K * E + 2 * F + 4 * E + (C + 1) * D + 2 * C
+    attention = K * G * L * (L + E + 1)
+    logits = n * (C * V + 2 * D)
+    scoring = max(num_out) * C * V * (4 if class_sampling else 1)
+    return 4 * (N * per_token + attention + logits + scoring)
+
+
+def check_pass_memory(cfg, lengths, num_out, class_sampling: bool = False) -> int:
+    """``forward_bytes`` of one pass if within ``MAX_PASS_BYTES``, else ``InputError``."""
+    need = forward_bytes(cfg, lengths, num_out, class_sampling)
+    if need > MAX_PASS_BYTES:
+        raise InputError(
+            f"one generation pass ({max(lengths):,} positions: prompt, voice reference and "
+            f"{max(num_out) / FRAME_RATE:.0f} s of target) would need about {need / 2**30:.1f} "
+            f"GiB of working memory; the limit is {MAX_PASS_BYTES / 2**30:g} GiB. Shorten the "
+            "sentence (add punctuation so long text is cut into ~15 s pieces), use a shorter "
+            "voice reference and transcript, or ask for a shorter duration."
+        )
+    return need
 
 
 # ---------------------------------------------------------------------------
@@ -822,8 +1028,11 @@ def plan_synthesis(
         )
 
     has_prompt = num_ref_frames is not None
+    if has_prompt:
+        validate_ref_frames(num_ref_frames)
     if frames <= int(chunk_threshold * frame_rate):
-        only = ChunkPlan(text, frames, "prompt" if has_prompt else None, ref_text)
+        only = ChunkPlan(text, check_pass_frames(frames, text, frame_rate),
+                         "prompt" if has_prompt else None, ref_text)
         return SynthesisPlan(frames, pace, False, (only,))
 
     pieces = chunk_text(text, frames, chunk_duration, frame_rate)
@@ -846,4 +1055,6 @@ def plan_synthesis(
             )
             for piece in pieces[1:]
         )
+    for chunk in chunks:  # one sentence longer than a pass is never cut: refuse it up front
+        check_pass_frames(chunk.frames, chunk.text, frame_rate)
     return SynthesisPlan(frames, pace, True, chunks)

@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .backbone import BackboneParams, forward_rows, make_packing, make_workspace
-from . import kernels
+from . import kernels, text as text_mod
 from .backend import to_numpy, xp
 from .config import GenerationConfig, OmniVoiceConfig
 from .errors import InputError
@@ -133,14 +133,7 @@ def choose_cells(confidence, filled, k: int, gen: GenerationConfig,
 def _item_rngs(seed, B: int) -> list:
     """One Generator per item: an int seed gives every item the same seed (so an item's
     result does not depend on its place in the batch); a sequence gives one seed per item."""
-    if seed is None or isinstance(seed, (int, np.integer)):
-        seeds = [seed] * B
-    else:
-        seeds = list(seed)
-        if len(seeds) != B:
-            raise InputError(f"got {len(seeds)} seeds for {B} items; pass one seed or one per item")
-    if seed is None:
-        return [np.random.default_rng() for _ in range(B)]
+    seeds = text_mod.validate_seed(seed, B)  # per item: None or an integer in range
     return [np.random.default_rng(s) for s in seeds]
 
 
@@ -170,11 +163,14 @@ def generate_codes(params: BackboneParams, cfg: OmniVoiceConfig, items: Sequence
     for ids, _ in rows:
         if ids.shape[0] != C:
             raise InputError(f"prepared inputs have {ids.shape[0]} codebook rows, the model {C}")
-    pack = make_packing([ids.shape[1] for ids, _ in rows], cfg)
+    lengths = [ids.shape[1] for ids, _ in rows]
+    num_out = [it.num_target for it in items] * (2 if use_uncond else 1)  # targets end every row
+    # Refuse a pass whose buffers would not fit, before any of them is allocated.
+    text_mod.check_pass_memory(cfg, lengths, num_out, gen.class_temperature > 0)
+    pack = make_packing(lengths, cfg)
     work = make_workspace(cfg, pack)  # activation buffers shared by all steps
     ids = xp.asarray(np.concatenate([r[0] for r in rows], axis=1))  # [C, N]
     audio_mask = xp.asarray(np.concatenate([r[1] for r in rows]))  # [N]
-    num_out = [it.num_target for it in items] * (2 if use_uncond else 1)  # targets end every row
     # Packed columns of item b's targets: in its conditional row r = b and, with guidance,
     # in its unconditional row r = B + b. Both are rewritten after every step.
     row_targets = [slice(s + L - T, s + L) for s, L, T in zip(pack.starts, pack.lengths, num_out)]
