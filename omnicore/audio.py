@@ -740,7 +740,9 @@ class AtomicOutput:
         except BaseException as exc:
             self.abort()
             if isinstance(exc, Exception):
-                raise self.failed(exc) from None
+                raise error(f"cannot write {self.path!r}: no file can be created in folder "
+                            f"{os.path.dirname(self.target)!r} ({_reason(exc)}); write somewhere "
+                            "else") from None
             raise
 
     def failed(self, exc: BaseException) -> OmniCoreError:
