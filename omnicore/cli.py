@@ -8,8 +8,12 @@
     omnicore batch jobs.jsonl --out-dir out/                    # many utterances
     omnicore codec encode in.wav -o codes.npy | decode codes.npy -o out.wav | roundtrip in.wav -o rt.wav
 
-Errors from omnicore (bad text, missing weights, unreadable audio, ...) are printed as one
-message without a traceback, and the exit status is non-zero. Outputs are written atomically.
+Every failure is one `omnicore: error: ...` line on stderr, without a traceback. Exit status:
+0 done; 2 refused before or while working (bad arguments, text, audio, voice or model files, an
+output path that cannot be written or that is one of the inputs); 1 an operating-system failure
+(e.g. no space on stdout) or some `batch` jobs failed; 130 Ctrl-C; 143 SIGTERM. Outputs are
+written atomically: a failed, interrupted or terminated command leaves no partial or temporary
+file, and an existing output is replaced only by a complete new one.
 """
 
 from __future__ import annotations
@@ -17,13 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import time
+import unicodedata
 from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError, OmniCoreError
+from .errors import AudioError, InputError, OmniCoreError, VoicePromptError
 
 DEFAULT_MODEL = os.environ.get("OMNICORE_MODEL", "k2-fsa/OmniVoice")
 
@@ -68,6 +75,36 @@ def _log(args, msg: str) -> None:
         print(msg, file=sys.stderr)
 
 
+def _same_file(a, b) -> bool:
+    """Whether paths `a` and `b` name one file: after symbolic links, and hard links too."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):  # one of them does not exist (yet)
+        return False
+
+
+def _check_output(path, inputs: dict, error=InputError, *, audio_file: bool = False) -> None:
+    """Refuse, before any work, an output that cannot be written (missing folder, a folder or
+    device, an unknown audio extension) or that would replace one of the command's own inputs
+    (`inputs`: what it is -> path or None)."""
+    from . import audio
+
+    for what, src in inputs.items():
+        if src and _same_file(path, src):
+            raise InputError(f"output {os.fspath(path)!r} is the same file as {what} {os.fspath(src)!r}; "
+                             "writing it would destroy the input: choose another output name")
+    audio.check_output_path(path, error)
+    if audio_file:
+        audio.audio_format(path)
+    audio.AtomicOutput(path, error).abort()  # a folder that takes no new file (read-only, /proc)
+
+
+def _say_inputs(args) -> dict:
+    return {"--ref-audio": args.ref_audio, "--voice": args.voice, "--text-file": args.text_file}
+
+
 def _gen_kwargs(args) -> dict:
     kw = dict(language=args.language, instruct=args.instruct, duration=args.duration,
               speed=args.speed, num_step=args.steps, guidance_scale=args.guidance, seed=args.seed,
@@ -87,6 +124,7 @@ def cmd_say(args) -> int:
         return _say_stream(args)
     if args.output is None:
         raise InputError("say needs -o/--output FILE (or --stream --raw for PCM on stdout)")
+    _check_output(args.output, _say_inputs(args), AudioError, audio_file=True)
     text = validate_text(_read_text(args))  # fail before the (slow) model load
     model = _load_model(args)
     kw = _gen_kwargs(args)
@@ -152,6 +190,7 @@ def _say_stream(args) -> int:
     if to_stdout:
         writer = streaming.RawPcmWriter(sys.stdout.buffer)
     else:
+        _check_output(args.output, _say_inputs(args), AudioError)
         writer = streaming.AudioFileWriter(args.output, 24000, raw=args.raw)  # checks the path first
     try:
         model = _load_model(args)
@@ -166,9 +205,14 @@ def _say_stream(args) -> int:
             st.close()
         writer.commit()
     except BrokenPipeError:  # the player went away: stop quietly, as `cmd | head` does
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _drop_stdout()
         return 0
+    except OSError as exc:
+        if not to_stdout:
+            writer.abort()
+            raise
+        _drop_stdout()
+        raise AudioError(f"cannot write PCM to stdout ({exc.strerror or exc})") from None
     except BaseException:
         writer.abort()
         raise
@@ -180,7 +224,16 @@ def _say_stream(args) -> int:
     return 0
 
 
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so the flush at exit of what is still buffered cannot fail a
+    second time (Python would print an 'Exception ignored' report)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def cmd_clone_prompt(args) -> int:
+    _check_output(args.output, {"the reference clip": args.ref_audio}, VoicePromptError)
     model = _load_model(args)
     prompt = model.create_voice_clone_prompt(args.ref_audio, ref_text=args.ref_text,
                                              preprocess_prompt=not args.no_preprocess)
@@ -190,55 +243,174 @@ def cmd_clone_prompt(args) -> int:
     return 0
 
 
-_BATCH_FIELDS = {"id", "text", "ref_audio", "ref_text", "instruct", "language_id", "duration", "speed"}
+# The reference's batch format (omnivoice-infer-batch): "id" and "text" required, the rest
+# optional, null meaning absent; "language_name" is read only by its evaluation scripts.
+_BATCH_FIELDS = ("id", "text", "ref_audio", "ref_text", "instruct", "language_id", "language_name",
+                 "duration", "speed")
+_BATCH_STRINGS = ("ref_audio", "ref_text", "instruct", "language_id", "language_name")
+_MAX_NAME_BYTES = 255  # the longest file name ext4, APFS and NTFS take
 
 
-def cmd_batch(args) -> int:
-    from . import audio
-
-    jobs = []
+def _id_problem(job_id) -> str | None:
+    """Why `job_id` cannot name an output file `<id>.wav`, or None."""
+    if not isinstance(job_id, str) or not job_id:
+        return "needs a non-empty string \"id\" (it names the output file <id>.wav)"
+    if "/" in job_id or "\\" in job_id or job_id.startswith("."):
+        return f"id {job_id!r} is not a plain file name (no '/', '\\', or leading '.')"
+    if any(ord(c) < 32 or ord(c) == 127 for c in job_id):
+        return f"id {job_id!r} contains a control character"
     try:
-        lines = Path(args.jsonl).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {args.jsonl}: {exc}") from None
+        name = (job_id + ".wav").encode("utf-8")
+    except UnicodeEncodeError:
+        return f"id {job_id!r} is not valid UTF-8 (an unpaired surrogate)"
+    if len(name) > _MAX_NAME_BYTES:
+        return f"id is {len(name) - 4} bytes long; file names allow {_MAX_NAME_BYTES - 4} plus '.wav'"
+    return None
+
+
+def _job_problem(job) -> str | None:
+    """What is wrong with one parsed batch line (fields, types, values), or None."""
+    from .text import resolve_instruct, validate_duration, validate_speed, validate_text
+
+    if not isinstance(job, dict):
+        return f"must be a JSON object, got {type(job).__name__}"
+    extra = sorted(set(job) - set(_BATCH_FIELDS))
+    if extra:
+        return f"unknown field(s) {extra}; known: {list(_BATCH_FIELDS)}"
+    problem = _id_problem(job.get("id"))
+    if problem:
+        return problem
+    if not isinstance(job.get("text"), str):
+        return "needs a string \"text\" (the words to speak)"
+    bad = [k for k in _BATCH_STRINGS if job.get(k) is not None and not isinstance(job[k], str)]
+    if bad:
+        got = ", ".join(type(job[k]).__name__ for k in bad)
+        return f"field(s) {bad} must be strings (or null), got {got}"
+    if job.get("ref_audio") and not (job.get("ref_text") or "").strip():
+        return ("\"ref_audio\" needs \"ref_text\", the transcript of the clip (the reference can "
+                "transcribe it with Whisper; omnicore has no ASR built in)")
+    try:
+        validate_text(job.get("text"))
+        validate_duration(job.get("duration"))
+        validate_speed(job.get("speed"))
+        resolve_instruct(job.get("instruct"), job["text"])
+    except InputError as exc:
+        return str(exc)
+    return None
+
+
+def _read_jobs(path: str) -> list[tuple[int, dict]]:
+    """Every line of a batch file checked before any work: (line number, job) pairs, or one
+    InputError naming each bad line (malformed JSON, missing or mistyped fields, bad values,
+    unsafe ids, two ids naming one output file)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    jobs, problems, names = [], [], {}
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             job = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{args.jsonl}:{n}: invalid JSON ({exc.msg})") from None
-        if not isinstance(job, dict) or not isinstance(job.get("id"), str) or not isinstance(job.get("text"), str):
-            raise InputError(f"{args.jsonl}:{n}: each line needs string fields \"id\" and \"text\"")
-        if not job["id"] or "/" in job["id"] or "\\" in job["id"] or job["id"].startswith("."):
-            raise InputError(f"{args.jsonl}:{n}: id {job['id']!r} is not a plain file name")
-        extra = set(job) - _BATCH_FIELDS
-        if extra:
-            raise InputError(f"{args.jsonl}:{n}: unknown field(s) {sorted(extra)}; "
-                             f"known: {sorted(_BATCH_FIELDS)}")
-        jobs.append(job)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            problems.append(f"line {n}: invalid JSON ({getattr(exc, 'msg', 'nested too deeply')})")
+            continue
+        problem = _job_problem(job)
+        if problem:
+            problems.append(f"line {n}: {problem}")
+            continue
+        # One file per id, also where the file system ignores case or Unicode normalisation
+        # (macOS, Windows): the later job would silently overwrite the earlier one.
+        key = unicodedata.normalize("NFC", job["id"]).casefold()
+        if key in names:
+            m, other = names[key]
+            if other == job["id"]:
+                problems.append(f"line {n}: id {job['id']!r} is also on line {m}; ids must be unique")
+            else:
+                problems.append(f"line {n}: id {job['id']!r} names the same file as {other!r} on line "
+                                f"{m} on some file systems (they differ only in case or Unicode "
+                                "normalisation); ids must be unique")
+            continue
+        names[key] = (n, job["id"])
+        jobs.append((n, job))
+    if problems:
+        more = f"; and {len(problems) - 10} more" if len(problems) > 10 else ""
+        raise InputError(f"{path}: {len(problems)} bad line(s), nothing was run: "
+                         + "; ".join(problems[:10]) + more)
     if not jobs:
-        raise InputError(f"{args.jsonl}: no jobs")
+        raise InputError(f"{path}: no jobs")
+    return jobs
+
+
+def cmd_batch(args) -> int:
+    """Lines are all checked first: any bad line refuses the whole batch before any work. Then
+    each job runs in turn; a job that fails (e.g. unreadable ref_audio) is reported with its
+    line number and the rest go on; the exit status is then 1."""
+    from . import audio
+
+    jobs = _read_jobs(args.jsonl)
     out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"--out-dir {args.out_dir!r} is a file, not a folder; give a folder "
+                         "(it is created if missing)")
+    # No output may replace an input (the job file, any job's ref_audio): by real path, and by
+    # inode for hard links. Sets, so that a batch of n lines costs O(n) stats, not n^2.
+    by_path, by_inode = {}, {}
+    sources = [("the job file", args.jsonl)]
+    sources += [(f"the ref_audio of line {n}", job["ref_audio"]) for n, job in jobs if job.get("ref_audio")]
+    for what, src in sources:
+        by_path.setdefault(os.path.realpath(src), (what, src))
+        try:
+            st = os.stat(src)
+            by_inode.setdefault((st.st_dev, st.st_ino), (what, src))
+        except (OSError, ValueError):
+            pass
+    for n, job in jobs:
+        target = out_dir / f"{job['id']}.wav"
+        hit = by_path.get(os.path.realpath(target))
+        try:
+            st = os.stat(target)
+            hit = hit or by_inode.get((st.st_dev, st.st_ino))
+        except (OSError, ValueError):
+            pass
+        if hit:
+            raise InputError(f"{args.jsonl}:{n}: output {str(target)!r} is {hit[0]} ({hit[1]!r}); "
+                             "it would be overwritten: change the id or --out-dir; nothing was run")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create --out-dir {args.out_dir!r} ({exc.strerror or exc})") from None
+    for n, job in jobs:  # e.g. a folder named <id>.wav in the way
+        try:
+            audio.check_output_path(out_dir / f"{job['id']}.wav", InputError)
+        except InputError as exc:
+            raise InputError(f"{args.jsonl}:{n}: {exc}; nothing was run") from None
+    audio.AtomicOutput(out_dir / f"{jobs[0][1]['id']}.wav", InputError).abort()  # takes new files?
     model = _load_model(args)
     base = _gen_kwargs(args)
     failed = 0
-    for k, job in enumerate(jobs, 1):
+    for k, (n, job) in enumerate(jobs, 1):
         kw = dict(base)
-        kw.update(language=job.get("language_id", args.language),
-                  instruct=job.get("instruct", args.instruct),
-                  duration=job.get("duration", args.duration), speed=job.get("speed", args.speed))
+        # null is "absent", as in the reference; the options are the defaults for absent fields
+        for field, key, default in (("language_id", "language", args.language),
+                                    ("instruct", "instruct", args.instruct),
+                                    ("duration", "duration", args.duration),
+                                    ("speed", "speed", args.speed)):
+            kw[key] = default if job.get(field) is None else job[field]
         if job.get("ref_audio"):
-            kw.update(ref_audio=job["ref_audio"], ref_text=job.get("ref_text"))
+            kw.update(ref_audio=job["ref_audio"], ref_text=job["ref_text"])
         target = out_dir / f"{job['id']}.wav"
         try:
             wav = model.generate(job["text"], **kw)[0]
             audio.write_audio_atomic(target, wav, model.sampling_rate)
             _log(args, f"[{k}/{len(jobs)}] {target}")
-        except OmniCoreError as exc:
+        except (OmniCoreError, MemoryError) as exc:
             failed += 1
-            print(f"[{k}/{len(jobs)}] {job['id']}: error: {exc}", file=sys.stderr)
+            reason = exc if isinstance(exc, OmniCoreError) else "out of memory"
+            _error(f"{args.jsonl}:{n}: id {job['id']!r}: {reason}")
+    if failed:
+        _log(args, f"{len(jobs) - failed} of {len(jobs)} jobs written to {out_dir}, {failed} failed")
     return 1 if failed else 0
 
 
@@ -254,6 +426,7 @@ def _codec(args):
 def cmd_codec_encode(args) -> int:
     from . import audio
 
+    _check_output(args.output, {"the input": args.input})
     codec = _codec(args)
     wav = audio.load_audio(args.input, codec.sampling_rate)
     codes = codec.encode(wav, codec.sampling_rate)
@@ -263,14 +436,9 @@ def cmd_codec_encode(args) -> int:
 
 
 def _save_npy(path, arr) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            np.save(f, arr)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    from . import audio
+
+    audio.write_atomic(path, lambda fh: np.save(fh, arr), InputError)
 
 
 def _load_codes(path, num_codebooks: int, codebook_size: int) -> np.ndarray:
@@ -289,6 +457,7 @@ def _load_codes(path, num_codebooks: int, codebook_size: int) -> np.ndarray:
 def cmd_codec_decode(args) -> int:
     from . import audio
 
+    _check_output(args.output, {"the input": args.input}, AudioError, audio_file=True)
     codec = _codec(args)
     codes = _load_codes(args.input, codec.cfg.num_quantizers, codec.cfg.codebook_size)
     wav = codec.decode(codes)
@@ -300,6 +469,7 @@ def cmd_codec_decode(args) -> int:
 def cmd_codec_roundtrip(args) -> int:
     from . import audio
 
+    _check_output(args.output, {"the input": args.input}, AudioError, audio_file=True)
     codec = _codec(args)
     wav = audio.load_audio(args.input, codec.sampling_rate)
     codes = codec.encode(wav, codec.sampling_rate)
@@ -309,8 +479,26 @@ def cmd_codec_roundtrip(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one `omnicore: error:` line like every other failure
+    (argparse prints the whole usage first); sub-command parsers are of this class too."""
+
+    def error(self, message):
+        self.exit(2, f"omnicore: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _seed(value: str) -> int:
+    try:
+        seed = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {value!r}") from None
+    if seed < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {seed}")
+    return seed
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="omnicore",
         description="OmniVoice text-to-speech (600+ languages, voice cloning and voice design) "
                     "running on numpy: no torch needed.",
@@ -331,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--speed", type=float, help="speaking rate factor, >1 faster (default 1.0)")
         g.add_argument("--steps", type=int, default=32, help="unmasking steps (default 32; 16 is faster)")
         g.add_argument("--guidance", type=float, default=2.0, help="classifier-free guidance scale (default 2.0)")
-        g.add_argument("--seed", type=int, help="random seed: same seed, same audio")
+        g.add_argument("--seed", type=_seed, help="random seed (>= 0): same seed, same audio")
         g.add_argument("--greedy", action="store_true",
                        help="deterministic decoding (position and class temperature 0)")
         g.add_argument("--no-denoise", action="store_true", help="omit the <|denoise|> token when cloning")
@@ -369,7 +557,14 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("batch", help="synthesise every line of a JSONL file",
                        description="Each line: {\"id\", \"text\"} plus optional \"ref_audio\", "
                                    "\"ref_text\", \"instruct\", \"language_id\", \"duration\", "
-                                   "\"speed\" (the reference's batch format). Writes OUT_DIR/<id>.wav.")
+                                   "\"speed\" (the reference's batch format; null means absent, "
+                                   "\"language_name\" is ignored; the options are the defaults for "
+                                   "absent fields). Writes OUT_DIR/<id>.wav. All lines are checked "
+                                   "first: a malformed line, a bad field, an unsafe id or two ids "
+                                   "naming one file refuses the whole batch (exit 2, each bad line "
+                                   "named) before any work. A job that fails while running (e.g. "
+                                   "unreadable ref_audio) is reported with its line number, the "
+                                   "others still run, and the exit status is 1.")
     b.add_argument("jsonl")
     b.add_argument("--out-dir", required=True)
     model_opts(b)
@@ -390,16 +585,48 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM as an exception, raised in the main thread: every writer removes its temporary
+    file on the way out, as for Ctrl-C (the default action would kill the process on the spot)."""
+
+
+def _on_sigterm(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
+    raise _Terminated
+
+
+def _error(msg) -> None:
+    print(f"omnicore: error: {msg}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    # The handler belongs to the command, not to whoever imports omnicore (or calls main() in a
+    # test): installed here, put back on return. Python only allows it in the main thread.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except OmniCoreError as exc:
-        print(f"omnicore: error: {exc}", file=sys.stderr)
+        _error(exc)
         return 2
+    except _Terminated:
+        _error("terminated (SIGTERM); no partial output was kept")
+        return 143
     except KeyboardInterrupt:
-        print("omnicore: interrupted", file=sys.stderr)
+        _error("interrupted; no partial output was kept")
         return 130
+    except MemoryError:
+        _error("out of memory; use shorter text or a shorter reference clip")
+        return 1
+    except OSError as exc:  # omnicore wraps its own file errors; this is e.g. stdin or stderr
+        where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+        _error(f"{exc.strerror or exc}{where}")
+        return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -142,3 +142,211 @@ def test_bad_jsonl(tmp_path, capsys):
 
 def test_parser_builds():
     assert build_parser().prog == "omnicore"
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals before any work, one error line, nothing lost or left behind
+# ---------------------------------------------------------------------------------------------
+
+
+def _one_error_line(err: str, match: str = "") -> str:
+    import re
+
+    assert err.startswith("omnicore: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err and re.search(match, err), err
+    return err
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Refusals must come before the (slow) model load: loading is a test failure here."""
+    import omnicore.cli as cli
+
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(cli, "_load_model", refuse)
+    monkeypatch.setattr(cli, "_codec", refuse)
+
+
+def test_output_that_is_an_input_is_refused(tmp_path, capsys, no_model):
+    clip = tmp_path / "in.wav"
+    clip.write_bytes(Path(SPEECH).read_bytes())
+    (tmp_path / "hard.wav").hardlink_to(clip)
+    (tmp_path / "link.wav").symlink_to(clip)
+    before = clip.read_bytes()
+    text = tmp_path / "t.txt"
+    text.write_text("Hello.", encoding="utf-8")
+    voice = tmp_path / "v.npz"
+    voice.write_bytes(b"not read")
+    for argv in (["clone-prompt", clip, "--ref-text", "Hi.", "-o", clip],
+                 ["clone-prompt", clip, "--ref-text", "Hi.", "-o", tmp_path / "hard.wav"],
+                 ["codec", "encode", clip, "-o", tmp_path / "link.wav"],
+                 ["codec", "roundtrip", tmp_path / "link.wav", "-o", clip],
+                 ["codec", "decode", clip, "-o", clip],
+                 ["say", "Hi.", "--ref-audio", clip, "--ref-text", "Hi.", "-o", clip],
+                 ["say", "Hi.", "--ref-audio", clip, "--ref-text", "Hi.", "--stream", "-o", tmp_path / "hard.wav"],
+                 ["say", "--text-file", text, "--raw", "-o", text],
+                 ["say", "Hi.", "--voice", voice, "-o", voice]):
+        assert main([str(a) for a in argv] + ["--model", TINY, "-q"]) == 2, argv
+        _one_error_line(capsys.readouterr().err, "same file as")
+    assert clip.read_bytes() == before and text.read_text() == "Hello." and voice.read_bytes() == b"not read"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hard.wav", "in.wav", "link.wav", "t.txt", "v.npz"]
+
+
+def test_unwritable_outputs_are_one_error_line(tmp_path, capsys, no_model):
+    (tmp_path / "adir.wav").mkdir()
+    (tmp_path / "afile").write_text("keep")
+    cases = [
+        (["clone-prompt", SPEECH, "--ref-text", "Hi.", "-o", "{d}/nodir/v.npz"], "does not exist"),
+        (["clone-prompt", SPEECH, "--ref-text", "Hi.", "-o", "{d}/adir.wav"], "is a folder"),
+        (["clone-prompt", SPEECH, "--ref-text", "Hi.", "-o", "/proc/v.npz"], "no file can be created"),
+        (["codec", "encode", SPEECH, "-o", "{d}/nodir/c.npy"], "does not exist"),
+        (["codec", "decode", SPEECH, "-o", "{d}/out.xyz"], "format"),
+        (["say", "Hi.", "-o", "{d}/adir.wav"], "is a folder"),
+        (["say", "Hi.", "-o", "/dev/null"], "device"),
+        (["say", "Hi.", "--stream", "-o", "{d}/afile/x.wav"], "not a folder"),
+        (["batch", "{d}/adir.wav", "--out-dir", "{d}/o"], "cannot read .*Is a directory"),
+    ]
+    for argv, match in cases:
+        assert main([a.format(d=tmp_path) for a in argv] + ["--model", TINY, "-q"]) == 2, argv
+        _one_error_line(capsys.readouterr().err, match)
+    jobs = tmp_path / "j.jsonl"
+    jobs.write_text('{"id": "a", "text": "Hi."}\n', encoding="utf-8")
+    assert main(["batch", str(jobs), "--out-dir", str(tmp_path / "afile"), *FAST]) == 2
+    _one_error_line(capsys.readouterr().err, "is a file, not a folder")
+    (tmp_path / "a.wav").mkdir()  # a folder where job "a" writes
+    assert main(["batch", str(jobs), "--out-dir", str(tmp_path), *FAST]) == 2
+    _one_error_line(capsys.readouterr().err, "j.jsonl:1: .*is a folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.wav", "adir.wav", "afile", "j.jsonl"]
+    assert (tmp_path / "afile").read_text() == "keep"
+
+
+def test_usage_errors_are_one_line(capsys):
+    for argv, match in ((["say", "hi", "--seed", "-1"], "--seed: must be a whole number >= 0, got -1"),
+                        (["say", "hi", "--seed", "1.5"], "--seed: must be"),
+                        (["frobnicate"], "invalid choice"),
+                        (["clone-prompt", "x.wav"], "--ref-text")):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        _one_error_line(capsys.readouterr().err, match)
+
+
+def test_interrupts_and_os_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    import signal
+
+    import omnicore.cli as cli
+
+    out = str(tmp_path / "x.wav")
+    for exc, code, match in ((KeyboardInterrupt(), 130, "interrupted"),
+                             (cli._Terminated(), 143, "SIGTERM"),
+                             (OSError(5, "Input/output error", "/some/file"), 1, "Input/output error: /some/file"),
+                             (MemoryError(), 1, "out of memory")):
+        def load(args, exc=exc):
+            raise exc
+
+        monkeypatch.setattr(cli, "_load_model", load)
+        before = signal.getsignal(signal.SIGTERM)
+        assert main(["say", "Hi.", "-o", out, *FAST]) == code
+        assert signal.getsignal(signal.SIGTERM) is before  # main() puts the handler back
+        _one_error_line(capsys.readouterr().err, match)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _batch_file(tmp_path, rows) -> str:
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n",
+                    encoding="utf-8")
+    return str(path)
+
+
+def test_batch_is_checked_whole_before_any_work(tmp_path, capsys, no_model):
+    rows = [{"id": "a", "text": "One."},
+            {"id": "a", "text": "Two."},                              # 2 duplicate
+            {"id": "A", "text": "Three."},                            # 3 same file, other case
+            {"id": "../x", "text": "Four."},                          # 4 unsafe
+            {"id": "b/c", "text": "Five."},                           # 5 unsafe
+            {"id": "d", "text": "Six.", "ref_audio": SPEECH, "ref_text": 5},  # 6 mistyped
+            "{not json",                                              # 7
+            {"id": "e", "text": "Eight.", "speed": -1},               # 8 bad value
+            {"id": "f", "text": "Nine.", "ref_audio": SPEECH},        # 9 no transcript
+            {"id": "g", "text": "Ten.", "voice": "x"},                # 10 unknown field
+            {"id": "h", "text": ""},                                  # 11 empty text
+            {"id": "i\u0301", "text": "Twelve."},                     # a decomposed accent
+            {"id": "\u00ed", "text": "Thirteen."},                    # 13 the same, composed
+            {"id": "k", "text": "Fourteen.", "instruct": "robot"}]    # 14 unknown instruct
+    out = tmp_path / "out"
+    assert main(["batch", _batch_file(tmp_path, rows), "--out-dir", str(out), *FAST]) == 2
+    err = _one_error_line(capsys.readouterr().err, "12 bad line")
+    for n in (2, 3, 4, 5, 6, 7, 8, 9, 10, 11):
+        assert f"line {n}:" in err, n
+    assert "and 2 more" in err and not out.exists()
+    assert main(["batch", _batch_file(tmp_path, rows[11:13]), "--out-dir", str(out), *FAST]) == 2
+    _one_error_line(capsys.readouterr().err, "line 2: id .* names the same file as .* on line 1 .*Unicode")
+    # an output that would replace an input of the batch (a job's ref_audio, the job file)
+    clip = tmp_path / "ref.wav"
+    clip.write_bytes(Path(SPEECH).read_bytes())
+    rows = [{"id": "x", "text": "One."}, {"id": "y", "text": "Two.", "ref_audio": str(clip), "ref_text": "Hi."},
+            {"id": "ref", "text": "Three."}]
+    assert main(["batch", _batch_file(tmp_path, rows), "--out-dir", str(tmp_path), *FAST]) == 2
+    _one_error_line(capsys.readouterr().err, r"jobs.jsonl:3: .*is the ref_audio of line 2")
+    assert clip.read_bytes() == Path(SPEECH).read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["jobs.jsonl", "ref.wav"]
+
+
+def test_batch_runtime_failures_are_reported_and_the_rest_run(tmp_path, capsys):
+    # The reference's format: null means absent, "language_name" (evaluation only) is accepted.
+    rows = [{"id": "one", "text": "First line.", "language_id": None, "language_name": "English",
+             "instruct": None, "speed": None},
+            {"id": "two", "text": "Second.", "ref_audio": str(tmp_path / "missing.wav"), "ref_text": "Hi."},
+            {"id": "three", "text": "Third.", "ref_audio": SPEECH, "ref_text": "The quick brown fox.",
+             "duration": 1.0}]
+    out = tmp_path / "out"
+    assert main(["batch", _batch_file(tmp_path, rows), "--out-dir", str(out), *FAST]) == 1
+    err = capsys.readouterr().err
+    assert _one_error_line(err, r"jobs.jsonl:2: id 'two': .*missing.wav")
+    assert sorted(p.name for p in out.iterdir()) == ["one.wav", "three.wav"]
+    assert 24000 <= len(_wav(out / "three.wav")) <= 28800  # 1 s asked, + up to 0.1 s padding a side
+
+
+# ---------------------------------------------------------------------------------------------
+# In a child process: signals and a full stdout
+# ---------------------------------------------------------------------------------------------
+
+
+def _cli(*argv):
+    import subprocess
+
+    return [sys.executable, "-m", "omnicore.cli", *argv, "--model", TINY, "--steps", "2"]
+
+
+def test_sigterm_while_streaming_to_a_file_leaves_nothing(tmp_path):
+    import signal
+    import subprocess
+
+    text = " ".join(f"This is sentence number {i} of a long story." for i in range(200))
+    proc = subprocess.Popen(_cli("say", text, "--stream", "-o", str(tmp_path / "out.wav")), cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:  # the CLI logs the first chunk's arrival
+            if "first audio" in line:
+                break
+        assert [p.name.startswith(".out.wav.") for p in tmp_path.iterdir()] == [True]  # mid-write
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=60) == 143
+    finally:
+        proc.kill()
+    _one_error_line(rest, "SIGTERM")
+    assert list(tmp_path.iterdir()) == []  # neither out.wav nor its temporary file
+
+
+def test_full_stdout_is_one_error_line():
+    import subprocess
+
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run(_cli("say", "Hello there. A second sentence.", "--stream", "--raw", "-q"),
+                              cwd=ROOT, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 2
+    _one_error_line(proc.stderr, "cannot write PCM to stdout .No space left on device")
