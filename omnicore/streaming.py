@@ -421,22 +421,20 @@ def join_offline(chunks: list[np.ndarray], gain, *, postprocess: bool, pad_durat
 # ---------------------------------------------------------------------------------------------
 
 
-_GEN_FIELDS = {"num_step", "guidance_scale", "t_shift", "layer_penalty_factor", "position_temperature",
-               "class_temperature", "denoise", "preprocess_prompt", "postprocess_output",
-               "audio_chunk_duration", "audio_chunk_threshold", "pad_duration", "fade_duration"}
-
-
 class _Plan:
     """Everything resolved up front, plus chunk 0's result once it exists (the voice reference
-    in auto / design mode). Used by both the streamed and the synchronous path."""
+    in auto / design mode). Used by both the streamed and the synchronous path.
+
+    The limits of `generate` apply (text.py): pad/fade lengths, seeds, the voice prompt's
+    values, frames and memory of every pass (each chunk is one pass) and the output of the
+    whole call. With the whole text known they are checked before anything runs (`expect`);
+    text that arrives in fragments is checked chunk by chunk."""
 
     def __init__(self, model, *, language, ref_audio, ref_text, voice_clone_prompt, instruct,
                  duration, speed, seed, on_step, generation_config, gen_kwargs, whole_text):
-        from .pipeline import VoiceClonePrompt
+        from .pipeline import resolve_generation_config
 
-        unknown = set(gen_kwargs) - _GEN_FIELDS
-        if unknown:
-            raise InputError(f"unknown argument(s): {', '.join(sorted(unknown))}")
+        self.gen = resolve_generation_config(generation_config, gen_kwargs)
         for name, v in (("language", language), ("instruct", instruct), ("speed", speed),
                         ("duration", duration), ("voice_clone_prompt", voice_clone_prompt)):
             if isinstance(v, (list, tuple)):
@@ -444,13 +442,18 @@ class _Plan:
                                  "texts, call it once per text)")
         if isinstance(ref_audio, list):
             raise InputError("ref_audio: stream() speaks one text; give one reference clip")
-        if voice_clone_prompt is not None and not isinstance(voice_clone_prompt, VoiceClonePrompt):
-            raise InputError("voice_clone_prompt must be a VoiceClonePrompt "
-                             "(from create_voice_clone_prompt or VoiceClonePrompt.load)")
-        if ref_audio is not None and voice_clone_prompt is None and (ref_text is None or not str(ref_text).strip()):
-            raise InputError("ref_text is required with ref_audio: pass the transcript of the reference audio")
+        if voice_clone_prompt is not None:
+            voice_clone_prompt = model.check_prompt(voice_clone_prompt)
+        elif ref_audio is not None:
+            if ref_text is None or (isinstance(ref_text, str) and not ref_text.strip()):
+                raise InputError("ref_text is required with ref_audio: pass the transcript of the "
+                                 "reference audio")
+            text_mod.validate_ref_text(ref_text)
+        if on_step is not None and not callable(on_step):
+            raise InputError(f"on_step must be a function (step, num_steps) or None, got "
+                             f"{type(on_step).__name__}")
+        text_mod.validate_edges(self.gen.pad_duration, self.gen.fade_duration)
         self.model = model
-        self.gen = generation_config or GenerationConfig(**gen_kwargs)
         self.language = text_mod.resolve_language(language)
         self._instruct_raw = instruct
         self.instruct = text_mod.resolve_instruct(instruct, None)  # validate now; re-resolved on chunk 0
@@ -460,28 +463,79 @@ class _Plan:
             raise InputError("duration needs the whole text in advance; with streamed text input "
                              "use speed= instead")
         self.whole_text = whole_text
-        self.seed, self.on_step = seed, on_step
+        self.seed, self.on_step = text_mod.validate_seed(seed, 1)[0], on_step
         self.prompt = voice_clone_prompt
         self._ref_audio, self._ref_text = ref_audio, ref_text
         self.pace = 1.0 if self.speed is None else self.speed
         self.ref0: tuple[str, np.ndarray] | None = None  # (chunk 0 text, codes) in auto / design
         self.encode_s = 0.0
+        self.total_frames = 0  # frames generated so far, against text.MAX_DURATION_S
+        self._chunks: list[str] | None = None  # all chunk texts, when the whole text is known
+        self._voice_ready = self._ref_audio is None or self.prompt is not None
+        if self._voice_ready:
+            self._fix_pace()
 
-    def prepare_voice(self) -> None:
-        """Encode the reference clip (slow: done in the worker) and fix the pace for duration."""
-        if self.prompt is None and self._ref_audio is not None:
-            t0 = time.perf_counter()
-            self.prompt = self.model.create_voice_clone_prompt(self._ref_audio, self._ref_text,
-                                                               self.gen.preprocess_prompt)
-            self.encode_s = time.perf_counter() - t0
+    def _fix_pace(self) -> None:
+        """With `duration`, every chunk is spoken at estimate / requested frames."""
         if self.duration is not None:
             p = self.prompt
             estimate = text_mod.estimate_target_frames(
                 self.whole_text, p.ref_text if p else None, p.ref_audio_tokens.shape[1] if p else None)
             self.pace = estimate / max(1, int(self.duration * self.model.frame_rate))
 
+    def expect(self, chunks: list[str]) -> None:
+        """The whole text's chunks are known: check every pass now (or, when a reference clip
+        still has to be encoded, right after that)."""
+        self._chunks = list(chunks)
+        if self._voice_ready:
+            self._check_chunks()
+
+    def _check_chunks(self) -> None:
+        from .pipeline import _Item
+
+        frames0, total = None, 0
+        gen, C = self.gen, self.model.config.num_audio_codebook
+        instruct = self.instruct
+        if self._instruct_raw is not None and self._chunks:  # as codes() resolves it on chunk 0
+            instruct = text_mod.resolve_instruct(self._instruct_raw, self._chunks[0])
+        for k, chunk in enumerate(self._chunks):
+            ref_text, ref_codes = self._reference(k, chunk)
+            if k > 0 and self.prompt is None:  # chunk 0's codes do not exist yet: same shape
+                ref_codes = np.zeros((C, frames0), np.int64)
+            frames = self._frames(chunk, ref_text, ref_codes)
+            frames0 = frames if k == 0 else frames0
+            total = text_mod.check_total_frames(total + frames, self.model.frame_rate)
+            item = _Item(chunk, frames, self.language, instruct, ref_text, ref_codes, None)
+            rows, num_out = self.model._rows(item, gen)
+            text_mod.check_pass_memory(self.model.config, rows, num_out, gen.class_temperature > 0)
+
+    def prepare_voice(self) -> None:
+        """Encode the reference clip (slow: done in the worker) and fix the pace for duration."""
+        if not self._voice_ready:
+            t0 = time.perf_counter()
+            self.prompt = self.model.create_voice_clone_prompt(self._ref_audio, self._ref_text,
+                                                               self.gen.preprocess_prompt)
+            self.encode_s = time.perf_counter() - t0
+            self._voice_ready = True
+            self._fix_pace()
+            if self._chunks is not None:
+                self._check_chunks()
+
     def gain(self, first_window: np.ndarray):
         return rms_gain(self.prompt.ref_rms) if self.prompt is not None else peak_gain(first_window)
+
+    def _reference(self, k: int, chunk: str):
+        """(ref_text, ref_codes) of chunk k: the voice prompt, else chunk 0's text and codes."""
+        if self.prompt is not None:
+            return self.prompt.ref_text, self.prompt.ref_audio_tokens
+        if k > 0:
+            return self.ref0 if self.ref0 is not None else (self._chunks[0], None)
+        return None, None
+
+    def _frames(self, chunk: str, ref_text, ref_codes) -> int:
+        frames = text_mod.estimate_target_frames(
+            chunk, ref_text, None if ref_codes is None else ref_codes.shape[1], speed=self.pace)
+        return text_mod.check_pass_frames(frames, chunk, self.model.frame_rate)
 
     def codes(self, k: int, chunk: str, on_step=None) -> tuple[np.ndarray, np.ndarray]:
         """Unmask chunk k: codes [C, T_k] and fill steps [C, T_k]."""
@@ -492,14 +546,11 @@ class _Plan:
             # As generate() decides an instruct's language from its text, here from chunk 0's
             # (the only text known when a stream starts), for whole and fragmented input alike.
             self.instruct = text_mod.resolve_instruct(self._instruct_raw, chunk)
-        if self.prompt is not None:
-            ref_text, ref_codes, ref_rms = self.prompt.ref_text, self.prompt.ref_audio_tokens, self.prompt.ref_rms
-        elif k > 0:
-            (ref_text, ref_codes), ref_rms = self.ref0, None
-        else:
-            ref_text = ref_codes = ref_rms = None
-        frames = text_mod.estimate_target_frames(
-            chunk, ref_text, None if ref_codes is None else ref_codes.shape[1], speed=self.pace)
+        ref_text, ref_codes = self._reference(k, chunk)
+        ref_rms = self.prompt.ref_rms if self.prompt is not None else None
+        frames = self._frames(chunk, ref_text, ref_codes)
+        self.total_frames = text_mod.check_total_frames(self.total_frames + frames,
+                                                        self.model.frame_rate)
         item = _Item(chunk, frames, self.language, self.instruct, ref_text, ref_codes, ref_rms)
         codes, steps = self.model._unmask([item], self.gen, self.seed, on_step or self.on_step)
         if k == 0 and self.prompt is None:
@@ -571,6 +622,8 @@ def generate_chunks(model, text, *, language=None, ref_audio=None, ref_text=None
                  voice_clone_prompt=voice_clone_prompt, instruct=instruct, duration=duration,
                  speed=speed, seed=seed, on_step=on_step, generation_config=generation_config,
                  gen_kwargs=gen_kwargs, whole_text=whole)
+    if whole is not None:
+        plan.expect(split_text(whole, rule))  # every pass checked before the first runs
     t0 = time.perf_counter()
     plan.prepare_voice()
     chunks, codes, steps = [], [], []
@@ -837,7 +890,9 @@ def stream(model, text, *, language=None, ref_audio=None, ref_text=None, voice_c
     t0 = time.perf_counter()
     shared = _Shared(lookahead)
     if whole is not None:
-        for chunk in split_text(whole, rule):
+        chunks = split_text(whole, rule)
+        plan.expect(chunks)  # argument errors raise here, before the worker starts
+        for chunk in chunks:
             shared.texts.put(chunk)
         shared.texts.put(_END)
     else:
