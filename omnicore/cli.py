@@ -286,6 +286,11 @@ def _job_problem(job) -> str | None:
     if bad:
         got = ", ".join(type(job[k]).__name__ for k in bad)
         return f"field(s) {bad} must be strings (or null), got {got}"
+    for k in _BATCH_STRINGS:  # JSON escapes can make lone surrogates, which no path or text has
+        try:
+            (job.get(k) or "").encode("utf-8")
+        except UnicodeEncodeError:
+            return f"field {k!r} contains an unpaired surrogate (\\ud800-\\udfff); it is not valid text"
     if job.get("ref_audio") and not (job.get("ref_text") or "").strip():
         return ("\"ref_audio\" needs \"ref_text\", the transcript of the clip (the reference can "
                 "transcribe it with Whisper; omnicore has no ASR built in)")

@@ -275,13 +275,16 @@ def test_batch_is_checked_whole_before_any_work(tmp_path, capsys, no_model):
             {"id": "h", "text": ""},                                  # 11 empty text
             {"id": "i\u0301", "text": "Twelve."},                     # a decomposed accent
             {"id": "\u00ed", "text": "Thirteen."},                    # 13 the same, composed
-            {"id": "k", "text": "Fourteen.", "instruct": "robot"}]    # 14 unknown instruct
+            {"id": "k", "text": "Fourteen.", "instruct": "robot"},    # 14 unknown instruct
+            {"id": "m", "text": "Fifteen.", "ref_audio": "\ud800.wav", "ref_text": "Hi."}]  # 15
     out = tmp_path / "out"
     assert main(["batch", _batch_file(tmp_path, rows), "--out-dir", str(out), *FAST]) == 2
-    err = _one_error_line(capsys.readouterr().err, "12 bad line")
+    err = _one_error_line(capsys.readouterr().err, "13 bad line")
     for n in (2, 3, 4, 5, 6, 7, 8, 9, 10, 11):
         assert f"line {n}:" in err, n
-    assert "and 2 more" in err and not out.exists()
+    assert "and 3 more" in err and not out.exists()
+    assert main(["batch", _batch_file(tmp_path, rows[14:]), "--out-dir", str(out), *FAST]) == 2
+    _one_error_line(capsys.readouterr().err, "line 1: field 'ref_audio' contains an unpaired surrogate")
     assert main(["batch", _batch_file(tmp_path, rows[11:13]), "--out-dir", str(out), *FAST]) == 2
     _one_error_line(capsys.readouterr().err, "line 2: id .* names the same file as .* on line 1 .*Unicode")
     # an output that would replace an input of the batch (a job's ref_audio, the job file)
