@@ -11,7 +11,7 @@
 Every failure is one `omnicore: error: ...` line on stderr, without a traceback. Exit status:
 0 done; 2 refused before or while working (bad arguments, text, audio, voice or model files, an
 output path that cannot be written or that is one of the inputs); 1 an operating-system failure
-(e.g. no space on stdout) or some `batch` jobs failed; 130 Ctrl-C; 143 SIGTERM. Outputs are
+(e.g. no space on stdout) or some `batch` jobs failed; 130 Ctrl-C; 143 SIGTERM; 129 SIGHUP. Outputs are
 written atomically: a failed, interrupted or terminated command leaves no partial or temporary
 file, and an existing output is replaced only by a complete new one.
 """
@@ -591,13 +591,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _Terminated(KeyboardInterrupt):
-    """SIGTERM as an exception, raised in the main thread: every writer removes its temporary
-    file on the way out, as for Ctrl-C (the default action would kill the process on the spot)."""
+    """SIGTERM or SIGHUP as an exception, raised in the main thread: every writer removes its
+    temporary file on the way out, as for Ctrl-C (the default action kills the process on the
+    spot, leaving it behind)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
-def _on_sigterm(signum, frame):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
-    raise _Terminated
+_CLEAN_EXIT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+def _on_signal(signum, frame):
+    for sig in _CLEAN_EXIT_SIGNALS:  # a second signal must not cut the clean-up short
+        signal.signal(sig, signal.SIG_IGN)
+    raise _Terminated(signum)
 
 
 def _error(msg) -> None:
@@ -605,20 +614,23 @@ def _error(msg) -> None:
 
 
 def main(argv=None) -> int:
-    # The handler belongs to the command, not to whoever imports omnicore (or calls main() in a
-    # test): installed here, put back on return. Python only allows it in the main thread.
-    previous = None
+    # The handlers belong to the command, not to whoever imports omnicore (or calls main() in a
+    # test): installed here, put back on return. Python only allows it in the main thread; a
+    # signal the caller ignores (nohup) stays ignored.
+    previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        for sig in _CLEAN_EXIT_SIGNALS:
+            if signal.getsignal(sig) not in (signal.SIG_IGN, None):
+                previous[sig] = signal.signal(sig, _on_signal)
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)
     except OmniCoreError as exc:
         _error(exc)
         return 2
-    except _Terminated:
-        _error("terminated (SIGTERM); no partial output was kept")
-        return 143
+    except _Terminated as exc:
+        _error(f"terminated ({signal.Signals(exc.signum).name}); no partial output was kept")
+        return 128 + exc.signum
     except KeyboardInterrupt:
         _error("interrupted; no partial output was kept")
         return 130
@@ -630,8 +642,8 @@ def main(argv=None) -> int:
         _error(f"{exc.strerror or exc}{where}")
         return 1
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -240,16 +240,17 @@ def test_interrupts_and_os_errors_are_one_line(tmp_path, capsys, monkeypatch):
 
     out = str(tmp_path / "x.wav")
     for exc, code, match in ((KeyboardInterrupt(), 130, "interrupted"),
-                             (cli._Terminated(), 143, "SIGTERM"),
+                             (cli._Terminated(signal.SIGTERM), 143, "SIGTERM"),
+                             (cli._Terminated(signal.SIGHUP), 129, "SIGHUP"),
                              (OSError(5, "Input/output error", "/some/file"), 1, "Input/output error: /some/file"),
                              (MemoryError(), 1, "out of memory")):
         def load(args, exc=exc):
             raise exc
 
         monkeypatch.setattr(cli, "_load_model", load)
-        before = signal.getsignal(signal.SIGTERM)
+        before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
         assert main(["say", "Hi.", "-o", out, *FAST]) == code
-        assert signal.getsignal(signal.SIGTERM) is before  # main() puts the handler back
+        assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == before  # put back
         _one_error_line(capsys.readouterr().err, match)
     assert list(tmp_path.iterdir()) == []
 
@@ -319,8 +320,6 @@ def test_batch_runtime_failures_are_reported_and_the_rest_run(tmp_path, capsys):
 
 
 def _cli(*argv):
-    import subprocess
-
     return [sys.executable, "-m", "omnicore.cli", *argv, "--model", TINY, "--steps", "2"]
 
 
