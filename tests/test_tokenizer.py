@@ -181,7 +181,25 @@ def test_token_ids_beyond_the_model_vocabulary_are_refused(tok, cfg):
         prepare_item(tok, small, "hello", 3)
 
 
-def test_every_tag_is_known(tok):
+class _RecordingTokenizer:
+    """Passes `encode` through to a tokenizer and records each piece of text it was given."""
+
+    def __init__(self, tok):
+        self.tok, self.pieces = tok, []
+
+    def encode(self, text, **kw):
+        self.pieces.append(text)
+        return self.tok.encode(text, **kw)
+
+
+def test_every_tag_is_encoded_on_its_own(tok):
+    assert isinstance(tok, TextTokenizer)
     for tag in NONVERBAL_TAGS:
-        assert tokenize_with_nonverbal_tags(tok, f"[{tag}]") == tok.encode(f"[{tag}]")
-    assert isinstance(tok, TextTokenizer) and tok.vocab_size > 0
+        rec = _RecordingTokenizer(tok)
+        ids = tokenize_with_nonverbal_tags(rec, f"Oh?[{tag}].")
+        assert rec.pieces == ["Oh?", f"[{tag}]", "."], tag  # a tag the splitter missed is one piece
+        assert ids == tok.encode("Oh?") + tok.encode(f"[{tag}]") + tok.encode(".")
+    # near misses are not tags: other case, unknown name, no closing bracket
+    for text in ("Oh?[Laughter].", "Oh?[laughters].", "Oh?[laughter."):
+        rec = _RecordingTokenizer(tok)
+        assert tokenize_with_nonverbal_tags(rec, text) == tok.encode(text) and rec.pieces == [text]
