@@ -51,13 +51,54 @@ def read_json(path: str | Path) -> dict:
     return obj
 
 
-def _pick(cls, d: dict, where: str, required: tuple[str, ...] = ()) -> dict:
-    """Keep the keys of `d` that are fields of `cls`; check required ones are present."""
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)  # JSON true is not the number 1
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# Declared field type -> (test, what the message asks for). Nested configs are not listed:
+# each is built and checked by its own class.
+_FIELD_TYPES = {
+    "int": (_is_int, "an integer"),
+    "float": (_is_number, "a finite number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "tuple[int, ...]": (lambda v: isinstance(v, (list, tuple)) and all(map(_is_int, v)), "a list of integers"),
+    "tuple[float, ...]": (lambda v: isinstance(v, (list, tuple)) and all(map(_is_number, v)),
+                          "a list of finite numbers"),
+    "int | tuple[int, ...] | None": (
+        lambda v: v is None or _is_int(v) or (isinstance(v, list) and all(map(_is_int, v))),
+        "an integer, a list of integers or null"),
+}
+
+
+def _pick(cls, d: dict, where: str, required: tuple[str, ...] = (), nullable: tuple[str, ...] = ()) -> dict:
+    """The keys of `d` that are fields of `cls`, each checked against the field's declared type
+    (a string "1e-6" or true where a number belongs is refused here, not deep in the model);
+    floats come back as float, lists as tuples. Keys in `nullable` may also be null."""
     missing = [k for k in required if k not in d]
     if missing:
         raise ConfigError(f"{where}: missing field(s) {', '.join(missing)}")
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in d.items() if k in names}
+    types = {f.name: f.type for f in fields(cls)}
+    out = {}
+    for name, value in d.items():
+        if name not in types:
+            continue
+        check = _FIELD_TYPES.get(types[name])
+        if check is not None and not (value is None and name in nullable):
+            ok, expected = check
+            if not ok(value):
+                raise ConfigError(f"{where}: {name} must be {expected}, got {value!r} "
+                                  f"({type(value).__name__}); fix it in the config file")
+            if types[name] == "float":
+                value = float(value)
+            elif isinstance(value, list):
+                value = tuple(value)
+        out[name] = value
+    return out
 
 
 def _positive_ints(obj, where: str, *names: str) -> None:
@@ -91,17 +132,21 @@ class Qwen3Config:
         d = dict(d)
         # transformers 5 nests RoPE settings in `rope_parameters`; older exports kept
         # `rope_theta` at the top level. Accept both; the nested one wins.
+        for name in ("rope_parameters", "rope_scaling"):
+            if not isinstance(d.get(name), (dict, type(None))):
+                raise ConfigError(f"{where}: {name} must be an object or null, got {d[name]!r}")
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
-        if isinstance(rope, dict) and "rope_theta" in rope:
+        if "rope_theta" in rope:
             d["rope_theta"] = rope["rope_theta"]
-        rope_type = rope.get("rope_type", "default") if isinstance(rope, dict) else "default"
+        rope_type = rope.get("rope_type", "default")
         if rope_type not in ("default", None):
             raise ConfigError(f"{where}: rope_type {rope_type!r} is not supported (only 'default')")
-        if "head_dim" not in d and "hidden_size" in d and "num_attention_heads" in d:
-            d["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
         kw = _pick(cls, d, where, required=(
             "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads"))
+        if "head_dim" not in kw and kw["num_attention_heads"] > 0:
+            kw["head_dim"] = kw["hidden_size"] // kw["num_attention_heads"]
+        kw.setdefault("head_dim", 0)  # refused below, with the zero head count
         cfg = cls(**kw)
         _positive_ints(cfg, where, "vocab_size", "hidden_size", "intermediate_size",
                        "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -116,7 +161,9 @@ class Qwen3Config:
         if cfg.attention_bias:
             raise ConfigError(f"{where}: attention_bias=true is not supported (Qwen3 has none)")
         if not (cfg.rms_norm_eps > 0 and cfg.rope_theta > 0):
-            raise ConfigError(f"{where}: rms_norm_eps and rope_theta must be positive")
+            raise ConfigError(f"{where}: rms_norm_eps and rope_theta must be positive, got "
+                              f"{cfg.rms_norm_eps!r} and {cfg.rope_theta!r}")
+        _positive_ints(cfg, where, "max_position_embeddings")
         return cfg
 
 
@@ -129,8 +176,8 @@ class OmniVoiceConfig:
     audio_mask_id: int = 1024
     num_audio_codebook: int = 8
     audio_codebook_weights: tuple[float, ...] = (8, 8, 6, 6, 4, 4, 2, 2)
-    eos_token_id: int | None = None
-    pad_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None  # not used by inference; type-checked only
+    pad_token_id: int | tuple[int, ...] | None = None
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "config.json") -> "OmniVoiceConfig":
@@ -138,14 +185,15 @@ class OmniVoiceConfig:
         if not isinstance(llm, dict):
             raise ConfigError(f"{where}: missing the `llm_config` object; is this an OmniVoice "
                               "checkpoint (architectures [\"OmniVoice\"])?")
-        kw = _pick(cls, d, where)
+        kw = _pick(cls, d, where, nullable=("audio_codebook_weights",))
         kw["llm_config"] = Qwen3Config.from_dict(llm, f"{where}: llm_config")
-        if "audio_codebook_weights" in kw and kw["audio_codebook_weights"] is not None:
-            kw["audio_codebook_weights"] = tuple(kw["audio_codebook_weights"])
-        else:
-            kw.pop("audio_codebook_weights", None)
+        if kw.get("audio_codebook_weights", ()) is None:
+            del kw["audio_codebook_weights"]
         cfg = cls(**kw)
         _positive_ints(cfg, where, "audio_vocab_size", "num_audio_codebook")
+        if any(w < 0 for w in cfg.audio_codebook_weights):
+            raise ConfigError(f"{where}: audio_codebook_weights must not be negative, got "
+                              f"{list(cfg.audio_codebook_weights)}")
         if not 0 <= cfg.audio_mask_id < cfg.audio_vocab_size:
             raise ConfigError(f"{where}: audio_mask_id {cfg.audio_mask_id} outside the audio "
                               f"vocabulary of {cfg.audio_vocab_size}")
@@ -228,7 +276,8 @@ class DacConfig:
 
     As in transformers, `upsampling_ratios` defaults to the reversed `downsampling_ratios` and
     `hidden_size` to `encoder_hidden_size * 2**len(downsampling_ratios)` when the file omits them;
-    the released file sets both ([8, 5, 4, 2, 3] and 256).
+    the released file sets both ([8, 5, 4, 2, 3] and 256). Decoder block i has
+    `decoder_hidden_size // 2**i` input channels (floored, like transformers).
     """
 
     encoder_hidden_size: int = 64
@@ -242,6 +291,9 @@ class DacConfig:
         kw = _tuples(_pick(cls, d, where, required=("downsampling_ratios",)),
                      "downsampling_ratios", "upsampling_ratios")
         down = kw["downsampling_ratios"]
+        for name in ("downsampling_ratios", "upsampling_ratios"):
+            if len(kw.get(name, ())) > 16:  # each ratio is a conv stage; real codecs have 4-5
+                raise ConfigError(f"{where}: {name} has {len(kw[name])} stages; at most 16 are supported")
         if isinstance(down, tuple):
             kw.setdefault("upsampling_ratios", down[::-1])
             kw.setdefault("hidden_size", kw.get("encoder_hidden_size", 64) * 2 ** len(down))
@@ -249,9 +301,13 @@ class DacConfig:
         _positive_ints(cfg, where, "encoder_hidden_size", "decoder_hidden_size", "hidden_size")
         _int_tuple(cfg, where, "downsampling_ratios")
         _int_tuple(cfg, where, "upsampling_ratios")
-        if cfg.decoder_hidden_size % 2 ** len(cfg.upsampling_ratios):
-            raise ConfigError(f"{where}: decoder_hidden_size {cfg.decoder_hidden_size} must be divisible "
-                              f"by 2**{len(cfg.upsampling_ratios)} (each decoder block halves it)")
+        # Decoder block i maps decoder_hidden_size // 2**i channels to // 2**(i+1), floored as in
+        # transformers' DacDecoderBlock (48 -> 24, 12, 6, 3, 1): any width works as long as the
+        # last block keeps a channel.
+        if cfg.decoder_hidden_size < 2 ** len(cfg.upsampling_ratios):
+            raise ConfigError(f"{where}: decoder_hidden_size {cfg.decoder_hidden_size} leaves no channel "
+                              f"after {len(cfg.upsampling_ratios)} halving decoder blocks; it must be "
+                              f"at least {2 ** len(cfg.upsampling_ratios)}")
         return cfg
 
 
@@ -285,6 +341,8 @@ class HubertConfig:
                        "intermediate_size", "num_conv_pos_embeddings", "num_conv_pos_embedding_groups")
         for name in ("conv_dim", "conv_stride", "conv_kernel"):
             _int_tuple(cfg, where, name)
+        if not cfg.layer_norm_eps > 0:
+            raise ConfigError(f"{where}: layer_norm_eps must be positive, got {cfg.layer_norm_eps!r}")
         if not len(cfg.conv_dim) == len(cfg.conv_stride) == len(cfg.conv_kernel):
             raise ConfigError(f"{where}: conv_dim, conv_stride and conv_kernel must have the same length")
         if cfg.hidden_size % cfg.num_attention_heads:
@@ -333,7 +391,8 @@ class HiggsAudioV2TokenizerConfig:
         for sub in ("acoustic_model_config", "semantic_model_config"):
             if not isinstance(d.get(sub), dict):
                 raise ConfigError(f"{where}: missing the `{sub}` object")
-        kw = _tuples(_pick(cls, d, where), "strides", "channel_ratios", "block_dilations", "target_bandwidths")
+        kw = _tuples(_pick(cls, d, where, nullable=("codebook_dim",)),
+                     "strides", "channel_ratios", "block_dilations", "target_bandwidths")
         kw["acoustic_model_config"] = DacConfig.from_dict(d["acoustic_model_config"],
                                                           f"{where}: acoustic_model_config")
         kw["semantic_model_config"] = HubertConfig.from_dict(d["semantic_model_config"],
