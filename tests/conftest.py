@@ -1,5 +1,8 @@
-"""Fixtures shared by several test modules: the tiny checkpoint's backbone config and params."""
+"""Fixtures shared by several test modules: the tiny checkpoint's backbone config and params;
+and the rule for test inputs that may be missing (`missing`, `require_file`, `require_module`)."""
 
+import importlib
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,31 @@ from omnicore.config import OmniVoiceConfig
 from omnicore.weights import ParamReader
 
 TINY = Path(__file__).resolve().parents[1] / "weights" / "tiny-random"
+# CI installs every test dependency and ships every fixture, so there a missing one is a failure
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def missing(what: str, how: str):
+    """Fail under CI, skip elsewhere; either way say what is missing and how to get it."""
+    message = f"{what} is not available ({how})"
+    if IN_CI:
+        pytest.fail(message + "; CI must have it (see .ci/run)")
+    pytest.skip(message)
+
+
+def require_file(path: Path, how: str) -> Path:
+    """`path` if it is a file; otherwise `missing` (a skip, or a failure under CI)."""
+    if not Path(path).is_file():
+        missing(str(path), how)
+    return path
+
+
+def require_module(name: str):
+    """The imported module; otherwise `missing` (a skip, or a failure under CI)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        missing(f"the Python module {name!r}", f"{e}; pip install -e '.[test]'")
 
 
 @pytest.fixture(scope="module")

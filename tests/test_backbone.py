@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import require_file, require_module
 from omnicore import backbone as bb
 from omnicore.errors import WeightsError
 from omnicore.weights import ParamReader, read_safetensors
@@ -155,10 +156,8 @@ def test_attention_is_bidirectional(params, cfg, batch):
 
 
 def _session(name):
-    path = ONNX / f"{name}.onnx"
-    if not path.is_file():
-        pytest.skip(f"{path.relative_to(ROOT)} not present yet (made by tools/reference's ONNX export)")
-    ort = pytest.importorskip("onnxruntime")
+    path = require_file(ONNX / f"{name}.onnx", "tools/reference/export_onnx.py")
+    ort = require_module("onnxruntime")
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
