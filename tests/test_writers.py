@@ -17,6 +17,7 @@ from omnicore import audio
 from omnicore import streaming as S
 from omnicore.errors import AudioError, InputError, VoicePromptError
 from omnicore.pipeline import VoiceClonePrompt
+from omnicore.text import MAX_REF_FRAMES
 
 SR = 24000
 
@@ -31,10 +32,12 @@ def _names(folder):
 
 
 def test_concurrent_saves_to_one_path_never_corrupt_it(tmp_path):
-    # A fixed temporary name made these fail in every round (FileNotFoundError, BadZipFile).
+    # A fixed temporary name failed half of these rounds (FileNotFoundError; BadZipFile with
+    # bigger files). The largest prompt that loads, for the widest window.
     path = tmp_path / "x.npz"
-    prompts = [VoiceClonePrompt(np.full((8, 200_000), k, np.int64), f"voice {k}", 0.1) for k in (1, 2)]
-    for _ in range(6):
+    frames = MAX_REF_FRAMES
+    prompts = [VoiceClonePrompt(np.full((8, frames), k, np.int64), f"voice {k}", 0.1) for k in (1, 2)]
+    for _ in range(20):
         errors = []
 
         def save(p):
