@@ -694,8 +694,12 @@ def check_output_path(path: str | os.PathLike, error: type[OmniCoreError] = Audi
     raw = os.fspath(path)
     if not isinstance(raw, str):
         raw = os.fsdecode(raw)
-    if not raw or raw.endswith(("/", os.sep)):
+    if not raw:
+        raise error("no output file name given (an empty path)")
+    if raw.endswith(("/", os.sep)):
         raise error(f"cannot write {raw!r}: it is a folder name, not a file name; add a file name")
+    if "\0" in raw:
+        raise error(f"cannot write {raw!r}: a file name cannot contain a NUL character")
     target = os.path.realpath(raw)
     folder = os.path.dirname(target)
     if not os.path.isdir(folder):

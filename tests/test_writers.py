@@ -80,7 +80,7 @@ def _targets(tmp_path):
     return [(tmp_path / "adir.wav", "folder"), (str(tmp_path / "adir.wav") + "/", "folder name"),
             (tmp_path / "fifo.wav", "FIFO"), ("/dev/null", "device"),
             (tmp_path / "nodir" / "x.wav", "does not exist"),
-            (tmp_path / "afile" / "x.wav", "not a folder")]
+            (tmp_path / "afile" / "x.wav", "not a folder"), (f"{tmp_path}/a\0.wav", "NUL")]
 
 
 def test_refused_targets_with_the_callers_typed_error(tmp_path):
