@@ -187,14 +187,14 @@ def validate_duration(duration: object) -> float | None:
 # sentence marks but never inside a sentence, so a long unpunctuated sentence, or an explicit
 # duration on a short text, is one pass. Six times the reference's 30 s threshold is far beyond
 # what the model was trained to speak in one go, yet keeps a pass of the released model within
-# MAX_PASS_BYTES (about 3.3 GB at 180 s with a 12 s voice reference).
+# MAX_PASS_BYTES (about 3.7 GB at 180 s with a 12 s voice reference).
 MAX_PASS_S = 180.0
 MAX_PASS_FRAMES = int(MAX_PASS_S * FRAME_RATE)
 
 # Working memory of one forward pass (all rows packed together), estimated from the model's
 # dimensions by ``forward_bytes``. A fixed budget rather than the machine's free memory, so that
 # whether an input is accepted does not depend on what else runs. The default settings need
-# about 0.4 GB with the released model.
+# about 0.45 GB with the released model (a 10 s voice reference, 30 s of output).
 MAX_PASS_BYTES = 4 * 2**30
 
 # Voice reference audio, in seconds of codec frames; also the longest clip the codec encodes in
@@ -336,8 +336,11 @@ def forward_bytes(cfg, lengths, num_out, class_sampling: bool = False) -> int:
     query and attention output [3 H*E], keys and values [2 K*E], the MLP's gate and up [2 F],
     rotary tables and their temporaries [4 E] and the embedding gather [(C+1) D] plus its ids;
     per the longest row its [K, L*G, L] scores with [K, L*G, E] outputs; per scored position
-    the heads' logits [C*V] and two [D] rows; per item the [C, T, V] log-probabilities (four
-    times that with class sampling: negated copy and int64 indices of the top-k selection).
+    the heads' logits [C*V] twice (the previous step's stay referenced until the new ones are
+    made) and two [D] rows; per item the [C, T, V] log-probabilities, twice (the previous
+    item's or step's are still referenced), or four times with class sampling (negated copy
+    and int64 indices of the top-k selection). Measured on the tiny checkpoint, a pass's peak
+    allocations are 75-90 % of this estimate.
     """
     q = cfg.llm_config
     C, V = cfg.num_audio_codebook, cfg.audio_vocab_size
@@ -347,8 +350,8 @@ def forward_bytes(cfg, lengths, num_out, class_sampling: bool = False) -> int:
     N, L, n = sum(lengths), max(lengths), sum(num_out)
     per_token = 3 * D + 3 * H * E + 2 * K * E + 2 * F + 4 * E + (C + 1) * D + 2 * C
     attention = K * G * L * (L + E + 1)
-    logits = n * (C * V + 2 * D)
-    scoring = max(num_out) * C * V * (4 if class_sampling else 1)
+    logits = n * (2 * C * V + 2 * D)
+    scoring = max(num_out) * C * V * (4 if class_sampling else 2)
     return 4 * (N * per_token + attention + logits + scoring)
 
 
