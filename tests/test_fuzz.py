@@ -275,7 +275,7 @@ def test_duration_and_speed_of_any_kind(model, duration, speed, text):
         check_codes(codes, model.config)
 
 
-@budget(40, shrink=False)
+@budget(30, shrink=False)
 @given(kwargs=kwarg_dicts(), text=st.one_of(st.just("Hello there."), st.just(["Hello.", "Hi there."])))
 def test_generation_kwargs_of_any_kind(model, kwargs, text):
     out = typed(model.synthesize, text, **{**SHORT, **kwargs})
@@ -304,6 +304,21 @@ def test_sampling_knobs_at_extremes(model, **knobs):
     out = typed(model.synthesize, "Hello there.", duration=0.08, seed=0, **knobs)
     if out is not None:
         check_synthesis(out, model.config)
+
+
+@budget(20, shrink=False)
+@given(ref_text=st.one_of(any_text, huge_text, junk), preprocess=st.booleans())
+def test_ref_text_of_any_kind(model, ref_text, preprocess):
+    """The transcript goes into every prompt row next to the text: through the prompt maker,
+    then through a generation with the prompt (an over-long one must be refused up front)."""
+    clip = (0.2 * np.sin(np.arange(12000) / 5.0)).astype(np.float32)  # 0.5 s
+    prompt = typed(model.create_voice_clone_prompt, (clip, 24000), ref_text=ref_text,
+                   preprocess_prompt=preprocess)
+    if prompt is not None:
+        assert isinstance(prompt.ref_text, str)
+        out = typed(model.synthesize, "Hello there.", voice_clone_prompt=prompt, **SHORT)
+        if out is not None:
+            check_synthesis(out, model.config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,7 +381,7 @@ def audio_inputs(draw):
 
 @pytest.mark.xfail(strict=True, reason="audio._check_rate: float(10**400) raises OverflowError: "
                    "load_audio((np.zeros(100, np.float32), 10**400))")
-@budget(30, shrink=False)
+@budget(24, shrink=False)
 @given(clip=audio_inputs(), preprocess=st.booleans())
 def test_voice_clone_prompt_from_any_array(model, clip, preprocess):
     prompt = typed(model.create_voice_clone_prompt, clip, ref_text="Hello there.",
@@ -542,7 +557,7 @@ def _write_mutated_prompt(path: Path, prompt, edits) -> None:
         path.write_bytes(bytes(data))
 
 
-@budget(25, shrink=False)
+@budget(20, shrink=False)
 @given(edits=prompt_mutations())
 def test_voice_prompt_files_of_any_content(model, prompt_parts, tmp_path_factory, edits):
     path = tmp_path_factory.mktemp("fuzz-prompt") / "voice.npz"
@@ -662,7 +677,7 @@ def _checkpoint_copy(folder: Path, model_cfg: dict | None = None, codec_cfg: dic
     return folder
 
 
-@budget(10, shrink=False)
+@budget(8, shrink=False)
 @given(model_cfg=st.one_of(st.none(), mutated_config(MODEL_CONFIG)),
        codec_cfg=st.one_of(st.none(), mutated_config(CODEC_CONFIG)))
 def test_checkpoints_with_mutated_configs_load_and_run_or_refuse(tmp_path_factory, model_cfg, codec_cfg):
