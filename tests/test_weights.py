@@ -258,3 +258,126 @@ def test_broken_checkpoints_give_typed_errors(tmp_path, breakage, match):
     with pytest.raises(OmniCoreError, match=match) as info:
         OmniVoice.from_pretrained(ckpt)
     assert isinstance(info.value, (WeightsError, ConfigError, ModelNotFoundError))
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile headers, non-finite weights, the all-finite kernel, tables read by rows
+# ---------------------------------------------------------------------------------------------
+
+
+def test_deeply_nested_header_is_a_weights_error(tmp_path):
+    p = tmp_path / "deep.safetensors"
+    body = b"[" * 100_000 + b"]" * 100_000
+    p.write_bytes(struct.pack("<Q", len(body)) + body)
+    with pytest.raises(WeightsError, match="deep.safetensors: header nests JSON too deeply"):
+        read_safetensors(p)
+
+
+@pytest.mark.parametrize("key, where", [
+    ("audio_embeddings.weight", (17, 3)),
+    ("llm.layers.1.mlp.down_proj.weight", (0, 0)),
+    ("audio_heads.weight", (8199, 63)),
+    ("llm.norm.weight", (5,)),
+])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path, key, where, bad):
+    from omnicore import OmniVoice
+
+    ckpt = _copy_tiny(tmp_path)
+
+    def poison(t):
+        t[key][where] = bad
+        return t
+
+    _rewrite(ckpt / "model.safetensors", poison)
+    with pytest.raises(WeightsError, match=f"tensor '{key}' holds NaN or infinite values "
+                                           f"\\(first at index \\[{', '.join(map(str, where))}\\]"):
+        OmniVoice.from_pretrained(ckpt)
+
+
+def test_non_finite_codec_weights_are_refused(tmp_path):
+    from omnicore import OmniVoice
+
+    ckpt = _copy_tiny(tmp_path)
+    key = "acoustic_decoder.block.2.res_unit1.conv1.bias"
+
+    def poison(t):
+        t[key][0] = np.nan
+        return t
+
+    _rewrite(ckpt / "audio_tokenizer" / "model.safetensors", poison)
+    with pytest.raises(WeightsError, match=f"tensor '{key}' holds NaN"):
+        OmniVoice.from_pretrained(ckpt)
+
+
+def test_text_embedding_rows_are_checked_as_they_are_read(tmp_path):
+    from omnicore import OmniVoice
+
+    ckpt = _copy_tiny(tmp_path)
+    model = OmniVoice.from_pretrained(ckpt)
+    used = model.tokenizer.special_ids["<|text_start|>"]  # in every prompt
+    unused = model.tokenizer.backend.token_to_id("<|im_start|>")  # a Qwen chat token OmniVoice never uses
+
+    def poison(t, row):
+        t["llm.embed_tokens.weight"][row, 7] = np.nan
+        return t
+
+    _rewrite(ckpt / "model.safetensors", lambda t: poison(t, unused))
+    model = OmniVoice.from_pretrained(ckpt)  # the table is not read at load: rows on use
+    codes = model.generate_codes("Rows on use.", num_step=2, duration=0.4)[0]
+    assert codes.shape == (8, 10) and codes.max() < 1024
+    _rewrite(ckpt / "model.safetensors", lambda t: poison(t, used))
+    model = OmniVoice.from_pretrained(ckpt)
+    with pytest.raises(WeightsError, match=f"row {used} of tensor 'llm.embed_tokens.weight' holds NaN"):
+        model.generate_codes("Rows on use.", num_step=2, duration=0.4)
+
+
+def test_all_finite_kernel_agrees_with_its_numpy_twin():
+    from omnicore.kernels import all_finite, all_finite_np
+
+    rng = np.random.default_rng(0)
+    n = (1 << 16) * 3 + 5  # several early-exit blocks and a ragged tail
+    specials = [np.nan, np.inf, -np.inf, np.float32(3.4e38), np.float32(1e-45), -0.0,
+                np.float32(np.finfo(np.float32).max), np.float32(-np.finfo(np.float32).max)]
+    for value in specials:
+        for pos in (0, 1, (1 << 16) - 1, 1 << 16, n - 1):
+            x = rng.standard_normal(n).astype(np.float32)
+            x[pos] = value
+            assert all_finite(x) == all_finite_np(x) == bool(np.isfinite(value)), (value, pos)
+    nan_payload = np.array([0x7FC00001, 0xFF800000, 0x7F800001, 0x7F7FFFFF], np.uint32).view(np.float32)
+    assert [all_finite(v[None]) for v in nan_payload] == [False, False, False, True]
+    x = rng.standard_normal((64, 48)).astype(np.float32)
+    x[5, 40] = np.inf
+    assert all_finite(x[:, :32]) and not all_finite(x[:, 32:])  # strided views
+    assert not all_finite(x.astype(np.float64)) and all_finite(np.zeros(0, np.float32))
+
+
+def test_row_table_indexes_like_the_array(tmp_path):
+    from omnicore.weights import RowTable, SafetensorsFile
+
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((50, 6)).astype(np.float32)
+    bf = (table.view(np.uint32) >> 16).astype(np.uint16)  # truncated to bf16
+    data = table.tobytes() + bf.tobytes()
+    header = {"t": {"dtype": "F32", "shape": [50, 6], "data_offsets": [0, table.nbytes]},
+              "b": {"dtype": "BF16", "shape": [50, 6], "data_offsets": [table.nbytes, len(data)]}}
+    path = _write_raw(tmp_path / "rows.safetensors", header, data)
+    reader = ParamReader.open(path)
+    rows = reader.take_rows("t", (50, 6))
+    assert isinstance(rows, RowTable) and rows.shape == (50, 6) and rows.dtype == np.float32
+    for ids in ([3, 3, 49, 0], [[1, 2], [2, -1]], np.array([], np.int64), 7):
+        np.testing.assert_array_equal(rows[np.asarray(ids, dtype=np.int64)], table[np.asarray(ids, dtype=np.int64)])
+    widened = (bf.astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_array_equal(reader.take_rows("b")[np.array([4, 0, 4])], widened[[4, 0, 4]])
+    with pytest.raises(IndexError):
+        rows[np.array([50])]
+    with pytest.raises(IndexError):
+        rows[np.array([0.5])]
+    reader.finish()
+    # from an in-memory dict, take_rows is the (checked) array itself
+    mem = ParamReader({"t": table}, "mem")
+    assert mem.take_rows("t", (50, 6)) is table
+    with pytest.raises(WeightsError, match="has shape"):
+        ParamReader({"t": table}).take_rows("t", (49, 6))
+    with SafetensorsFile(path) as f:
+        assert set(f) == {"t", "b"} and f.entries["b"].kind == "BF16"
