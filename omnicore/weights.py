@@ -295,8 +295,10 @@ class SafetensorsFile(Mapping):
             raise self._changed(f"size {self.stamp[0]} -> {st.st_size} bytes" if st.st_size != self.stamp[0]
                                 else "rewritten in place")
 
-    def _read_into(self, out: np.ndarray, offset: int) -> None:
-        """Fill the contiguous array `out` with the file's bytes from `offset`: no extra copy."""
+    def _read_into(self, out: np.ndarray, offset: int, check: bool = True) -> None:
+        """Fill the contiguous array `out` with the file's bytes from `offset`: no extra copy.
+        Then (unless `check` is false: the caller checks once after many reads) make sure the
+        file has not changed since it was opened."""
         mv = memoryview(out).cast("B")
         done = 0
         while done < len(mv):
@@ -310,7 +312,8 @@ class SafetensorsFile(Mapping):
             if got <= 0:
                 raise self._changed(f"truncated: it ends before byte {offset + len(mv)}")
             done += got
-        self._check_unchanged()
+        if check:
+            self._check_unchanged()
 
     def _read_exact(self, n: int, offset: int, what: str) -> bytes:
         buf = bytearray(n)
@@ -356,7 +359,8 @@ class SafetensorsFile(Mapping):
         raw = _aligned_empty(unique.size * row_items, item).reshape(unique.size, row_items)
         try:
             for i, r in enumerate(unique.tolist()):  # one positioned read per distinct row
-                self._read_into(raw[i], info.offset + r * row_items * item.itemsize)
+                self._read_into(raw[i], info.offset + r * row_items * item.itemsize, check=False)
+            self._check_unchanged()
         except OSError as exc:
             raise WeightsError(f"{self.path}: cannot read rows of {key!r} ({exc.strerror or exc})") from None
         if info.kind in _FLOAT_KINDS and info.kind != "F32":
