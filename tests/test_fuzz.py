@@ -298,16 +298,30 @@ def test_stream_kwargs_of_any_kind(model, kwargs):
         assert all(p.dtype == np.float32 and p.ndim == 1 and np.isfinite(p).all() for p in pieces)
 
 
+def _knobs(**kw):
+    return dict(dict(num_step=3, guidance_scale=2.0, t_shift=0.1, layer_penalty_factor=5.0,
+                     position_temperature=5.0, class_temperature=0.0), **kw)
+
+
+@pytest.mark.xfail(strict=True, reason="knobs past float32 range: generate_codes('Hello there.', "
+                   "duration=0.2, num_step=3, guidance_scale=1e308) (or layer_penalty_factor=1e308, "
+                   "position_temperature=1e-40) returns MASK 1024 cells; t_shift=1e308 raises "
+                   "ValueError (NaN schedule)")
 @budget(15, shrink=False)
+@example(**_knobs(guidance_scale=1e308))
+@example(**_knobs(layer_penalty_factor=1e308))
+@example(**_knobs(position_temperature=1e-40))  # 0 in float32
+@example(**_knobs(class_temperature=1e-40))
+@example(**_knobs(t_shift=1e308))
 @given(num_step=st.integers(1, 3), guidance_scale=odd_floats, t_shift=odd_floats,
        layer_penalty_factor=odd_floats, position_temperature=odd_floats,
        class_temperature=odd_floats)
 def test_sampling_knobs_at_extremes(model, **knobs):
-    """Every numeric knob at once at extreme values: typed refusal, or real codes (an overflow
-    to inf/NaN inside the float32 scoring must not leave MASK cells or crash)."""
-    out = typed(model.synthesize, "Hello there.", duration=0.08, seed=0, **knobs)
-    if out is not None:
-        check_synthesis(out, model.config)
+    """Every numeric knob at once at extreme values: typed refusal, or real codes (the scoring
+    runs in float32: an overflow to inf/NaN there must not leave MASK cells or crash)."""
+    codes = typed(model.generate_codes, "Hello there.", duration=0.2, seed=0, **knobs)
+    if codes is not None:
+        check_codes(codes, model.config)
 
 
 @budget(20, shrink=False)
