@@ -43,7 +43,8 @@ except ImportError:  # a source checkout without `pip install -e .`: use the pac
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from omnicore import OmniVoice, VoiceClonePrompt
-from omnicore.errors import OmniCoreError
+from omnicore import text as limits
+from omnicore.errors import InputError, OmniCoreError
 from omnicore.streaming import to_pcm16
 from omnicore.text import instruct_vocabulary, language_choices, resolve_instruct
 
@@ -115,28 +116,55 @@ def _fail(exc: Exception) -> gr.Error:
 
 
 def _seed(seed) -> int:
-    if seed is None or int(seed) < 0:
+    """-1 (or empty) = a random seed; other values go to the API, which checks them."""
+    if seed is None or seed < 0:
         return secrets.randbelow(2**31)
-    return int(seed)
+    return seed
+
+
+def _number(value, name: str, default=None, integer: bool = False):
+    """A panel value as a float (or int); an API client may send anything, so anything else
+    is an InputError naming the field rather than a crash."""
+    if value is None or value == "":
+        return default
+    try:
+        number = float(value)
+        if integer:
+            if number != int(number):
+                raise ValueError
+            return int(number)
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(f"{name} must be a {'whole ' if integer else ''}number, got "
+                         f"{value!r}") from None
+    return number
 
 
 def _settings(language, num_step, guidance_scale, speed, duration, seed, denoise,
               postprocess_output, t_shift, layer_penalty_factor, position_temperature,
               class_temperature) -> dict:
-    """Shared-panel values -> keyword arguments of OmniVoice.synthesize (gradio has already
-    checked that the numbers are numbers)."""
-    duration = float(duration or 0.0)
-    speed = float(speed or 1.0)
+    """Shared-panel values -> keyword arguments of OmniVoice.synthesize; the API applies the
+    limits (omnicore.text) and says what is wrong."""
+    duration = _number(duration, "duration", 0.0)
+    speed = _number(speed, "speed", 1.0)
     return dict(
         language=None if language in (None, "", AUTO_LANGUAGE) else language,
-        num_step=int(num_step), guidance_scale=float(guidance_scale),
+        num_step=_number(num_step, "steps", 32, integer=True),
+        guidance_scale=_number(guidance_scale, "guidance scale", 2.0),
         duration=duration if duration > 0 else None,  # a fixed duration overrides speed
         speed=speed if duration <= 0 and speed != 1.0 else None,
-        seed=_seed(seed), denoise=bool(denoise), postprocess_output=bool(postprocess_output),
-        t_shift=float(t_shift), layer_penalty_factor=float(layer_penalty_factor),
-        position_temperature=float(position_temperature),
-        class_temperature=float(class_temperature),
+        seed=_seed(_number(seed, "seed", None, integer=True)), denoise=bool(denoise),
+        postprocess_output=bool(postprocess_output), t_shift=_number(t_shift, "t_shift", 0.1),
+        layer_penalty_factor=_number(layer_penalty_factor, "layer penalty", 5.0),
+        position_temperature=_number(position_temperature, "position temperature", 5.0),
+        class_temperature=_number(class_temperature, "class temperature", 0.0),
     )
+
+
+def _checked_settings(*values) -> dict:
+    try:
+        return _settings(*values)
+    except OmniCoreError as exc:
+        raise _fail(exc) from None
 
 
 def _timings_markdown(result, sample_rate: int, seed: int, wall_s: float) -> str:
@@ -268,9 +296,9 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
               num_step, guidance_scale, speed, duration, seed, denoise, postprocess_output,
               t_shift, layer_penalty_factor, position_temperature, class_temperature,
               stream=False, progress=gr.Progress()):
-        kwargs = _settings(language, num_step, guidance_scale, speed, duration, seed, denoise,
-                           postprocess_output, t_shift, layer_penalty_factor,
-                           position_temperature, class_temperature)
+        kwargs = _checked_settings(language, num_step, guidance_scale, speed, duration, seed,
+                                   denoise, postprocess_output, t_shift, layer_penalty_factor,
+                                   position_temperature, class_temperature)
         if voice_prompt_file:
             if ref_audio:
                 gr.Info("Using the voice prompt file; the reference clip is ignored.")
@@ -292,17 +320,17 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                denoise, postprocess_output, t_shift, layer_penalty_factor,
                position_temperature, class_temperature, stream=False,
                progress=gr.Progress()):
-        kwargs = _settings(language, num_step, guidance_scale, speed, duration, seed, denoise,
-                           postprocess_output, t_shift, layer_penalty_factor,
-                           position_temperature, class_temperature)
+        kwargs = _checked_settings(language, num_step, guidance_scale, speed, duration, seed,
+                                   denoise, postprocess_output, t_shift, layer_penalty_factor,
+                                   position_temperature, class_temperature)
         yield from dispatch(stream, progress, text, instruct=instruct or None, **kwargs)
 
     def auto(text, language, num_step, guidance_scale, speed, duration, seed, denoise,
              postprocess_output, t_shift, layer_penalty_factor, position_temperature,
              class_temperature, stream=False, progress=gr.Progress()):
-        kwargs = _settings(language, num_step, guidance_scale, speed, duration, seed, denoise,
-                           postprocess_output, t_shift, layer_penalty_factor,
-                           position_temperature, class_temperature)
+        kwargs = _checked_settings(language, num_step, guidance_scale, speed, duration, seed,
+                                   denoise, postprocess_output, t_shift, layer_penalty_factor,
+                                   position_temperature, class_temperature)
         yield from dispatch(stream, progress, text, **kwargs)
 
     def make_voice_prompt(ref_audio, ref_text, preprocess_prompt):
@@ -333,14 +361,17 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                     with gr.Tab("Voice clone", id="clone"):
                         clone_text = gr.Textbox(label="Text to speak", lines=3,
                                                 elem_id="clone-text",
+                                                max_length=limits.MAX_TEXT_CHARS,
                                                 value="This is my voice, cloned from a short clip.")
                         with gr.Row():
-                            ref_audio = gr.Audio(label="Reference clip (3-10 s of clean speech)",
+                            ref_audio = gr.Audio(label="Reference clip (3-10 s of clean "
+                                                 f"speech; at most {limits.MAX_REF_S:g} s)",
                                                  sources=["upload", "microphone"],
                                                  type="filepath", elem_id="ref-audio")
                             with gr.Column():
                                 ref_text = gr.Textbox("", label="Transcript of the reference clip",
                                                       lines=3, elem_id="ref-text",
+                                                      max_length=limits.MAX_REF_TEXT_CHARS,
                                                       info="Required: omnicore has no speech "
                                                            "recogniser.")
                                 preprocess = gr.Checkbox(True, label="Clean up the clip (trim "
@@ -355,6 +386,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                     with gr.Tab("Voice design", id="design"):
                         design_text = gr.Textbox(label="Text to speak", lines=3,
                                                  elem_id="design-text",
+                                                 max_length=limits.MAX_TEXT_CHARS,
                                                  value="Good evening. Here is tonight's forecast.")
                         pickers = []
                         items = _voice_items()
@@ -374,6 +406,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                         design_btn = gr.Button("Generate", variant="primary", elem_id="design-go")
                     with gr.Tab("Auto voice", id="auto"):
                         auto_text = gr.Textbox(label="Text to speak", lines=3, elem_id="auto-text",
+                                               max_length=limits.MAX_TEXT_CHARS,
                                                value="Hello! Nobody told me what to sound like, "
                                                      "so I picked a voice myself.")
                         gr.Markdown("No reference and no instruct: the model invents a voice. "
@@ -394,8 +427,14 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                     with gr.Row():
                         speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05,
                                           label="Speed (when the duration is estimated)")
+                        # The API's limits: the whole output, and one unmasking pass (a
+                        # sentence is never cut, so a short text is one pass).
                         duration = gr.Number(0, label="Fixed duration in seconds (0 = estimate "
-                                             "from the text)", minimum=0, maximum=600)
+                                             "from the text)", minimum=0,
+                                             maximum=limits.MAX_DURATION_S,
+                                             info=f"At most {limits.MAX_PASS_S:g} s per "
+                                                  "sentence; longer text is cut at sentence "
+                                                  "marks.")
                     with gr.Row():
                         seed = gr.Number(-1, precision=0, label="Seed (-1 = random)",
                                          elem_id="seed")

@@ -1,0 +1,299 @@
+"""Bad values at the public API get typed errors, never raw tracebacks or silent wrong audio:
+voice prompt values (from a file or passed in), conflicting generation settings, seeds,
+reference transcripts, codec inputs; and the demo shows the same messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from omnicore import OmniVoice, VoiceClonePrompt
+from omnicore import text as T
+from omnicore.config import GenerationConfig
+from omnicore.errors import AudioError, InputError, VoicePromptError
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "weights" / "tiny-random"
+CLIP = ROOT / "tests" / "fixtures" / "audio" / "speech_24k.wav"
+FAST = dict(num_step=2, position_temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return OmniVoice.from_pretrained(TINY)
+
+
+def _write_prompt(path, tokens, meta_update=None, raw_meta: bytes | None = None):
+    meta = {"format": "omnicore-voice-prompt", "version": 1, "ref_text": "Hello there.",
+            "ref_rms": 0.05}
+    meta.update(meta_update or {})
+    data = raw_meta if raw_meta is not None else json.dumps(meta).encode("utf-8")
+    np.savez(path, ref_audio_tokens=tokens, meta=np.frombuffer(data, np.uint8))
+    return path
+
+
+GOOD_CODES = np.random.default_rng(0).integers(0, 1024, (8, 40))
+
+
+# ---------------------------------------------------------------------------------------------
+# Voice prompt values
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("meta,tokens,match", [
+    ({"ref_rms": -0.05}, GOOD_CODES, "ref_rms"),
+    ({"ref_rms": float("nan")}, GOOD_CODES, "ref_rms"),
+    ({"ref_rms": 1e38}, GOOD_CODES, "ref_rms"),
+    ({"ref_rms": 0}, GOOD_CODES, "ref_rms"),
+    ({"ref_rms": "0.05"}, GOOD_CODES, "ref_rms"),
+    ({"ref_rms": True}, GOOD_CODES, "ref_rms"),
+    ({"ref_text": 5}, GOOD_CODES, "ref_text"),
+    ({"ref_text": ""}, GOOD_CODES, "ref_text"),
+    ({"ref_text": "a\ud800b"}, GOOD_CODES, "surrogate"),
+    ({"ref_text": "word " * 1000}, GOOD_CODES, "ref_text"),
+    ({}, GOOD_CODES + 1024, "codes"),
+    ({}, -GOOD_CODES - 1, "codes"),
+    ({}, GOOD_CODES[:3], "codes"),
+    ({}, GOOD_CODES[:, :0], "frames"),
+    ({}, GOOD_CODES.astype(np.float32), "codes"),
+    ({}, GOOD_CODES[0], "shape"),
+])
+def test_bad_values_in_a_prompt_file(tmp_path, model, meta, tokens, match):
+    path = _write_prompt(tmp_path / "v.npz", tokens, meta)
+    with pytest.raises(VoicePromptError, match=match) as err:
+        VoiceClonePrompt.load(path)
+    assert str(path) in str(err.value)
+
+
+def test_unreadable_meta_is_a_voice_prompt_error(tmp_path):
+    for raw in (b"\xff\xfe", b"[1, 2]", b'{"format": "omnicore-voice-prompt"'):
+        with pytest.raises(VoicePromptError):
+            VoiceClonePrompt.load(_write_prompt(tmp_path / "v.npz", GOOD_CODES, raw_meta=raw))
+
+
+def test_a_good_prompt_file_loads_and_generates(tmp_path, model):
+    p = VoiceClonePrompt.load(_write_prompt(tmp_path / "v.npz", GOOD_CODES.astype(np.int32),
+                                            {"ref_rms": 0.05}))
+    assert p.ref_audio_tokens.dtype == np.int64 and p.ref_rms == 0.05
+    wav = model.generate("Hi there.", voice_clone_prompt=p, **FAST)[0]
+    assert np.isfinite(wav).all() and wav.size
+
+
+@pytest.mark.parametrize("tokens,ref_text,ref_rms,match", [
+    (GOOD_CODES, "Hi.", -1.0, "ref_rms"),
+    (GOOD_CODES, "Hi.", float("inf"), "ref_rms"),
+    (GOOD_CODES, "Hi.", None, "ref_rms"),
+    (GOOD_CODES, 5, 0.05, "ref_text"),
+    (GOOD_CODES, "Hi \udcff.", 0.05, "surrogate"),
+    (GOOD_CODES + 2000, "Hi.", 0.05, "codes"),
+    (GOOD_CODES[:4], "Hi.", 0.05, "codes"),
+    (GOOD_CODES.tolist(), "Hi.", 0.05, "codes"),
+    (np.zeros((8, T.MAX_REF_FRAMES + 1), np.int64), "Hi.", 0.05, f"{T.MAX_REF_S:g} s"),
+])
+def test_bad_prompt_objects_passed_to_generate(model, tokens, ref_text, ref_rms, match):
+    p = VoiceClonePrompt(tokens, ref_text, ref_rms)
+    with pytest.raises(InputError, match=match):
+        model.generate("Hello.", voice_clone_prompt=p, **FAST)
+    with pytest.raises(InputError, match=match):
+        model.stream("Hello.", voice_clone_prompt=p, **FAST)
+
+
+def test_prompt_made_from_a_clip_is_always_loadable(tmp_path, model):
+    # A float clip louder than full scale has RMS > 1; stored capped, it still loads, and the
+    # output is what the uncapped value gives (any RMS >= 0.1 leaves the output as it is).
+    rng = np.random.default_rng(1)
+    loud = (3.0 * rng.standard_normal(24000 * 2)).astype(np.float32)
+    p = model.create_voice_clone_prompt((loud, 24000), "Loud.", preprocess_prompt=False)
+    assert p.ref_rms == T.MAX_REF_RMS
+    p.save(tmp_path / "loud.npz")
+    assert VoiceClonePrompt.load(tmp_path / "loud.npz").ref_rms == T.MAX_REF_RMS
+    with pytest.raises(AudioError, match="silence"):
+        model.create_voice_clone_prompt((np.zeros(24000, np.float32), 24000), "Nothing.",
+                                        preprocess_prompt=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Generation settings
+# ---------------------------------------------------------------------------------------------
+
+
+def test_conflicting_generation_settings_are_refused(model):
+    cfg = GenerationConfig(num_step=2)
+    with pytest.raises(InputError, match="num_step=7 conflicts"):
+        model.synthesize("Hi.", generation_config=cfg, num_step=7)
+    with pytest.raises(InputError, match="conflicts"):
+        model.stream("Hi.", generation_config=cfg, num_step=7)
+    # agreeing values are fine, and the config's steps are the ones run
+    assert model.synthesize("Hi.", generation_config=cfg, num_step=2)[0].num_steps == 2
+    assert model.synthesize("Hi.", generation_config=cfg)[0].num_steps == 2
+    changed = dataclasses.replace(cfg, num_step=3)
+    assert model.synthesize("Hi.", generation_config=changed)[0].num_steps == 3
+
+
+def test_generation_config_as_a_dict(model):
+    out = model.synthesize("Hi.", generation_config={"num_step": 3, "guidance_scale": 1.0})[0]
+    assert out.num_steps == 3
+    a = model.generate_codes("Hi.", generation_config={"num_step": 2}, seed=1)[0]
+    b = model.generate_codes("Hi.", num_step=2, seed=1)[0]
+    assert np.array_equal(a, b)
+    for bad, match in (({"num_steps": 2}, "unknown field"), ({"num_step": "2"}, "num_step"),
+                       ("num_step=2", "GenerationConfig"), ([("num_step", 2)], "GenerationConfig")):
+        with pytest.raises(InputError, match=match):
+            model.synthesize("Hi.", generation_config=bad)
+    with pytest.raises(InputError, match="conflicts"):
+        model.synthesize("Hi.", generation_config={"num_step": 2}, num_step=4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Seeds, transcripts, callbacks
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [-1, [1, -2], 1.5, True, "3", 2**64, [1], np.float64(2.0)])
+def test_bad_seeds(model, seed):
+    texts = ["One.", "Two."]
+    with pytest.raises(InputError, match="seed"):
+        model.generate_codes(texts, seed=seed, **FAST)
+
+
+def test_seed_per_text_reaches_chunked_items(model):
+    long = "The quick brown fox jumps over the lazy dog. " * 20  # above the 30 s threshold
+    kw = dict(num_step=2, position_temperature=1.0, audio_chunk_duration=10.0)
+    both = model.synthesize([long, "Short."], seed=[11, 12], **kw)
+    assert len(both[0].text_chunks) > 1
+    alone_long = model.synthesize(long, seed=11, **kw)[0]
+    alone_short = model.synthesize("Short.", seed=12, **kw)[0]
+    assert np.array_equal(both[0].codes, alone_long.codes)
+    assert np.array_equal(both[1].codes, alone_short.codes)
+    assert model.generate_codes("Short.", seed=np.uint64(12), **kw)[0].shape == alone_short.codes.shape
+
+
+@pytest.mark.parametrize("ref_text,match", [(5, "string"), ("a\ud800b", "surrogate"),
+                                            ("  ", "ref_text"), (None, "ref_text"),
+                                            ("word " * 1000, "2,000")])
+def test_bad_reference_transcripts(model, ref_text, match):
+    with pytest.raises(InputError, match=match):
+        model.generate("Hello.", ref_audio=str(CLIP), ref_text=ref_text, **FAST)
+    with pytest.raises(InputError, match=match):
+        model.create_voice_clone_prompt(str(CLIP), ref_text)
+
+
+def test_on_step_must_be_callable(model):
+    with pytest.raises(InputError, match="on_step"):
+        model.generate("Hello.", on_step=5, **FAST)
+
+
+# ---------------------------------------------------------------------------------------------
+# The codec
+# ---------------------------------------------------------------------------------------------
+
+
+def test_codec_decode_validates_its_input(model):
+    codec = model.codec
+    assert codec.decode(np.zeros((0, 8, 5), np.int64)).shape == (0, 5 * codec.hop_length)
+    for bad, match in (([[1, 2], [3]], "integer array"), (np.zeros((8,), np.int64), "shape"),
+                       (np.full((8, 4), 1024), "lie in"), (np.full((8, 4), -1), "lie in"),
+                       (np.full((8, 4), 0.5), "integers"), (np.zeros((2, 9, 4), np.int64), "codebooks"),
+                       ("codes", "shape")):
+        with pytest.raises(InputError, match=match):
+            codec.decode(bad)
+    codes = np.random.default_rng(3).integers(0, 1024, (2, 8, 6))
+    batch = codec.decode(codes)
+    assert batch.shape == (2, 6 * codec.hop_length)
+    assert np.allclose(batch[1], codec.decode(codes[1]), atol=1e-6)
+
+
+def test_long_codes_are_decoded_in_windows(model, monkeypatch):
+    codec = model.codec
+    codes = np.random.default_rng(4).integers(0, 1024, (8, 90))
+    whole = codec.decode(codes)
+    monkeypatch.setattr(T, "MAX_PASS_FRAMES", 32)  # forces windows of 32 frames
+    windowed = codec.decode(codes)
+    assert windowed.shape == whole.shape
+    # the windows overlap by the decoder's receptive field: equal up to float rounding
+    assert np.abs(windowed - whole).max() <= 1e-5 * max(1.0, np.abs(whole).max())
+
+
+# ---------------------------------------------------------------------------------------------
+# The demo shows the same messages
+# ---------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def demo_client(tmp_path_factory):
+    gradio_client = pytest.importorskip("gradio_client")
+    port = _free_port()
+    log = tmp_path_factory.mktemp("demo") / "server.log"
+    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1")
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "demo" / "app.py"), "--model",
+                                 str(TINY), "--host", "127.0.0.1", "--port", str(port),
+                                 "--no-warmup"], cwd=ROOT, env=env, stdout=fh,
+                                stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(url + "/gradio_api/info", timeout=5):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.5)
+        yield gradio_client.Client(url, verbose=False)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _demo_error(client, **kwargs) -> str:
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError) as err:
+        client.predict(**kwargs)
+    msg = str(err.value)
+    assert "Traceback" not in msg and "Internal error" not in msg and "bug" not in msg, msg
+    return msg
+
+
+def test_demo_refuses_what_the_api_refuses(demo_client, tmp_path):
+    from gradio_client import handle_file
+
+    msg = _demo_error(demo_client, text="Hi.", duration=600, num_step=2, api_name="/auto")
+    assert f"{T.MAX_PASS_S:g} s per pass" in msg
+    msg = _demo_error(demo_client, text="Hi.", duration=T.MAX_DURATION_S + 1, num_step=2,
+                      api_name="/auto")
+    assert "maximum" in msg
+    msg = _demo_error(demo_client, text="Hi.", seed=2**70, num_step=2, api_name="/auto")
+    assert "seed" in msg
+    bad = _write_prompt(tmp_path / "bad.npz", GOOD_CODES, {"ref_rms": -1.0})
+    msg = _demo_error(demo_client, text="Hi.", ref_audio=None, voice_prompt_file=handle_file(
+        str(bad)), num_step=2, api_name="/clone")
+    assert "ref_rms" in msg
+    bad = _write_prompt(tmp_path / "bad2.npz", GOOD_CODES, {"ref_text": "a\ud800b"})
+    msg = _demo_error(demo_client, text="Hi.", ref_audio=None, voice_prompt_file=handle_file(
+        str(bad)), num_step=2, api_name="/clone")
+    assert "surrogate" in msg
+    msg = _demo_error(demo_client, text="Hi.", ref_audio=handle_file(str(CLIP)),
+                      ref_text="word " * 1000, voice_prompt_file=None, num_step=2,
+                      api_name="/clone")
+    assert "ref_text" in msg
+
