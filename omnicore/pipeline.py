@@ -22,6 +22,7 @@ import json
 import math
 import threading
 import time
+import zipfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Sequence
@@ -82,7 +83,16 @@ class VoiceClonePrompt:
 
     @classmethod
     def load(cls, path: str | Path) -> "VoiceClonePrompt":
+        """Read a prompt saved by `save`; every value in it is checked (`check_voice_prompt`),
+        and anything else (not a zip, a FIFO or folder, hostile headers) is a VoicePromptError."""
         try:
+            # np.load would block on a FIFO and read any .npy whole; a prompt is a regular zip.
+            if Path(path).exists() and not Path(path).is_file():
+                raise VoicePromptError(f"{path}: not a regular file; pass a voice prompt .npz")
+            if Path(path).is_file() and not zipfile.is_zipfile(path):
+                raise VoicePromptError(
+                    f"{path}: not an omnicore voice prompt (not an .npz archive). Create one "
+                    "with `omnicore clone-prompt ref.wav --ref-text '...' -o voice.npz`.")
             with np.load(path, allow_pickle=False) as z:
                 shape, dtype = _npz_member_shape(z, "ref_audio_tokens")
                 if (len(shape) != 2 or not 1 <= shape[0] <= 64

@@ -16,6 +16,11 @@ How ``generate()`` uses this module, per text item (see ``plan_synthesis`` for l
     length    -> estimate_target_frames    target frames (or ``duration`` * 25)
     long text -> chunk_text                chunk texts; plan_synthesis gives the whole plan
 (Joining reference and target text for the prompt is ``omnicore.tokenizer.combine_text``.)
+
+Input limits (``MAX_*`` constants and ``validate_*``/``check_*`` functions, all here) keep the
+memory of one call bounded: text length, output per call and per unmasking pass, working memory
+of a pass (``forward_bytes``, from the model's dimensions), reference length and transcript,
+pad/fade lengths, seeds. The API, the streaming planner, the CLI and the demo all use them.
 """
 
 from __future__ import annotations

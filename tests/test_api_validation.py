@@ -297,3 +297,15 @@ def test_demo_refuses_what_the_api_refuses(demo_client, tmp_path):
                       api_name="/clone")
     assert "ref_text" in msg
 
+
+
+def test_prompt_paths_that_are_not_prompt_files(tmp_path):
+    fifo = tmp_path / "v.npz"
+    os.mkfifo(fifo)  # np.load would block here forever
+    for path in (fifo, tmp_path, tmp_path / "missing.npz"):
+        with pytest.raises(VoicePromptError):
+            VoiceClonePrompt.load(path)
+    npy = tmp_path / "codes.npy"
+    np.save(npy, GOOD_CODES)
+    with pytest.raises(VoicePromptError, match="npz"):
+        VoiceClonePrompt.load(npy)
