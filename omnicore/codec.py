@@ -14,7 +14,7 @@ Public API (pure functions over params, arrays and the config):
     load_codec(codec_dir, encoder=True) -> (cfg, params);  ensure_encoder(params, cfg, codec_dir)
     decode(params, codes, cfg) -> float32 waveform [hop*T] (or [B, hop*T] for codes [B, Q, T])
     decode_stream(params, codes, cfg, chunk_frames=50, overlap_frames=None) -> waveform pieces
-    decode_chunked(...) -> the joined pieces (equal to `decode`); decoder_receptive_field(cfg)
+    decode_chunked(...) -> the joined pieces (`decode` to rounding); decoder_receptive_field(cfg)
     encode(params, waveform, cfg, sample_rate=24000, pad=True) -> int64 codes [Q, T]
     encode_features(...) -> the encoder's intermediate tensors; quantize(params, latent, cfg)
 
@@ -469,8 +469,10 @@ def decode_stream(params: CodecParams, codes, cfg: HiggsAudioV2TokenizerConfig, 
     """Yield the waveform of `codes` [Q, T] (or [B, Q, T]) piece by piece, `chunk_frames` frames
     at a time. Each piece is decoded with `overlap_frames` extra frames of context on both sides
     (default: the decoder's receptive field, 10 frames for the released config), so the pieces
-    join into the one-shot decode (bit for bit here; up to float32 rounding in general). With
-    less overlap the seams differ. Pieces are [hop * n] (or [B, hop * n]) float32 arrays."""
+    join into the one-shot decode up to float32 rounding (tested: max|diff| <= 1e-5 max|wave|):
+    the windows are GEMMs of other row counts, and some BLAS kernels (OpenBLAS's Haswell sgemm)
+    round a row differently with that count. With less overlap the seams differ far more (one
+    frame short: ~1e-3). Pieces are [hop * n] (or [B, hop * n]) float32 arrays."""
     arr = _check_codes(codes, cfg)
     if isinstance(chunk_frames, bool) or not isinstance(chunk_frames, int) or chunk_frames < 1:
         raise InputError(f"chunk_frames must be a positive integer, got {chunk_frames!r}")

@@ -939,10 +939,11 @@ def dac_res_unit(x, alpha1, inv1, w7, b7, dilation: int, alpha2, inv2, w1, b1):
     arrays never leave the cache, and the K-tap GEMM has a K*C-deep inner dimension instead
     of K separate C-deep ones.
 
-    Every chunk has the same number of rows (the last one is padded): BLAS picks its code path,
-    and so its rounding, from the GEMM's shape, so equal shapes make each output row
-    bit-identical wherever the chunk boundaries fall -- a windowed (streaming) decode then
-    equals the one-shot decode exactly.
+    Every chunk has the same number of rows (the last one is padded), so each GEMM has the same
+    shape wherever the chunk boundaries fall. A row's result still depends on them by rounding:
+    some BLAS kernels (OpenBLAS's Haswell sgemm) round a row differently with its position in
+    the GEMM (measured <= 4e-7 relative on a unit's output; 0 with the Sandybridge kernels), so a
+    windowed (streaming) decode matches the one-shot decode to float32 rounding, not bit for bit.
     """
     k_, c, _ = w7.shape
     if not IS_NUMPY or c > _RES_UNIT_MAX_C or x.dtype != _F32:

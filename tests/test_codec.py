@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import require_file, require_module
 from omnicore import codec, hubert, kernels
 from omnicore.audio import resample
 from omnicore.config import DacConfig, HiggsAudioV2TokenizerConfig, HubertConfig
@@ -21,10 +22,17 @@ from omnicore.weights import ParamReader, read_safetensors
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "weights" / "tiny-random" / "audio_tokenizer"
 FIX = ROOT / "tests" / "fixtures" / "reference"
-ONNX_DECODER = ROOT / "tests" / "fixtures" / "onnx" / "higgs_decoder.onnx"
 
-DECODE_TOL = 1e-4  # issue 4; measured <= 5e-6 on tiny-random
-FEATURE_TOL = 1e-5  # measured <= 1.2e-6
+# Measured on tiny-random with OpenBLAS's Haswell, Sandybridge, Nehalem and Katmai kernels (and
+# SkylakeX before); each bound is about 3x the largest value measured.
+DECODE_TOL = 2e-5  # vs the fixture and the ONNX decoder: measured <= 7.8e-6
+FEATURE_TOL = 5e-6  # encoder features, HuBERT states, residuals: measured <= 1.4e-6
+# A windowed decode vs the one-shot decode: the same sums, but in GEMMs of other row counts, and
+# some BLAS kernels (OpenBLAS's Haswell sgemm) round a row differently with the GEMM's row count
+# and the row's place in it. Measured <= 3.9e-6 (Haswell), 2.4e-6 (Katmai), 0 (Sandybridge,
+# Nehalem); a window one frame short of the receptive field is off by 9e-4.
+CHUNK_TOL = 1e-5
+BLOCKED_TOL = 2e-6  # HuBERT attention in query blocks vs whole: measured <= 3.9e-7 (Haswell)
 
 
 def rel(a, b):
@@ -224,12 +232,7 @@ def test_batch_decode_equals_single_decodes(tiny, b, t, q, seed):
 
 @pytest.fixture(scope="module")
 def onnx_decoder():
-    if not ONNX_DECODER.is_file():
-        pytest.skip(f"{ONNX_DECODER.relative_to(ROOT)} not exported yet (tools/reference/export_onnx.py)")
-    ort = pytest.importorskip("onnxruntime")
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 2
-    return ort.InferenceSession(str(ONNX_DECODER), opts, providers=["CPUExecutionProvider"])
+    return _onnx("higgs_decoder")
 
 
 @settings(max_examples=8, deadline=None)
@@ -244,10 +247,8 @@ def test_decode_matches_onnx(tiny, onnx_decoder, t, seed):
 
 
 def _onnx(name):
-    path = ROOT / "tests" / "fixtures" / "onnx" / f"{name}.onnx"
-    if not path.is_file():
-        pytest.skip(f"{path.relative_to(ROOT)} not exported yet (tools/reference/export_onnx.py)")
-    ort = pytest.importorskip("onnxruntime")
+    path = require_file(ROOT / "tests" / "fixtures" / "onnx" / f"{name}.onnx", "tools/reference/export_onnx.py")
+    ort = require_module("onnxruntime")
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 2
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
@@ -304,22 +305,26 @@ def test_receptive_field_is_measured_exactly(tiny):
 
 @settings(max_examples=6, deadline=None)
 @given(t=st.integers(1, 70), chunk=st.integers(1, 30), seed=st.integers(0, 2**16))
-def test_chunked_decode_equals_one_shot(tiny, t, chunk, seed):
+def test_chunked_decode_matches_one_shot_to_rounding(tiny, t, chunk, seed):
     cfg, params = tiny
     codes = np.random.default_rng(seed).integers(0, cfg.codebook_size, (8, t))
     pieces = list(codec.decode_stream(params, codes, cfg, chunk_frames=chunk))
     assert [p.shape[0] for p in pieces] == [960 * min(chunk, t - s) for s in range(0, t, chunk)]
-    assert rel(np.concatenate(pieces), codec.decode(params, codes, cfg)) <= 1e-6
+    assert rel(np.concatenate(pieces), codec.decode(params, codes, cfg)) <= CHUNK_TOL
 
 
 def test_chunked_decode_needs_the_overlap(tiny):
     cfg, params = tiny
     codes = np.random.default_rng(1).integers(0, cfg.codebook_size, (2, 8, 60))
     one_shot = codec.decode(params, codes, cfg)
-    exact = codec.decode_chunked(params, codes, cfg, chunk_frames=13)
-    assert exact.shape == one_shot.shape and rel(exact, one_shot) <= 1e-6
-    short = codec.decode_chunked(params, codes, cfg, chunk_frames=13, overlap_frames=8)
-    assert rel(short, one_shot) > 1e-3  # seams show with less than the receptive field
+    full = codec.decode_chunked(params, codes, cfg, chunk_frames=13)
+    assert full.shape == one_shot.shape and rel(full, one_shot) <= CHUNK_TOL
+    # one frame less than the receptive field already shows at the seams, far above rounding
+    reach = max(codec.decoder_receptive_field(cfg))
+    short = codec.decode_chunked(params, codes, cfg, chunk_frames=13, overlap_frames=reach - 1)
+    assert rel(short, one_shot) > 20 * CHUNK_TOL
+    shorter = codec.decode_chunked(params, codes, cfg, chunk_frames=13, overlap_frames=reach - 2)
+    assert rel(shorter, one_shot) > 1e-3
     with pytest.raises(InputError):
         codec.decode_chunked(params, codes, cfg, chunk_frames=0)
 
@@ -346,13 +351,14 @@ def test_hubert_states_match_reference(tiny, fx):
         assert rel(got, want) <= FEATURE_TOL
 
 
-def test_blocked_attention_changes_nothing(tiny, fx, monkeypatch):
+def test_blocked_attention_matches_whole_attention(tiny, fx, monkeypatch):
     cfg, params = tiny
     x16 = np.pad(resample(fx["encode"]["input_padded"][:24000], 24000, 16000), (160, 160))
     whole = hubert.hidden_states(params.encoder.hubert, x16, cfg.semantic_model_config)
     monkeypatch.setattr(hubert, "_QUERY_BLOCK", 7)  # long clips attend in query blocks
     blocked = hubert.hidden_states(params.encoder.hubert, x16, cfg.semantic_model_config)
-    assert all(np.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(whole, blocked))
+    # the same sums, in GEMMs of 7 query rows instead of all of them (see CHUNK_TOL)
+    assert max(rel(b, a) for a, b in zip(whole, blocked)) <= BLOCKED_TOL
 
 
 def test_encoder_features_match_reference(tiny, fx):
@@ -393,16 +399,15 @@ def test_codes_match_reference(tiny, fx):
     assert rel(residuals, e["residuals"]) <= FEATURE_TOL
     differ = np.argwhere(codes != want)
     print(f"codes: {len(differ)} of {want.size} differ from the reference")
-    assert 1 - len(differ) / want.size >= 0.995
-    # any disagreement must start with a near-tie of two codewords for the reference's residual
-    # (after one flip the residuals differ, so later codebooks of that frame may differ too)
+    # Float rounding can flip a pick only at a near-tie of two codewords (gap <= 1e-5 of the
+    # distance scale, for the reference's residual), so any disagreement must start at one
+    # (after one flip the residuals differ, so later codebooks of that frame may differ too)...
     for q, t in _first_mismatches(codes, want):
         gap, scale = _tie_gaps(params, e["residuals"][q][t:t + 1], q)
         assert gap[0] <= 1e-5 * scale, (q, t, gap, scale)
-    # on tiny-random the margins are wide, so the codes are exact
+    # ...and this fixture has none (its closest pick is 5e-5 from a tie): the codes are exact
     gaps = [(lambda g, s: g.min() / s)(*_tie_gaps(params, e["residuals"][q], q)) for q in range(8)]
-    if min(gaps) > 1e-4:
-        assert len(differ) == 0
+    assert min(gaps) > 1e-5 and len(differ) == 0
     assert np.array_equal(codec.encode(params, e["input"], cfg), codes)
 
 

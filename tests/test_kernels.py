@@ -398,7 +398,7 @@ def test_guided_scores_ties_take_the_first_index():
 @given(b=st.integers(1, 2), t=st.integers(1, 90), c=st.sampled_from([1, 3, 16, 40]),
        dilation=st.sampled_from([1, 3, 9]), chunk_rows=st.sampled_from([1, 5, 64, 1000]),
        seed=st.integers(0, 99))
-def test_dac_res_unit_chunked_equals_plain(b, t, c, dilation, chunk_rows, seed):
+def test_dac_res_unit_chunked_matches_plain(b, t, c, dilation, chunk_rows, seed):
     rng = _rng(seed)
     x = rng.standard_normal((b, t, c)).astype(np.float32)
     w7 = (rng.standard_normal((7, c, c)) / np.sqrt(7 * c)).astype(np.float32)
@@ -423,9 +423,12 @@ def test_dac_res_unit_chunked_equals_plain(b, t, c, dilation, chunk_rows, seed):
 @settings(max_examples=10, deadline=None)
 @given(c=st.sampled_from([4, 8, 32, 64]), a=st.integers(0, 400), length=st.integers(60, 3000),
        seed=st.integers(0, 99))
-def test_dac_res_unit_rows_do_not_depend_on_the_window(c, a, length, seed):
-    """A window of the input gives bit-identical rows away from its edges (streaming decode
-    relies on it): every chunk GEMM has the same shape, so BLAS rounds every row the same way."""
+def test_dac_res_unit_rows_depend_on_the_window_only_by_rounding(c, a, length, seed):
+    """A window of the input gives the same rows away from its edges, up to float32 rounding
+    (streaming decode relies on it). Not bit for bit: some BLAS kernels (OpenBLAS's Haswell
+    sgemm) round a row differently with its position in the GEMM, even at equal GEMM shapes.
+    Measured max|diff| / max|rows| <= 3.7e-7 (Haswell), 2.4e-7 (Katmai), 0 (Sandybridge,
+    Nehalem); rows one step off differ by O(1)."""
     rng = _rng(seed)
     x = rng.standard_normal((1, 3500, c)).astype(np.float32)
     w7 = (rng.standard_normal((7, c, c)) / np.sqrt(7 * c)).astype(np.float32)
@@ -436,7 +439,8 @@ def test_dac_res_unit_rows_do_not_depend_on_the_window(c, a, length, seed):
     pad = 27
     full = K.dac_res_unit(x, *args)
     part = K.dac_res_unit(x[:, a:a + length], *args)
-    np.testing.assert_array_equal(part[:, pad:length - pad], full[:, a + pad:a + length - pad])
+    assert rel_err(part[:, pad:length - pad], full[:, a + pad:a + length - pad]) <= 2e-6
+    assert rel_err(part[:, pad:length - pad], full[:, a + pad + 1:a + length - pad + 1]) > 0.1
 
 
 def test_omnicore_num_threads_sizes_the_pools():
