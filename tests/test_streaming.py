@@ -1,8 +1,8 @@
-"""Streaming synthesis on the tiny checkpoint: the streamed pieces, joined, are bit-for-bit the
-synchronous chunked generation (`streaming.generate_chunks`); text fragments split exactly as the
-whole text; early exits leave no threads; worker errors reach the consumer as the same object;
-`omnicore say --stream` / `--raw`. Incremental text and audio helpers are property-tested
-against their one-shot forms."""
+"""Streaming synthesis on the tiny checkpoint: the streamed pieces, joined, are the synchronous
+chunked generation (`streaming.generate_chunks`) to float32 rounding (STREAM_ATOL); text fragments
+split exactly as the whole text and give the same audio bit for bit; early exits leave no threads;
+worker errors reach the consumer as the same object; `omnicore say --stream` / `--raw`.
+Incremental text and audio helpers are property-tested against their one-shot forms."""
 
 import gc
 import io
@@ -33,6 +33,12 @@ PARAGRAPH = ("Hello there, this is a small test of streaming speech. The second 
 # Small chunks so that the tiny model makes three of them quickly.
 RULE = S.ChunkRule(first_seconds=1.0, seconds=2.0)
 FAST = dict(num_step=3, seed=7)
+# Stream vs synchronous generation: the same codes, but the stream decodes in overlapping windows,
+# and BLAS kernels such as OpenBLAS's Haswell sgemm round a GEMM row differently with the GEMM's
+# row count, so samples differ by rounding. Measured max |diff| <= 2.4e-6 (Haswell), 1.4e-6
+# (Katmai), 0 (Sandybridge, Nehalem) on samples of peak ~0.5; the bound is a third of an int16 step.
+STREAM_ATOL = 1e-5
+WINDOW_TOL = 1e-5  # decode windows vs one-shot, relative (test_codec.CHUNK_TOL): measured <= 2.6e-6
 
 
 def _live_stream_threads():
@@ -194,22 +200,35 @@ def test_join_offline_is_the_reference_post_processing_without_trim():
 # ---------------------------------------------------------------------------------------------
 
 
+def _close(got, want):
+    """Same length, and every sample within STREAM_ATOL."""
+    assert got.dtype == np.float32 and got.shape == want.shape
+    assert np.abs(got.astype(np.float64) - want).max() <= STREAM_ATOL
+
+
 @pytest.mark.parametrize("frames", [1, 25, 26, 137])
-def test_decode_windows_join_into_the_one_shot_decode(model, frames):
+def test_decode_windows_match_the_one_shot_decode(model, frames):
     codes = np.random.default_rng(frames).integers(0, 1024, (8, frames))
     pieces = list(S.decode_windows(model.codec, codes, 25))
     assert [len(p) // 960 for p in pieces][:2] == [min(25, frames), min(100, frames - 25)][:len(pieces)]
-    assert np.array_equal(np.concatenate(pieces), model.codec.decode(codes))
+    got, want = np.concatenate(pieces), model.codec.decode(codes)
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= WINDOW_TOL * np.abs(want).max()
 
 
-def test_stream_equals_synchronous_chunked_generation(model, offline):
+@pytest.fixture(scope="module")
+def streamed(model):
+    """The stream of PARAGRAPH and its pieces."""
     st_ = model.stream(PARAGRAPH, rule=RULE, **FAST)
-    pieces = list(st_)
+    return st_, list(st_)
+
+
+def test_stream_matches_synchronous_chunked_generation(streamed, offline):
+    st_, pieces = streamed
     got = np.concatenate(pieces)
     assert st_.text_chunks == offline.text_chunks == S.split_text(PARAGRAPH, RULE)
     assert len(offline.text_chunks) == 3
-    assert got.dtype == np.float32
-    assert np.array_equal(got, offline.audio)  # bit for bit: windowed decode == one-shot here
+    _close(got, offline.audio)
     assert np.std(got) > 1e-3 and len(np.unique(offline.codes[0])) > 5  # a non-trivial case
     # Progressive decode: the first piece is the first 25-frame window (plus the leading pad,
     # minus the 100 ms a join may still fade), well before chunk 0 is fully decoded.
@@ -225,7 +244,7 @@ def test_same_seed_same_stream_other_seed_differs(model):
     assert np.array_equal(a, b) and not np.array_equal(a, c)
 
 
-def test_text_fragments_give_the_same_audio(model, offline):
+def test_text_fragments_give_the_same_audio(model, streamed):
     def tokens():  # an LLM-like source: a few characters at a time
         rng = np.random.default_rng(0)
         i = 0
@@ -236,18 +255,21 @@ def test_text_fragments_give_the_same_audio(model, offline):
 
     st_ = model.stream(tokens(), rule=RULE, **FAST)
     got = np.concatenate(list(st_))
-    assert st_.text_chunks == offline.text_chunks
-    assert np.array_equal(got, offline.audio)
+    whole, pieces = streamed
+    assert st_.text_chunks == whole.text_chunks
+    # the same chunks make the same codes and the same decode windows: equal bit for bit
+    assert np.array_equal(got, np.concatenate(pieces))
     assert not _wait_no_threads()
 
 
-def test_clone_stream_equals_synchronous_and_uses_prompt_loudness(model):
+def test_clone_stream_matches_synchronous_and_uses_prompt_loudness(model):
     prompt = model.create_voice_clone_prompt(SPEECH, "The quick brown fox jumps over the lazy dog.")
     text = "Cloned voices stay the same, chunk after chunk. Here is the second sentence of it."
     kw = dict(voice_clone_prompt=prompt, rule=RULE, num_step=2, seed=1, postprocess_output=False)
     want = S.generate_chunks(model, text, **kw)
     got = np.concatenate(list(model.stream(text, **kw)))
-    assert len(want.text_chunks) == 2 and np.array_equal(got, want.audio)
+    assert len(want.text_chunks) == 2
+    _close(got, want.audio)
 
 
 def test_single_chunk_without_trim_equals_generate(model):
@@ -382,10 +404,10 @@ def test_cli_stream_wav_raw_and_stdin(model, tmp_path, monkeypatch, capsysbinary
     want = S.generate_chunks(model, SAY, num_step=3, seed=7).audio
     out = tmp_path / "s.wav"
     assert main(["say", SAY, "--stream", "-o", str(out), *CLI]) == 0
-    data, sr = sf.read(out, dtype="float32")
-    assert sr == SR and len(data) == len(want)
-    np.testing.assert_allclose(data, np.clip(want, -1, 1), atol=2 ** -15 * 1.01)
-    wav16, _ = sf.read(out, dtype="int16")
+    wav16, sr = sf.read(out, dtype="int16")
+    assert sr == SR and len(wav16) == len(want)
+    # within STREAM_ATOL before quantising, so a sample can cross an int16 step, never two
+    assert np.abs(wav16.astype(np.int32) - S.to_pcm16(want)).max() <= 1
 
     capsysbinary.readouterr()
     assert main(["say", SAY, "--raw", *CLI]) == 0
