@@ -19,8 +19,9 @@ import numpy as np
 
 from .backend import to_device, xp
 from .config import HubertConfig
-from .kernels import (conv1d, conv_out_len, conv_weight, gelu, group_norm, grouped_conv1d, grouped_conv_weight,
-                      softmax_rows)
+from .errors import WeightsError
+from .kernels import (all_finite, conv1d, conv_out_len, conv_weight, gelu, group_norm, grouped_conv1d,
+                      grouped_conv_weight, softmax_rows)
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,14 @@ def load_params(reader, cfg: HubertConfig, prefix: str = "semantic_model.") -> H
     # Weight norm with dim=2: one gain per tap, the norm over (out, in) channels of that tap.
     g = reader.take(p + "parametrizations.weight.original0", (1, 1, k))
     v = reader.take(p + "parametrizations.weight.original1", (d, d // groups, k))
-    pos_w = to_device(grouped_conv_weight(fold_weight_norm(g, v, dim=2), groups))
+    if not np.all(np.any(v != 0, axis=(0, 1))):  # an all-zero tap has norm 0: 0/0 in all its weights
+        raise WeightsError(f"{reader.file}: {p}parametrizations.weight.original1 has a tap whose "
+                           "weights are all zero, so weight norm divides by zero: the checkpoint is corrupt")
+    folded = fold_weight_norm(g, v, dim=2)
+    if not all_finite(folded):  # finite g and v can still overflow float32 once scaled
+        raise WeightsError(f"{reader.file}: {p}parametrizations.weight.* fold to non-finite weights "
+                           "(g / ||v|| overflows float32): the checkpoint is corrupt")
+    pos_w = to_device(grouped_conv_weight(folded, groups))
     pos_b = dev(reader.take(p + "bias", (d,)))
     ln_w = dev(reader.take(f"{prefix}encoder.layer_norm.weight", (d,)))
     ln_b = dev(reader.take(f"{prefix}encoder.layer_norm.bias", (d,)))

@@ -23,6 +23,7 @@ Three jobs, top to bottom:
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -305,10 +306,10 @@ class SafetensorsFile(Mapping):
             chunk = mv[done:done + _MAX_READ]
             if hasattr(os, "preadv"):
                 got = os.preadv(self._fd, [chunk], offset + done)
-            else:  # pragma: no cover - platforms without preadv
-                with self._lock:
-                    os.lseek(self._fd, offset + done, os.SEEK_SET)
-                    got = os.readv(self._fd, [chunk])
+            else:  # pragma: no cover - platforms without preadv (Windows)
+                with self._lock, io.FileIO(self._fd, "rb", closefd=False) as raw:
+                    raw.seek(offset + done)
+                    got = raw.readinto(chunk) or 0
             if got <= 0:
                 raise self._changed(f"truncated: it ends before byte {offset + len(mv)}")
             done += got

@@ -381,3 +381,18 @@ def test_row_table_indexes_like_the_array(tmp_path):
         ParamReader({"t": table}).take_rows("t", (49, 6))
     with SafetensorsFile(path) as f:
         assert set(f) == {"t", "b"} and f.entries["b"].kind == "BF16"
+
+
+def test_weight_norm_over_an_all_zero_tap_is_a_weights_error(tmp_path):
+    from omnicore import codec
+
+    ckpt = _copy_tiny(tmp_path)
+    key = "semantic_model.encoder.pos_conv_embed.conv.parametrizations.weight.original1"
+
+    def zero_tap(t):
+        t[key][:, :, 3] = 0  # the norm over (out, in) of tap 3 is 0: every folded weight 0/0
+        return t
+
+    _rewrite(ckpt / "audio_tokenizer" / "model.safetensors", zero_tap)
+    with pytest.raises(WeightsError, match="original1 has a tap whose weights are all zero"):
+        codec.load_codec(ckpt, encoder=True)
