@@ -2,8 +2,9 @@
 
 With deterministic settings (position/class temperature 0) the codes must be token-exact in
 auto, design and clone modes, for short and chunked long text; waveforms before post-processing
-within 1e-4 relative; after post-processing the same length (silence removal quantises to int16
-steps, so a few samples may sit one step of 2**-15 away).
+within WAVE_TOL (2e-5) relative; after post-processing the same length (silence removal quantises
+to int16 steps, so a few samples may sit one step of 2**-15 away); voice-prompt codes exact but
+for picks within rounding of a tie.
 """
 
 import json
@@ -14,13 +15,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from omnicore import OmniVoice, Synthesis, VoiceClonePrompt
+from omnicore import OmniVoice, Synthesis, VoiceClonePrompt, audio
+from omnicore import codec as codec_mod
 from omnicore.errors import AudioError, InputError, OmniCoreError, VoicePromptError
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "weights" / "tiny-random"
 REF = ROOT / "tests" / "fixtures" / "reference"
 INT16_STEP = 2.0 ** -15
+# Waveform before post-processing, relative: measured <= 7.2e-6 with OpenBLAS's Haswell,
+# Sandybridge, Nehalem and Katmai kernels
+WAVE_TOL = 2e-5
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +54,7 @@ def _check_wave(got, want, postprocessed):
         assert err.max() <= step
         assert err.mean() < 0.05 * step
     else:
-        assert err.max() / np.abs(want).max() < 1e-4
+        assert err.max() / np.abs(want).max() <= WAVE_TOL
 
 
 SHORT = ["auto_s32_pp0", "auto_s32_pp1", "auto_s8", "design_s32_pp0", "design_s32_pp1",
@@ -89,6 +94,20 @@ def test_long_text_is_chunked_like_reference(model, name):
         _check_wave(r.audio[-n:], z["wave_tail"], kwargs.get("postprocess_output", True))
 
 
+def _tie_gaps(model, wav):
+    """Codes [Q, T] of `wav`, and for each pick the gap between the nearest and second-nearest
+    codeword's distance, relative to the largest nearest distance of that codebook [Q, T]."""
+    params, cfg = model.codec.params, model.codec.cfg
+    fused = codec_mod.encode_features(params, wav, cfg)["fused"]
+    codes, residuals = codec_mod.quantize(params, fused, cfg, return_residuals=True)
+    enc, gaps = params.encoder, []
+    for q, r in enumerate(residuals):
+        z = r @ enc.in_w[q] + enc.in_b[q]
+        dist = np.sort((z * z).sum(1, keepdims=True) - 2 * (z @ enc.embed_t[q]) + enc.embed_sq[q], axis=1)
+        gaps.append((dist[:, 1] - dist[:, 0]) / np.abs(dist[:, 0]).max())
+    return codes, np.array(gaps)
+
+
 @pytest.mark.parametrize("name", ["clone_prompt", "clone_prompt_16k_stereo"])
 def test_voice_clone_prompt_matches_reference(model, name):
     z, inp, _ = _case(name)
@@ -97,8 +116,18 @@ def test_voice_clone_prompt_matches_reference(model, name):
     assert abs(p.ref_rms - float(z["ref_rms"])) < 1e-6
     want = z["ref_audio_tokens"]
     assert p.ref_audio_tokens.shape == want.shape
-    agree = (p.ref_audio_tokens == want).mean()
-    assert agree >= 0.995, f"only {agree:.2%} of reference codes equal"
+    assert min(len(np.unique(row)) for row in want) >= 5  # codes vary along time
+    # Codes are exact (measured: all equal), except where float rounding may legitimately pick
+    # the other codeword of a near-tie (as tests/test_codec.py argues for the encoder): a frame
+    # may differ only from a codebook whose two nearest codewords are within 1e-5 of a tie.
+    # (clone_prompt has one such pick, 5e-6 from a tie; clone_prompt_16k_stereo none.)
+    wav, _ = audio.prepare_reference_audio(inp["ref_audio"], inp.get("preprocess_prompt", True),
+                                           sr=model.sampling_rate, hop_length=model.codec.hop_length)
+    codes, gaps = _tie_gaps(model, wav)
+    np.testing.assert_array_equal(codes, p.ref_audio_tokens)  # the gaps are of these very picks
+    for t in np.nonzero((p.ref_audio_tokens != want).any(axis=0))[0]:
+        q = int(np.argmax(p.ref_audio_tokens[:, t] != want[:, t]))
+        assert gaps[q, t] <= 1e-5, f"code ({q}, {t}) differs from the reference {gaps[q, t]:.1e} from a tie"
 
 
 def test_voice_prompt_roundtrip_gives_identical_generation(model, tmp_path):
