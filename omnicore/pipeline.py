@@ -83,29 +83,37 @@ class VoiceClonePrompt:
 
     @classmethod
     def load(cls, path: str | Path) -> "VoiceClonePrompt":
-        """Read a prompt saved by `save`; every value in it is checked (`check_voice_prompt`),
-        and anything else (not a zip, a FIFO or folder, hostile headers) is a VoicePromptError."""
+        """Read a prompt saved by `save`, or by the reference's `VoiceClonePrompt.save` (a
+        torch .pt zip, read by `torchfile` without torch and without running its pickle); every
+        value in it is checked (`check_voice_prompt`), and anything else (not a zip, a FIFO or
+        folder, hostile headers or pickles) is a VoicePromptError."""
+        from . import torchfile  # only prompt files need it
+
         try:
             # np.load would block on a FIFO and read any .npy whole; a prompt is a regular zip.
             if Path(path).exists() and not Path(path).is_file():
                 raise VoicePromptError(f"{path}: not a regular file; pass a voice prompt .npz")
-            if Path(path).is_file() and not zipfile.is_zipfile(path):
-                raise VoicePromptError(
-                    f"{path}: not an omnicore voice prompt (not an .npz archive). Create one "
-                    "with `omnicore clone-prompt ref.wav --ref-text '...' -o voice.npz`.")
-            with np.load(path, allow_pickle=False) as z:
-                shape, dtype = _npz_member_shape(z, "ref_audio_tokens")
-                if (len(shape) != 2 or not 1 <= shape[0] <= 64
-                        or not 1 <= shape[1] <= text_mod.MAX_REF_FRAMES):
+            if Path(path).is_file() and torchfile.is_torch_file(path):
+                tokens, ref_text, ref_rms = torchfile.read_reference_voice_prompt(path)
+                meta = None
+            else:
+                if Path(path).is_file() and not zipfile.is_zipfile(path):
                     raise VoicePromptError(
-                        f"{path}: the voice prompt's codes have shape {list(shape)}; expected "
-                        f"[{PROMPT_CODEBOOKS}, frames] with 1 to {text_mod.MAX_REF_FRAMES} frames "
-                        f"({text_mod.MAX_REF_S:g} s). Re-create it from a 3-10 s clip.")
-                if math.prod(_npz_member_shape(z, "meta")[0]) > _MAX_META_BYTES:
-                    raise VoicePromptError(f"{path}: the voice prompt's metadata is over "
-                                           f"{_MAX_META_BYTES:,} bytes; not an omnicore prompt")
-                tokens = np.array(z["ref_audio_tokens"])
-                meta = json.loads(bytes(z["meta"]).decode("utf-8"))
+                        f"{path}: not an omnicore voice prompt (not an .npz archive). Create one "
+                        "with `omnicore clone-prompt ref.wav --ref-text '...' -o voice.npz`.")
+                with np.load(path, allow_pickle=False) as z:
+                    shape, dtype = _npz_member_shape(z, "ref_audio_tokens")
+                    if (len(shape) != 2 or not 1 <= shape[0] <= 64
+                            or not 1 <= shape[1] <= text_mod.MAX_REF_FRAMES):
+                        raise VoicePromptError(
+                            f"{path}: the voice prompt's codes have shape {list(shape)}; expected "
+                            f"[{PROMPT_CODEBOOKS}, frames] with 1 to {text_mod.MAX_REF_FRAMES} frames "
+                            f"({text_mod.MAX_REF_S:g} s). Re-create it from a 3-10 s clip.")
+                    if math.prod(_npz_member_shape(z, "meta")[0]) > _MAX_META_BYTES:
+                        raise VoicePromptError(f"{path}: the voice prompt's metadata is over "
+                                               f"{_MAX_META_BYTES:,} bytes; not an omnicore prompt")
+                    tokens = np.array(z["ref_audio_tokens"])
+                    meta = json.loads(bytes(z["meta"]).decode("utf-8"))
         except VoicePromptError:
             raise
         except FileNotFoundError:
@@ -113,15 +121,18 @@ class VoiceClonePrompt:
         except Exception as exc:  # zip, npy, JSON and key errors of an untrusted file alike
             raise VoicePromptError(
                 f"{path}: not an omnicore voice prompt ({type(exc).__name__}). Create one with "
-                "`omnicore clone-prompt ref.wav --ref-text '...' -o voice.npz`. (Prompts saved by "
-                "the PyTorch omnivoice package are torch pickles; re-create them from the audio.)"
+                "`omnicore clone-prompt ref.wav --ref-text '...' -o voice.npz` (the .pt files of "
+                "the PyTorch omnivoice package's VoiceClonePrompt.save load too)."
             ) from None
-        if not isinstance(meta, dict) or meta.get("format") != VOICE_PROMPT_FORMAT:
-            raise VoicePromptError(f"{path}: not an omnicore voice prompt file")
-        if meta.get("version") != VOICE_PROMPT_VERSION:
-            raise VoicePromptError(f"{path}: voice prompt version {meta.get('version')!r} is not "
-                                   f"supported by this omnicore (it reads version {VOICE_PROMPT_VERSION})")
-        prompt = cls(tokens, meta.get("ref_text"), meta.get("ref_rms"))
+        if meta is not None:
+            if not isinstance(meta, dict) or meta.get("format") != VOICE_PROMPT_FORMAT:
+                raise VoicePromptError(f"{path}: not an omnicore voice prompt file")
+            if meta.get("version") != VOICE_PROMPT_VERSION:
+                raise VoicePromptError(f"{path}: voice prompt version {meta.get('version')!r} is "
+                                       f"not supported by this omnicore (it reads version "
+                                       f"{VOICE_PROMPT_VERSION})")
+            ref_text, ref_rms = meta.get("ref_text"), meta.get("ref_rms")
+        prompt = cls(tokens, ref_text, ref_rms)
         try:
             return check_voice_prompt(prompt)
         except InputError as exc:

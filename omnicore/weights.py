@@ -225,6 +225,7 @@ class SafetensorsFile(Mapping):
 
     def close(self) -> None:
         self._closer()
+        self._fd = -1  # later reads fail (EBADF) instead of reading whatever reuses the number
 
     # -- header --------------------------------------------------------------------------------
 
