@@ -276,7 +276,9 @@ def resolve_generation_config(generation_config, kwargs: dict) -> GenerationConf
     if unknown:
         raise InputError(f"unknown argument(s): {', '.join(sorted(unknown))}")
     if generation_config is None:
-        return GenerationConfig(**kwargs)
+        gen = GenerationConfig(**kwargs)
+        text_mod.validate_sampling(gen)
+        return gen
     if isinstance(generation_config, dict):
         bad = [k for k in generation_config if k not in names]
         if bad:
@@ -295,6 +297,7 @@ def resolve_generation_config(generation_config, kwargs: dict) -> GenerationConf
             f"{k}={kwargs[k]!r} conflicts with generation_config's {k}={getattr(base, k)!r}; "
             "pass each setting once: in generation_config (dataclasses.replace(config, "
             f"{k}=...) makes a changed copy) or as a keyword argument")
+    text_mod.validate_sampling(base)
     return base
 
 

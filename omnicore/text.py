@@ -49,6 +49,12 @@ __all__ = [
     "MAX_PASS_S",
     "MAX_PASS_FRAMES",
     "MAX_PASS_BYTES",
+    "MAX_PASS_POSITIONS",
+    "MAX_GUIDANCE",
+    "MAX_LAYER_PENALTY",
+    "TEMPERATURE_RANGE",
+    "T_SHIFT_RANGE",
+    "validate_sampling",
     "MAX_REF_S",
     "MAX_REF_FRAMES",
     "MAX_REF_TEXT_CHARS",
@@ -144,7 +150,11 @@ def validate_text(text: object) -> str:
 def _real(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InputError(f"{what} must be a number, got {type(value).__name__}.")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond the float range, e.g. 10**400
+        raise InputError(f"{what} must be a finite number, got an integer of "
+                         f"{int(value).bit_length()} bits.") from None
     if not math.isfinite(value):
         raise InputError(f"{what} must be a finite number, got {value}.")
     return value
@@ -202,6 +212,12 @@ MAX_PASS_FRAMES = int(MAX_PASS_S * FRAME_RATE)
 # about 0.45 GB with the released model (a 10 s voice reference, 30 s of output).
 MAX_PASS_BYTES = 4 * 2**30
 
+# Positions of one pass's row: instruct/language/text tokens, reference frames, target frames.
+# The longest legitimate row (a 180 s pass with a 60 s reference and both transcripts) is under
+# 8,192; a long text squeezed into a short duration is what goes beyond (its tokens all sit in
+# one row, and attention is quadratic in the row).
+MAX_PASS_POSITIONS = 8192
+
 # Voice reference audio, in seconds of codec frames; also the longest clip the codec encodes in
 # one go. The model was trained on 3-10 s clips and the reference package warns above 20 s;
 # every unmasking pass re-reads the whole reference, and the encoder's activations grow with
@@ -223,6 +239,15 @@ MAX_REF_RMS = 1.0
 
 # Seeds feed numpy's default_rng, which takes any non-negative integer; 64 bits is plenty.
 MAX_SEED = 2**64 - 1
+
+# Sampling knobs. Scoring runs in float32 (log-probabilities of a few hundred at most), so these
+# bounds keep every product and quotient finite: guidance c + g (c - u), the layer penalty times
+# a codebook index, a score divided by a temperature, and the shifted schedule. They are far
+# outside what changes the output meaningfully (reference defaults: 2, 5, 5, 0, t_shift 0.1).
+MAX_GUIDANCE = 100.0
+MAX_LAYER_PENALTY = 1000.0
+TEMPERATURE_RANGE = (1e-3, 1e3)  # or exactly 0 (greedy / pure confidence order)
+T_SHIFT_RANGE = (1e-3, 1e3)
 
 
 def validate_ref_text(ref_text: object, what: str = "ref_text") -> str:
@@ -307,6 +332,22 @@ def validate_seed(seed: object, n: int = 1) -> list[int | None]:
     return [one(seed)] * n
 
 
+def validate_sampling(gen) -> None:
+    """The sampling knobs of a ``GenerationConfig`` within the bounds above, else
+    ``InputError`` (past them float32 scoring overflows and cells stay masked)."""
+    def within(name, lo, hi, zero_ok=False):
+        value = _real(getattr(gen, name), name)
+        if not (lo <= value <= hi or (zero_ok and value == 0)):
+            zero = "0 or " if zero_ok else ""
+            raise InputError(f"{name} is {value:g}; it must be {zero}between {lo:g} and {hi:g}.")
+
+    within("guidance_scale", 0.0, MAX_GUIDANCE)
+    within("layer_penalty_factor", 0.0, MAX_LAYER_PENALTY)
+    within("position_temperature", *TEMPERATURE_RANGE, zero_ok=True)
+    within("class_temperature", *TEMPERATURE_RANGE, zero_ok=True)
+    within("t_shift", *T_SHIFT_RANGE)
+
+
 def check_total_frames(frames: int, frame_rate: int = FRAME_RATE) -> int:
     """The whole output of one call, in frames: at most ``MAX_DURATION_S``, else ``InputError``."""
     if frames > MAX_DURATION_S * frame_rate:
@@ -361,7 +402,16 @@ def forward_bytes(cfg, lengths, num_out, class_sampling: bool = False) -> int:
 
 
 def check_pass_memory(cfg, lengths, num_out, class_sampling: bool = False) -> int:
-    """``forward_bytes`` of one pass if within ``MAX_PASS_BYTES``, else ``InputError``."""
+    """``forward_bytes`` of one pass if its rows have at most ``MAX_PASS_POSITIONS`` positions
+    and it fits ``MAX_PASS_BYTES``, else ``InputError``."""
+    if max(lengths) > MAX_PASS_POSITIONS:
+        raise InputError(
+            f"one generation pass would hold {max(lengths):,} positions (text tokens, voice "
+            f"reference and {max(num_out) / FRAME_RATE:.1f} s of target); the limit is "
+            f"{MAX_PASS_POSITIONS:,}. The text is too long for its duration: ask for a longer "
+            "duration or a slower speed, split the text into several calls, or use a shorter "
+            "voice reference and transcript."
+        )
     need = forward_bytes(cfg, lengths, num_out, class_sampling)
     if need > MAX_PASS_BYTES:
         raise InputError(

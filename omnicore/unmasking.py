@@ -153,6 +153,7 @@ def generate_codes(params: BackboneParams, cfg: OmniVoiceConfig, items: Sequence
         return ([], []) if return_fill_steps else []
     C, mask_id = cfg.num_audio_codebook, cfg.audio_mask_id
     B, steps = len(items), gen.num_step
+    text_mod.validate_sampling(gen)  # past these bounds the float32 scoring overflows
     rngs = _item_rngs(seed, B)
     use_uncond = gen.guidance_scale != 0  # without guidance the unconditional rows are unused
 

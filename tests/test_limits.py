@@ -278,3 +278,43 @@ def test_limits_are_consistent():
     with pytest.raises(InputError):
         T.check_total_frames(int(T.MAX_DURATION_S * T.FRAME_RATE) + 1)
     assert T.check_total_frames(int(T.MAX_DURATION_S * T.FRAME_RATE))
+
+
+def test_text_too_long_for_its_duration():
+    # All of a 20,000-character text in one 2-frame pass: ~12k prompt tokens in one row, a
+    # 2.3 GB attention buffer on the tiny model (quadratic in the text).
+    out = _in_child("result = m.generate_codes('word ' * 4000, duration=0.08, num_step=1)")
+    _refused(out, f"{T.MAX_PASS_POSITIONS:,}", "longer duration")
+
+
+@pytest.mark.parametrize("knob,value", [
+    ("guidance_scale", 1e308), ("layer_penalty_factor", 1e308), ("position_temperature", 1e-40),
+    ("class_temperature", 1e-40), ("t_shift", 1e308), ("guidance_scale", T.MAX_GUIDANCE * 2)])
+def test_sampling_knobs_past_float32_range(knob, value):
+    # Past these bounds the float32 scoring overflowed: MASK cells left in the output, or a NaN
+    # schedule.
+    m = _model()
+    with pytest.raises(InputError, match=knob):
+        m.generate_codes("Hello there.", duration=0.2, num_step=2, **{knob: value})
+    with pytest.raises(InputError, match=knob):
+        m.stream("Hello there.", num_step=2, **{knob: value})
+    with pytest.raises(InputError, match=knob):
+        unmasking.generate_codes(m.params, m.config, [tok.prepare_item(
+            m.tokenizer, m.config, "Hi.", 3)], GenerationConfig(num_step=2, **{knob: value}))
+
+
+def test_knobs_at_their_bounds_give_real_codes():
+    m = _model()
+    lo_t, hi_t = T.TEMPERATURE_RANGE
+    for knobs in (dict(guidance_scale=T.MAX_GUIDANCE, layer_penalty_factor=T.MAX_LAYER_PENALTY,
+                       position_temperature=lo_t, class_temperature=lo_t, t_shift=T.T_SHIFT_RANGE[1]),
+                  dict(position_temperature=hi_t, class_temperature=hi_t, t_shift=T.T_SHIFT_RANGE[0])):
+        codes = m.generate_codes("Hello there.", duration=0.3, num_step=3, seed=0, **knobs)[0]
+        assert codes.min() >= 0 and codes.max() < m.config.audio_mask_id, knobs
+
+
+@pytest.mark.parametrize("kw", [dict(duration=2**1024), dict(speed=10**400), dict(speed=5e-324),
+                                dict(duration=10**5000)])
+def test_numbers_beyond_float_range(kw):
+    with pytest.raises(InputError):
+        _model().generate_codes("Hi.", num_step=1, **kw)
