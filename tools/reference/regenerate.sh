@@ -6,7 +6,9 @@
 # 1. weights/tiny-random            make_checkpoint.py --size tiny (seeded: byte-identical)
 # 2. tests/fixtures/audio           make_speech_clip.py (espeak-ng; kept if present)
 # 3. tests/fixtures/onnx            export_onnx.py
-# 4. tests/fixtures/reference       dump_reference.py (every dump_*.py) + tests/fixtures/manifest.json
+# 4. tests/fixtures/reference       dump_reference.py (every dump_*.py, among them dump_voice.py:
+#                                  the reference's own VoiceClonePrompt.save .pt files)
+#                                  + tests/fixtures/manifest.json
 # Then review `git status` / `git diff --stat` and commit the fixtures with the manifest.
 set -euo pipefail
 
