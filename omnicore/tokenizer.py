@@ -21,6 +21,7 @@ real checkpoint puts them at 151669..151675, the tiny test checkpoint somewhere 
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ import numpy as np
 
 from .config import OmniVoiceConfig
 from .errors import ConfigError, InputError, ModelNotFoundError, WeightsError
+from .weights import open_regular
 
 SPECIAL_TOKENS = ("<|denoise|>", "<|lang_start|>", "<|lang_end|>", "<|instruct_start|>",
                   "<|instruct_end|>", "<|text_start|>", "<|text_end|>")
@@ -40,6 +42,9 @@ NONVERBAL_TAGS = ("laughter", "sigh", "confirmation-en", "question-en", "questio
                   "question-oh", "question-ei", "question-yi", "surprise-ah", "surprise-oh",
                   "surprise-wa", "surprise-yo", "dissatisfaction-hnn")
 _NONVERBAL_RE = re.compile(r"\[(?:" + "|".join(re.escape(t) for t in NONVERBAL_TAGS) + r")\]")
+
+# Qwen's tokenizer.json is about 11 MB; a file far larger is not one (and would be read whole).
+MAX_TOKENIZER_BYTES = 256 << 20
 
 _LINE_BREAKS_RE = re.compile(r"[\r\n]+")
 _BLANKS_RE = re.compile(r"[ \t]+")
@@ -67,13 +72,22 @@ class TextTokenizer:
     @classmethod
     def from_file(cls, path: str | Path) -> "TextTokenizer":
         path = Path(path)
-        if not path.is_file():
+        if not path.exists():
             raise ModelNotFoundError(f"{path}: tokenizer.json not found; the checkpoint "
                                      "directory must contain the model's tokenizer.json")
+        # Read through the loader's opener: a FIFO or device would block the Rust reader forever.
+        fd = open_regular(path, ModelNotFoundError)
+        try:
+            with os.fdopen(fd, "rb") as f:
+                raw = f.read(MAX_TOKENIZER_BYTES + 1)
+        except OSError as exc:
+            raise WeightsError(f"{path}: cannot read the tokenizer ({exc.strerror or exc})") from None
+        if len(raw) > MAX_TOKENIZER_BYTES:
+            raise WeightsError(f"{path}: over {MAX_TOKENIZER_BYTES >> 20} MB, not a tokenizer.json")
         try:
             from tokenizers import Tokenizer
 
-            backend = Tokenizer.from_file(str(path))
+            backend = Tokenizer.from_str(raw.decode("utf-8"))
         except Exception as exc:  # the Rust side raises plain Exception on bad JSON
             raise WeightsError(f"{path}: cannot load the tokenizer ({exc})") from None
         return cls(backend, path)

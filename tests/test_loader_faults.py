@@ -117,6 +117,7 @@ FIFO_CHILD = textwrap.dedent("""
     ("config.json", "ConfigError"),
     ("audio_tokenizer/model.safetensors", "WeightsError"),
     ("audio_tokenizer/config.json", "ConfigError"),
+    ("tokenizer.json", "ModelNotFoundError"),
 ])
 def test_fifo_in_place_of_a_checkpoint_file_is_refused(tmp_path, name, error):
     ckpt = _copy_tiny(tmp_path)
