@@ -186,6 +186,9 @@ json_junk = st.recursive(
                             st.dictionaries(st.text(max_size=6), inner, max_size=3)),
     max_leaves=8)
 
+DTYPES = ["float16", "float32", "float64", "longdouble", "int8", "int16", "int32", "int64", "uint8",
+          "uint16", "uint32", "uint64", "bool", "complex64", "object", "U3", "S3", "V4"]
+
 # A usual value for every keyword of `synthesize` (num_step at most 3: larger valid values only
 # cost time, 30 ms a step here).
 USUAL = {
@@ -339,12 +342,57 @@ def test_ref_text_of_any_kind(model, ref_text, preprocess):
             check_synthesis(out, model.config)
 
 
+@budget(12, shrink=False)
+@given(fragments=st.lists(st.one_of(any_text, any_text, junk, st.sampled_from(
+           ["a" * 20_000, "word, " * 10, "\u3002" * 30])), min_size=1, max_size=4),
+       decode_frames=st.one_of(st.just(25), st.integers(1, 3), junk),
+       lookahead=st.one_of(st.just(1), st.integers(0, 3), junk))
+def test_stream_text_fragments_of_any_kind(model, fragments, decode_frames, lookahead):
+    """Streamed text input: fragments of any kind (a reader thread chunks them; errors it meets
+    come out of next()), one unbroken 20,000-character run among them, and the stream's own
+    arguments of any value. (The total is kept small: a stream has no total length limit, and a
+    long one only takes long.)"""
+    def consume():
+        stream = model.stream(iter(fragments), num_step=1, decode_frames=decode_frames,
+                              lookahead=lookahead)
+        return [np.asarray(p) for p in stream]
+
+    pieces = typed(consume)
+    if pieces is not None:
+        assert all(p.dtype == np.float32 and p.ndim == 1 and np.isfinite(p).all() for p in pieces)
+
+
+@st.composite
+def code_arrays(draw):
+    """Codes for the decoder: usual [C, T] / [B, C, T] int arrays, or any dtype, shape, value."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    if draw(st.booleans()):
+        shape = draw(st.sampled_from([(8, 3), (1, 8, 2), (2, 8, 3), (4, 5), (0, 8, 3), (8, 0)]))
+        dtype = draw(st.sampled_from(["int64", "int32", "int16", "uint16", "float64"]))
+        return rng.integers(0, 1024, shape).astype(dtype)
+    shape = draw(st.lists(st.integers(0, 9), max_size=4).map(tuple))
+    lo, hi = draw(st.sampled_from([(0, 1023), (1024, 1024), (-3, -1), (-2**62, 2**62)]))
+    arr = rng.integers(lo, hi, shape, endpoint=True)
+    dtype = np.dtype(draw(st.sampled_from(DTYPES)))
+    with np.errstate(all="ignore"):
+        arr = arr.astype(dtype) if dtype.kind not in "fc" else arr * draw(st.sampled_from([1.0, 0.5, np.nan]))
+    return draw(st.one_of(st.just(arr), st.just(arr.tolist()), junk))
+
+
+@budget(30)
+@given(codes=code_arrays())
+def test_codec_decode_any_codes(model, codes):
+    wav = typed(model.codec.decode, codes)
+    if wav is not None:
+        arr = np.asarray(codes)
+        assert wav.dtype == np.float32 and np.isfinite(wav).all()
+        assert wav.shape[-1] == arr.shape[-1] * model.codec.hop_length
+
+
 # ---------------------------------------------------------------------------------------------
 # Audio: arrays and files
 # ---------------------------------------------------------------------------------------------
 
-DTYPES = ["float16", "float32", "float64", "longdouble", "int8", "int16", "int32", "int64", "uint8",
-          "uint16", "uint32", "uint64", "bool", "complex64", "object", "U3", "S3", "V4"]
 COMMON_RATES = [8000, 16000, 22050, 24000, 44100, 48000]
 ODD_RATES = st.one_of(
     st.sampled_from([1, 7, 7919, 96000, 192000, 999_999, 1_000_000, 1_000_001]),
