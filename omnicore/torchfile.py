@@ -42,7 +42,6 @@ import re
 import stat
 import zipfile
 from collections import OrderedDict
-from pathlib import Path
 
 import numpy as np
 
@@ -80,9 +79,10 @@ _MAX_NDIM = 64  # torch's own limit on tensor dimensions
 
 
 def is_torch_file(path: str | os.PathLike) -> bool:
-    """True when `path` looks like a torch.save file: a zip whose first entry is
-    <folder>/data.pkl (torch writes it first), any zip named *.pt / *.pth, or a pre-1.6 torch
-    file. Reads at most the first local header; an unreadable path gives False."""
+    """True when `path` holds a torch.save file: a zip whose first entry is <folder>/data.pkl
+    (torch writes it first), or a pre-1.6 torch file. By content, not by name: an .npz prompt
+    saved as voice.pt is not one. Reads at most the first local header; an unreadable path
+    gives False."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(30 + 0xFFFF)
@@ -92,8 +92,6 @@ def is_torch_file(path: str | os.PathLike) -> bool:
         return True
     if not head.startswith(_ZIP_MAGIC) or len(head) < 30:
         return False
-    if Path(path).suffix.lower() in (".pt", ".pth"):
-        return True
     name_len = int.from_bytes(head[26:28], "little")  # [30 + name_len] header bytes, then data
     return head[30:30 + name_len].endswith(b"/data.pkl")
 

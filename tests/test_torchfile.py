@@ -398,7 +398,6 @@ def test_other_bad_archives(tmp_path):
             tmp_path / "dup.pt", pkl, storage, extra=[_stored("archive/data/0", bytes(128))]),
         "more than one": torch_file(tmp_path / "two.pt", pkl, storage,
                                     extra=[_stored("other/data.pkl", pkl)]),
-        "no <folder>/data.pkl": _zip(tmp_path / "none.pt", [_stored("x/y", b"")]),
         "format version": torch_file(tmp_path / "v.pt", pkl, storage, version=b"99\n"),
         "byteorder": torch_file(tmp_path / "bo.pt", pkl, storage, byteorder=b"middle"),
         "compression method": _zip(tmp_path / "bz.pt", [
@@ -411,6 +410,17 @@ def test_other_bad_archives(tmp_path):
     for message, path in cases.items():
         with pytest.raises(VoicePromptError, match=message):
             VoiceClonePrompt.load(path)
+    with pytest.raises(VoicePromptError, match="no <folder>/data.pkl"):
+        torchfile.load(_zip(tmp_path / "none.pt", [_stored("x/y", b"")]), 1 << 20)
+
+
+def test_omnicore_prompt_named_pt_still_loads(tmp_path, expected):
+    # the format is told by content, not by the file name
+    path = tmp_path / "voice.pt"
+    VoiceClonePrompt(expected["full_codes"], "hi", 0.1).save(path)
+    assert not torchfile.is_torch_file(path)
+    np.testing.assert_array_equal(VoiceClonePrompt.load(path).ref_audio_tokens,
+                                  expected["full_codes"])
 
 
 def test_oversized_file_refused_before_reading(tmp_path):
