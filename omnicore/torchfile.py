@@ -118,6 +118,8 @@ def load(path: str | os.PathLike, max_bytes: int,
             data = fh.read(max_bytes + 1)
     except OSError as exc:
         raise error(f"{path}: cannot be read ({exc})") from None
+    if len(data) > max_bytes:  # it grew after the stat
+        raise error(f"{path}: the file is over the {max_bytes:,}-byte limit for this kind of file")
     if data.startswith(_LEGACY_MAGIC):
         raise error(f"{path}: a torch file in the pre-1.6 format, which is not read here; load "
                     "it with torch and save it again (torch.save writes the zip format)")
@@ -309,7 +311,7 @@ class _Unpickler(pickle._Unpickler):  # the pure-Python one: its memo is a dict
         if module == "torch" and name in _STORAGE_DTYPES:
             return _StorageType(name)
         if module == "torch" and name == "BFloat16Storage":
-            self.reader.fail("bfloat16 tensors are not supported in this file")
+            self.reader.fail("it holds a bfloat16 tensor, which is not read here (numpy has no bfloat16)")
         self.reader.fail(f"data.pkl names the global {module[:60]}.{name[:60]}; only "
                          "torch tensors, storages and plain containers are read, so it was "
                          "refused without being imported or called")
@@ -349,7 +351,13 @@ MAX_REFERENCE_PROMPT_BYTES = 4 << 20
 def read_reference_voice_prompt(path: str | os.PathLike) -> tuple[np.ndarray, object, object]:
     """(ref_audio_tokens, ref_text, ref_rms) of a prompt the reference saved, values as stored:
     the caller validates them. VoicePromptError when the file is not such a prompt."""
-    obj = load(path, MAX_REFERENCE_PROMPT_BYTES, VoicePromptError)
+    try:
+        obj = load(path, MAX_REFERENCE_PROMPT_BYTES, VoicePromptError)
+    except VoicePromptError as exc:
+        raise VoicePromptError(
+            f"{exc}. Not a usable voice prompt: re-create it from the audio (`omnicore "
+            "clone-prompt ref.wav --ref-text '...' -o voice.npz`, or omnivoice's "
+            "VoiceClonePrompt.save)") from None
     if not isinstance(obj, dict):
         raise VoicePromptError(f"{path}: a torch file holding a {type(obj).__name__}, not a "
                                "voice prompt saved by omnivoice's VoiceClonePrompt.save")
