@@ -311,7 +311,8 @@ class _Unpickler(pickle._Unpickler):  # the pure-Python one: its memo is a dict
         if module == "torch" and name in _STORAGE_DTYPES:
             return _StorageType(name)
         if module == "torch" and name == "BFloat16Storage":
-            self.reader.fail("it holds a bfloat16 tensor, which is not read here (numpy has no bfloat16)")
+            self.reader.fail("it holds a bfloat16 tensor, which is not read here (numpy has no "
+                             "bfloat16)")
         self.reader.fail(f"data.pkl names the global {module[:60]}.{name[:60]}; only "
                          "torch tensors, storages and plain containers are read, so it was "
                          "refused without being imported or called")
