@@ -377,8 +377,9 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                 preprocess = gr.Checkbox(True, label="Clean up the clip (trim "
                                                          "silences, normalise loudness)")
                         with gr.Row():
-                            voice_file = gr.File(label="Voice prompt file (.npz): used instead "
-                                                 "of the clip when set", file_types=[".npz"],
+                            voice_file = gr.File(label="Voice prompt file (.npz, or a .pt saved "
+                                                 "by omnivoice): used instead of the clip when "
+                                                 "set", file_types=[".npz", ".pt"],
                                                  elem_id="voice-file")
                             save_voice = gr.Button("Save the clip as a voice prompt",
                                                    elem_id="save-voice")

@@ -540,7 +540,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--text-file", help="read the text from this UTF-8 file")
     s.add_argument("--ref-audio", help="reference clip to clone (3-10 s of clean speech)")
     s.add_argument("--ref-text", help="transcript of --ref-audio (required with it)")
-    s.add_argument("--voice", help="voice prompt file from `omnicore clone-prompt`")
+    s.add_argument("--voice", help="voice prompt file from `omnicore clone-prompt` (or a .pt "
+                                    "saved by omnivoice's VoiceClonePrompt.save)")
     s.add_argument("--stream", action="store_true",
                    help="write audio as it is made: a short first chunk, then sentence by "
                         "sentence; text from stdin is read as it arrives")
