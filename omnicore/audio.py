@@ -559,17 +559,23 @@ def cross_fade_chunks(chunks: Sequence[np.ndarray], sr: int = SAMPLE_RATE,
     if len(chunks) == 1:
         return chunks[0]
     fade_n = int(silence_duration * sr) // 3
-    merged = chunks[0].copy()
+    # One preallocated output (growing by concatenation copies O(chunks^2) samples); fading the
+    # tail of what is written so far is exactly the reference's fade of its merged prefix.
+    total = sum(c.shape[-1] for c in chunks) + fade_n * (len(chunks) - 1)
+    merged = np.zeros(chunks[0].shape[:-1] + (total,), dtype=np.float32)  # [..., L1 + gap + L2 ...]
+    pos = chunks[0].shape[-1]
+    merged[..., :pos] = chunks[0]
     for chunk in chunks[1:]:
-        n_out = min(fade_n, merged.shape[-1])
+        n_out = min(fade_n, pos)
         if n_out > 0:
-            merged[..., -n_out:] *= np.linspace(1, 0, n_out, dtype=np.float32)
-        incoming = chunk.copy()
-        n_in = min(fade_n, incoming.shape[-1])
+            merged[..., pos - n_out:pos] *= np.linspace(1, 0, n_out, dtype=np.float32)
+        pos += fade_n  # the gap stays zeros
+        n = chunk.shape[-1]
+        merged[..., pos:pos + n] = chunk
+        n_in = min(fade_n, n)
         if n_in > 0:
-            incoming[..., :n_in] *= np.linspace(0, 1, n_in, dtype=np.float32)
-        gap = np.zeros(chunks[0].shape[:-1] + (fade_n,), dtype=np.float32)
-        merged = np.concatenate([merged, gap, incoming], axis=-1)  # [L1] + [gap] + [L2]
+            merged[..., pos:pos + n_in] *= np.linspace(0, 1, n_in, dtype=np.float32)
+        pos += n
     return merged
 
 
