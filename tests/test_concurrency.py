@@ -12,6 +12,9 @@ allowance covers BLAS builds whose kernel choice depends on how many threads are
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -177,3 +180,48 @@ def test_cloned_voices_generate_in_two_threads(model):
     for got, want in zip(together, alone):
         np.testing.assert_array_equal(got.codes, want.codes)
         assert_same_audio(got.audio, want.audio)
+
+
+# Two threads decoding at once with Numba's parallel kernels on (OMNICORE_PARALLEL_KERNELS=1).
+# Run in a child process: the failure mode is an abort of the whole process.
+_PARALLEL_CHILD = r"""
+import sys, threading
+import numpy as np
+from omnicore import OmniVoice
+model = OmniVoice.from_pretrained(sys.argv[1])
+codes = np.random.default_rng(0).integers(0, 1024, (8, 100))  # 4 s: arrays past the parallel threshold
+want = model.codec.decode(codes)
+barrier, errors = threading.Barrier(2, timeout=60), []
+def decode_four_times():
+    try:
+        barrier.wait()
+        for _ in range(4):
+            got = model.codec.decode(codes)
+            assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max(), "decode differs"
+    except BaseException as exc:
+        errors.append(repr(exc))
+threads = [threading.Thread(target=decode_four_times) for _ in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(errors or "ok")
+sys.exit(1 if errors else 0)
+"""
+
+
+@pytest.mark.parametrize("layer", [
+    None,
+    pytest.param("workqueue", marks=pytest.mark.xfail(strict=True, reason=(
+        "with OMNICORE_PARALLEL_KERNELS=1 and Numba's workqueue threading layer (what Numba "
+        "falls back to without OpenMP or TBB), two threads decoding at once abort the process: "
+        "'workqueue threading layer is terminating: Concurrent access has been detected'"))),
+], ids=["default-layer", "workqueue"])
+def test_parallel_kernels_in_two_threads(layer):
+    env = dict(os.environ, OMNICORE_PARALLEL_KERNELS="1")
+    env.pop("NUMBA_THREADING_LAYER", None)
+    if layer:
+        env["NUMBA_THREADING_LAYER"] = layer
+    run = subprocess.run([sys.executable, "-c", _PARALLEL_CHILD, str(TINY)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, f"exit {run.returncode}: {(run.stdout + run.stderr)[-1500:]}"
