@@ -3,8 +3,10 @@ out are omnicore.errors types (OmniCoreError subclasses), and what does come out
 
 Targets (each a hypothesis test below, on the tiny checkpoint):
   * generation: text (any unicode: control characters, lone surrogates, over-long), instruct,
-    language, seed, duration / speed, and keyword arguments of any name, type and value, through
-    `synthesize` / `generate_codes` / `stream`;
+    language, seed, duration / speed, ref_text, the sampling knobs at float extremes, and keyword
+    arguments of any name, type and value, through `synthesize` / `generate_codes` / `stream`
+    (streamed text fragments of any kind too);
+  * codes of any dtype, shape and value through `codec.decode`;
   * audio: in-memory arrays of any dtype / shape / value / sample rate through
     `create_voice_clone_prompt` and `codec.encode`; files of random or damaged bytes (truncated
     or rewritten WAV headers) through `audio.load_audio` and `create_voice_clone_prompt`;
