@@ -76,7 +76,11 @@ def _taps(p: np.ndarray, k: np.ndarray, orig: int, new: int, width: int, base: f
 def _check_rate(name: str, sr) -> int:
     if isinstance(sr, (bool, np.bool_)) or not isinstance(sr, (int, float, np.integer, np.floating)):
         raise AudioError(f"{name} must be a number of Hz, got {type(sr).__name__}; pass e.g. 24000")
-    if not math.isfinite(float(sr)) or float(sr) != int(sr) or int(sr) <= 0:
+    try:
+        rate = float(sr)
+    except OverflowError:  # an int past the float range
+        raise AudioError(f"{name} {sr} Hz is above {_MAX_RATE} Hz; pass the audio's true rate") from None
+    if not math.isfinite(rate) or rate != int(sr) or int(sr) <= 0:
         raise AudioError(f"{name} must be a positive whole number of Hz, got {sr!r}; pass e.g. 24000")
     if int(sr) > _MAX_RATE:
         raise AudioError(f"{name} {int(sr)} Hz is above {_MAX_RATE} Hz; pass the audio's true rate")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import types
 
 import numpy as np
@@ -115,9 +116,22 @@ PARALLEL_KERNELS = os.environ.get("OMNICORE_PARALLEL_KERNELS", "").strip() == "1
 _PARALLEL_MIN = 1 << 16
 
 
+# One parallel region at a time: Numba's fallback threading layer (workqueue, used when neither
+# OpenMP nor TBB loads) aborts the process when two threads enter parallel code at once, and on
+# the other layers two regions would only fight over the same cores.
+_PARALLEL_LOCK = threading.Lock()
+
+
+def _serialised(kernel):
+    def run(*args):
+        with _PARALLEL_LOCK:
+            return kernel(*args)
+    return run
+
+
 def _pick(serial, parallel, size):
     """The parallel twin for big enough work when parallel kernels are on, else the serial one."""
-    return parallel if PARALLEL_KERNELS and size >= _PARALLEL_MIN else serial
+    return _serialised(parallel) if PARALLEL_KERNELS and size >= _PARALLEL_MIN else serial
 
 
 def _twice(fn, **opts):

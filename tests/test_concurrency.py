@@ -212,10 +212,7 @@ sys.exit(1 if errors else 0)
 
 @pytest.mark.parametrize("layer", [
     None,
-    pytest.param("workqueue", marks=pytest.mark.xfail(strict=True, reason=(
-        "with OMNICORE_PARALLEL_KERNELS=1 and Numba's workqueue threading layer (what Numba "
-        "falls back to without OpenMP or TBB), two threads decoding at once abort the process: "
-        "'workqueue threading layer is terminating: Concurrent access has been detected'"))),
+    "workqueue",  # Numba's fallback layer aborts on concurrent parallel regions
 ], ids=["default-layer", "workqueue"])
 def test_parallel_kernels_in_two_threads(layer):
     env = dict(os.environ, OMNICORE_PARALLEL_KERNELS="1")
