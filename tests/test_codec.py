@@ -29,9 +29,9 @@ DECODE_TOL = 2e-5  # vs the fixture and the ONNX decoder: measured <= 7.8e-6
 FEATURE_TOL = 5e-6  # encoder features, HuBERT states, residuals: measured <= 1.4e-6
 # A windowed decode vs the one-shot decode: the same sums, but in GEMMs of other row counts, and
 # some BLAS kernels (OpenBLAS's Haswell sgemm) round a row differently with the GEMM's row count
-# and the row's place in it. Measured <= 3.9e-6 (Haswell), 2.4e-6 (Katmai), 0 (Sandybridge,
-# Nehalem); a window one frame short of the receptive field is off by 9e-4.
-CHUNK_TOL = 1e-5
+# and the row's place in it. Measured <= 5.6e-6 (Haswell, 190 drawn cases), 2.4e-6 (Katmai),
+# 0 (Sandybridge, Nehalem); a window one frame short of the receptive field is off by 9e-4.
+CHUNK_TOL = 2e-5
 BLOCKED_TOL = 2e-6  # HuBERT attention in query blocks vs whole: measured <= 3.9e-7 (Haswell)
 
 
@@ -322,7 +322,7 @@ def test_chunked_decode_needs_the_overlap(tiny):
     # one frame less than the receptive field already shows at the seams, far above rounding
     reach = max(codec.decoder_receptive_field(cfg))
     short = codec.decode_chunked(params, codes, cfg, chunk_frames=13, overlap_frames=reach - 1)
-    assert rel(short, one_shot) > 20 * CHUNK_TOL
+    assert rel(short, one_shot) > 10 * CHUNK_TOL
     shorter = codec.decode_chunked(params, codes, cfg, chunk_frames=13, overlap_frames=reach - 2)
     assert rel(shorter, one_shot) > 1e-3
     with pytest.raises(InputError):

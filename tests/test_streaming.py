@@ -38,7 +38,7 @@ FAST = dict(num_step=3, seed=7)
 # row count, so samples differ by rounding. Measured max |diff| <= 2.4e-6 (Haswell), 1.4e-6
 # (Katmai), 0 (Sandybridge, Nehalem) on samples of peak ~0.5; the bound is a third of an int16 step.
 STREAM_ATOL = 1e-5
-WINDOW_TOL = 1e-5  # decode windows vs one-shot, relative (test_codec.CHUNK_TOL): measured <= 2.6e-6
+WINDOW_TOL = 2e-5  # decode windows vs one-shot, relative: test_codec.CHUNK_TOL (measured <= 2.6e-6 here)
 
 
 def _live_stream_threads():
