@@ -1,7 +1,7 @@
 """The public API: text (+ optional voice) -> 24 kHz waveform, stage by stage.
 
     OmniVoice.from_pretrained(dir or hub id)
-        config.json -> OmniVoiceConfig; model.safetensors -> backbone params (mmapped);
+        config.json -> OmniVoiceConfig; model.safetensors -> backbone params (read into memory);
         tokenizer.json -> Tokenizer; audio_tokenizer/ -> Codec (encoder half loaded lazily)
     generate(text, ...)
         1. prepare    text.validate_text, resolve language / instruct, voice prompt from ref_audio

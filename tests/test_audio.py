@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require_file
 import soundfile as sf
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -22,9 +23,7 @@ SR = 24000
 
 
 def _load(name: str):
-    path = REF / f"audio_{name}.npz"
-    if not path.exists():
-        pytest.skip(f"{path} missing: run tools/reference/dump_audio.py")
+    path = require_file(REF / f"audio_{name}.npz", "run tools/reference/dump_audio.py")
     return np.load(path, allow_pickle=False)
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import missing
 import soundfile as sf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,18 +36,9 @@ APP = ROOT / "demo" / "app.py"
 CKPT = ROOT / "weights" / "tiny-random"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 STEPS = 4  # few unmasking steps keep every request short; the picture still has 4 colours
 SERVER_START_S = 300  # model load + the start-up synthesis that compiles the kernels
 REQUEST_S = 120
-
-
-def _missing(what: str, how: str):
-    """Fail under CI (which installs everything), skip elsewhere; either way say how to fix."""
-    message = f"{what} is not available ({how})"
-    if IN_CI:
-        pytest.fail(message + "; CI must install it (see .ci/run)")
-    pytest.skip(message)
 
 
 try:
@@ -54,7 +46,7 @@ try:
     from gradio_client import Client, handle_file
     from gradio_client.exceptions import AppError
 except ImportError:
-    _missing("gradio", "pip install -e '.[demo]'")
+    missing("gradio", "pip install -e '.[demo]'")
 
 sys.path.insert(0, str(ROOT / "demo"))
 import visuals  # noqa: E402  (demo/visuals.py: the demo's image rendering)
@@ -314,7 +306,7 @@ def test_api_streaming_option(client):
     """With stream=True the endpoint yields audio pieces to the streaming player while it
     generates; the final audio and timings come from the same pieces; no unmasking view."""
     if not shutil.which("ffmpeg"):  # gradio encodes streamed audio with it (on this machine)
-        _missing("ffmpeg", "apt-get install -y ffmpeg")
+        missing("ffmpeg", "apt-get install -y ffmpeg")
     job = client.submit(text="Streaming from the tiny model. It is noise, but it flows.",
                         num_step=STEPS, seed=6, stream=True, api_name="/auto")
     audio, wave, grid, timings, _ = job.result(timeout=REQUEST_S)
@@ -397,12 +389,12 @@ def test_two_concurrent_requests_run_at_once_with_the_right_results(server):
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-        _missing("headless Chromium", "apt-get install -y chromium chromium-driver")
+        missing("headless Chromium", "apt-get install -y chromium chromium-driver")
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
     except ImportError:
-        _missing("selenium", "pip install selenium")
+        missing("selenium", "pip install selenium")
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     profile = tmp_path_factory.mktemp("chromium-profile")

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import missing, require_file, require_module
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "tests" / "fixtures" / "manifest.json"
@@ -134,10 +135,9 @@ ONNX_CONTRACT = {
 
 @pytest.mark.parametrize("name", sorted(ONNX_CONTRACT))
 def test_onnx_fixture_contract(name):
-    ort = pytest.importorskip("onnxruntime")
-    path = ROOT / "tests" / "fixtures" / "onnx" / f"{name}.onnx"
-    if not path.is_file():
-        pytest.skip(f"{path.name} not exported yet")
+    ort = require_module("onnxruntime")
+    path = require_file(ROOT / "tests" / "fixtures" / "onnx" / f"{name}.onnx",
+                        "tools/reference/export_onnx.py")
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     ins = [(i.name, i.type, len(i.shape)) for i in sess.get_inputs()]
     outs = [(o.name, o.type, len(o.shape)) for o in sess.get_outputs()]
@@ -145,11 +145,10 @@ def test_onnx_fixture_contract(name):
 
 
 def test_onnx_decoder_output_depends_on_codes():
-    ort = pytest.importorskip("onnxruntime")
-    np = pytest.importorskip("numpy")
-    path = ROOT / "tests" / "fixtures" / "onnx" / "higgs_decoder.onnx"
-    if not path.is_file():
-        pytest.skip("higgs_decoder.onnx not exported yet")
+    ort = require_module("onnxruntime")
+    np = require_module("numpy")
+    path = require_file(ROOT / "tests" / "fixtures" / "onnx" / "higgs_decoder.onnx",
+                        "tools/reference/export_onnx.py")
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     a, b = (rng.integers(0, 1024, (1, 8, 6)).astype(np.int64) for _ in range(2))
@@ -162,10 +161,10 @@ def test_onnx_decoder_output_depends_on_codes():
 
 def test_generate_fixture_codes_vary_along_time():
     # Greedy codes that collapse to one value per row would make token-exact tests meaningless.
-    np = pytest.importorskip("numpy")
+    np = require_module("numpy")
     paths = sorted((ROOT / "tests" / "fixtures" / "reference").glob("generate_*.npz"))
     if not paths:
-        pytest.skip("no generate fixtures yet")
+        missing("the generate_*.npz fixtures", "tools/reference/dump_generate.py")
     checked = 0
     for path in paths:
         with np.load(path, allow_pickle=False) as d:
