@@ -126,6 +126,7 @@ def _serialised(kernel):
     def run(*args):
         with _PARALLEL_LOCK:
             return kernel(*args)
+    run.__wrapped__ = kernel
     return run
 
 
