@@ -478,7 +478,8 @@ def synthesize_script(model, script, voices: Mapping, *, gap: float = DEFAULT_GA
         try:
             result = model.synthesize(ln.text, **kw)[0]
             if sp.name not in voice:  # the first turn of a designed / auto speaker
-                voice[sp.name] = voice_from_synthesis(result, ln.text)
+                # The text as spoken (the result's chunks: normalised, when asked), not as written.
+                voice[sp.name] = voice_from_synthesis(result)
         except OmniCoreError as exc:
             raise type(exc)(f"script line {ln.line} ({sp.name}): {exc}") from None
         if k:
