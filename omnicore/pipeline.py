@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import audio, backbone, codec as codec_mod, text as text_mod, tokenizer as tok_mod, unmasking
+from . import audio, backbone, codec as codec_mod, normalize, text as text_mod, tokenizer as tok_mod, unmasking
 from .config import GenerationConfig, OmniVoiceConfig, read_json
 from .errors import AudioError, InputError, OmniCoreError, VoicePromptError
 from .weights import ParamReader, resolve_codec_dir, resolve_model_dir
@@ -401,13 +401,15 @@ class OmniVoice:
                    voice_clone_prompt=None, instruct=None, duration=None, speed=None,
                    seed: int | None = None, on_step: Callable[[int, int], None] | None = None,
                    generation_config: GenerationConfig | None = None, _decode: bool = True,
-                   **kwargs) -> list[Synthesis]:
+                   normalize_text: bool = False, **kwargs) -> list[Synthesis]:
         """`generate` with the details: codes, per-cell fill steps, per-stage timings.
 
         Every input is checked before any heavy work (text.py holds the limits: output length
         per call and per pass, reference length, memory of one pass); `generation_config` is a
         GenerationConfig or a dict of its fields, and a keyword argument may not contradict it.
-        `seed` is None, an integer >= 0, or one per text.
+        `seed` is None, an integer >= 0, or one per text. `normalize_text=True` first writes
+        numbers, dates, currency ... as words, as the reference does (omnicore.normalize; needs
+        the `tn` extra).
         """
         gen = resolve_generation_config(generation_config, kwargs)
         if on_step is not None and not callable(on_step):
@@ -415,7 +417,7 @@ class OmniVoice:
                              f"{type(on_step).__name__}")
         t0 = time.perf_counter()
         items, encode_s = self._prepare(text, language, ref_audio, ref_text, voice_clone_prompt,
-                                        instruct, duration, speed, gen, seed)
+                                        instruct, duration, speed, gen, seed, normalize_text)
         # Memory of every pass is checked before the first one runs; short items share passes
         # in groups that fit the budget.
         short = [i for i, it in enumerate(items) if not it.plan.chunked]
@@ -475,7 +477,8 @@ class OmniVoice:
             raise InputError(f"voice_clone_prompt: {exc}") from None
 
     def _prepare(self, text, language, ref_audio, ref_text, voice_clone_prompt, instruct,
-                 duration, speed, gen: GenerationConfig, seed=None) -> tuple[list[_Item], float]:
+                 duration, speed, gen: GenerationConfig, seed=None,
+                 normalize_text: bool = False) -> tuple[list[_Item], float]:
         """Resolve every per-item input exactly as the reference's `_preprocess_all` does, and
         plan each item's passes (text.plan_synthesis). Cheap checks come first, so that a bad
         argument never waits for a reference clip to be encoded."""
@@ -487,6 +490,7 @@ class OmniVoice:
         text_mod.validate_edges(gen.pad_duration, gen.fade_duration)
         seeds = text_mod.validate_seed(seed, n)
         langs = [text_mod.resolve_language(x) for x in _as_list(language, n, "language")]
+        texts = normalize.for_synthesis(texts, langs, normalize_text, text_mod.validate_text)
         instructs = []
         for t, ins in zip(texts, _as_list(instruct, n, "instruct")):
             # The target text decides the instruct's language (Chinese text -> Chinese items).

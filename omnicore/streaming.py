@@ -80,7 +80,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from . import audio, codec as codec_mod, text as text_mod
+from . import audio, codec as codec_mod, normalize, text as text_mod
 from .config import GenerationConfig
 from .errors import AudioError, InputError
 
@@ -435,7 +435,8 @@ class _Plan:
     text that arrives in fragments is checked chunk by chunk."""
 
     def __init__(self, model, *, language, ref_audio, ref_text, voice_clone_prompt, instruct,
-                 duration, speed, seed, on_step, generation_config, gen_kwargs, whole_text):
+                 duration, speed, seed, on_step, generation_config, gen_kwargs, whole_text,
+                 normalize_text=False):
         from .pipeline import resolve_generation_config
 
         self.gen = resolve_generation_config(generation_config, gen_kwargs)
@@ -466,7 +467,10 @@ class _Plan:
         if self.duration is not None and whole_text is None:
             raise InputError("duration needs the whole text in advance; with streamed text input "
                              "use speed= instead")
-        self.whole_text = whole_text
+        # normalize_text: each chunk is normalised as it is checked and spoken (the chunker
+        # reads the text as written, so fragments and the whole string split alike).
+        self._normalize = normalize.chunk_normalizer(normalize_text, self.language)
+        self.whole_text = None if whole_text is None else self._normalize(whole_text)
         self.seed, self.on_step = text_mod.validate_seed(seed, 1)[0], on_step
         self.prompt = voice_clone_prompt
         self._ref_audio, self._ref_text = ref_audio, ref_text
@@ -490,7 +494,7 @@ class _Plan:
     def expect(self, chunks: list[str]) -> None:
         """The whole text's chunks are known: check every pass now (or, when a reference clip
         still has to be encoded, right after that)."""
-        self._chunks = list(chunks)
+        self._chunks = [self._normalize(c) for c in chunks]
         if self._voice_ready:
             self._check_chunks()
 
@@ -545,7 +549,7 @@ class _Plan:
         """Unmask chunk k: codes [C, T_k] and fill steps [C, T_k]."""
         from .pipeline import _Item
 
-        text_mod.validate_text(chunk)
+        chunk = text_mod.validate_text(self._normalize(text_mod.validate_text(chunk)))
         if k == 0 and self._instruct_raw is not None:
             # As generate() decides an instruct's language from its text, here from chunk 0's
             # (the only text known when a stream starts), for whole and fragmented input alike.
@@ -611,7 +615,8 @@ def _check_window(decode_frames) -> int:
 def generate_chunks(model, text, *, language=None, ref_audio=None, ref_text=None,
                     voice_clone_prompt=None, instruct=None, duration=None, speed=None, seed=None,
                     on_step=None, generation_config: GenerationConfig | None = None,
-                    rule: ChunkRule | None = None, decode_frames: int = 25, **gen_kwargs):
+                    rule: ChunkRule | None = None, decode_frames: int = 25,
+                    normalize_text: bool = False, **gen_kwargs):
     """The non-streamed twin of `stream`: the same chunks, the same per-chunk generation (same
     seed, same voice reference), run synchronously; each chunk decoded in ONE shot
     (`codec.decode`), trimmed whole (`trim_chunk`), joined with `audio.cross_fade_chunks`, scaled
@@ -625,7 +630,7 @@ def generate_chunks(model, text, *, language=None, ref_audio=None, ref_text=None
     plan = _Plan(model, language=language, ref_audio=ref_audio, ref_text=ref_text,
                  voice_clone_prompt=voice_clone_prompt, instruct=instruct, duration=duration,
                  speed=speed, seed=seed, on_step=on_step, generation_config=generation_config,
-                 gen_kwargs=gen_kwargs, whole_text=whole)
+                 gen_kwargs=gen_kwargs, whole_text=whole, normalize_text=normalize_text)
     if whole is not None:
         plan.expect(split_text(whole, rule))  # every pass checked before the first runs
     t0 = time.perf_counter()
@@ -868,7 +873,8 @@ class SpeechStream:
 def stream(model, text, *, language=None, ref_audio=None, ref_text=None, voice_clone_prompt=None,
            instruct=None, duration=None, speed=None, seed=None, on_step=None,
            generation_config: GenerationConfig | None = None, rule: ChunkRule | None = None,
-           decode_frames: int = 25, lookahead: int = 1, **gen_kwargs) -> SpeechStream:
+           decode_frames: int = 25, lookahead: int = 1, normalize_text: bool = False,
+           **gen_kwargs) -> SpeechStream:
     """Speak `text` as a stream of float32 audio pieces at `model.sampling_rate`.
 
     text: a string, or an iterable of str fragments (e.g. LLM tokens), read as they arrive in a
@@ -879,6 +885,7 @@ def stream(model, text, *, language=None, ref_audio=None, ref_text=None, voice_c
     4 W: see `decode_windows`); the first window's peak also sets the gain without a voice
     prompt. lookahead: chunks the worker may
     finish beyond the one being consumed (1 = chunk k+1 is made while chunk k is consumed).
+    normalize_text: as in `generate`, but chunk by chunk (chunks are cut from the text as written).
     Argument errors raise here; errors met while generating are raised by `next()`.
     """
     decode_frames = _check_window(decode_frames)
@@ -890,7 +897,7 @@ def stream(model, text, *, language=None, ref_audio=None, ref_text=None, voice_c
     plan = _Plan(model, language=language, ref_audio=ref_audio, ref_text=ref_text,
                  voice_clone_prompt=voice_clone_prompt, instruct=instruct, duration=duration,
                  speed=speed, seed=seed, on_step=on_step, generation_config=generation_config,
-                 gen_kwargs=gen_kwargs, whole_text=whole)
+                 gen_kwargs=gen_kwargs, whole_text=whole, normalize_text=normalize_text)
     t0 = time.perf_counter()
     shared = _Shared(lookahead)
     if whole is not None:
