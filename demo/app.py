@@ -295,7 +295,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
     def clone(text, ref_audio, ref_text, voice_prompt_file, preprocess_prompt, language,
               num_step, guidance_scale, speed, duration, seed, denoise, postprocess_output,
               t_shift, layer_penalty_factor, position_temperature, class_temperature,
-              stream=False, progress=gr.Progress()):
+              stream=False, normalize_text=False, progress=gr.Progress()):
         kwargs = _checked_settings(language, num_step, guidance_scale, speed, duration, seed,
                                    denoise, postprocess_output, t_shift, layer_penalty_factor,
                                    position_temperature, class_temperature)
@@ -314,24 +314,25 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
             raise gr.Error("Upload or record a reference clip (and type its transcript), or "
                            "load a voice prompt file.", title="No voice to clone",
                            print_exception=False)
-        yield from dispatch(stream, progress, text, **kwargs)
+        yield from dispatch(stream, progress, text, normalize_text=bool(normalize_text), **kwargs)
 
     def design(text, instruct, language, num_step, guidance_scale, speed, duration, seed,
                denoise, postprocess_output, t_shift, layer_penalty_factor,
-               position_temperature, class_temperature, stream=False,
+               position_temperature, class_temperature, stream=False, normalize_text=False,
                progress=gr.Progress()):
         kwargs = _checked_settings(language, num_step, guidance_scale, speed, duration, seed,
                                    denoise, postprocess_output, t_shift, layer_penalty_factor,
                                    position_temperature, class_temperature)
-        yield from dispatch(stream, progress, text, instruct=instruct or None, **kwargs)
+        yield from dispatch(stream, progress, text, instruct=instruct or None,
+                            normalize_text=bool(normalize_text), **kwargs)
 
     def auto(text, language, num_step, guidance_scale, speed, duration, seed, denoise,
              postprocess_output, t_shift, layer_penalty_factor, position_temperature,
-             class_temperature, stream=False, progress=gr.Progress()):
+             class_temperature, stream=False, normalize_text=False, progress=gr.Progress()):
         kwargs = _checked_settings(language, num_step, guidance_scale, speed, duration, seed,
                                    denoise, postprocess_output, t_shift, layer_penalty_factor,
                                    position_temperature, class_temperature)
-        yield from dispatch(stream, progress, text, **kwargs)
+        yield from dispatch(stream, progress, text, normalize_text=bool(normalize_text), **kwargs)
 
     def make_voice_prompt(ref_audio, ref_text, preprocess_prompt):
         if not ref_audio:
@@ -446,6 +447,10 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                            info="Plays in the streaming player while the rest "
                                                 "is made (text cut into chunks); no unmasking "
                                                 "view in this mode.")
+                    normalized = gr.Checkbox(False, label="Read numbers as words (text "
+                                             "normalisation)", elem_id="normalize-text",
+                                             info="'$45.50 on 5 Jan 2024' -> 'forty five point "
+                                                  "five dollars on ...'; needs the tn extra.")
                     with gr.Accordion("Unmasking knobs", open=False):
                         with gr.Row():
                             t_shift = gr.Slider(0.01, 1.0, value=0.1, step=0.01,
@@ -486,7 +491,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                     elem_classes=["omni-footer"])
 
         settings = [language, num_step, guidance, speed, duration, seed, denoise, postprocess,
-                    t_shift, layer_penalty, pos_temp, class_temp, streamed]
+                    t_shift, layer_penalty, pos_temp, class_temp, streamed, normalized]
         outputs = [audio_out, wave_img, unmask_img, timings, stream_out]
         synth = dict(concurrency_limit=concurrency, concurrency_id=SYNTHESIS_GROUP)
         clone_btn.click(clone, [clone_text, ref_audio, ref_text, voice_file, preprocess, *settings],

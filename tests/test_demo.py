@@ -330,6 +330,23 @@ def test_api_streaming_option(client):
     assert "male" in str(err.value)
 
 
+def test_api_normalize_text_option(client):
+    """The 'Read numbers as words' setting: the audio of the text written out; without the tn
+    extra, the typed message saying what to install."""
+    from omnicore import normalize
+
+    ask = dict(num_step=STEPS, seed=7, language="en", api_name="/auto")
+    if not normalize.available():
+        with pytest.raises(AppError) as err:
+            client.predict(text="I have 3 cats.", normalize_text=True, **ask)
+        assert "omnicore[tn]" in str(err.value) and "Traceback" not in str(err.value)
+        missing("the tn extra", "pip install -e '.[tn]'")
+    spoken = client.predict(text="I have 3 cats.", normalize_text=True, **ask)
+    written = client.predict(text="I have three cats.", **ask)
+    assert _read(spoken[0]) == _read(written[0])
+    assert _read(client.predict(text="I have 3 cats.", **ask)[0]) != _read(written[0])
+
+
 def test_progress_reports_unmasking_steps(client):
     job = client.submit(text="Watching the progress of the unmasking steps.", num_step=32, seed=4,
                         api_name="/auto")
