@@ -470,7 +470,7 @@ class _Plan:
         # normalize_text: each chunk is normalised as it is checked and spoken (the chunker
         # reads the text as written, so fragments and the whole string split alike).
         self._normalize = normalize.chunk_normalizer(normalize_text, self.language)
-        self.whole_text = None if whole_text is None else self._normalize(whole_text)
+        self.whole_text = whole_text
         self.seed, self.on_step = text_mod.validate_seed(seed, 1)[0], on_step
         self.prompt = voice_clone_prompt
         self._ref_audio, self._ref_text = ref_audio, ref_text
@@ -488,7 +488,8 @@ class _Plan:
         if self.duration is not None:
             p = self.prompt
             estimate = text_mod.estimate_target_frames(
-                self.whole_text, p.ref_text if p else None, p.ref_audio_tokens.shape[1] if p else None)
+                self._normalize(self.whole_text), p.ref_text if p else None,
+                p.ref_audio_tokens.shape[1] if p else None)
             self.pace = estimate / max(1, int(self.duration * self.model.frame_rate))
 
     def expect(self, chunks: list[str]) -> None:

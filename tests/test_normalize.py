@@ -144,6 +144,10 @@ def test_stream_normalises_chunk_by_chunk(model):
     assert np.array_equal(parts[0], ref[0])
     pieces = list(model.stream(text, normalize_text=True, **kw))
     assert sum(len(p) for p in pieces) > 0
+    # duration paces the spoken form too
+    timed = streaming.generate_chunks(model, "I have 3 cats.", normalize_text=True, duration=3.0, **kw)
+    same = streaming.generate_chunks(model, "I have three cats.", duration=3.0, **kw)
+    assert timed.codes.shape[1] == 75 and np.array_equal(timed.codes, same.codes)
 
 
 # ---------------------------------------------------------------------------------------------
