@@ -147,7 +147,7 @@ def test_stream_normalises_chunk_by_chunk(model):
     # duration paces the spoken form too
     timed = streaming.generate_chunks(model, "I have 3 cats.", normalize_text=True, duration=3.0, **kw)
     same = streaming.generate_chunks(model, "I have three cats.", duration=3.0, **kw)
-    assert timed.codes.shape[1] == 75 and np.array_equal(timed.codes, same.codes)
+    assert np.array_equal(timed.codes, same.codes)
 
 
 # ---------------------------------------------------------------------------------------------
