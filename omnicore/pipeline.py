@@ -6,7 +6,8 @@
     generate(text, ...)
         1. prepare    text.validate_text, resolve language / instruct, voice prompt from ref_audio
                       (audio.prepare_reference_audio -> codec.encode), duration estimate -> T frames
-        2. unmask     tokenizer.build_item -> unmasking.generate_codes (32 steps of CFG unmasking)
+        2. unmask     the plan's passes -> engine.Engine (the model's one worker thread, 32 steps
+                      of CFG unmasking, passes of every caller packed into shared forwards);
                       long text: text chunks, chunk 0 becomes the voice reference of the rest
         3. decode     codec.decode: [8, T] codes -> 960*T samples at 24 kHz
         4. postprocess audio.postprocess_output: silence trim, loudness, fades, padding
@@ -29,8 +30,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import audio, backbone, codec as codec_mod, text as text_mod, tokenizer as tok_mod, unmasking
+from . import audio, backbone, codec as codec_mod, text as text_mod, tokenizer as tok_mod
 from .config import GenerationConfig, OmniVoiceConfig, read_json
+from .engine import Engine, PassSpec
 from .errors import AudioError, InputError, OmniCoreError, VoicePromptError
 from .weights import ParamReader, resolve_codec_dir, resolve_model_dir
 
@@ -341,6 +343,8 @@ class OmniVoice:
         self.codec = codec
         self.sampling_rate = codec.sampling_rate
         self.frame_rate = codec.frame_rate
+        self._engine: Engine | None = None
+        self._engine_lock = threading.Lock()
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "k2-fsa/OmniVoice") -> "OmniVoice":
@@ -416,27 +420,23 @@ class OmniVoice:
         t0 = time.perf_counter()
         items, encode_s = self._prepare(text, language, ref_audio, ref_text, voice_clone_prompt,
                                         instruct, duration, speed, gen, seed)
-        # Memory of every pass is checked before the first one runs; short items share passes
-        # in groups that fit the budget.
-        short = [i for i, it in enumerate(items) if not it.plan.chunked]
-        groups = self._batch_groups([items[i] for i in short], gen)
-        for it in items:
-            if it.plan.chunked:
-                self._check_chunk_passes(it, gen)
+        specs, owner = self._pass_specs(items, gen)
+        # Every pass is checked (inputs, memory) before the first one runs.
+        request = self.engine.submit(specs, on_step)
         prepare_s = time.perf_counter() - t0 - encode_s  # the clip's encode is timed on its own
-
-        results: list = [None] * len(items)
         t0 = time.perf_counter()
-        for group in groups:
-            idx = [short[j] for j in group]
-            codes, steps = self._unmask([items[i] for i in idx], gen,
-                                        [items[i].seed for i in idx], on_step)
-            for i, c, s in zip(idx, codes, steps):
-                results[i] = ([c], [s], [items[i].text])
-        for i, it in enumerate(items):  # chunked generation, one long item at a time
-            if it.plan.chunked:
-                results[i] = self._generate_chunked(it, gen, on_step)
+        try:
+            done = request.result()
+        except BaseException:
+            request.cancel()  # Ctrl-C or a failing progress callback: stop the passes too
+            raise
         unmask_s = time.perf_counter() - t0
+        results: list = [([], [], []) for _ in items]
+        for i, spec, (c, s) in zip(owner, specs, done):
+            results[i][0].append(c)
+            results[i][1].append(s)
+        for i, it in enumerate(items):
+            results[i][2].extend(c.text for c in it.plan.chunks)
 
         out = []
         for it, (chunk_codes, chunk_steps, chunk_texts) in zip(items, results):
@@ -527,76 +527,30 @@ class OmniVoice:
                                     self.frame_rate)
         return items, encode_s
 
-    def _prepared(self, it: _Item, gen: GenerationConfig):
-        return tok_mod.prepare_item(self.tokenizer, self.config, it.text, it.frames,
-                                    ref_text=it.ref_text, ref_codes=it.ref_codes,
-                                    lang=it.language, instruct=it.instruct, denoise=gen.denoise)
+    @property
+    def engine(self) -> Engine:
+        """The model's unmasking engine (one worker thread, created on first use): every
+        generate / stream / batch call on this model submits its passes to it."""
+        with self._engine_lock:
+            if self._engine is None:
+                self._engine = Engine(self.params, self.config, self.tokenizer)
+            return self._engine
 
-    def _rows(self, it: _Item, gen: GenerationConfig) -> tuple[list[int], list[int]]:
-        """Packed row lengths and scored positions of one item's pass (for memory checks)."""
-        L = self._prepared(it, gen).input_ids.shape[1]
-        if gen.guidance_scale != 0:  # the unconditional row: the targets alone
-            return [L, it.frames], [it.frames, it.frames]
-        return [L], [it.frames]
-
-    def _batch_groups(self, items: Sequence[_Item], gen: GenerationConfig) -> list[list[int]]:
-        """Indices of `items` in consecutive groups whose packed pass fits
-        text.MAX_PASS_BYTES; an item that alone does not fit is an InputError."""
-        groups: list[list[int]] = []
-        lengths: list[int] = []
-        outs: list[int] = []
-        sampling = gen.class_temperature > 0
+    def _pass_specs(self, items: Sequence[_Item], gen: GenerationConfig
+                    ) -> tuple[list[PassSpec], list[int]]:
+        """The passes of every item's plan, and the item each belongs to. With a voice prompt
+        every chunk is conditioned on it; without one (auto / design), later chunks use chunk
+        0's text and generated codes as reference (the reference's rule), so they wait for it."""
+        specs, owner = [], []
         for i, it in enumerate(items):
-            rows, num_out = self._rows(it, gen)
-            text_mod.check_pass_memory(self.config, rows, num_out, sampling)
-            if groups and text_mod.forward_bytes(self.config, lengths + rows, outs + num_out,
-                                                 sampling) <= text_mod.MAX_PASS_BYTES:
-                groups[-1].append(i)
-                lengths, outs = lengths + rows, outs + num_out
-            else:
-                groups.append([i])
-                lengths, outs = rows, num_out
-        return groups
-
-    def _chunk_items(self, item: _Item, chunk0_codes=None) -> list[_Item]:
-        """The passes of a chunked item as items. Later passes of an item without a voice
-        prompt use chunk 0's codes as reference: before those exist (`chunk0_codes` None),
-        zeros of chunk 0's length stand in, which give the same row lengths."""
-        passes = []
-        for chunk in item.plan.chunks:
-            ref_text, ref_codes = None, None
-            if chunk.reference == "prompt":
-                ref_text, ref_codes = item.ref_text, item.ref_codes
-            elif chunk.reference == "chunk0":
-                ref_text = chunk.ref_text
-                ref_codes = chunk0_codes if chunk0_codes is not None else np.zeros(
-                    (self.config.num_audio_codebook, item.plan.chunks[0].frames), np.int64)
-            passes.append(_Item(chunk.text, chunk.frames, item.language, item.instruct,
-                                ref_text, ref_codes, item.ref_rms, seed=item.seed))
-        return passes
-
-    def _check_chunk_passes(self, item: _Item, gen: GenerationConfig) -> None:
-        for sub in self._chunk_items(item):
-            rows, num_out = self._rows(sub, gen)
-            text_mod.check_pass_memory(self.config, rows, num_out, gen.class_temperature > 0)
-
-    def _unmask(self, items: Sequence[_Item], gen: GenerationConfig, seed, on_step):
-        """Build the model inputs for a batch of items and run the iterative unmasking."""
-        prepared = [self._prepared(it, gen) for it in items]
-        return unmasking.generate_codes(self.params, self.config, prepared, gen, seed=seed,
-                                        on_step=on_step, return_fill_steps=True)
-
-    def _generate_chunked(self, item: _Item, gen: GenerationConfig, on_step):
-        """Long text: the passes of the item's plan (text.plan_synthesis), one after another.
-
-        With a reference voice every chunk is conditioned on it. Without one (auto / design),
-        chunk 0 is generated first and its codes + text become the reference for every later
-        chunk, which keeps the voice consistent across the utterance (the reference's rule).
-        """
-        codes, steps = [], []
-        for k in range(len(item.plan.chunks)):
-            sub = self._chunk_items(item, codes[0] if codes else None)[k]
-            c, s = self._unmask([sub], gen, [item.seed], on_step)
-            codes.append(c[0])
-            steps.append(s[0])
-        return codes, steps, [c.text for c in item.plan.chunks]
+            first = len(specs)
+            for chunk in it.plan.chunks:
+                ref_text, ref_codes, after = None, None, None
+                if chunk.reference == "prompt":
+                    ref_text, ref_codes = it.ref_text, it.ref_codes
+                elif chunk.reference == "chunk0":
+                    ref_text, after = chunk.ref_text, first
+                specs.append(PassSpec(chunk.text, chunk.frames, it.language, it.instruct,
+                                      ref_text, ref_codes, it.seed, gen, after))
+                owner.append(i)
+        return specs, owner
