@@ -44,6 +44,12 @@ from .errors import CancelledError, InputError
 
 __all__ = ["PassSpec", "Request", "Engine", "default_token_budget"]
 
+IDLE_EXIT_S = 10.0  # the worker thread ends after this long without work
+
+
+class _Idle(Exception):
+    """Unwinds the worker thread when it has been idle for IDLE_EXIT_S."""
+
 
 @dataclass(frozen=True)
 class PassSpec:
@@ -87,6 +93,7 @@ class Request:
         self._results: list = [None] * len(self.specs)  # (codes [C, T], fill steps [C, T])
         self._left = len(self.specs)
         self._error: BaseException | None = None
+        self._outcome: tuple | None = None  # the final event, once result() has seen it
 
     # -- caller side ----------------------------------------------------------------------------
 
@@ -109,10 +116,15 @@ class Request:
         TimeoutError after `timeout` seconds. An exception from the progress callback cancels
         the request and propagates."""
         while True:
-            try:
-                ev = self._events.get(timeout=timeout)
-            except queue.Empty:
-                raise TimeoutError("the request did not finish in time") from None
+            if self._outcome is not None:  # a second result() call gives the same answer
+                ev = self._outcome
+            else:
+                try:
+                    ev = self._events.get(timeout=timeout)
+                except queue.Empty:
+                    raise TimeoutError("the request did not finish in time") from None
+                if ev[0] != "step":
+                    self._outcome = ev
             kind = ev[0]
             if kind == "step":
                 if self.on_step is not None:
@@ -153,8 +165,8 @@ class Engine:
     """Runs the unmasking passes of every request on one model, packed into shared forwards.
 
     One worker thread (started on first use, a daemon) owns the forward. `max_tokens` bounds the
-    packed tokens of one iteration (default: `default_token_budget`); passes beyond it wait,
-    first come first served. A pass alone is always admitted (its memory was checked at submit).
+    packed tokens of one iteration (default: `default_token_budget`) and text.forward_bytes of
+    the pack stays within text.MAX_PASS_BYTES; passes beyond either wait, first come first served. A pass alone is always admitted (its memory was checked at submit).
     `trace`, when set, is called on the engine thread after each iteration with the request ids
     of the passes it ran (for tests and benchmarks).
     """
@@ -238,12 +250,16 @@ class Engine:
 
     # -- the worker -----------------------------------------------------------------------------
 
-    def _tokens(self, p: _Pass) -> int:
-        return sum(ids.shape[1] for ids, _ in p.state.rows)
+    def _fits(self, passes: list[_Pass]) -> bool:
+        """The pack of `passes` within the token budget and text.MAX_PASS_BYTES of memory."""
+        lengths = [ids.shape[1] for p in passes for ids, _ in p.state.rows]
+        num_out = [n for p in passes for n in p.state.num_out]
+        sampling = any(p.spec.gen.class_temperature > 0 for p in passes)
+        return (sum(lengths) <= self.max_tokens and text_mod.forward_bytes(
+            self.cfg, lengths, num_out, sampling) <= text_mod.MAX_PASS_BYTES)
 
     def _admit(self) -> None:
         """Move ready waiting passes to the active set, FIFO, within the token budget."""
-        used = sum(self._tokens(p) for p in self._active)
         kept: deque[_Pass] = deque()
         blocked = False
         while self._waiting:
@@ -262,19 +278,19 @@ class Engine:
             except BaseException as exc:  # surfaces in the caller's result()
                 req._finish("error", exc)
                 continue
-            n = self._tokens(p)
-            if self._active and used + n > self.max_tokens:
+            if self._active and not self._fits(self._active + [p]):
                 blocked = True  # first come first served: later passes do not overtake it
                 kept.append(p)
                 continue
             self._active.append(p)
-            used += n
         self._waiting = kept
 
     def _run(self) -> None:
         while True:
             try:
                 self._iteration()
+            except _Idle:
+                return
             except BaseException as exc:  # never die silently: every waiting caller hears of it
                 with self._cond:
                     for p in list(self._active) + list(self._waiting):
@@ -292,7 +308,11 @@ class Engine:
                 self._active = [p for p in self._active if not p.request._finished.is_set()]
                 self._admit()
                 if not self._active:
-                    self._cond.wait()
+                    if not self._waiting and not self._cond.wait(IDLE_EXIT_S) and not self._waiting:
+                        # Idle: end the thread, so a dropped model's weights can be freed
+                        # (the thread holds the engine); the next submit starts a new one.
+                        self._thread = None
+                        raise _Idle
                     continue
                 active = list(self._active)
             try:
