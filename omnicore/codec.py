@@ -38,7 +38,7 @@ import numpy as np
 
 from . import audio, hubert, text as text_mod
 from .audio import resample
-from .backend import to_device, to_numpy, xp
+from .backend import f32, to_device, to_numpy, xp
 from .config import HiggsAudioV2TokenizerConfig
 from .errors import AudioError, InputError, WeightsError
 from .kernels import (conv1d, conv_out_len, conv_transpose1d, conv_transpose_weight, conv_weight,
@@ -138,16 +138,12 @@ class CodecParams:
     source: tuple[int, int] | None = None  # (size, mtime ns) of the file the halves come from
 
 
-def _f32(a) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32)
-
-
 def _dev(a):
-    return to_device(_f32(a))
+    return to_device(f32(a))
 
 
 def _take_snake(reader, key: str, c: int) -> SnakeParams:
-    alpha = _f32(reader.take(key, (1, c, 1)).reshape(c))
+    alpha = f32(reader.take(key, (1, c, 1)).reshape(c))
     # float32 throughout, like torch: (alpha + 1e-9) rounds back to alpha for alpha ~ 1
     inv = (np.float32(1.0) / (alpha + np.float32(1e-9))).astype(np.float32)
     return SnakeParams(to_device(alpha), to_device(inv))
