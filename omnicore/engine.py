@@ -150,6 +150,8 @@ class Request:
 
 
 class _Pass:
+    """A submitted pass: its spec, its rows once prepared, its unmasking state once admitted."""
+
     def __init__(self, request: Request, index: int):
         self.request, self.index = request, index
         self.spec = request.specs[index]
@@ -164,9 +166,11 @@ class _Pass:
 class Engine:
     """Runs the unmasking passes of every request on one model, packed into shared forwards.
 
-    One worker thread (started on first use, a daemon) owns the forward. `max_tokens` bounds the
-    packed tokens of one iteration (default: `default_token_budget`) and text.forward_bytes of
-    the pack stays within text.MAX_PASS_BYTES; passes beyond either wait, first come first served. A pass alone is always admitted (its memory was checked at submit).
+    One worker thread (started on first use, a daemon; it ends after IDLE_EXIT_S without work)
+    owns the forward. `max_tokens` bounds the packed tokens of one iteration (default:
+    `default_token_budget`) and text.forward_bytes of the pack stays within
+    text.MAX_PASS_BYTES; passes beyond either wait, first come first served. A pass alone is
+    always admitted (its memory was checked at submit).
     `trace`, when set, is called on the engine thread after each iteration with the request ids
     of the passes it ran (for tests and benchmarks).
     """
