@@ -21,8 +21,10 @@ they are prepared and admitted when chunk 0 retires.
 A pass's codes do not depend on which passes share its forward: each pass has its own schedule,
 step index and random generator, and the rows are independent in the backbone (positions
 restart per row, attention is per row). Only float rounding of the shared GEMMs can differ with
-the pack (some BLAS kernels round a row by the GEMM's row count), which leaves greedy decisions
-alone unless two candidates tie to within that rounding.
+the pack (OpenBLAS's Haswell sgemm rounds a row by the GEMM's row count), which changes a
+decision only where two candidates tie to within that rounding: never for greedy settings on the
+tiny test checkpoint (tested token-exact), but possible for a Gumbel draw (temperatures > 0) and
+for near-ties of real weights, as between any two BLAS builds.
 
 Dimension legend: C codebooks, T target frames of a pass, R reference frames, N packed tokens.
 """

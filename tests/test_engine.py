@@ -20,7 +20,10 @@ from omnicore.errors import CancelledError, InputError
 TINY = Path(__file__).resolve().parents[1] / "weights" / "tiny-random"
 INT16_STEP = 2.0 ** -15
 GREEDY = GenerationConfig(num_step=5, position_temperature=0.0, class_temperature=0.0)
-SEEDED = GenerationConfig(num_step=7, class_temperature=0.7)  # both temperatures draw
+# Token-exact comparisons use deterministic decisions: the tiny checkpoint's weights keep greedy
+# choices away from float ties, but a Gumbel draw (temperature > 0) can land within the rounding
+# by which BLAS kernels' results move with a GEMM's row count, i.e. with the pack.
+SEEDED = replace(GREEDY, num_step=7)
 WAIT_S = 120
 
 
@@ -37,7 +40,7 @@ def prompt():
 
 @pytest.fixture(scope="module")
 def specs(model, prompt):
-    """Passes that differ in every way a pack can mix: voice, length, steps, guidance, seed."""
+    """Passes that differ in every way a pack can mix: voice, length, steps, guidance."""
     p = prompt
     return [
         PassSpec("The first pass speaks in the automatic voice.", 40, "en", None, None, None, None,
@@ -131,7 +134,7 @@ def test_requests_from_threads_equal_each_alone(model, specs, alone):
 
 def test_two_generate_threads_share_forwards_and_get_what_each_gets_alone(model):
     texts = ("The first thread speaks this sentence.", "A second and rather different one!")
-    kw = dict(num_step=6, seed=9)
+    kw = dict(num_step=6, seed=9, position_temperature=0.0)
     want = [model.synthesize(t, **kw)[0] for t in texts]
     together = []
     model.engine.trace = lambda ids: together.append(len(set(ids)))
