@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """omnicore against the PyTorch reference, side by side in one process, on the full-size checkpoint.
 
-    /work/venvs/ref/bin/python benchmarks/bench_generate.py [--model DIR] [--quick] [--threads N]
+    REF_VENV/bin/python benchmarks/bench_generate.py [--model DIR] [--quick] [--threads N]
                                                            [--markdown FILE] [--json FILE]
 
-Runs under the reference venv (torch + omnivoice) with omnicore imported from this checkout.
+Runs under the reference venv (REF_VENV: torch + omnivoice) with omnicore imported from this
+checkout. --model defaults to $OMNICORE_BENCH_MODEL, else checkpoints/full in the repository.
 Both sides get the same thread count (torch.set_num_threads, OpenBLAS, MKL and Numba pools),
 the same texts, fixed durations and greedy settings (position and class temperature 0), so
 they do exactly the same work and must produce the same codes; the script checks that.
@@ -43,7 +44,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = Path("/work/checkpoints/full")
+DEFAULT_MODEL = Path(os.environ.get("OMNICORE_BENCH_MODEL", ROOT / "checkpoints" / "full"))
 GREEDY = {"position_temperature": 0.0, "class_temperature": 0.0}
 TEXTS = {  # fixed durations are used, so the texts only set the prompt length
     5: "The quick brown fox jumps over the lazy dog, then rests in the warm afternoon sun.",

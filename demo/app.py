@@ -45,7 +45,7 @@ except ImportError:  # a source checkout without `pip install -e .`: use the pac
 from omnicore import OmniVoice, VoiceClonePrompt
 from omnicore import text as limits
 from omnicore.errors import InputError, OmniCoreError
-from omnicore.streaming import to_pcm16
+from omnicore.audio import to_pcm16
 from omnicore.text import instruct_vocabulary, language_choices, resolve_instruct
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -187,8 +187,7 @@ def _timings_markdown(result, sample_rate: int, seed: int, wall_s: float) -> str
 
 def _outputs(model, result, seed: int, wall_s: float):
     sr = model.sampling_rate
-    pcm = np.round(np.clip(np.nan_to_num(result.audio), -1.0, 1.0) * 32767.0).astype(np.int16)
-    return ((sr, pcm), render_waveform(result.audio, sr, width=760),
+    return ((sr, to_pcm16(result.audio)), render_waveform(result.audio, sr, width=760),
             render_unmasking(result.fill_steps, result.num_steps),
             _timings_markdown(result, sr, seed, wall_s))
 

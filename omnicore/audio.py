@@ -879,3 +879,341 @@ def write_audio_atomic(path: str | os.PathLike, wav: np.ndarray, sr: int = SAMPL
     if subtype in _INT_SUBTYPES:
         data = np.clip(data, -1.0, 1.0)
     write_atomic(path, lambda fh: sf.write(fh, data, sr, format=ext, subtype=subtype), AudioError)
+
+
+def to_pcm16(x: np.ndarray) -> np.ndarray:
+    """float32 -> little-endian int16 samples as soundfile writes a PCM_16 WAV (floor of
+    x * 32768, clipped to the int16 range; measured): the one conversion of output audio to
+    16 bits, so raw output, WAV files and the demo's player hold the same samples. NaN -> 0."""
+    scaled = np.floor(np.nan_to_num(np.asarray(x, np.float32)) * np.float32(32768))
+    return np.clip(scaled, -32768, 32767).astype("<i2")
+
+
+# ---------------------------------------------------------------------------------------------
+# Audio: per-chunk silence trim and the incremental join
+# ---------------------------------------------------------------------------------------------
+
+SILENCE_DB = -50.0           # the reference's remove_silence threshold
+_QUIET_RMS = 10.0 ** (SILENCE_DB / 20.0)
+BLOCK_MS = 10
+CROSS_FADE_S = 0.3           # cross_fade_chunks' default: fade-out, gap, fade-in of 0.1 s each
+
+
+class SilenceTrimmer:
+    """Trim one chunk's silences as its samples arrive (see the module docstring).
+
+    `push(x)` returns the samples that are decided; `end()` the rest. Blocks are counted from
+    the chunk start and partial blocks wait, so how the chunk is cut into pushes never matters.
+    Output samples are the input samples (no requantisation).
+    """
+
+    def __init__(self, sr: int = SAMPLE_RATE, lead_ms: int = 100, trail_ms: int = 100,
+                 inner_ms: int = 500):
+        self.block = sr * BLOCK_MS // 1000                       # B samples
+        self.lead, self.trail, self.inner = lead_ms // BLOCK_MS, trail_ms // BLOCK_MS, inner_ms // BLOCK_MS
+        self._head_keep = max(self.inner, self.trail)           # quiet blocks kept from a run's start
+        self._tail_keep = max(self.inner, self.lead)            # ... and from its end
+        self._partial = np.zeros(0, np.float32)
+        self._quiet: list[np.ndarray] = []                       # the pending quiet run (capped)
+        self._quiet_n = 0                                        # its true length in blocks
+        self._sounding = False                                   # a loud block was seen
+
+    def _on_block(self, blk: np.ndarray, quiet: bool, out: list[np.ndarray]) -> None:
+        if quiet:
+            self._quiet.append(blk)
+            self._quiet_n += 1
+            if len(self._quiet) > self._head_keep + self._tail_keep:
+                del self._quiet[self._head_keep]  # middle of a long pause: never emitted
+            return
+        q, n = self._quiet, self._quiet_n
+        if not self._sounding:
+            out.extend(q[len(q) - min(self.lead, len(q)):])     # leading quiet -> last 100 ms
+        elif n <= 2 * self.inner:
+            out.extend(q)                                       # a short pause stays whole
+        else:
+            out.extend(q[:self.inner] + q[len(q) - self.inner:])  # a long pause -> 2 x 500 ms
+        self._quiet, self._quiet_n, self._sounding = [], 0, True
+        out.append(blk)
+
+    def push(self, x: np.ndarray) -> np.ndarray:
+        buf = np.concatenate([self._partial, np.asarray(x, np.float32)])
+        out: list[np.ndarray] = []
+        n_full = len(buf) // self.block * self.block
+        blocks = buf[:n_full].reshape(-1, self.block)  # [L] -> [L/B, B]
+        quiet = np.sqrt(np.mean(blocks * blocks, axis=1)) <= _QUIET_RMS  # [L/B]
+        for blk, q in zip(blocks, quiet):
+            self._on_block(blk, bool(q), out)
+        self._partial = buf[n_full:]
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+    def end(self) -> np.ndarray:
+        out: list[np.ndarray] = []
+        if len(self._partial):
+            p = self._partial
+            self._on_block(p, bool(np.sqrt(np.mean(p * p)) <= _QUIET_RMS), out)
+            self._partial = np.zeros(0, np.float32)
+        if self._sounding:
+            out.extend(self._quiet[:self.trail])               # trailing quiet -> first 100 ms
+        self._quiet, self._quiet_n = [], 0
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+def trim_chunk(wav: np.ndarray, sr: int = SAMPLE_RATE) -> np.ndarray:
+    """`SilenceTrimmer` on a whole chunk at once (the non-streamed path)."""
+    t = SilenceTrimmer(sr)
+    return np.concatenate([t.push(wav), t.end()])
+
+
+def peak_gain(first_window: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """Loudness without a voice prompt: the first window's peak goes to 0.5 (the reference's
+    `peak_normalize` expression, with the peak fixed in advance)."""
+    peak = np.abs(np.asarray(first_window, np.float32)).max() if len(first_window) else np.float32(0)
+    if peak > 1e-6:
+        return lambda x: x / peak * PEAK_TARGET
+    return lambda x: x
+
+
+def rms_gain(ref_rms: float) -> Callable[[np.ndarray], np.ndarray]:
+    """Loudness with a voice prompt: the reference's fixed scale (exactly `match_output_volume`)."""
+    return lambda x: match_output_volume(x, ref_rms)
+
+
+class StreamJoiner:
+    """Join trimmed chunks into the utterance incrementally, releasing each sample once no later
+    input can change it. The released samples, concatenated, equal
+
+        fade_and_pad(gain(cross_fade_chunks(chunks)), pad, fade)
+
+    bit for bit. Call `start_chunk()`, `push(x)` per piece, `end_chunk()`, ..., then `finish()`;
+    `set_gain(fn)` before the first sample can be released. `push`, `end_chunk` and `finish`
+    return the float32 samples they release (often none).
+    """
+
+    def __init__(self, sr: int = SAMPLE_RATE, pad_duration: float = 0.1,
+                 fade_duration: float = 0.1):
+        self.xfade = int(CROSS_FADE_S * sr) // 3
+        self.fade, self.pad = int(fade_duration * sr), int(pad_duration * sr)
+        self.hold = max(self.xfade, self.fade)   # the last samples a join or the final fade may touch
+        self.gain: Callable[[np.ndarray], np.ndarray] | None = None
+        self.chunk_starts: list[int] = []        # merged index where each chunk's samples begin
+        self._held = np.zeros(0, np.float32)     # merged samples [held_start, merged_len), pre-gain
+        self._held_start = 0
+        self._merged = 0
+        self._head: np.ndarray | None = None      # a chunk's first samples awaiting their fade-in
+        self._started = False                     # the leading pad went out
+        self.released_chunk = 0                   # last chunk with samples released so far
+
+    def set_gain(self, fn: Callable[[np.ndarray], np.ndarray]) -> None:
+        self.gain = fn
+
+    def _append(self, x: np.ndarray) -> None:
+        if len(x):
+            self._held = np.concatenate([self._held, x])
+            self._merged += len(x)
+
+    def start_chunk(self) -> None:
+        if self.chunk_starts:  # a join: fade the merged tail out, then a gap of zeros
+            n_out = min(self.xfade, self._merged)
+            if n_out > 0:
+                self._held[len(self._held) - n_out:] *= np.linspace(1, 0, n_out, dtype=np.float32)
+            self._append(np.zeros(self.xfade, np.float32))
+            self._head = np.zeros(0, np.float32)
+        self.chunk_starts.append(self._merged)
+
+    def _resolve_head(self, final: bool) -> None:
+        h = self._head
+        if h is None or (len(h) < self.xfade and not final):
+            return
+        n_in = min(self.xfade, len(h))
+        h = h.copy()
+        if n_in > 0:
+            h[:n_in] *= np.linspace(0, 1, n_in, dtype=np.float32)
+        self._head = None
+        self._append(h)
+
+    def push(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, np.float32)
+        if self._head is not None:
+            self._head = np.concatenate([self._head, x])
+            self._resolve_head(final=False)
+        else:
+            self._append(x)
+        return self._release(final=False)
+
+    def end_chunk(self) -> np.ndarray:
+        self._resolve_head(final=True)
+        return self._release(final=False)
+
+    def finish(self) -> np.ndarray:
+        return self._release(final=True)
+
+    def _release(self, final: bool) -> np.ndarray:
+        total, a = self._merged, self._held_start
+        if final:
+            if total == 0:
+                return np.zeros(0, np.float32)  # fade_and_pad leaves empty audio unpadded
+            stop, k = total, min(self.fade, total // 2)  # fade_and_pad's rule, length now known
+        else:
+            if total < 2 * self.fade:  # the fade-in length min(fade, L // 2) is not known yet
+                return np.zeros(0, np.float32)
+            stop, k = total - self.hold, self.fade
+            if stop <= a:
+                return np.zeros(0, np.float32)
+        if self.gain is None:
+            raise RuntimeError("StreamJoiner: set_gain() before releasing audio")
+        seg = np.array(self.gain(self._held[:stop - a]), np.float32, copy=True)
+        if a < k:  # the utterance's fade-in
+            n = min(k, stop) - a
+            seg[:n] *= np.linspace(0, 1, k, dtype=np.float32)[a:a + n]
+        if final and k > 0:  # the utterance's fade-out (hold >= fade: all still held)
+            seg[len(seg) - k:] *= np.linspace(1, 0, k, dtype=np.float32)
+        self._held = self._held[stop - a:]
+        self._held_start = stop
+        self.released_chunk = max(i for i, s in enumerate(self.chunk_starts) if s < stop or i == 0)
+        parts = [seg]
+        if not self._started:
+            parts.insert(0, np.zeros(self.pad, np.float32))
+            self._started = True
+        if final:
+            parts.append(np.zeros(self.pad, np.float32))
+        return np.concatenate(parts)
+
+
+def join_offline(chunks: list[np.ndarray], gain, *, postprocess: bool, pad_duration: float,
+                 fade_duration: float, sr: int = SAMPLE_RATE) -> np.ndarray:
+    """The non-streamed join of decoded chunks, from the library's one-shot functions."""
+    for c in chunks:
+        if not np.isfinite(c).all():
+            raise AudioError("decoded audio contains NaN or infinite samples (a decoding fault); nothing to save")
+    pieces = [trim_chunk(c, sr) if postprocess else np.asarray(c, np.float32) for c in chunks]
+    wav = cross_fade_chunks(pieces, sr, silence_duration=CROSS_FADE_S)
+    if wav.shape[-1] == 0:
+        return wav
+    return fade_and_pad(np.asarray(gain(wav), np.float32), pad_duration, fade_duration, sr)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writers: audio to a file or a pipe as it comes
+# ---------------------------------------------------------------------------------------------
+
+
+class RawPcmWriter:
+    """Raw 16-bit little-endian mono PCM to a binary stream (e.g. stdout for
+    `| aplay -r 24000 -f S16_LE -c 1`), flushed after every piece."""
+
+    def __init__(self, fh):
+        self.fh = fh
+        self.samples = 0
+
+    def write(self, x: np.ndarray) -> None:
+        self.fh.write(to_pcm16(x).tobytes())
+        self.fh.flush()
+        self.samples += len(x)
+
+    def commit(self) -> None:
+        self.fh.flush()
+
+    def abort(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *rest) -> None:
+        self.abort() if exc_type else self.commit()
+
+
+class AudioFileWriter:
+    """Write audio pieces to `path` as they come, atomically (through `AtomicOutput`): the
+    samples go to a temporary file in the same folder (for WAV, a header whose sizes libsndfile
+    fixes up on close); `commit()` flushes, syncs and renames it over `path`; `abort()` (or an
+    exception leaving a `with` block) removes it, so `path` is never half written. The format
+    follows the extension (.wav, .flac, .ogg, ...; .raw / .pcm or raw=True: headerless 16-bit
+    PCM); WAV and FLAC are 16-bit, samples clipped. The path is checked here, before any audio
+    is made."""
+
+    def __init__(self, path, sr: int = SAMPLE_RATE, *, raw: bool = False):
+        import os
+
+        import soundfile as sf
+
+        self.path = os.fspath(path)
+        self.sr = sr
+        self.samples = 0
+        self._sf = self._out = None
+        ext = os.path.splitext(self.path)[1].lstrip(".").upper()
+        self._raw = raw or ext in ("RAW", "PCM")
+        check_output_path(self.path, AudioError)  # "it is a folder" says more than "no format"
+        if not self._raw:
+            try:
+                ext, subtype = audio_format(self.path)
+            except AudioError:
+                raise AudioError(f"cannot tell the audio format of {self.path!r}; use an extension "
+                                 "such as .wav, .flac, .ogg (or .raw for headerless PCM)") from None
+            self._int = subtype.startswith("PCM")
+        self._out = AtomicOutput(self.path, AudioError)
+        try:
+            if not self._raw:
+                self._sf = sf.SoundFile(self._out.fh, "w", samplerate=sr, channels=1, format=ext,
+                                        subtype=subtype)
+        except BaseException as exc:
+            self.abort()
+            if isinstance(exc, Exception):
+                raise self._out.failed(exc) from None
+            raise
+
+    def write(self, x: np.ndarray) -> None:
+        x = np.asarray(x, np.float32)
+        if not np.isfinite(x).all():
+            self.abort()
+            raise AudioError(f"audio for {self.path!r} contains NaN or infinite samples; nothing was written")
+        if self._out is None:
+            raise AudioError(f"{self.path!r} was already committed or aborted")
+        try:
+            if self._sf is None:
+                self._out.fh.write(to_pcm16(x).tobytes())
+            else:
+                self._sf.write(np.clip(x, -1.0, 1.0) if self._int else x)
+        except BaseException as exc:
+            err = self._out.failed(exc)
+            self.abort()
+            if isinstance(exc, Exception):
+                raise err from None
+            raise
+        self.samples += len(x)
+
+    def commit(self) -> None:
+        if self.samples == 0:
+            self.abort()
+            raise AudioError(f"refusing to write empty audio to {self.path!r}")
+        if self._out is None:
+            raise AudioError(f"{self.path!r} was already committed or aborted")
+        out = self._out
+        try:
+            if self._sf is not None:
+                self._sf.close()  # writes the final header sizes
+        except BaseException as exc:
+            self.abort()
+            if isinstance(exc, Exception):
+                raise out.failed(exc) from None
+            raise
+        self._out = None
+        out.commit()  # removes the temporary file itself on failure
+
+    def abort(self) -> None:
+        """Remove the temporary file (idempotent; never raises)."""
+        sfile, self._sf = self._sf, None
+        try:
+            if sfile is not None and not sfile.closed:
+                sfile.close()
+        except Exception:  # a header that cannot be finished: the file is thrown away anyway
+            pass
+        out, self._out = self._out, None
+        if out is not None:
+            out.abort()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *rest) -> None:
+        self.abort() if exc_type else self.commit()

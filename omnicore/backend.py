@@ -43,3 +43,8 @@ def to_numpy(a):
 def to_device(a, dtype=None):
     """Move a host array onto the compute device (a no-op view with the numpy backend)."""
     return xp.asarray(a, dtype=dtype)
+
+
+def f32(a) -> np.ndarray:
+    """A C-contiguous float32 host array (weights are converted once, at load)."""
+    return np.ascontiguousarray(a, dtype=np.float32)

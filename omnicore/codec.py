@@ -30,14 +30,15 @@ Dimension legend:
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from . import hubert
+from . import audio, hubert, text as text_mod
 from .audio import resample
-from .backend import to_device, to_numpy, xp
+from .backend import f32, to_device, to_numpy, xp
 from .config import HiggsAudioV2TokenizerConfig
 from .errors import AudioError, InputError, WeightsError
 from .kernels import (conv1d, conv_out_len, conv_transpose1d, conv_transpose_weight, conv_weight,
@@ -137,16 +138,12 @@ class CodecParams:
     source: tuple[int, int] | None = None  # (size, mtime ns) of the file the halves come from
 
 
-def _f32(a) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32)
-
-
 def _dev(a):
-    return to_device(_f32(a))
+    return to_device(f32(a))
 
 
 def _take_snake(reader, key: str, c: int) -> SnakeParams:
-    alpha = _f32(reader.take(key, (1, c, 1)).reshape(c))
+    alpha = f32(reader.take(key, (1, c, 1)).reshape(c))
     # float32 throughout, like torch: (alpha + 1e-9) rounds back to alpha for alpha ~ 1
     inv = (np.float32(1.0) / (alpha + np.float32(1e-9))).astype(np.float32)
     return SnakeParams(to_device(alpha), to_device(inv))
@@ -671,3 +668,69 @@ def encode(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerConfig, *, s
     """
     feats = _encoder_forward(params, waveform, cfg, sample_rate, pad)
     return quantize(params, feats["fused"], cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# The codec, with its encoder half loaded on first use
+# ---------------------------------------------------------------------------------------------
+
+
+class Codec:
+    """Higgs Audio V2 codec: `decode` codes -> 24 kHz audio, `encode` audio -> codes.
+
+    Only the decoder is read at load time; the encoder half (HuBERT + acoustic encoder) is
+    read the first time something is encoded, so plain TTS never pages it in.
+    """
+
+    def __init__(self, codec_dir: Path):
+        self.dir = Path(codec_dir)
+        self.cfg, self.params = load_codec(self.dir, encoder=False)
+        self.sampling_rate = self.cfg.sample_rate
+        self.frame_rate = self.cfg.frame_rate
+        self.hop_length = self.cfg.hop_length
+        self._lock = threading.Lock()
+
+    def decode(self, codes) -> np.ndarray:
+        """[C, T] -> float32 [960*T]; [B, C, T] -> float32 [B, 960*T].
+
+        Codes must be integers in [0, codebook_size) (InputError otherwise), at most
+        text.MAX_DURATION_S of audio in all. Up to text.MAX_PASS_FRAMES frames (the longest
+        unmasking pass) are decoded in one shot; longer arrays in windows of that length with
+        the decoder's receptive field of overlap, so memory stays bounded.
+        """
+        arr = _check_codes(codes, self.cfg)  # shape, dtype and range -> InputError
+        batch = arr.shape[0] if arr.ndim == 3 else 1
+        frames = arr.shape[-1]
+        if batch * frames > text_mod.MAX_DURATION_S * self.frame_rate:
+            raise InputError(
+                f"codes of {batch} x {frames:,} frames would decode to "
+                f"{batch * frames / self.frame_rate / 60:.0f} minutes of audio; the limit is "
+                f"{text_mod.MAX_DURATION_S / 60:g} minutes per call: decode it in parts")
+        if arr.ndim == 3:
+            if batch == 0:
+                return np.zeros((0, self.hop_length * frames), np.float32)
+            return np.stack([self.decode(c) for c in arr])  # one item at a time: bounded memory
+        if frames > text_mod.MAX_PASS_FRAMES:
+            return decode_chunked(self.params, arr, self.cfg,
+                                            chunk_frames=text_mod.MAX_PASS_FRAMES)
+        return decode(self.params, arr, self.cfg)
+
+    def encode(self, waveform, sample_rate: int) -> np.ndarray:
+        """Audio [L] or [C, L] at any rate -> int64 codes [C, T] (mixed to mono, resampled to
+        24 kHz and right-padded to whole frames first). At most text.MAX_REF_S seconds: the
+        encoder's attention grows with the square of the clip (AudioError beyond)."""
+        wav = audio.load_audio((waveform, sample_rate), self.sampling_rate)
+        check_clip_length(wav.shape[-1], self.sampling_rate)
+        with self._lock:  # concurrent first uses (demo queue) load the encoder half once
+            self.params = ensure_encoder(self.params, self.cfg, self.dir)
+        return encode(self.params, wav, self.cfg)
+
+
+def check_clip_length(num_samples: int, sample_rate: int) -> None:
+    """AudioError when a clip to encode is longer than text.MAX_REF_S seconds."""
+    seconds = num_samples / sample_rate
+    if seconds > text_mod.MAX_REF_S:
+        raise AudioError(
+            f"the clip is {seconds:.1f} s long; at most {text_mod.MAX_REF_S:g} s are encoded in "
+            "one go (a voice reference works best with 3-10 s of speech). Cut the clip, or "
+            "encode a long recording in parts.")

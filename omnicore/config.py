@@ -16,7 +16,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, InputError
+from .text import validate_sampling  # the front-end holds every input limit
 
 
 # A config file is a few KB; anything far larger is not one (and must not be read whole).
@@ -451,3 +452,41 @@ class HiggsAudioV2TokenizerConfig:
     def semantic_downsample_factor(self) -> int:
         """HuBERT frames per code frame (2: HuBERT runs at 50 Hz, codes at 25 Hz)."""
         return int(self.hop_length / (self.sample_rate / self.semantic_sample_rate) / self.downsample_factor)
+
+
+def resolve_generation_config(generation_config, kwargs: dict) -> GenerationConfig:
+    """The GenerationConfig of a call from `generation_config` (a GenerationConfig, a dict of
+    its fields, or None) and keyword arguments naming its fields.
+
+    The reference lets `generation_config` silently win over the keyword arguments; here a
+    keyword that disagrees with it is an InputError (it would be ignored), one that agrees is
+    fine. Unknown names are an InputError.
+    """
+    names = {f.name for f in fields(GenerationConfig)}
+    unknown = set(kwargs) - names
+    if unknown:
+        raise InputError(f"unknown argument(s): {', '.join(sorted(unknown))}")
+    if generation_config is None:
+        gen = GenerationConfig(**kwargs)
+        validate_sampling(gen)
+        return gen
+    if isinstance(generation_config, dict):
+        bad = [k for k in generation_config if k not in names]
+        if bad:
+            raise InputError(f"generation_config: unknown field(s) {', '.join(map(repr, bad))}; "
+                             f"the fields are {', '.join(sorted(names))}")
+        base = GenerationConfig(**generation_config)
+    elif isinstance(generation_config, GenerationConfig):
+        base = generation_config
+    else:
+        raise InputError("generation_config must be a GenerationConfig or a dict of its fields, "
+                         f"got {type(generation_config).__name__}")
+    clash = [k for k, v in kwargs.items() if getattr(base, k) != v]
+    if clash:
+        k = clash[0]
+        raise InputError(
+            f"{k}={kwargs[k]!r} conflicts with generation_config's {k}={getattr(base, k)!r}; "
+            "pass each setting once: in generation_config (dataclasses.replace(config, "
+            f"{k}=...) makes a changed copy) or as a keyword argument")
+    validate_sampling(base)
+    return base

@@ -34,3 +34,7 @@ class AudioError(OmniCoreError, ValueError):
 
 class VoicePromptError(OmniCoreError):
     """A saved voice prompt file is unreadable, of an unknown version, or inconsistent."""
+
+
+class CancelledError(OmniCoreError):
+    """The request was cancelled (`cancel()` on its handle, or its caller stopped listening)."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import to_device, xp
+from .backend import f32, to_device, xp
 from .config import HubertConfig
 from .errors import WeightsError
 from .kernels import (all_finite, conv1d, conv_out_len, conv_weight, gelu, group_norm, grouped_conv1d,
@@ -57,10 +57,6 @@ class HubertParams:
     layers: tuple  # HubertLayerParams per transformer layer
 
 
-def _f32(a) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32)
-
-
 def fold_weight_norm(g: np.ndarray, v: np.ndarray, dim: int) -> np.ndarray:
     """torch weight_norm: w = g * v / ||v||, the norm taken over every axis except `dim`."""
     axes = tuple(a for a in range(v.ndim) if a != dim)
@@ -71,7 +67,7 @@ def fold_weight_norm(g: np.ndarray, v: np.ndarray, dim: int) -> np.ndarray:
 def load_params(reader, cfg: HubertConfig, prefix: str = "semantic_model.") -> HubertParams:
     """Take the HuBERT tensors under `prefix` from `reader` (a ParamReader) in our layouts."""
     d, inter = cfg.hidden_size, cfg.intermediate_size
-    dev = lambda a: to_device(_f32(a))  # noqa: E731
+    dev = lambda a: to_device(f32(a))  # noqa: E731
     conv_w, conv_b = [], []
     cin = 1
     for i, (cout, k) in enumerate(zip(cfg.conv_dim, cfg.conv_kernel)):

@@ -847,7 +847,8 @@ def _guided_scores_impl(cond, uncond, guidance, use_uncond, mask_id, lp, tokens,
 _guided_scores_nb, _guided_scores_nb_par = _twice(_guided_scores_impl, fastmath=_FAST)
 
 
-def _log_softmax_np(x):
+def log_softmax_np(x):
+    """Log-softmax over the last axis (the one used everywhere: scoring and its tests)."""
     x = x - x.max(axis=-1, keepdims=True)
     return x - xp.log(xp.exp(x).sum(axis=-1, keepdims=True))
 
@@ -855,10 +856,10 @@ def _log_softmax_np(x):
 def guided_scores_np(cond, uncond, guidance: float, mask_id: int):
     """Twin of `guided_scores`."""
     if uncond is not None and guidance != 0:
-        c, u = _log_softmax_np(cond), _log_softmax_np(uncond)
-        lp = _log_softmax_np(c + xp.float32(guidance) * (c - u))
+        c, u = log_softmax_np(cond), log_softmax_np(uncond)
+        lp = log_softmax_np(c + xp.float32(guidance) * (c - u))
     else:
-        lp = _log_softmax_np(cond)
+        lp = log_softmax_np(cond)
     lp[..., mask_id] = -xp.inf
     return lp, lp.argmax(axis=-1).astype(xp.int64), lp.max(axis=-1)
 

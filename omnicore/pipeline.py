@@ -6,7 +6,8 @@
     generate(text, ...)
         1. prepare    text.validate_text, resolve language / instruct, voice prompt from ref_audio
                       (audio.prepare_reference_audio -> codec.encode), duration estimate -> T frames
-        2. unmask     tokenizer.build_item -> unmasking.generate_codes (32 steps of CFG unmasking)
+        2. unmask     the plan's passes -> engine.Engine (the model's one worker thread, 32 steps
+                      of CFG unmasking, passes of every caller packed into shared forwards);
                       long text: text chunks, chunk 0 becomes the voice reference of the rest
         3. decode     codec.decode: [8, T] codes -> 960*T samples at 24 kHz
         4. postprocess audio.postprocess_output: silence trim, loudness, fades, padding
@@ -18,287 +19,26 @@ frames, L = samples (24 000 per second), B = batch items.
 
 from __future__ import annotations
 
-import json
-import math
 import threading
 import time
-import zipfile
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
-from . import audio, backbone, codec as codec_mod, normalize, text as text_mod, tokenizer as tok_mod, unmasking
-from .config import GenerationConfig, OmniVoiceConfig, read_json
+from . import audio, backbone, normalize, streaming, text as text_mod, tokenizer as tok_mod
+from .codec import Codec, check_clip_length  # noqa: F401 (public names)
+from .config import GenerationConfig, OmniVoiceConfig, read_json, resolve_generation_config
+from .engine import Engine, PassSpec
 from .errors import AudioError, InputError, OmniCoreError, VoicePromptError
+from .voice import (PROMPT_CODEBOOK_SIZE, PROMPT_CODEBOOKS, VOICE_PROMPT_FORMAT,  # noqa: F401
+                    VOICE_PROMPT_VERSION, Synthesis, VoiceClonePrompt, check_voice_prompt)
 from .weights import ParamReader, resolve_codec_dir, resolve_model_dir
-
-VOICE_PROMPT_FORMAT = "omnicore-voice-prompt"
-VOICE_PROMPT_VERSION = 1
-
-
-
-# ---------------------------------------------------------------------------------------------
-# Results and voice prompts
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Synthesis:
-    """One generated utterance, with what the demo and CLI show about how it was made."""
-
-    audio: np.ndarray          # float32 [L] at 24 kHz
-    codes: np.ndarray          # int64 [C, T] (text chunks joined along T)
-    fill_steps: np.ndarray     # int16 [C, T]: unmasking step at which each cell was filled
-    num_steps: int
-    timings: dict[str, float]  # seconds per stage
-    text_chunks: list[str]
-    sample_rate: int = 24000
-
-
-@dataclass(frozen=True)
-class VoiceClonePrompt:
-    """A reusable voice: the reference clip's codes, its transcript and its loudness.
-
-    Saved as a plain .npz (no pickle: `np.load(..., allow_pickle=False)` reads it), with a
-    format name and version so that files from a future omnicore are refused clearly.
-    """
-
-    ref_audio_tokens: np.ndarray  # int64 [C, R]
-    ref_text: str
-    ref_rms: float
-
-    def save(self, path: str | Path) -> None:
-        """Write the prompt to `path` (an npz file; `path` is complete or untouched); a path
-        that cannot be written (missing folder, a folder or device, no space) is a
-        VoicePromptError."""
-        meta = {"format": VOICE_PROMPT_FORMAT, "version": VOICE_PROMPT_VERSION,
-                "ref_text": self.ref_text, "ref_rms": float(self.ref_rms)}
-        tokens = np.asarray(self.ref_audio_tokens, np.int64)
-        meta_bytes = np.frombuffer(json.dumps(meta).encode("utf-8"), np.uint8)
-        # Complete or untouched, also with concurrent saves to one path (unique temp names).
-        audio.write_atomic(path, lambda fh: np.savez(fh, ref_audio_tokens=tokens, meta=meta_bytes),
-                           VoicePromptError)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "VoiceClonePrompt":
-        """Read a prompt saved by `save`, or by the reference's `VoiceClonePrompt.save` (a
-        torch .pt zip, read by `torchfile` without torch and without running its pickle); every
-        value in it is checked (`check_voice_prompt`), and anything else (not a zip, a FIFO or
-        folder, hostile headers or pickles) is a VoicePromptError."""
-        from . import torchfile  # only prompt files need it
-
-        try:
-            # np.load would block on a FIFO and read any .npy whole; a prompt is a regular zip.
-            if Path(path).exists() and not Path(path).is_file():
-                raise VoicePromptError(f"{path}: not a regular file; pass a voice prompt .npz")
-            if Path(path).is_file() and torchfile.is_torch_file(path):
-                tokens, ref_text, ref_rms = torchfile.read_reference_voice_prompt(path)
-                meta = None
-            else:
-                if Path(path).is_file() and not zipfile.is_zipfile(path):
-                    raise VoicePromptError(
-                        f"{path}: not an omnicore voice prompt (not an .npz archive). Create one "
-                        "with `omnicore clone-prompt ref.wav --ref-text '...' -o voice.npz`.")
-                with np.load(path, allow_pickle=False) as z:
-                    shape, dtype = _npz_member_shape(z, "ref_audio_tokens")
-                    if (len(shape) != 2 or not 1 <= shape[0] <= 64
-                            or not 1 <= shape[1] <= text_mod.MAX_REF_FRAMES):
-                        raise VoicePromptError(
-                            f"{path}: the voice prompt's codes have shape {list(shape)}; expected "
-                            f"[{PROMPT_CODEBOOKS}, frames] with 1 to {text_mod.MAX_REF_FRAMES} frames "
-                            f"({text_mod.MAX_REF_S:g} s). Re-create it from a 3-10 s clip.")
-                    if math.prod(_npz_member_shape(z, "meta")[0]) > _MAX_META_BYTES:
-                        raise VoicePromptError(f"{path}: the voice prompt's metadata is over "
-                                               f"{_MAX_META_BYTES:,} bytes; not an omnicore prompt")
-                    tokens = np.array(z["ref_audio_tokens"])
-                    meta = json.loads(bytes(z["meta"]).decode("utf-8"))
-        except VoicePromptError:
-            raise
-        except FileNotFoundError:
-            raise VoicePromptError(f"{path}: voice prompt file not found") from None
-        except Exception as exc:  # zip, npy, JSON and key errors of an untrusted file alike
-            raise VoicePromptError(
-                f"{path}: not an omnicore voice prompt ({type(exc).__name__}). Create one with "
-                "`omnicore clone-prompt ref.wav --ref-text '...' -o voice.npz` (the .pt files of "
-                "the PyTorch omnivoice package's VoiceClonePrompt.save load too)."
-            ) from None
-        if meta is not None:
-            if not isinstance(meta, dict) or meta.get("format") != VOICE_PROMPT_FORMAT:
-                raise VoicePromptError(f"{path}: not an omnicore voice prompt file")
-            if meta.get("version") != VOICE_PROMPT_VERSION:
-                raise VoicePromptError(f"{path}: voice prompt version {meta.get('version')!r} is "
-                                       f"not supported by this omnicore (it reads version "
-                                       f"{VOICE_PROMPT_VERSION})")
-            ref_text, ref_rms = meta.get("ref_text"), meta.get("ref_rms")
-        prompt = cls(tokens, ref_text, ref_rms)
-        try:
-            return check_voice_prompt(prompt)
-        except InputError as exc:
-            raise VoicePromptError(f"{path}: {exc} (the file is damaged or was edited; "
-                                   "re-create it with `omnicore clone-prompt`)") from None
-
-
-# What every OmniVoice checkpoint uses: 8 codebooks of the Higgs codec with 1024 codes each
-# (id 1024 is the model's MASK). generate() checks prompts again against the loaded model.
-PROMPT_CODEBOOKS = 8
-PROMPT_CODEBOOK_SIZE = 1024
-# The meta JSON holds a format tag, a version, ref_text and ref_rms: a few KB at most.
-_MAX_META_BYTES = 1 << 20
-
-
-def _npz_member_shape(z, name: str) -> tuple[tuple[int, ...], np.dtype]:
-    """Shape and dtype of npz member `name`, read from its .npy header before any data, so a
-    hostile file cannot make `load` allocate a huge array."""
-    with z.zip.open(f"{name}.npy") as fh:
-        version = np.lib.format.read_magic(fh)
-        read = {(1, 0): np.lib.format.read_array_header_1_0,
-                (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-        if read is None:
-            raise ValueError(f"unsupported .npy version {version}")
-        shape, _, dtype = read(fh)
-    return shape, dtype
-
-
-def check_voice_prompt(prompt: "VoiceClonePrompt", num_codebooks: int = PROMPT_CODEBOOKS,
-                       codebook_size: int = PROMPT_CODEBOOK_SIZE) -> "VoiceClonePrompt":
-    """Return `prompt` with int64 codes if every value in it is usable, else InputError.
-
-    Codes: an integer array [num_codebooks, R] with 1 <= R <= text.MAX_REF_FRAMES and every
-    code in [0, codebook_size). ref_text: see text.validate_ref_text. ref_rms: a finite number
-    in (0, text.MAX_REF_RMS] (it scales the output, so a bad value inverts, silences or
-    overflows the audio).
-    """
-    if not isinstance(prompt, VoiceClonePrompt):
-        raise InputError("voice_clone_prompt must be a VoiceClonePrompt "
-                         "(from create_voice_clone_prompt or VoiceClonePrompt.load)")
-    tokens = prompt.ref_audio_tokens
-    if not isinstance(tokens, np.ndarray) or tokens.dtype.kind not in "iu":
-        kind = getattr(tokens, "dtype", type(tokens).__name__)
-        raise InputError(f"voice prompt codes must be an integer numpy array, got {kind}")
-    if tokens.ndim != 2 or tokens.shape[0] != num_codebooks:
-        raise InputError(f"voice prompt codes must have shape [{num_codebooks}, frames], "
-                         f"got {list(tokens.shape)}")
-    text_mod.validate_ref_frames(tokens.shape[1], "the voice prompt's reference audio")
-    lo, hi = int(tokens.min()), int(tokens.max())
-    if lo < 0 or hi >= codebook_size:
-        raise InputError(f"voice prompt codes must lie in [0, {codebook_size - 1}], found "
-                         f"{lo}..{hi}")
-    ref_text = text_mod.validate_ref_text(prompt.ref_text, "the voice prompt's ref_text")
-    ref_rms = text_mod.validate_ref_rms(prompt.ref_rms, "the voice prompt's ref_rms")
-    if tokens.dtype == np.int64 and ref_rms == prompt.ref_rms and type(prompt.ref_rms) is float:
-        return prompt
-    return VoiceClonePrompt(tokens.astype(np.int64), ref_text, ref_rms)
-
-
-# ---------------------------------------------------------------------------------------------
-# The codec, with its encoder half loaded on first use
-# ---------------------------------------------------------------------------------------------
-
-
-class Codec:
-    """Higgs Audio V2 codec: `decode` codes -> 24 kHz audio, `encode` audio -> codes.
-
-    Only the decoder is read at load time; the encoder half (HuBERT + acoustic encoder) is
-    read the first time something is encoded, so plain TTS never pages it in.
-    """
-
-    def __init__(self, codec_dir: Path):
-        self.dir = Path(codec_dir)
-        self.cfg, self.params = codec_mod.load_codec(self.dir, encoder=False)
-        self.sampling_rate = self.cfg.sample_rate
-        self.frame_rate = self.cfg.frame_rate
-        self.hop_length = self.cfg.hop_length
-        self._lock = threading.Lock()
-
-    def decode(self, codes) -> np.ndarray:
-        """[C, T] -> float32 [960*T]; [B, C, T] -> float32 [B, 960*T].
-
-        Codes must be integers in [0, codebook_size) (InputError otherwise), at most
-        text.MAX_DURATION_S of audio in all. Up to text.MAX_PASS_FRAMES frames (the longest
-        unmasking pass) are decoded in one shot; longer arrays in windows of that length with
-        the decoder's receptive field of overlap, so memory stays bounded.
-        """
-        arr = codec_mod._check_codes(codes, self.cfg)  # shape, dtype and range -> InputError
-        batch = arr.shape[0] if arr.ndim == 3 else 1
-        frames = arr.shape[-1]
-        if batch * frames > text_mod.MAX_DURATION_S * self.frame_rate:
-            raise InputError(
-                f"codes of {batch} x {frames:,} frames would decode to "
-                f"{batch * frames / self.frame_rate / 60:.0f} minutes of audio; the limit is "
-                f"{text_mod.MAX_DURATION_S / 60:g} minutes per call: decode it in parts")
-        if arr.ndim == 3:
-            if batch == 0:
-                return np.zeros((0, self.hop_length * frames), np.float32)
-            return np.stack([self.decode(c) for c in arr])  # one item at a time: bounded memory
-        if frames > text_mod.MAX_PASS_FRAMES:
-            return codec_mod.decode_chunked(self.params, arr, self.cfg,
-                                            chunk_frames=text_mod.MAX_PASS_FRAMES)
-        return codec_mod.decode(self.params, arr, self.cfg)
-
-    def encode(self, waveform, sample_rate: int) -> np.ndarray:
-        """Audio [L] or [C, L] at any rate -> int64 codes [C, T] (mixed to mono, resampled to
-        24 kHz and right-padded to whole frames first). At most text.MAX_REF_S seconds: the
-        encoder's attention grows with the square of the clip (AudioError beyond)."""
-        wav = audio.load_audio((waveform, sample_rate), self.sampling_rate)
-        check_clip_length(wav.shape[-1], self.sampling_rate)
-        with self._lock:  # concurrent first uses (demo queue) load the encoder half once
-            self.params = codec_mod.ensure_encoder(self.params, self.cfg, self.dir)
-        return codec_mod.encode(self.params, wav, self.cfg)
-
-
-def check_clip_length(num_samples: int, sample_rate: int) -> None:
-    """AudioError when a clip to encode is longer than text.MAX_REF_S seconds."""
-    seconds = num_samples / sample_rate
-    if seconds > text_mod.MAX_REF_S:
-        raise AudioError(
-            f"the clip is {seconds:.1f} s long; at most {text_mod.MAX_REF_S:g} s are encoded in "
-            "one go (a voice reference works best with 3-10 s of speech). Cut the clip, or "
-            "encode a long recording in parts.")
-
 
 # ---------------------------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------------------------
-
-
-def resolve_generation_config(generation_config, kwargs: dict) -> GenerationConfig:
-    """The GenerationConfig of a call from `generation_config` (a GenerationConfig, a dict of
-    its fields, or None) and keyword arguments naming its fields.
-
-    The reference lets `generation_config` silently win over the keyword arguments; here a
-    keyword that disagrees with it is an InputError (it would be ignored), one that agrees is
-    fine. Unknown names are an InputError.
-    """
-    names = {f.name for f in fields(GenerationConfig)}
-    unknown = set(kwargs) - names
-    if unknown:
-        raise InputError(f"unknown argument(s): {', '.join(sorted(unknown))}")
-    if generation_config is None:
-        gen = GenerationConfig(**kwargs)
-        text_mod.validate_sampling(gen)
-        return gen
-    if isinstance(generation_config, dict):
-        bad = [k for k in generation_config if k not in names]
-        if bad:
-            raise InputError(f"generation_config: unknown field(s) {', '.join(map(repr, bad))}; "
-                             f"the fields are {', '.join(sorted(names))}")
-        base = GenerationConfig(**generation_config)
-    elif isinstance(generation_config, GenerationConfig):
-        base = generation_config
-    else:
-        raise InputError("generation_config must be a GenerationConfig or a dict of its fields, "
-                         f"got {type(generation_config).__name__}")
-    clash = [k for k, v in kwargs.items() if getattr(base, k) != v]
-    if clash:
-        k = clash[0]
-        raise InputError(
-            f"{k}={kwargs[k]!r} conflicts with generation_config's {k}={getattr(base, k)!r}; "
-            "pass each setting once: in generation_config (dataclasses.replace(config, "
-            f"{k}=...) makes a changed copy) or as a keyword argument")
-    text_mod.validate_sampling(base)
-    return base
 
 
 def _as_list(x, n: int, name: str, repeat: bool = True) -> list:
@@ -341,6 +81,8 @@ class OmniVoice:
         self.codec = codec
         self.sampling_rate = codec.sampling_rate
         self.frame_rate = codec.frame_rate
+        self._engine: Engine | None = None
+        self._engine_lock = threading.Lock()
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "k2-fsa/OmniVoice") -> "OmniVoice":
@@ -389,8 +131,6 @@ class OmniVoice:
         """Speak `text` (a string, or an iterable of text fragments as they arrive) as an
         iterator of float32 audio pieces: a short first chunk, the rest made while it plays.
         Same arguments as `generate` for one text; see `omnicore.streaming.stream`."""
-        from . import streaming
-
         return streaming.stream(self, text, **kwargs)
 
     def generate_codes(self, text, **kwargs) -> list[np.ndarray]:
@@ -418,27 +158,23 @@ class OmniVoice:
         t0 = time.perf_counter()
         items, encode_s = self._prepare(text, language, ref_audio, ref_text, voice_clone_prompt,
                                         instruct, duration, speed, gen, seed, normalize_text)
-        # Memory of every pass is checked before the first one runs; short items share passes
-        # in groups that fit the budget.
-        short = [i for i, it in enumerate(items) if not it.plan.chunked]
-        groups = self._batch_groups([items[i] for i in short], gen)
-        for it in items:
-            if it.plan.chunked:
-                self._check_chunk_passes(it, gen)
+        specs, owner = self._pass_specs(items, gen)
+        # Every pass is checked (inputs, memory) before the first one runs.
+        request = self.engine.submit(specs, on_step)
         prepare_s = time.perf_counter() - t0 - encode_s  # the clip's encode is timed on its own
-
-        results: list = [None] * len(items)
         t0 = time.perf_counter()
-        for group in groups:
-            idx = [short[j] for j in group]
-            codes, steps = self._unmask([items[i] for i in idx], gen,
-                                        [items[i].seed for i in idx], on_step)
-            for i, c, s in zip(idx, codes, steps):
-                results[i] = ([c], [s], [items[i].text])
-        for i, it in enumerate(items):  # chunked generation, one long item at a time
-            if it.plan.chunked:
-                results[i] = self._generate_chunked(it, gen, on_step)
+        try:
+            done = request.result()
+        except BaseException:
+            request.cancel()  # Ctrl-C or a failing progress callback: stop the passes too
+            raise
         unmask_s = time.perf_counter() - t0
+        results: list = [([], [], []) for _ in items]
+        for i, spec, (c, s) in zip(owner, specs, done):
+            results[i][0].append(c)
+            results[i][1].append(s)
+        for i, it in enumerate(items):
+            results[i][2].extend(c.text for c in it.plan.chunks)
 
         out = []
         for it, (chunk_codes, chunk_steps, chunk_texts) in zip(items, results):
@@ -531,76 +267,30 @@ class OmniVoice:
                                     self.frame_rate)
         return items, encode_s
 
-    def _prepared(self, it: _Item, gen: GenerationConfig):
-        return tok_mod.prepare_item(self.tokenizer, self.config, it.text, it.frames,
-                                    ref_text=it.ref_text, ref_codes=it.ref_codes,
-                                    lang=it.language, instruct=it.instruct, denoise=gen.denoise)
+    @property
+    def engine(self) -> Engine:
+        """The model's unmasking engine (one worker thread, created on first use): every
+        generate / stream / batch call on this model submits its passes to it."""
+        with self._engine_lock:
+            if self._engine is None:
+                self._engine = Engine(self.params, self.config, self.tokenizer)
+            return self._engine
 
-    def _rows(self, it: _Item, gen: GenerationConfig) -> tuple[list[int], list[int]]:
-        """Packed row lengths and scored positions of one item's pass (for memory checks)."""
-        L = self._prepared(it, gen).input_ids.shape[1]
-        if gen.guidance_scale != 0:  # the unconditional row: the targets alone
-            return [L, it.frames], [it.frames, it.frames]
-        return [L], [it.frames]
-
-    def _batch_groups(self, items: Sequence[_Item], gen: GenerationConfig) -> list[list[int]]:
-        """Indices of `items` in consecutive groups whose packed pass fits
-        text.MAX_PASS_BYTES; an item that alone does not fit is an InputError."""
-        groups: list[list[int]] = []
-        lengths: list[int] = []
-        outs: list[int] = []
-        sampling = gen.class_temperature > 0
+    def _pass_specs(self, items: Sequence[_Item], gen: GenerationConfig
+                    ) -> tuple[list[PassSpec], list[int]]:
+        """The passes of every item's plan, and the item each belongs to. With a voice prompt
+        every chunk is conditioned on it; without one (auto / design), later chunks use chunk
+        0's text and generated codes as reference (the reference's rule), so they wait for it."""
+        specs, owner = [], []
         for i, it in enumerate(items):
-            rows, num_out = self._rows(it, gen)
-            text_mod.check_pass_memory(self.config, rows, num_out, sampling)
-            if groups and text_mod.forward_bytes(self.config, lengths + rows, outs + num_out,
-                                                 sampling) <= text_mod.MAX_PASS_BYTES:
-                groups[-1].append(i)
-                lengths, outs = lengths + rows, outs + num_out
-            else:
-                groups.append([i])
-                lengths, outs = rows, num_out
-        return groups
-
-    def _chunk_items(self, item: _Item, chunk0_codes=None) -> list[_Item]:
-        """The passes of a chunked item as items. Later passes of an item without a voice
-        prompt use chunk 0's codes as reference: before those exist (`chunk0_codes` None),
-        zeros of chunk 0's length stand in, which give the same row lengths."""
-        passes = []
-        for chunk in item.plan.chunks:
-            ref_text, ref_codes = None, None
-            if chunk.reference == "prompt":
-                ref_text, ref_codes = item.ref_text, item.ref_codes
-            elif chunk.reference == "chunk0":
-                ref_text = chunk.ref_text
-                ref_codes = chunk0_codes if chunk0_codes is not None else np.zeros(
-                    (self.config.num_audio_codebook, item.plan.chunks[0].frames), np.int64)
-            passes.append(_Item(chunk.text, chunk.frames, item.language, item.instruct,
-                                ref_text, ref_codes, item.ref_rms, seed=item.seed))
-        return passes
-
-    def _check_chunk_passes(self, item: _Item, gen: GenerationConfig) -> None:
-        for sub in self._chunk_items(item):
-            rows, num_out = self._rows(sub, gen)
-            text_mod.check_pass_memory(self.config, rows, num_out, gen.class_temperature > 0)
-
-    def _unmask(self, items: Sequence[_Item], gen: GenerationConfig, seed, on_step):
-        """Build the model inputs for a batch of items and run the iterative unmasking."""
-        prepared = [self._prepared(it, gen) for it in items]
-        return unmasking.generate_codes(self.params, self.config, prepared, gen, seed=seed,
-                                        on_step=on_step, return_fill_steps=True)
-
-    def _generate_chunked(self, item: _Item, gen: GenerationConfig, on_step):
-        """Long text: the passes of the item's plan (text.plan_synthesis), one after another.
-
-        With a reference voice every chunk is conditioned on it. Without one (auto / design),
-        chunk 0 is generated first and its codes + text become the reference for every later
-        chunk, which keeps the voice consistent across the utterance (the reference's rule).
-        """
-        codes, steps = [], []
-        for k in range(len(item.plan.chunks)):
-            sub = self._chunk_items(item, codes[0] if codes else None)[k]
-            c, s = self._unmask([sub], gen, [item.seed], on_step)
-            codes.append(c[0])
-            steps.append(s[0])
-        return codes, steps, [c.text for c in item.plan.chunks]
+            first = len(specs)
+            for chunk in it.plan.chunks:
+                ref_text, ref_codes, after = None, None, None
+                if chunk.reference == "prompt":
+                    ref_text, ref_codes = it.ref_text, it.ref_codes
+                elif chunk.reference == "chunk0":
+                    ref_text, after = chunk.ref_text, first
+                specs.append(PassSpec(chunk.text, chunk.frames, it.language, it.instruct,
+                                      ref_text, ref_codes, it.seed, gen, after))
+                owner.append(i)
+        return specs, owner

@@ -1,5 +1,12 @@
 """Streaming synthesis: audio starts after the first clause, the rest is made while it plays.
 
+This module is the streaming sink: a reader thread (text fragments -> chunks), a worker thread
+that submits each chunk's pass to the model's engine (`engine.Engine`, shared with every other
+caller) and decodes it progressively. The pieces it uses live with their kind: the chunking rule
+(`text.TextChunker`, `text.plan_chunk`), the incremental post-processing and the writers
+(`audio.SilenceTrimmer`, `audio.StreamJoiner`, `audio.AudioFileWriter`); they are re-exported
+here.
+
 OmniVoice is non-autoregressive: it writes a whole utterance at once, so the audio of one
 generation pass cannot start before that pass is over. The way to a short time-to-first-audio
 is to split the text and pipeline the pieces:
@@ -81,344 +88,16 @@ from typing import Callable, Iterator
 import numpy as np
 
 from . import audio, codec as codec_mod, normalize, text as text_mod
-from .config import GenerationConfig
-from .errors import AudioError, InputError
+from .config import GenerationConfig, resolve_generation_config
+from .engine import PassSpec
+from .errors import AudioError, CancelledError, InputError
+from .audio import (AudioFileWriter, RawPcmWriter, SilenceTrimmer, StreamJoiner,  # noqa: F401
+                    join_offline, peak_gain, rms_gain, to_pcm16, trim_chunk)
+from .text import ChunkRule, TextChunker, split_text  # noqa: F401
+from .voice import Synthesis
 
 __all__ = ["ChunkRule", "TextChunker", "split_text", "SilenceTrimmer", "StreamJoiner",
            "SpeechStream", "stream", "generate_chunks"]
-
-# ---------------------------------------------------------------------------------------------
-# Text: where chunks end
-# ---------------------------------------------------------------------------------------------
-
-_SENTENCE_MARKS = frozenset(".!?;…。！？；")
-_CLAUSE_MARKS = frozenset(",:，：、")
-# Full-width marks end a sentence without a following space (CJK text has none).
-_FULL_WIDTH = frozenset("。！？；，：、…")
-# Closing quotes and brackets right after a mark stay with the chunk that the mark ends.
-_CLOSERS = frozenset("\"'”’)]}»」』】》）")
-# A "." after one of these words (or a single letter: an initial; or a word with another ".",
-# as in "p.m." or "U.S.") ends no sentence.
-_ABBREVIATIONS = frozenset(
-    "mr. mrs. ms. dr. prof. sr. jr. st. mt. vs. etc. e.g. i.e. no. fig. approx. inc. ltd. "
-    "co. corp. dept. gen. gov. sen. rep. capt. col. lt. sgt. jan. feb. mar. apr. jun. jul. "
-    "aug. sep. sept. oct. nov. dec.".split())
-
-# The model's duration yardstick: "Nice to meet you." lasts 25 frames = 1 s.
-_SECONDS_PER_WEIGHT = 1.0 / text_mod.text_weight("Nice to meet you.")
-
-
-@dataclass(frozen=True)
-class ChunkRule:
-    """Where streamed text is cut, in seconds of estimated speech (see the module docstring)."""
-
-    first_seconds: float = 2.0        # chunk 0 ends at a sentence or clause end after this much
-    first_max_seconds: float = 6.0    # ... or at a word break after this much
-    seconds: float = 5.0              # later chunks end at a sentence end after this much
-    clause_seconds: float = 10.0      # ... or at a clause end after this much
-    max_seconds: float = 15.0         # ... or at a word break after this much
-
-    def __post_init__(self):
-        for name in ("first_seconds", "first_max_seconds", "seconds", "clause_seconds", "max_seconds"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v == float("inf"):
-                raise InputError(f"ChunkRule.{name} must be a finite number >= 0, got {v!r}")
-
-
-class TextChunker:
-    """Incremental splitter: `feed(fragment)` returns the chunks that fragment completed,
-    `flush()` the rest at the end of the input. Splitting a string in one `feed` or in any
-    fragmentation gives the same chunks (every decision looks only at text already read)."""
-
-    def __init__(self, rule: ChunkRule | None = None):
-        self.rule = rule or ChunkRule()
-        self.count = 0          # chunks emitted so far
-        self._chars: list[str] = []   # the current chunk (leading whitespace skipped)
-        self._weight = 0.0      # its estimated weight (seconds / _SECONDS_PER_WEIGHT)
-        self._word_start = 0    # index in _chars where the current whitespace-free run starts
-        self._mark: str | None = None  # "sentence" / "clause": a mark run awaiting confirmation
-        self._mark_wide = False  # the last mark of that run is full-width
-
-    # -- decisions ----------------------------------------------------------------------------
-
-    def _seconds(self) -> float:
-        return self._weight * _SECONDS_PER_WEIGHT
-
-    def _ends_at_mark(self, kind: str) -> bool:
-        s, r = self._seconds(), self.rule
-        if self.count == 0:
-            return s >= r.first_seconds
-        return s >= (r.seconds if kind == "sentence" else r.clause_seconds)
-
-    def _ends_at_space(self) -> bool:
-        r = self.rule
-        return self._seconds() >= (r.first_max_seconds if self.count == 0 else r.max_seconds)
-
-    def _emit(self, out: list[str]) -> None:
-        chunk = "".join(self._chars).strip()
-        self._chars, self._weight, self._word_start = [], 0.0, 0
-        if chunk:
-            out.append(chunk)
-            self.count += 1
-
-    # -- input --------------------------------------------------------------------------------
-
-    def feed(self, fragment: str) -> list[str]:
-        if not isinstance(fragment, str):
-            raise InputError(f"streamed text must come as str fragments, got {type(fragment).__name__}")
-        out: list[str] = []
-        for ch in fragment:
-            if self._mark is not None:
-                if ch in _SENTENCE_MARKS or ch in _CLAUSE_MARKS or ch in _CLOSERS:
-                    if ch in _SENTENCE_MARKS:  # "?!", "...": the strongest mark of a run counts
-                        self._mark = "sentence"
-                    if ch not in _CLOSERS:
-                        self._mark_wide = ch in _FULL_WIDTH
-                    self._append(ch)
-                    continue
-                kind, wide = self._mark, self._mark_wide
-                self._mark = None
-                if (ch.isspace() or wide) and self._ends_at_mark(kind):
-                    self._emit(out)  # the mark run is confirmed: the chunk ends before `ch`
-            if not self._chars and ch.isspace():
-                continue  # a chunk never starts with whitespace
-            if ch.isspace():
-                if self._ends_at_space():
-                    self._emit(out)
-                    continue
-                self._append(ch)
-                self._word_start = len(self._chars)
-                continue
-            self._append(ch)
-            if ch in _SENTENCE_MARKS or ch in _CLAUSE_MARKS:
-                word = "".join(self._chars[self._word_start:]).lower()
-                if ch == "." and (word in _ABBREVIATIONS or "." in word[:-1]
-                                  or (len(word) == 2 and word[0].isalpha())):
-                    continue  # "Dr." / "e.g." / "p.m." / "U.S." / an initial "J."
-                self._mark = "sentence" if ch in _SENTENCE_MARKS else "clause"
-                self._mark_wide = ch in _FULL_WIDTH
-        return out
-
-    def _append(self, ch: str) -> None:
-        self._chars.append(ch)
-        self._weight += text_mod.char_weight(ch)
-
-    def flush(self) -> list[str]:
-        """End of input: the rest is the last chunk (nothing when it is only whitespace)."""
-        out: list[str] = []
-        self._mark = None
-        self._emit(out)
-        return out
-
-
-def split_text(text: str, rule: ChunkRule | None = None) -> list[str]:
-    """The chunks `stream` speaks for `text` (whole or in fragments: the same list)."""
-    chunker = TextChunker(rule)
-    return chunker.feed(text) + chunker.flush()
-
-
-# ---------------------------------------------------------------------------------------------
-# Audio: per-chunk silence trim and the incremental join
-# ---------------------------------------------------------------------------------------------
-
-SILENCE_DB = -50.0           # the reference's remove_silence threshold
-_QUIET_RMS = 10.0 ** (SILENCE_DB / 20.0)
-BLOCK_MS = 10
-CROSS_FADE_S = 0.3           # audio.cross_fade_chunks' default: fade-out, gap, fade-in of 0.1 s each
-
-
-class SilenceTrimmer:
-    """Trim one chunk's silences as its samples arrive (see the module docstring).
-
-    `push(x)` returns the samples that are decided; `end()` the rest. Blocks are counted from
-    the chunk start and partial blocks wait, so how the chunk is cut into pushes never matters.
-    Output samples are the input samples (no requantisation).
-    """
-
-    def __init__(self, sr: int = audio.SAMPLE_RATE, lead_ms: int = 100, trail_ms: int = 100,
-                 inner_ms: int = 500):
-        self.block = sr * BLOCK_MS // 1000                       # B samples
-        self.lead, self.trail, self.inner = lead_ms // BLOCK_MS, trail_ms // BLOCK_MS, inner_ms // BLOCK_MS
-        self._head_keep = max(self.inner, self.trail)           # quiet blocks kept from a run's start
-        self._tail_keep = max(self.inner, self.lead)            # ... and from its end
-        self._partial = np.zeros(0, np.float32)
-        self._quiet: list[np.ndarray] = []                       # the pending quiet run (capped)
-        self._quiet_n = 0                                        # its true length in blocks
-        self._sounding = False                                   # a loud block was seen
-
-    def _on_block(self, blk: np.ndarray, quiet: bool, out: list[np.ndarray]) -> None:
-        if quiet:
-            self._quiet.append(blk)
-            self._quiet_n += 1
-            if len(self._quiet) > self._head_keep + self._tail_keep:
-                del self._quiet[self._head_keep]  # middle of a long pause: never emitted
-            return
-        q, n = self._quiet, self._quiet_n
-        if not self._sounding:
-            out.extend(q[len(q) - min(self.lead, len(q)):])     # leading quiet -> last 100 ms
-        elif n <= 2 * self.inner:
-            out.extend(q)                                       # a short pause stays whole
-        else:
-            out.extend(q[:self.inner] + q[len(q) - self.inner:])  # a long pause -> 2 x 500 ms
-        self._quiet, self._quiet_n, self._sounding = [], 0, True
-        out.append(blk)
-
-    def push(self, x: np.ndarray) -> np.ndarray:
-        buf = np.concatenate([self._partial, np.asarray(x, np.float32)])
-        out: list[np.ndarray] = []
-        n_full = len(buf) // self.block * self.block
-        blocks = buf[:n_full].reshape(-1, self.block)  # [L] -> [L/B, B]
-        quiet = np.sqrt(np.mean(blocks * blocks, axis=1)) <= _QUIET_RMS  # [L/B]
-        for blk, q in zip(blocks, quiet):
-            self._on_block(blk, bool(q), out)
-        self._partial = buf[n_full:]
-        return np.concatenate(out) if out else np.zeros(0, np.float32)
-
-    def end(self) -> np.ndarray:
-        out: list[np.ndarray] = []
-        if len(self._partial):
-            p = self._partial
-            self._on_block(p, bool(np.sqrt(np.mean(p * p)) <= _QUIET_RMS), out)
-            self._partial = np.zeros(0, np.float32)
-        if self._sounding:
-            out.extend(self._quiet[:self.trail])               # trailing quiet -> first 100 ms
-        self._quiet, self._quiet_n = [], 0
-        return np.concatenate(out) if out else np.zeros(0, np.float32)
-
-
-def trim_chunk(wav: np.ndarray, sr: int = audio.SAMPLE_RATE) -> np.ndarray:
-    """`SilenceTrimmer` on a whole chunk at once (the non-streamed path)."""
-    t = SilenceTrimmer(sr)
-    return np.concatenate([t.push(wav), t.end()])
-
-
-def peak_gain(first_window: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-    """Loudness without a voice prompt: the first window's peak goes to 0.5 (the reference's
-    `peak_normalize` expression, with the peak fixed in advance)."""
-    peak = np.abs(np.asarray(first_window, np.float32)).max() if len(first_window) else np.float32(0)
-    if peak > 1e-6:
-        return lambda x: x / peak * audio.PEAK_TARGET
-    return lambda x: x
-
-
-def rms_gain(ref_rms: float) -> Callable[[np.ndarray], np.ndarray]:
-    """Loudness with a voice prompt: the reference's fixed scale (exactly `match_output_volume`)."""
-    return lambda x: audio.match_output_volume(x, ref_rms)
-
-
-class StreamJoiner:
-    """Join trimmed chunks into the utterance incrementally, releasing each sample once no later
-    input can change it. The released samples, concatenated, equal
-
-        fade_and_pad(gain(cross_fade_chunks(chunks)), pad, fade)
-
-    bit for bit. Call `start_chunk()`, `push(x)` per piece, `end_chunk()`, ..., then `finish()`;
-    `set_gain(fn)` before the first sample can be released. `push`, `end_chunk` and `finish`
-    return the float32 samples they release (often none).
-    """
-
-    def __init__(self, sr: int = audio.SAMPLE_RATE, pad_duration: float = 0.1,
-                 fade_duration: float = 0.1):
-        self.xfade = int(CROSS_FADE_S * sr) // 3
-        self.fade, self.pad = int(fade_duration * sr), int(pad_duration * sr)
-        self.hold = max(self.xfade, self.fade)   # the last samples a join or the final fade may touch
-        self.gain: Callable[[np.ndarray], np.ndarray] | None = None
-        self.chunk_starts: list[int] = []        # merged index where each chunk's samples begin
-        self._held = np.zeros(0, np.float32)     # merged samples [held_start, merged_len), pre-gain
-        self._held_start = 0
-        self._merged = 0
-        self._head: np.ndarray | None = None      # a chunk's first samples awaiting their fade-in
-        self._started = False                     # the leading pad went out
-        self.released_chunk = 0                   # last chunk with samples released so far
-
-    def set_gain(self, fn: Callable[[np.ndarray], np.ndarray]) -> None:
-        self.gain = fn
-
-    def _append(self, x: np.ndarray) -> None:
-        if len(x):
-            self._held = np.concatenate([self._held, x])
-            self._merged += len(x)
-
-    def start_chunk(self) -> None:
-        if self.chunk_starts:  # a join: fade the merged tail out, then a gap of zeros
-            n_out = min(self.xfade, self._merged)
-            if n_out > 0:
-                self._held[len(self._held) - n_out:] *= np.linspace(1, 0, n_out, dtype=np.float32)
-            self._append(np.zeros(self.xfade, np.float32))
-            self._head = np.zeros(0, np.float32)
-        self.chunk_starts.append(self._merged)
-
-    def _resolve_head(self, final: bool) -> None:
-        h = self._head
-        if h is None or (len(h) < self.xfade and not final):
-            return
-        n_in = min(self.xfade, len(h))
-        h = h.copy()
-        if n_in > 0:
-            h[:n_in] *= np.linspace(0, 1, n_in, dtype=np.float32)
-        self._head = None
-        self._append(h)
-
-    def push(self, x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x, np.float32)
-        if self._head is not None:
-            self._head = np.concatenate([self._head, x])
-            self._resolve_head(final=False)
-        else:
-            self._append(x)
-        return self._release(final=False)
-
-    def end_chunk(self) -> np.ndarray:
-        self._resolve_head(final=True)
-        return self._release(final=False)
-
-    def finish(self) -> np.ndarray:
-        return self._release(final=True)
-
-    def _release(self, final: bool) -> np.ndarray:
-        total, a = self._merged, self._held_start
-        if final:
-            if total == 0:
-                return np.zeros(0, np.float32)  # fade_and_pad leaves empty audio unpadded
-            stop, k = total, min(self.fade, total // 2)  # fade_and_pad's rule, length now known
-        else:
-            if total < 2 * self.fade:  # the fade-in length min(fade, L // 2) is not known yet
-                return np.zeros(0, np.float32)
-            stop, k = total - self.hold, self.fade
-            if stop <= a:
-                return np.zeros(0, np.float32)
-        if self.gain is None:
-            raise RuntimeError("StreamJoiner: set_gain() before releasing audio")
-        seg = np.array(self.gain(self._held[:stop - a]), np.float32, copy=True)
-        if a < k:  # the utterance's fade-in
-            n = min(k, stop) - a
-            seg[:n] *= np.linspace(0, 1, k, dtype=np.float32)[a:a + n]
-        if final and k > 0:  # the utterance's fade-out (hold >= fade: all still held)
-            seg[len(seg) - k:] *= np.linspace(1, 0, k, dtype=np.float32)
-        self._held = self._held[stop - a:]
-        self._held_start = stop
-        self.released_chunk = max(i for i, s in enumerate(self.chunk_starts) if s < stop or i == 0)
-        parts = [seg]
-        if not self._started:
-            parts.insert(0, np.zeros(self.pad, np.float32))
-            self._started = True
-        if final:
-            parts.append(np.zeros(self.pad, np.float32))
-        return np.concatenate(parts)
-
-
-def join_offline(chunks: list[np.ndarray], gain, *, postprocess: bool, pad_duration: float,
-                 fade_duration: float, sr: int = audio.SAMPLE_RATE) -> np.ndarray:
-    """The non-streamed join of decoded chunks, from the library's one-shot functions."""
-    for c in chunks:
-        if not np.isfinite(c).all():
-            raise AudioError("decoded audio contains NaN or infinite samples (a decoding fault); nothing to save")
-    pieces = [trim_chunk(c, sr) if postprocess else np.asarray(c, np.float32) for c in chunks]
-    wav = audio.cross_fade_chunks(pieces, sr, silence_duration=CROSS_FADE_S)
-    if wav.shape[-1] == 0:
-        return wav
-    return audio.fade_and_pad(np.asarray(gain(wav), np.float32), pad_duration, fade_duration, sr)
-
 
 # ---------------------------------------------------------------------------------------------
 # The plan: chunk texts -> codes, one voice throughout
@@ -437,8 +116,6 @@ class _Plan:
     def __init__(self, model, *, language, ref_audio, ref_text, voice_clone_prompt, instruct,
                  duration, speed, seed, on_step, generation_config, gen_kwargs, whole_text,
                  normalize_text=False):
-        from .pipeline import resolve_generation_config
-
         self.gen = resolve_generation_config(generation_config, gen_kwargs)
         for name, v in (("language", language), ("instruct", instruct), ("speed", speed),
                         ("duration", duration), ("voice_clone_prompt", voice_clone_prompt)):
@@ -475,7 +152,8 @@ class _Plan:
         self.prompt = voice_clone_prompt
         self._ref_audio, self._ref_text = ref_audio, ref_text
         self.pace = 1.0 if self.speed is None else self.speed
-        self.ref0: tuple[str, np.ndarray] | None = None  # (chunk 0 text, codes) in auto / design
+        self.first: text_mod.ChunkPlan | None = None  # chunk 0's pass: the later chunks' voice
+        self.ref0_codes: np.ndarray | None = None  # its codes, in auto / design mode
         self.encode_s = 0.0
         self.total_frames = 0  # frames generated so far, against text.MAX_DURATION_S
         self._chunks: list[str] | None = None  # all chunk texts, when the whole text is known
@@ -487,10 +165,10 @@ class _Plan:
         """With `duration`, every chunk is spoken at estimate / requested frames."""
         if self.duration is not None:
             p = self.prompt
-            estimate = text_mod.estimate_target_frames(
+            self.pace, _ = text_mod.plan_pace(
                 self._normalize(self.whole_text), p.ref_text if p else None,
-                p.ref_audio_tokens.shape[1] if p else None)
-            self.pace = estimate / max(1, int(self.duration * self.model.frame_rate))
+                p.ref_audio_tokens.shape[1] if p else None, duration=self.duration,
+                frame_rate=self.model.frame_rate)
 
     def expect(self, chunks: list[str]) -> None:
         """The whole text's chunks are known: check every pass now (or, when a reference clip
@@ -500,23 +178,29 @@ class _Plan:
             self._check_chunks()
 
     def _check_chunks(self) -> None:
-        from .pipeline import _Item
-
-        frames0, total = None, 0
-        gen, C = self.gen, self.model.config.num_audio_codebook
         instruct = self.instruct
         if self._instruct_raw is not None and self._chunks:  # as codes() resolves it on chunk 0
             instruct = text_mod.resolve_instruct(self._instruct_raw, self._chunks[0])
-        for k, chunk in enumerate(self._chunks):
-            ref_text, ref_codes = self._reference(k, chunk)
-            if k > 0 and self.prompt is None:  # chunk 0's codes do not exist yet: same shape
-                ref_codes = np.zeros((C, frames0), np.int64)
-            frames = self._frames(chunk, ref_text, ref_codes)
-            frames0 = frames if k == 0 else frames0
-            total = text_mod.check_total_frames(total + frames, self.model.frame_rate)
-            item = _Item(chunk, frames, self.language, instruct, ref_text, ref_codes, None)
-            rows, num_out = self.model._rows(item, gen)
-            text_mod.check_pass_memory(self.model.config, rows, num_out, gen.class_temperature > 0)
+        first, total, specs = None, 0, []
+        for chunk in self._chunks:
+            plan = self._chunk_plan(chunk, first)
+            first = first or plan
+            total = text_mod.check_total_frames(total + plan.frames, self.model.frame_rate)
+            specs.append(self._spec(plan, instruct, after=0 if plan.reference == "chunk0" else None))
+        self.model.engine.check(specs)  # every pass's rows and memory, before any runs
+
+    def _chunk_plan(self, chunk: str, first) -> text_mod.ChunkPlan:
+        p = self.prompt
+        plan = text_mod.plan_chunk(chunk, first, p.ref_text if p else None,
+                                   p.ref_audio_tokens.shape[1] if p else None, self.pace)
+        text_mod.check_pass_frames(plan.frames, chunk, self.model.frame_rate)
+        return plan
+
+    def _spec(self, plan: text_mod.ChunkPlan, instruct, after=None, ref_codes=None) -> PassSpec:
+        if plan.reference == "prompt":
+            ref_codes = self.prompt.ref_audio_tokens
+        return PassSpec(plan.text, plan.frames, self.language, instruct, plan.ref_text,
+                        ref_codes, self.seed, self.gen, after)
 
     def prepare_voice(self) -> None:
         """Encode the reference clip (slow: done in the worker) and fix the pace for duration."""
@@ -533,38 +217,32 @@ class _Plan:
     def gain(self, first_window: np.ndarray):
         return rms_gain(self.prompt.ref_rms) if self.prompt is not None else peak_gain(first_window)
 
-    def _reference(self, k: int, chunk: str):
-        """(ref_text, ref_codes) of chunk k: the voice prompt, else chunk 0's text and codes."""
-        if self.prompt is not None:
-            return self.prompt.ref_text, self.prompt.ref_audio_tokens
-        if k > 0:
-            return self.ref0 if self.ref0 is not None else (self._chunks[0], None)
-        return None, None
-
-    def _frames(self, chunk: str, ref_text, ref_codes) -> int:
-        frames = text_mod.estimate_target_frames(
-            chunk, ref_text, None if ref_codes is None else ref_codes.shape[1], speed=self.pace)
-        return text_mod.check_pass_frames(frames, chunk, self.model.frame_rate)
-
-    def codes(self, k: int, chunk: str, on_step=None) -> tuple[np.ndarray, np.ndarray]:
-        """Unmask chunk k: codes [C, T_k] and fill steps [C, T_k]."""
-        from .pipeline import _Item
-
+    def codes(self, k: int, chunk: str, on_step=None, shared=None) -> tuple[np.ndarray, np.ndarray]:
+        """Unmask chunk k on the model's engine: codes [C, T_k] and fill steps [C, T_k]."""
         chunk = text_mod.validate_text(self._normalize(text_mod.validate_text(chunk)))
         if k == 0 and self._instruct_raw is not None:
             # As generate() decides an instruct's language from its text, here from chunk 0's
             # (the only text known when a stream starts), for whole and fragmented input alike.
             self.instruct = text_mod.resolve_instruct(self._instruct_raw, chunk)
-        ref_text, ref_codes = self._reference(k, chunk)
-        ref_rms = self.prompt.ref_rms if self.prompt is not None else None
-        frames = self._frames(chunk, ref_text, ref_codes)
-        self.total_frames = text_mod.check_total_frames(self.total_frames + frames,
+        plan = self._chunk_plan(chunk, self.first)
+        self.total_frames = text_mod.check_total_frames(self.total_frames + plan.frames,
                                                         self.model.frame_rate)
-        item = _Item(chunk, frames, self.language, self.instruct, ref_text, ref_codes, ref_rms)
-        codes, steps = self.model._unmask([item], self.gen, self.seed, on_step or self.on_step)
-        if k == 0 and self.prompt is None:
-            self.ref0 = (chunk, codes[0])
-        return codes[0], steps[0]
+        spec = self._spec(plan, self.instruct, ref_codes=self.ref0_codes)
+        request = self.model.engine.submit([spec], on_step or self.on_step)
+        if shared is not None:
+            shared.request = request  # so that closing the stream cancels it at once
+            if shared.cancel.is_set():
+                request.cancel()
+        try:
+            (codes, steps), = request.result()
+        except BaseException:
+            request.cancel()
+            raise
+        if k == 0:
+            self.first = plan
+            if self.prompt is None:
+                self.ref0_codes = codes
+        return codes, steps
 
 
 def _text_source(text, rule: ChunkRule | None):
@@ -624,8 +302,6 @@ def generate_chunks(model, text, *, language=None, ref_audio=None, ref_text=None
     (fixed gain, see module docstring) and finished with `audio.fade_and_pad`.
     `decode_frames` only sets the window whose peak fixes the gain. Returns a `Synthesis`.
     """
-    from .pipeline import Synthesis
-
     decode_frames = _check_window(decode_frames)
     whole, fragments = _text_source(text, rule)
     plan = _Plan(model, language=language, ref_audio=ref_audio, ref_text=ref_text,
@@ -688,6 +364,7 @@ class _Shared:
         self.marks: list[int] = []                    # `emitted` after each chunk ended
         self.threads: list[threading.Thread] = []
         self.stats: list[dict] = []                   # per chunk: text, frames, timings
+        self.request = None                           # the engine request of the current chunk
 
     def check(self) -> None:
         if self.cancel.is_set():
@@ -711,6 +388,8 @@ class _Shared:
 def _shutdown(shared: _Shared) -> None:
     """Stop and join the threads (idempotent; the stream's finaliser)."""
     shared.cancel.set()
+    if shared.request is not None:
+        shared.request.cancel()  # the chunk on the engine leaves before its next step
     with shared.cond:
         shared.cond.notify_all()
     shared.texts.put(_END)  # wakes a worker waiting for text
@@ -776,7 +455,11 @@ def _worker(shared: _Shared, model, plan: _Plan, decode_frames: int) -> None:
                 break
             shared.wait_turn(k)
             t0 = time.perf_counter()
-            codes, _ = plan.codes(k, chunk, on_step)
+            try:
+                codes, _ = plan.codes(k, chunk, on_step, shared)
+            except CancelledError:
+                shared.check()  # closed by the consumer: unwind quietly
+                raise
             t1 = time.perf_counter()
             stat = {"text": chunk, "frames": int(codes.shape[1]), "start_s": t0 - t_start,
                     "unmask_s": t1 - t0}
@@ -917,135 +600,3 @@ def stream(model, text, *, language=None, ref_audio=None, ref_text=None, voice_c
     return SpeechStream(shared, model.sampling_rate, t0)
 
 
-# ---------------------------------------------------------------------------------------------
-# Writers: audio to a file or a pipe as it comes
-# ---------------------------------------------------------------------------------------------
-
-
-def to_pcm16(x: np.ndarray) -> np.ndarray:
-    """float32 -> little-endian int16 samples as soundfile writes a PCM_16 WAV (floor of
-    x * 32768, clipped to the int16 range; measured), so raw output equals the WAV's samples."""
-    scaled = np.floor(np.asarray(x, np.float32) * np.float32(32768))
-    return np.clip(scaled, -32768, 32767).astype("<i2")
-
-
-class RawPcmWriter:
-    """Raw 16-bit little-endian mono PCM to a binary stream (e.g. stdout for
-    `| aplay -r 24000 -f S16_LE -c 1`), flushed after every piece."""
-
-    def __init__(self, fh):
-        self.fh = fh
-        self.samples = 0
-
-    def write(self, x: np.ndarray) -> None:
-        self.fh.write(to_pcm16(x).tobytes())
-        self.fh.flush()
-        self.samples += len(x)
-
-    def commit(self) -> None:
-        self.fh.flush()
-
-    def abort(self) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, *rest) -> None:
-        self.abort() if exc_type else self.commit()
-
-
-class AudioFileWriter:
-    """Write audio pieces to `path` as they come, atomically (through `audio.AtomicOutput`): the
-    samples go to a temporary file in the same folder (for WAV, a header whose sizes libsndfile
-    fixes up on close); `commit()` flushes, syncs and renames it over `path`; `abort()` (or an
-    exception leaving a `with` block) removes it, so `path` is never half written. The format
-    follows the extension (.wav, .flac, .ogg, ...; .raw / .pcm or raw=True: headerless 16-bit
-    PCM); WAV and FLAC are 16-bit, samples clipped. The path is checked here, before any audio
-    is made."""
-
-    def __init__(self, path, sr: int = audio.SAMPLE_RATE, *, raw: bool = False):
-        import os
-
-        import soundfile as sf
-
-        self.path = os.fspath(path)
-        self.sr = sr
-        self.samples = 0
-        self._sf = self._out = None
-        ext = os.path.splitext(self.path)[1].lstrip(".").upper()
-        self._raw = raw or ext in ("RAW", "PCM")
-        audio.check_output_path(self.path, AudioError)  # "it is a folder" says more than "no format"
-        if not self._raw:
-            try:
-                ext, subtype = audio.audio_format(self.path)
-            except AudioError:
-                raise AudioError(f"cannot tell the audio format of {self.path!r}; use an extension "
-                                 "such as .wav, .flac, .ogg (or .raw for headerless PCM)") from None
-            self._int = subtype.startswith("PCM")
-        self._out = audio.AtomicOutput(self.path, AudioError)
-        try:
-            if not self._raw:
-                self._sf = sf.SoundFile(self._out.fh, "w", samplerate=sr, channels=1, format=ext,
-                                        subtype=subtype)
-        except BaseException as exc:
-            self.abort()
-            if isinstance(exc, Exception):
-                raise self._out.failed(exc) from None
-            raise
-
-    def write(self, x: np.ndarray) -> None:
-        x = np.asarray(x, np.float32)
-        if not np.isfinite(x).all():
-            self.abort()
-            raise AudioError(f"audio for {self.path!r} contains NaN or infinite samples; nothing was written")
-        if self._out is None:
-            raise AudioError(f"{self.path!r} was already committed or aborted")
-        try:
-            if self._sf is None:
-                self._out.fh.write(to_pcm16(x).tobytes())
-            else:
-                self._sf.write(np.clip(x, -1.0, 1.0) if self._int else x)
-        except BaseException as exc:
-            err = self._out.failed(exc)
-            self.abort()
-            if isinstance(exc, Exception):
-                raise err from None
-            raise
-        self.samples += len(x)
-
-    def commit(self) -> None:
-        if self.samples == 0:
-            self.abort()
-            raise AudioError(f"refusing to write empty audio to {self.path!r}")
-        if self._out is None:
-            raise AudioError(f"{self.path!r} was already committed or aborted")
-        out = self._out
-        try:
-            if self._sf is not None:
-                self._sf.close()  # writes the final header sizes
-        except BaseException as exc:
-            self.abort()
-            if isinstance(exc, Exception):
-                raise out.failed(exc) from None
-            raise
-        self._out = None
-        out.commit()  # removes the temporary file itself on failure
-
-    def abort(self) -> None:
-        """Remove the temporary file (idempotent; never raises)."""
-        sfile, self._sf = self._sf, None
-        try:
-            if sfile is not None and not sfile.closed:
-                sfile.close()
-        except Exception:  # a header that cannot be finished: the file is thrown away anyway
-            pass
-        out, self._out = self._out, None
-        if out is not None:
-            out.abort()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, *rest) -> None:
-        self.abort() if exc_type else self.commit()

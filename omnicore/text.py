@@ -15,6 +15,8 @@ How ``generate()`` uses this module, per text item (see ``plan_synthesis`` for l
     ref_text  -> add_punctuation           only when a voice prompt is built with preprocessing
     length    -> estimate_target_frames    target frames (or ``duration`` * 25)
     long text -> chunk_text                chunk texts; plan_synthesis gives the whole plan
+                                           (plan_pace, plan_chunk: also the stream's passes)
+    streamed  -> TextChunker / split_text  the stream's chunks: a short first one, then sentences
 (Joining reference and target text for the prompt is ``omnicore.tokenizer.combine_text``.)
 
 Input limits (``MAX_*`` constants and ``validate_*``/``check_*`` functions, all here) keep the
@@ -87,6 +89,11 @@ __all__ = [
     "ChunkPlan",
     "SynthesisPlan",
     "plan_synthesis",
+    "plan_pace",
+    "plan_chunk",
+    "ChunkRule",
+    "TextChunker",
+    "split_text",
 ]
 
 logger = logging.getLogger(__name__)
@@ -382,11 +389,10 @@ def forward_bytes(cfg, lengths, num_out, class_sampling: bool = False) -> int:
     query and attention output [3 H*E], keys and values [2 K*E], the MLP's gate and up [2 F],
     rotary tables and their temporaries [4 E] and the embedding gather [(C+1) D] plus its ids;
     per the longest row its [K, L*G, L] scores with [K, L*G, E] outputs; per scored position
-    the heads' logits [C*V] twice (the previous step's stay referenced until the new ones are
-    made) and two [D] rows; per item the [C, T, V] log-probabilities, twice (the previous
-    item's or step's are still referenced), or four times with class sampling (negated copy
-    and int64 indices of the top-k selection). Measured on the tiny checkpoint, a pass's peak
-    allocations are 75-90 % of this estimate.
+    the heads' logits [C*V] (freed before the next step's forward) and two [D] rows; per item
+    the [C, T, V] log-probabilities, or four times that with class sampling (negated copy and
+    int64 indices of the top-k selection). Measured on the tiny checkpoint, a pass's peak
+    allocations are at least 2/3 of this estimate.
     """
     q = cfg.llm_config
     C, V = cfg.num_audio_codebook, cfg.audio_vocab_size
@@ -396,8 +402,8 @@ def forward_bytes(cfg, lengths, num_out, class_sampling: bool = False) -> int:
     N, L, n = sum(lengths), max(lengths), sum(num_out)
     per_token = 3 * D + 3 * H * E + 2 * K * E + 2 * F + 4 * E + (C + 1) * D + 2 * C
     attention = K * G * L * (L + E + 1)
-    logits = n * (2 * C * V + 2 * D)
-    scoring = max(num_out) * C * V * (4 if class_sampling else 2)
+    logits = n * (C * V + 2 * D)
+    scoring = max(num_out) * C * V * (4 if class_sampling else 1)
     return 4 * (N * per_token + attention + logits + scoring)
 
 
@@ -1029,6 +1035,34 @@ class SynthesisPlan:
     chunks: tuple[ChunkPlan, ...]
 
 
+def plan_pace(text: str, ref_text: str | None, num_ref_frames: int | None, *,
+              speed: float | None = None, duration: float | None = None,
+              frame_rate: int = FRAME_RATE) -> tuple[float, int]:
+    """(pace, frames) of a whole text: with ``duration`` the pace is estimate / requested frames
+    (so every chunk of it shares the requested pace), else the speed (1.0 when None)."""
+    if duration is not None:
+        estimate = estimate_target_frames(text, ref_text, num_ref_frames)
+        frames = max(1, int(duration * frame_rate))
+        return estimate / frames, frames
+    pace = 1.0 if speed is None else speed
+    return pace, estimate_target_frames(text, ref_text, num_ref_frames, pace)
+
+
+def plan_chunk(text: str, first: ChunkPlan | None, ref_text: str | None,
+               num_ref_frames: int | None, pace: float) -> ChunkPlan:
+    """The pass of one chunk of a long text (the long-form rule and the streamed one alike):
+    with a voice prompt (``num_ref_frames`` given) it is the reference; otherwise chunk 0
+    (``first`` None) has none and every later chunk uses chunk 0's text and generated codes
+    (exactly ``first.frames`` long). Frames are the chunk's own estimate at ``pace``."""
+    if num_ref_frames is not None:
+        return ChunkPlan(text, estimate_target_frames(text, ref_text, num_ref_frames, pace),
+                         "prompt", ref_text)
+    if first is None:
+        return ChunkPlan(text, estimate_target_frames(text, None, None, pace), None, None)
+    return ChunkPlan(text, estimate_target_frames(text, first.text, first.frames, pace),
+                     "chunk0", first.text)
+
+
 def plan_synthesis(
     text: str,
     ref_text: str | None = None,
@@ -1071,13 +1105,8 @@ def plan_synthesis(
     if chunk_threshold < 0:
         raise InputError(f"chunk_threshold must be >= 0 seconds, got {chunk_threshold:g}.")
 
-    if duration is not None:
-        estimate = estimate_target_frames(text, ref_text, num_ref_frames)
-        frames = max(1, int(duration * frame_rate))
-        pace = estimate / frames
-    else:
-        pace = 1.0 if speed is None else speed
-        frames = estimate_target_frames(text, ref_text, num_ref_frames, pace)
+    pace, frames = plan_pace(text, ref_text, num_ref_frames, speed=speed, duration=duration,
+                             frame_rate=frame_rate)
     if frames > MAX_DURATION_S * frame_rate:
         raise InputError(
             f"this text at speed {pace:g} would last about {frames / frame_rate / 60:.0f} "
@@ -1094,25 +1123,140 @@ def plan_synthesis(
         return SynthesisPlan(frames, pace, False, (only,))
 
     pieces = chunk_text(text, frames, chunk_duration, frame_rate)
-    if has_prompt:
-        chunks = tuple(
-            ChunkPlan(
-                piece, estimate_target_frames(piece, ref_text, num_ref_frames, pace), "prompt",
-                ref_text,
-            )
-            for piece in pieces
-        )
-    else:
-        first = ChunkPlan(
-            pieces[0], estimate_target_frames(pieces[0], None, None, pace), None, None
-        )
-        chunks = (first,) + tuple(
-            ChunkPlan(
-                piece, estimate_target_frames(piece, first.text, first.frames, pace), "chunk0",
-                first.text,
-            )
-            for piece in pieces[1:]
-        )
+    chunks: tuple[ChunkPlan, ...] = ()
+    for piece in pieces:
+        chunks += (plan_chunk(piece, chunks[0] if chunks else None, ref_text, num_ref_frames,
+                              pace),)
     for chunk in chunks:  # one sentence longer than a pass is never cut: refuse it up front
         check_pass_frames(chunk.frames, chunk.text, frame_rate)
     return SynthesisPlan(frames, pace, True, chunks)
+
+
+# ---------------------------------------------------------------------------------------------
+# Streamed text: where chunks end (a shorter first chunk for an early first audio)
+# ---------------------------------------------------------------------------------------------
+
+_STREAM_SENTENCE_MARKS = frozenset(".!?;…。！？；")
+_STREAM_CLAUSE_MARKS = frozenset(",:，：、")
+# Full-width marks end a sentence without a following space (CJK text has none).
+_STREAM_FULL_WIDTH = frozenset("。！？；，：、…")
+# Closing quotes and brackets right after a mark stay with the chunk that the mark ends.
+_STREAM_CLOSERS = frozenset("\"'”’)]}»」』】》）")
+# A "." after one of these words (or a single letter: an initial; or a word with another ".",
+# as in "p.m." or "U.S.") ends no sentence.
+_STREAM_ABBREVIATIONS = frozenset(
+    "mr. mrs. ms. dr. prof. sr. jr. st. mt. vs. etc. e.g. i.e. no. fig. approx. inc. ltd. "
+    "co. corp. dept. gen. gov. sen. rep. capt. col. lt. sgt. jan. feb. mar. apr. jun. jul. "
+    "aug. sep. sept. oct. nov. dec.".split())
+
+# The model's duration yardstick: "Nice to meet you." lasts 25 frames = 1 s.
+_SECONDS_PER_WEIGHT = 1.0 / text_weight("Nice to meet you.")
+
+
+@dataclass(frozen=True)
+class ChunkRule:
+    """Where streamed text is cut, in seconds of estimated speech (see the module docstring)."""
+
+    first_seconds: float = 2.0        # chunk 0 ends at a sentence or clause end after this much
+    first_max_seconds: float = 6.0    # ... or at a word break after this much
+    seconds: float = 5.0              # later chunks end at a sentence end after this much
+    clause_seconds: float = 10.0      # ... or at a clause end after this much
+    max_seconds: float = 15.0         # ... or at a word break after this much
+
+    def __post_init__(self):
+        for name in ("first_seconds", "first_max_seconds", "seconds", "clause_seconds", "max_seconds"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v == float("inf"):
+                raise InputError(f"ChunkRule.{name} must be a finite number >= 0, got {v!r}")
+
+
+class TextChunker:
+    """Incremental splitter: `feed(fragment)` returns the chunks that fragment completed,
+    `flush()` the rest at the end of the input. Splitting a string in one `feed` or in any
+    fragmentation gives the same chunks (every decision looks only at text already read)."""
+
+    def __init__(self, rule: ChunkRule | None = None):
+        self.rule = rule or ChunkRule()
+        self.count = 0          # chunks emitted so far
+        self._chars: list[str] = []   # the current chunk (leading whitespace skipped)
+        self._weight = 0.0      # its estimated weight (seconds / _SECONDS_PER_WEIGHT)
+        self._word_start = 0    # index in _chars where the current whitespace-free run starts
+        self._mark: str | None = None  # "sentence" / "clause": a mark run awaiting confirmation
+        self._mark_wide = False  # the last mark of that run is full-width
+
+    # -- decisions ----------------------------------------------------------------------------
+
+    def _seconds(self) -> float:
+        return self._weight * _SECONDS_PER_WEIGHT
+
+    def _ends_at_mark(self, kind: str) -> bool:
+        s, r = self._seconds(), self.rule
+        if self.count == 0:
+            return s >= r.first_seconds
+        return s >= (r.seconds if kind == "sentence" else r.clause_seconds)
+
+    def _ends_at_space(self) -> bool:
+        r = self.rule
+        return self._seconds() >= (r.first_max_seconds if self.count == 0 else r.max_seconds)
+
+    def _emit(self, out: list[str]) -> None:
+        chunk = "".join(self._chars).strip()
+        self._chars, self._weight, self._word_start = [], 0.0, 0
+        if chunk:
+            out.append(chunk)
+            self.count += 1
+
+    # -- input --------------------------------------------------------------------------------
+
+    def feed(self, fragment: str) -> list[str]:
+        if not isinstance(fragment, str):
+            raise InputError(f"streamed text must come as str fragments, got {type(fragment).__name__}")
+        out: list[str] = []
+        for ch in fragment:
+            if self._mark is not None:
+                if ch in _STREAM_SENTENCE_MARKS or ch in _STREAM_CLAUSE_MARKS or ch in _STREAM_CLOSERS:
+                    if ch in _STREAM_SENTENCE_MARKS:  # "?!", "...": the strongest mark of a run counts
+                        self._mark = "sentence"
+                    if ch not in _STREAM_CLOSERS:
+                        self._mark_wide = ch in _STREAM_FULL_WIDTH
+                    self._append(ch)
+                    continue
+                kind, wide = self._mark, self._mark_wide
+                self._mark = None
+                if (ch.isspace() or wide) and self._ends_at_mark(kind):
+                    self._emit(out)  # the mark run is confirmed: the chunk ends before `ch`
+            if not self._chars and ch.isspace():
+                continue  # a chunk never starts with whitespace
+            if ch.isspace():
+                if self._ends_at_space():
+                    self._emit(out)
+                    continue
+                self._append(ch)
+                self._word_start = len(self._chars)
+                continue
+            self._append(ch)
+            if ch in _STREAM_SENTENCE_MARKS or ch in _STREAM_CLAUSE_MARKS:
+                word = "".join(self._chars[self._word_start:]).lower()
+                if ch == "." and (word in _STREAM_ABBREVIATIONS or "." in word[:-1]
+                                  or (len(word) == 2 and word[0].isalpha())):
+                    continue  # "Dr." / "e.g." / "p.m." / "U.S." / an initial "J."
+                self._mark = "sentence" if ch in _STREAM_SENTENCE_MARKS else "clause"
+                self._mark_wide = ch in _STREAM_FULL_WIDTH
+        return out
+
+    def _append(self, ch: str) -> None:
+        self._chars.append(ch)
+        self._weight += char_weight(ch)
+
+    def flush(self) -> list[str]:
+        """End of input: the rest is the last chunk (nothing when it is only whitespace)."""
+        out: list[str] = []
+        self._mark = None
+        self._emit(out)
+        return out
+
+
+def split_text(text: str, rule: ChunkRule | None = None) -> list[str]:
+    """The chunks `stream` speaks for `text` (whole or in fragments: the same list)."""
+    chunker = TextChunker(rule)
+    return chunker.feed(text) + chunker.flush()

@@ -27,6 +27,7 @@ Dimension legend:
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Callable, Sequence
 
@@ -82,9 +83,7 @@ def unmask_schedule(num_cells: int, num_step: int, t_shift: float) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 
-def log_softmax(x):
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - xp.log(xp.exp(x).sum(axis=-1, keepdims=True))
+log_softmax = kernels.log_softmax_np  # the twin the fused scoring kernel is tested against
 
 
 def gumbel_noise(rng: np.random.Generator, shape) -> np.ndarray:
@@ -126,22 +125,118 @@ def choose_cells(confidence, filled, k: int, gen: GenerationConfig,
 
 
 # ---------------------------------------------------------------------------------------------
-# The loop
+# One pass and one iteration: the loop body shared by `generate_codes` and the engine
 # ---------------------------------------------------------------------------------------------
 
 
-def _item_rngs(seed, B: int) -> list:
-    """One Generator per item: an int seed gives every item the same seed (so an item's
-    result does not depend on its place in the batch); a sequence gives one seed per item."""
-    seeds = text_mod.validate_seed(seed, B)  # per item: None or an integer in range
-    return [np.random.default_rng(s) for s in seeds]
+_SERIALS = itertools.count()
+
+
+class PassState:
+    """One item's unmasking in flight: its rows (targets rewritten after every step), its own
+    schedule, step index and random generator, so that its result depends only on its own
+    inputs and seed, never on which other passes share its forwards."""
+
+    def __init__(self, item: PreparedItem, gen: GenerationConfig, seed: int | None,
+                 cfg: OmniVoiceConfig):
+        C, T = cfg.num_audio_codebook, item.num_target
+        if item.input_ids.shape[0] != C:
+            raise InputError(f"prepared inputs have {item.input_ids.shape[0]} codebook rows, "
+                             f"the model {C}")
+        self.gen, self.T, self.mask_id = gen, T, cfg.audio_mask_id
+        self.use_uncond = gen.guidance_scale != 0  # without guidance the unconditional row is unused
+        # Rows as (ids [C, L], audio_mask [L]): conditional, then (with guidance) unconditional.
+        self.rows = [(xp.array(item.input_ids), item.audio_mask)]
+        if self.use_uncond:
+            self.rows.append((xp.array(item.uncond_ids), item.uncond_audio_mask))
+        self.num_out = [T] * len(self.rows)  # the targets end every row
+        self.tokens = xp.full((C, T), self.mask_id, dtype=xp.int64)
+        self.fill_step = np.full((C, T), -1, dtype=np.int64)
+        self.schedule = unmask_schedule(C * T, gen.num_step, gen.t_shift)
+        self.rng = np.random.default_rng(seed)
+        self.step = 0
+        self.serial = next(_SERIALS)  # tells passes apart in PackCache (ids can be reused)
+
+    @property
+    def done(self) -> bool:
+        return self.step >= len(self.schedule)
+
+    def fill(self, cond_logits, uncond_logits) -> None:
+        """Score this step's logits [C, T, V] and fill the step's share of cells."""
+        gen, k = self.gen, self.schedule[self.step]
+        if k > 0:
+            # one fused pass: guided log-probs, greedy token and confidence of every cell
+            lp, pred, confidence = kernels.guided_scores(
+                cond_logits, uncond_logits if self.use_uncond else None, gen.guidance_scale,
+                self.mask_id)
+            if gen.class_temperature > 0:
+                pred, _ = predict_tokens(lp, gen.class_temperature, self.rng)
+            filled = self.tokens != self.mask_id
+            chosen = choose_cells(confidence, filled, k, gen, self.rng)
+            flat = self.tokens.reshape(-1)  # a view: writes land in self.tokens
+            flat[chosen] = pred.reshape(-1)[chosen]
+            self.fill_step.reshape(-1)[to_numpy(chosen)] = self.step
+            for ids, _ in self.rows:
+                ids[:, ids.shape[1] - self.T:] = self.tokens
+        self.step += 1
+
+    def codes(self) -> np.ndarray:
+        return to_numpy(self.tokens)
+
+
+class PackCache:
+    """The packing and workspace of the last set of row lengths: the set of passes changes only
+    when one joins or leaves, so most iterations reuse both (no fresh pages to fault in)."""
+
+    def __init__(self):
+        self.key: tuple[int, ...] | None = None
+        self.pack = self.work = None
+        self.mask_key: tuple[int, ...] | None = None
+        self.audio_mask = None
+
+    def get(self, cfg: OmniVoiceConfig, rows, serials: tuple[int, ...]):
+        key = tuple(ids.shape[1] for ids, _ in rows)
+        if key != self.key:
+            self.key = None  # a failed rebuild must not leave a stale entry
+            self.pack = make_packing(key, cfg)
+            self.work = make_workspace(cfg, self.pack)
+            self.key = key
+        if serials != self.mask_key:  # equal lengths do not mean equal text/audio positions
+            self.audio_mask = xp.asarray(np.concatenate([to_numpy(m) for _, m in rows]))  # [N]
+            self.mask_key = serials
+        return self.pack, self.work, self.audio_mask
+
+
+def iterate(params: BackboneParams, cfg: OmniVoiceConfig, states: Sequence[PassState],
+            cache: PackCache | None = None) -> None:
+    """One unmasking step of every pass in `states` (each at its own step index): the rows of
+    all passes packed into one forward, then each pass scored and filled by its own schedule."""
+    # Packed rows: every conditional row, then the unconditional ones (passes with guidance).
+    guided = [s for s in states if s.use_uncond]
+    rows = [s.rows[0] for s in states] + [s.rows[1] for s in guided]
+    num_out = [s.T for s in states] + [s.T for s in guided]
+    serials = tuple(s.serial for s in states)
+    pack, work, audio_mask = (cache or PackCache()).get(cfg, rows, serials)
+    ids = xp.concatenate([r[0] for r in rows], axis=1)  # [C, N]
+    logits = forward_rows(params, cfg, ids, audio_mask, pack, num_out, work=work)
+    u = len(states)
+    for b, s in enumerate(states):
+        s.fill(logits[b], logits[u] if s.use_uncond else None)
+        u += s.use_uncond
+
+
+def pass_seeds(seed, B: int) -> list:
+    """One seed per item: an int seed gives every item the same seed (so an item's result does
+    not depend on its place in the batch); a sequence gives one seed per item."""
+    return text_mod.validate_seed(seed, B)  # per item: None or an integer in range
 
 
 def generate_codes(params: BackboneParams, cfg: OmniVoiceConfig, items: Sequence[PreparedItem],
                    gen: GenerationConfig, seed: int | Sequence[int] | None = None,
                    on_step: Callable[[int, int], None] | None = None,
                    return_fill_steps: bool = False):
-    """Run the whole unmasking loop on prepared items; returns one [C, T_i] int64 code array each.
+    """Run the whole unmasking loop on prepared items in the calling thread (all packed into
+    one forward per step); returns one [C, T_i] int64 code array each.
 
     seed: None (fresh entropy), one int (every item uses it: an item generates the same codes
     alone or in any batch) or one int per item. Only used when a temperature is > 0.
@@ -151,56 +246,15 @@ def generate_codes(params: BackboneParams, cfg: OmniVoiceConfig, items: Sequence
     """
     if not items:
         return ([], []) if return_fill_steps else []
-    C, mask_id = cfg.num_audio_codebook, cfg.audio_mask_id
-    B, steps = len(items), gen.num_step
     text_mod.validate_sampling(gen)  # past these bounds the float32 scoring overflows
-    rngs = _item_rngs(seed, B)
-    use_uncond = gen.guidance_scale != 0  # without guidance the unconditional rows are unused
-
-    # Packed rows: the B conditional rows, then (with guidance) the B unconditional rows.
-    rows = [(it.input_ids, it.audio_mask) for it in items]
-    if use_uncond:
-        rows += [(it.uncond_ids, it.uncond_audio_mask) for it in items]
-    for ids, _ in rows:
-        if ids.shape[0] != C:
-            raise InputError(f"prepared inputs have {ids.shape[0]} codebook rows, the model {C}")
-    lengths = [ids.shape[1] for ids, _ in rows]
-    num_out = [it.num_target for it in items] * (2 if use_uncond else 1)  # targets end every row
+    states = [PassState(it, gen, s, cfg) for it, s in zip(items, pass_seeds(seed, len(items)))]
     # Refuse a pass whose buffers would not fit, before any of them is allocated.
-    text_mod.check_pass_memory(cfg, lengths, num_out, gen.class_temperature > 0)
-    pack = make_packing(lengths, cfg)
-    work = make_workspace(cfg, pack)  # activation buffers shared by all steps
-    ids = xp.asarray(np.concatenate([r[0] for r in rows], axis=1))  # [C, N]
-    audio_mask = xp.asarray(np.concatenate([r[1] for r in rows]))  # [N]
-    # Packed columns of item b's targets: in its conditional row r = b and, with guidance,
-    # in its unconditional row r = B + b. Both are rewritten after every step.
-    row_targets = [slice(s + L - T, s + L) for s, L, T in zip(pack.starts, pack.lengths, num_out)]
-    target_slices = [row_targets[b::B] for b in range(B)]
-
-    tokens = [xp.full((C, it.num_target), mask_id, dtype=xp.int64) for it in items]
-    fill_step = [np.full((C, it.num_target), -1, dtype=np.int64) for it in items]
-    schedules = [unmask_schedule(C * it.num_target, steps, gen.t_shift) for it in items]
-
-    for step in range(steps):
-        logits = forward_rows(params, cfg, ids, audio_mask, pack, num_out, work=work)
-        for b in range(B):
-            k = schedules[b][step]
-            if k <= 0:
-                continue
-            # one fused pass: guided log-probs, greedy token and confidence of every cell
-            lp, pred, confidence = kernels.guided_scores(
-                logits[b], logits[B + b] if use_uncond else None, gen.guidance_scale, mask_id)
-            if gen.class_temperature > 0:
-                pred, _ = predict_tokens(lp, gen.class_temperature, rngs[b])
-            filled = tokens[b] != mask_id
-            chosen = choose_cells(confidence, filled, k, gen, rngs[b])
-            flat = tokens[b].reshape(-1)  # a view: writes land in tokens[b]
-            flat[chosen] = pred.reshape(-1)[chosen]
-            fill_step[b].reshape(-1)[to_numpy(chosen)] = step
-            for sl in target_slices[b]:
-                ids[:, sl] = tokens[b]
+    text_mod.check_pass_memory(cfg, [ids.shape[1] for s in states for ids, _ in s.rows],
+                               [n for s in states for n in s.num_out], gen.class_temperature > 0)
+    cache = PackCache()
+    for step in range(gen.num_step):
+        iterate(params, cfg, states, cache)
         if on_step is not None:
-            on_step(step + 1, steps)
-
-    codes = [to_numpy(t) for t in tokens]
-    return (codes, fill_step) if return_fill_steps else codes
+            on_step(step + 1, gen.num_step)
+    codes = [s.codes() for s in states]
+    return (codes, [s.fill_step for s in states]) if return_fill_steps else codes

@@ -246,18 +246,16 @@ def test_batches_are_split_to_fit_the_budget_without_changing_results(monkeypatc
     texts = ["One short line.", "Another short line here.", "And a third one."]
     kw = dict(num_step=3, seed=5, position_temperature=0.0)
     together = m.generate_codes(texts, **kw)
-    sizes = []
-    real = m._unmask
-
-    def spy(items, *a, **k):
-        sizes.append(len(items))
-        return real(items, *a, **k)
+    sizes = []  # passes per engine iteration
 
     gen = GenerationConfig()
     items, _ = m._prepare(texts, None, None, None, None, None, None, None, gen)
-    biggest = max(T.forward_bytes(m.config, *m._rows(it, gen)) for it in items)
+    specs, _ = m._pass_specs(items, gen)
+    biggest = max(T.forward_bytes(m.config, [it.input_ids.shape[1], it.num_target],
+                                  [it.num_target] * 2)
+                  for it in (m.engine.prepare(s) for s in specs))
     monkeypatch.setattr(T, "MAX_PASS_BYTES", int(biggest * 1.5))  # room for one item, not two
-    monkeypatch.setattr(m, "_unmask", spy)
+    monkeypatch.setattr(m.engine, "trace", lambda ids: sizes.append(len(ids)))
     split = m.generate_codes(texts, **kw)
     assert sizes and max(sizes) < len(texts)
     for a, b in zip(together, split):

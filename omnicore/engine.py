@@ -1,0 +1,358 @@
+"""The unmasking engine: one thread per model runs every pass of every caller, packed together.
+
+    caller threads (generate, stream, batch, demo)         engine thread (owns the forward)
+      plan -> [PassSpec, ...] -> Engine.submit -> Request   loop, one iteration at a time:
+      Request.result(): runs progress callbacks,              1. admit ready passes (their
+        returns codes once every pass retired                    dependencies done) FIFO within
+      decode + post-process in the caller's thread               the token budget
+                                                              2. pack the rows of ALL active
+                                                                 passes into one forward_rows
+                                                              3. score and fill each pass by its
+                                                                 own schedule (unmasking.iterate)
+                                                              4. retire finished passes; drop
+                                                                 cancelled ones
+
+Continuous batching: a pass joins at the next iteration, whatever step the others are at, so
+no request waits for another to finish; passes of one request that do not depend on each other
+(the chunks of a long text with a voice prompt, the items of a batch) run side by side. In auto /
+design mode a long text's chunks 1..n depend on chunk 0 (its codes are their voice reference):
+they are prepared and admitted when chunk 0 retires.
+
+A pass's codes do not depend on which passes share its forward: each pass has its own schedule,
+step index and random generator, and the rows are independent in the backbone (positions
+restart per row, attention is per row). Only float rounding of the shared GEMMs can differ with
+the pack (OpenBLAS's Haswell sgemm rounds a row by the GEMM's row count), which changes a
+decision only where two candidates tie to within that rounding: never for greedy settings on the
+tiny test checkpoint (tested token-exact), but possible for a Gumbel draw (temperatures > 0) and
+for near-ties of real weights, as between any two BLAS builds.
+
+Dimension legend: C codebooks, T target frames of a pass, R reference frames, N packed tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import text as text_mod, tokenizer as tok_mod, unmasking
+from .config import GenerationConfig
+from .errors import CancelledError, InputError
+
+__all__ = ["PassSpec", "Request", "Engine", "default_token_budget"]
+
+IDLE_EXIT_S = 10.0  # the worker thread ends after this long without work
+
+
+class _Idle(Exception):
+    """Unwinds the worker thread when it has been idle for IDLE_EXIT_S."""
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    """One unmasking pass to run: a chunk of text, its length, its voice.
+
+    `after` is the index (within the same request) of the pass whose generated codes become
+    this pass's reference codes (auto / design long text: chunk 0); `ref_codes` is then None
+    and `ref_text` is that pass's text.
+    """
+
+    text: str
+    frames: int
+    language: str | None
+    instruct: str | None
+    ref_text: str | None
+    ref_codes: np.ndarray | None  # int64 [C, R]
+    seed: int | None
+    gen: GenerationConfig
+    after: int | None = None
+
+
+def default_token_budget(cfg) -> int:
+    """Packed tokens per iteration whose working memory stays within text.MAX_PASS_BYTES (the
+    bound every single pass is held to), from the model's per-token cost in text.forward_bytes."""
+    per_token = text_mod.forward_bytes(cfg, [2], [0]) - text_mod.forward_bytes(cfg, [1], [0])
+    return max(1, text_mod.MAX_PASS_BYTES // per_token)
+
+
+class Request:
+    """Handle of one submitted request (future-like): `result()` waits for the codes of every
+    pass and runs the progress callback in the waiting thread; `cancel()` stops it."""
+
+    def __init__(self, engine: "Engine", specs: Sequence[PassSpec], on_step):
+        self.engine = engine
+        self.specs = list(specs)
+        self.on_step = on_step
+        self.id = next(engine._ids)
+        self._events: queue.Queue = queue.Queue()
+        self._cancel = threading.Event()
+        self._finished = threading.Event()
+        self._results: list = [None] * len(self.specs)  # (codes [C, T], fill steps [C, T])
+        self._left = len(self.specs)
+        self._error: BaseException | None = None
+        self._outcome: tuple | None = None  # the final event, once result() has seen it
+
+    # -- caller side ----------------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """Stop the request: its passes leave the engine before its next iteration."""
+        if not self._finished.is_set():
+            self._cancel.set()
+            self.engine._wake()
+
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    def result(self, timeout: float | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(codes int64 [C, T], fill steps int64 [C, T]) per pass, in submission order.
+
+        Raises CancelledError when cancelled, the worker's exception when a pass failed, and
+        TimeoutError after `timeout` seconds. An exception from the progress callback cancels
+        the request and propagates."""
+        while True:
+            if self._outcome is not None:  # a second result() call gives the same answer
+                ev = self._outcome
+            else:
+                try:
+                    ev = self._events.get(timeout=timeout)
+                except queue.Empty:
+                    raise TimeoutError("the request did not finish in time") from None
+                if ev[0] != "step":
+                    self._outcome = ev
+            kind = ev[0]
+            if kind == "step":
+                if self.on_step is not None:
+                    try:
+                        self.on_step(ev[1], ev[2])
+                    except BaseException:
+                        self.cancel()
+                        raise
+                continue
+            if kind == "done":
+                return list(self._results)
+            if kind == "cancelled":
+                raise CancelledError("the request was cancelled")
+            raise ev[1]
+
+    # -- engine side ----------------------------------------------------------------------------
+
+    def _finish(self, kind: str, exc: BaseException | None = None) -> None:
+        if not self._finished.is_set():
+            self._finished.set()
+            self._error = exc
+            self._events.put((kind, exc))
+
+
+class _Pass:
+    """A submitted pass: its spec, its rows once prepared, its unmasking state once admitted."""
+
+    def __init__(self, request: Request, index: int):
+        self.request, self.index = request, index
+        self.spec = request.specs[index]
+        self.prepared: tok_mod.PreparedItem | None = None
+        self.state: unmasking.PassState | None = None
+
+    def ready(self) -> bool:
+        a = self.spec.after
+        return a is None or self.request._results[a] is not None
+
+
+class Engine:
+    """Runs the unmasking passes of every request on one model, packed into shared forwards.
+
+    One worker thread (started on first use, a daemon; it ends after IDLE_EXIT_S without work)
+    owns the forward. `max_tokens` bounds the packed tokens of one iteration (default:
+    `default_token_budget`) and text.forward_bytes of the pack stays within
+    text.MAX_PASS_BYTES; passes beyond either wait, first come first served. A pass alone is
+    always admitted (its memory was checked at submit).
+    `trace`, when set, is called on the engine thread after each iteration with the request ids
+    of the passes it ran (for tests and benchmarks).
+    """
+
+    def __init__(self, params, cfg, tokenizer, max_tokens: int | None = None):
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                       or max_tokens < 1):
+            raise InputError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        self.params, self.cfg, self.tokenizer = params, cfg, tokenizer
+        self.max_tokens = max_tokens or default_token_budget(cfg)
+        self.trace: Callable[[list[int]], None] | None = None
+        self.iterations = 0
+        self._ids = itertools.count(1)
+        self._cond = threading.Condition()
+        self._waiting: deque[_Pass] = deque()
+        self._active: list[_Pass] = []
+        self._thread: threading.Thread | None = None
+        self._cache = unmasking.PackCache()
+
+    # -- submitting -----------------------------------------------------------------------------
+
+    def prepare(self, spec: PassSpec, ref_codes=None) -> tok_mod.PreparedItem:
+        ref = spec.ref_codes if ref_codes is None else ref_codes
+        return tok_mod.prepare_item(self.tokenizer, self.cfg, spec.text, spec.frames,
+                                    ref_text=spec.ref_text, ref_codes=ref, lang=spec.language,
+                                    instruct=spec.instruct, denoise=spec.gen.denoise)
+
+    def check(self, specs: Sequence[PassSpec]) -> list[tok_mod.PreparedItem | None]:
+        """Check every pass's inputs and memory (InputError) before any of them runs; returns
+        the prepared rows of the passes that depend on no other (None for the others)."""
+        prepared = []
+        for spec in specs:
+            text_mod.validate_sampling(spec.gen)
+            if spec.after is None:
+                item = self.prepare(spec)
+            else:  # zeros of the reference pass's length stand in: the same row lengths
+                if not 0 <= spec.after < len(specs) or specs[spec.after].after is not None:
+                    raise InputError("a pass can only depend on an independent pass of its request")
+                C = self.cfg.num_audio_codebook
+                item = self.prepare(spec, np.zeros((C, specs[spec.after].frames), np.int64))
+            rows = [item.input_ids.shape[1]] + ([spec.frames] if spec.gen.guidance_scale else [])
+            text_mod.check_pass_memory(self.cfg, rows, [spec.frames] * len(rows),
+                                       spec.gen.class_temperature > 0)
+            prepared.append(item if spec.after is None else None)
+        return prepared
+
+    def submit(self, specs: Sequence[PassSpec], on_step: Callable[[int, int], None] | None = None
+               ) -> Request:
+        """Queue the passes of one request; returns its handle. Inputs and memory are checked
+        here, in the caller's thread (InputError before anything is queued). on_step(step,
+        num_steps) is called from `Request.result()`, once per iteration that advanced the
+        request (step = the least advanced of its passes that ran)."""
+        if not specs:
+            raise InputError("a request needs at least one pass")
+        prepared = self.check(specs)
+        req = Request(self, specs, on_step)
+        passes = [_Pass(req, i) for i in range(len(specs))]
+        for p, item in zip(passes, prepared):
+            p.prepared = item
+        with self._cond:
+            self._waiting.extend(passes)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="omnicore-engine",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+        return req
+
+    def run(self, specs: Sequence[PassSpec], on_step=None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """submit + result; a KeyboardInterrupt (or any exception) while waiting cancels it."""
+        req = self.submit(specs, on_step)
+        try:
+            return req.result()
+        except BaseException:
+            req.cancel()
+            raise
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    # -- the worker -----------------------------------------------------------------------------
+
+    def _fits(self, passes: list[_Pass]) -> bool:
+        """The pack of `passes` within the token budget and text.MAX_PASS_BYTES of memory."""
+        lengths = [ids.shape[1] for p in passes for ids, _ in p.state.rows]
+        num_out = [n for p in passes for n in p.state.num_out]
+        sampling = any(p.spec.gen.class_temperature > 0 for p in passes)
+        return (sum(lengths) <= self.max_tokens and text_mod.forward_bytes(
+            self.cfg, lengths, num_out, sampling) <= text_mod.MAX_PASS_BYTES)
+
+    def _admit(self) -> None:
+        """Move ready waiting passes to the active set, FIFO, within the token budget."""
+        kept: deque[_Pass] = deque()
+        blocked = False
+        while self._waiting:
+            p = self._waiting.popleft()
+            req = p.request
+            if req._finished.is_set():
+                continue  # cancelled or failed: drop
+            if blocked or not p.ready():
+                kept.append(p)
+                continue
+            try:
+                if p.prepared is None:  # the reference pass just retired: its codes are the voice
+                    p.prepared = self.prepare(p.spec, req._results[p.spec.after][0])
+                if p.state is None:
+                    p.state = unmasking.PassState(p.prepared, p.spec.gen, p.spec.seed, self.cfg)
+            except BaseException as exc:  # surfaces in the caller's result()
+                req._finish("error", exc)
+                continue
+            if self._active and not self._fits(self._active + [p]):
+                blocked = True  # first come first served: later passes do not overtake it
+                kept.append(p)
+                continue
+            self._active.append(p)
+        self._waiting = kept
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self._iteration()
+            except _Idle:
+                return
+            except BaseException as exc:  # never die silently: every waiting caller hears of it
+                with self._cond:
+                    for p in list(self._active) + list(self._waiting):
+                        p.request._finish("error", exc)
+                    self._active, self._waiting = [], deque()
+                self._cache = unmasking.PackCache()
+
+    def _iteration(self) -> None:
+        while True:
+            with self._cond:
+                self._active = [p for p in self._active if not p.request._finished.is_set()]
+                for p in list(self._active) + list(self._waiting):
+                    if p.request._cancel.is_set():
+                        p.request._finish("cancelled")
+                self._active = [p for p in self._active if not p.request._finished.is_set()]
+                self._admit()
+                if not self._active:
+                    if not self._waiting and not self._cond.wait(IDLE_EXIT_S) and not self._waiting:
+                        # Idle: end the thread, so a dropped model's weights can be freed
+                        # (the thread holds the engine); the next submit starts a new one.
+                        self._thread = None
+                        raise _Idle
+                    continue
+                active = list(self._active)
+            try:
+                unmasking.iterate(self.params, self.cfg, [p.state for p in active], self._cache)
+            except BaseException as exc:  # the shared forward failed: every pass in it fails
+                for p in active:
+                    p.request._finish("error", exc)
+                self._cache = unmasking.PackCache()
+                return
+            self.iterations += 1
+            self._after_iteration(active)
+            return
+
+    def _after_iteration(self, active: list[_Pass]) -> None:
+        progress: dict[int, tuple[Request, int]] = {}
+        for p in active:
+            req, s = p.request, p.state
+            prev = progress.get(req.id)
+            progress[req.id] = (req, s.step if prev is None else min(prev[1], s.step))
+        for req, step in progress.values():
+            if req.on_step is not None and not req._finished.is_set():
+                req._events.put(("step", step, req.specs[0].gen.num_step))
+        with self._cond:
+            for p in active:
+                if p.state.done and p in self._active:
+                    self._active.remove(p)
+                    req = p.request
+                    req._results[p.index] = (p.state.codes(), p.state.fill_step)
+                    p.state = None  # its buffers go now, not when the request is collected
+                    req._left -= 1
+                    if req._left == 0:
+                        req._finish("done")
+        if self.trace is not None:
+            try:
+                self.trace([p.request.id for p in active])
+            except Exception:  # a diagnostic hook must not stop the engine
+                pass
