@@ -34,7 +34,7 @@ import numpy as np
 
 from .backbone import BackboneParams, forward_rows, make_packing, make_workspace
 from . import kernels, text as text_mod
-from .backend import to_numpy, xp
+from .backend import to_device, to_numpy, xp
 from .config import GenerationConfig, OmniVoiceConfig
 from .errors import InputError
 from .tokenizer import PreparedItem
@@ -93,19 +93,45 @@ def gumbel_noise(rng: np.random.Generator, shape) -> np.ndarray:
     return -np.log(-np.log(u + np.float32(1e-10)) + np.float32(1e-10))
 
 
+def step_noise(draws) -> list:
+    """Gumbel noise for several (rng, shape) draws, drawn on the host in that order (so every
+    generator yields exactly the numbers it yields drawing one array at a time) and moved to
+    the device in one copy: one transfer per step whatever the number of items."""
+    if not draws:
+        return []
+    host = np.concatenate([gumbel_noise(rng, shape).reshape(-1) for rng, shape in draws])
+    dev = to_device(host)  # one host -> device copy
+    out, at = [], 0
+    for _, shape in draws:
+        n = math.prod(shape)
+        out.append(dev[at:at + n].reshape(shape))
+        at += n
+    return out
+
+
 def guided_log_probs(cond_logits, uncond_logits, guidance_scale: float, mask_id: int):
     """Per-cell log-probabilities after guidance, MASK excluded: [C, T, V] -> [C, T, V]."""
     return kernels.guided_scores(cond_logits, uncond_logits, guidance_scale, mask_id)[0]
 
 
-def predict_tokens(lp, class_temperature: float, rng: np.random.Generator | None):
-    """Token per cell and its confidence (max log-prob): [C, T, V] -> [C, T] int64, [C, T] f32."""
+def class_top_k(vocab: int) -> int:
+    """Candidates per cell for class sampling: the best ceil(10 % of V) tokens."""
+    return math.ceil(CLASS_TOP_RATIO * vocab)
+
+
+def predict_tokens(lp, class_temperature: float, rng: np.random.Generator | None, noise=None):
+    """Token per cell and its confidence (max log-prob): [C, T, V] -> [C, T] int64, [C, T] f32.
+
+    With class_temperature > 0, `noise` [C, T, k] is the Gumbel noise to use (from
+    `step_noise`); without it the noise is drawn from `rng` here."""
     confidence = lp.max(axis=-1)
     if class_temperature > 0:
-        k = math.ceil(CLASS_TOP_RATIO * lp.shape[-1])
+        k = class_top_k(lp.shape[-1])
         top = xp.argpartition(-lp, k - 1, axis=-1)[..., :k]  # [C, T, k] candidate ids
         noisy = xp.take_along_axis(lp, top, axis=-1) / xp.float32(class_temperature)
-        noisy = noisy + xp.asarray(gumbel_noise(rng, noisy.shape))  # Gumbel-max = a softmax draw
+        if noise is None:
+            noise = step_noise([(rng, noisy.shape)])[0]
+        noisy = noisy + noise  # Gumbel-max = a softmax draw
         tokens = xp.take_along_axis(top, noisy.argmax(axis=-1)[..., None], axis=-1)[..., 0]
     else:
         tokens = lp.argmax(axis=-1)
@@ -113,13 +139,18 @@ def predict_tokens(lp, class_temperature: float, rng: np.random.Generator | None
 
 
 def choose_cells(confidence, filled, k: int, gen: GenerationConfig,
-                 rng: np.random.Generator | None):
-    """Flat indices (C-major over [C, T]) of the k cells to fill this step."""
+                 rng: np.random.Generator | None, noise=None):
+    """Flat indices (C-major over [C, T]) of the k cells to fill this step.
+
+    With position_temperature > 0, `noise` [C, T] is the Gumbel noise to use (from
+    `step_noise`); without it the noise is drawn from `rng` here."""
     C = confidence.shape[0]
     # Coarse codebooks carry the most information: make them win ties against fine ones.
     score = confidence - xp.float32(gen.layer_penalty_factor) * xp.arange(C, dtype=xp.float32)[:, None]
     if gen.position_temperature > 0:
-        score = score / xp.float32(gen.position_temperature) + xp.asarray(gumbel_noise(rng, score.shape))
+        if noise is None:
+            noise = step_noise([(rng, score.shape)])[0]
+        score = score / xp.float32(gen.position_temperature) + noise
     score = xp.where(filled, -xp.inf, score).ravel()  # [C, T] -> [C*T]
     # k never exceeds the number of masked cells, so the -inf cells are never chosen.
     return xp.argsort(-score, kind="stable")[:k]
@@ -170,19 +201,31 @@ def generate_codes(params: BackboneParams, cfg: OmniVoiceConfig, items: Sequence
     text_mod.check_pass_memory(cfg, lengths, num_out, gen.class_temperature > 0)
     pack = make_packing(lengths, cfg)
     work = make_workspace(cfg, pack)  # activation buffers shared by all steps
-    ids = xp.asarray(np.concatenate([r[0] for r in rows], axis=1))  # [C, N]
-    audio_mask = xp.asarray(np.concatenate([r[1] for r in rows]))  # [N]
+    ids = to_device(np.concatenate([r[0] for r in rows], axis=1))  # [C, N]
+    audio_mask = to_device(np.concatenate([r[1] for r in rows]))  # [N]
     # Packed columns of item b's targets: in its conditional row r = b and, with guidance,
     # in its unconditional row r = B + b. Both are rewritten after every step.
     row_targets = [slice(s + L - T, s + L) for s, L, T in zip(pack.starts, pack.lengths, num_out)]
     target_slices = [row_targets[b::B] for b in range(B)]
 
     tokens = [xp.full((C, it.num_target), mask_id, dtype=xp.int64) for it in items]
-    fill_step = [np.full((C, it.num_target), -1, dtype=np.int64) for it in items]
+    # kept on the device with the tokens: no copy back per step
+    fill_step = [xp.full((C, it.num_target), -1, dtype=xp.int64) for it in items]
     schedules = [unmask_schedule(C * it.num_target, steps, gen.t_shift) for it in items]
+    k_class = class_top_k(cfg.audio_vocab_size)
 
     for step in range(steps):
         logits = forward_rows(params, cfg, ids, audio_mask, pack, num_out, work=work)
+        # The step's Gumbel noise for every item, from each item's own generator in the
+        # order it always drew (class noise, then position noise), in one transfer.
+        draws = []
+        for b, it in enumerate(items):
+            if schedules[b][step] > 0:
+                if gen.class_temperature > 0:
+                    draws.append((rngs[b], (C, it.num_target, k_class)))
+                if gen.position_temperature > 0:
+                    draws.append((rngs[b], (C, it.num_target)))
+        noise = iter(step_noise(draws))
         for b in range(B):
             k = schedules[b][step]
             if k <= 0:
@@ -191,16 +234,17 @@ def generate_codes(params: BackboneParams, cfg: OmniVoiceConfig, items: Sequence
             lp, pred, confidence = kernels.guided_scores(
                 logits[b], logits[B + b] if use_uncond else None, gen.guidance_scale, mask_id)
             if gen.class_temperature > 0:
-                pred, _ = predict_tokens(lp, gen.class_temperature, rngs[b])
+                pred, _ = predict_tokens(lp, gen.class_temperature, rngs[b], next(noise))
             filled = tokens[b] != mask_id
-            chosen = choose_cells(confidence, filled, k, gen, rngs[b])
+            pos_noise = next(noise) if gen.position_temperature > 0 else None
+            chosen = choose_cells(confidence, filled, k, gen, rngs[b], pos_noise)
             flat = tokens[b].reshape(-1)  # a view: writes land in tokens[b]
             flat[chosen] = pred.reshape(-1)[chosen]
-            fill_step[b].reshape(-1)[to_numpy(chosen)] = step
+            fill_step[b].reshape(-1)[chosen] = step
             for sl in target_slices[b]:
                 ids[:, sl] = tokens[b]
         if on_step is not None:
             on_step(step + 1, steps)
 
     codes = [to_numpy(t) for t in tokens]
-    return (codes, fill_step) if return_fill_steps else codes
+    return (codes, [to_numpy(f) for f in fill_step]) if return_fill_steps else codes
