@@ -109,6 +109,19 @@ def step_noise(draws) -> list:
     return out
 
 
+def noise_draws(gen: GenerationConfig, cfg: OmniVoiceConfig, rng: np.random.Generator, T: int) -> list:
+    """The (rng, shape) Gumbel draws one item makes in a step that fills cells, in the order it
+    uses them: class noise [C, T, k] (class_temperature > 0), then position noise [C, T]
+    (position_temperature > 0). Collect every item's and pass them to `step_noise` at once."""
+    C = cfg.num_audio_codebook
+    draws = []
+    if gen.class_temperature > 0:
+        draws.append((rng, (C, T, class_top_k(cfg.audio_vocab_size))))
+    if gen.position_temperature > 0:
+        draws.append((rng, (C, T)))
+    return draws
+
+
 def guided_log_probs(cond_logits, uncond_logits, guidance_scale: float, mask_id: int):
     """Per-cell log-probabilities after guidance, MASK excluded: [C, T, V] -> [C, T, V]."""
     return kernels.guided_scores(cond_logits, uncond_logits, guidance_scale, mask_id)[0]
@@ -212,20 +225,13 @@ def generate_codes(params: BackboneParams, cfg: OmniVoiceConfig, items: Sequence
     # kept on the device with the tokens: no copy back per step
     fill_step = [xp.full((C, it.num_target), -1, dtype=xp.int64) for it in items]
     schedules = [unmask_schedule(C * it.num_target, steps, gen.t_shift) for it in items]
-    k_class = class_top_k(cfg.audio_vocab_size)
 
     for step in range(steps):
         logits = forward_rows(params, cfg, ids, audio_mask, pack, num_out, work=work)
         # The step's Gumbel noise for every item, from each item's own generator in the
-        # order it always drew (class noise, then position noise), in one transfer.
-        draws = []
-        for b, it in enumerate(items):
-            if schedules[b][step] > 0:
-                if gen.class_temperature > 0:
-                    draws.append((rngs[b], (C, it.num_target, k_class)))
-                if gen.position_temperature > 0:
-                    draws.append((rngs[b], (C, it.num_target)))
-        noise = iter(step_noise(draws))
+        # order it always drew, in one transfer.
+        noise = iter(step_noise([d for b, it in enumerate(items) if schedules[b][step] > 0
+                                 for d in noise_draws(gen, cfg, rngs[b], it.num_target)]))
         for b in range(B):
             k = schedules[b][step]
             if k <= 0:
