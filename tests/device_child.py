@@ -26,9 +26,12 @@ REF = ROOT / "tests" / "fixtures" / "reference"
 FIXTURE_CASES = ("auto_s32_pp0", "design_s8", "clone_s8")
 BATCH_TEXTS = ["Two requests packed together.", "The second one is a little longer than that.",
                "And a third."]
-# Seeded sampling on: exercises the Gumbel noise path (both temperatures) in one packed pass.
-BATCH_KW = dict(num_step=6, seed=[3, 4, 5], position_temperature=5.0, class_temperature=0.5,
-                postprocess_output=False)
+# Seeded sampling in one packed pass: position noise for every item, drawn in one transfer.
+BATCH_KW = dict(num_step=6, seed=[3, 4, 5], position_temperature=5.0, postprocess_output=False)
+# Class sampling too (codes only). Its top-10 % candidates come from argpartition, whose order
+# is numpy's introselect on the strict backend but a full sort on CuPy, and the noise is matched
+# to candidates in that order: seeded class sampling is the same on numpy and strict, not CuPy.
+CLASS_KW = dict(num_step=4, seed=[6, 7], position_temperature=5.0, class_temperature=0.5)
 STREAM_TEXT = ("Hello there, this is a small test of streaming speech. The second sentence is "
                "here, and it goes on for a while! Is this the third one?")
 STREAM_KW = dict(num_step=3, seed=7)
@@ -82,6 +85,9 @@ def produce(count_transfers: bool = True) -> tuple[dict, dict]:
     for i, r in enumerate(res):
         out[f"batch/codes_{i}"], out[f"batch/audio_{i}"] = r.codes, r.audio
     timings["batch"] = time.perf_counter() - t0
+
+    for i, c in enumerate(model.generate_codes(BATCH_TEXTS[:2], **CLASS_KW)):
+        out[f"class_sampled/codes_{i}"] = c
 
     t0 = time.perf_counter()
     pieces = list(model.stream(STREAM_TEXT, **STREAM_KW))

@@ -123,10 +123,13 @@ def test_codec_matches_the_reference(device):
 
 
 def test_same_codes_as_the_numpy_backend(device, host):
-    """Greedy and seeded-sampled codes (the batch samples with both temperatures) are equal."""
+    """Greedy and seeded-sampled codes are equal (the noise is drawn from the same generators in
+    the same order). Class sampling: on the strict backend only (device_child.CLASS_KW says why)."""
     codes = [k for k in host if k.split("/")[1].startswith("codes")]
-    assert len(codes) >= 8
+    assert len(codes) >= 10
     for k in codes:
+        if k.startswith("class_sampled/") and DEVICE_BACKEND != "strict":
+            continue
         np.testing.assert_array_equal(device[0][k], host[k], err_msg=k)
 
 
