@@ -62,8 +62,9 @@ elif BACKEND == "cupy":
         import cupy as xp  # type: ignore[no-redef]
     except ImportError as exc:  # pragma: no cover - depends on the machine
         raise ConfigError(
-            "OMNICORE_BACKEND=cupy but CuPy is not importable; install the GPU extra "
-            "(pip install 'omnicore[gpu]') on a machine with CUDA 12, or unset OMNICORE_BACKEND."
+            "OMNICORE_BACKEND=cupy but CuPy is not importable; install the GPU extra for the "
+            "machine's CUDA version (pip install 'omnicore[gpu-cuda12]' or 'omnicore[gpu-cuda13]'), "
+            "or unset OMNICORE_BACKEND."
         ) from exc
 elif BACKEND == "strict":
     from . import strictxp
