@@ -268,7 +268,9 @@ class StrictNamespace(types.ModuleType):
             raise AttributeError(name)
         if name in ("asarray", "array", "ascontiguousarray", "asanyarray", "asfortranarray"):
             fn = _refuse_host(name)
-        elif name in ("asnumpy", "from_dlpack", "frombuffer", "fromfile", "load", "save", "savez"):
+        elif name in ("asnumpy", "from_dlpack", "frombuffer", "fromfile", "load", "save", "savez", "random"):
+            # random: numpy's generators would hand out host arrays; omnicore draws on the host
+            # with numpy and moves the draws with to_device
             raise AttributeError(f"xp.{name} is not part of the strict backend: move data with "
                                  "omnicore.backend.to_numpy / to_device")
         elif name == "ndarray":

@@ -187,7 +187,7 @@ def test_strict_arrays_refuse_what_cupy_refuses_and_float64():
                 lambda: np.concatenate([a, a]), lambda: a + np.ones(3, np.float32),
                 lambda: xp.asarray(np.ones(3, np.float32)), lambda: a[np.array([0])],
                 lambda: a[[0, 1]], lambda: a.__setitem__(0, np.zeros(3, np.float32)),
-                lambda: memoryview(a), lambda: a.get()):
+                lambda: memoryview(a), lambda: a.get(), lambda: xp.random.default_rng(0)):
         with pytest.raises((TypeError, AttributeError)):
             bad()
     for f64 in (lambda: xp.zeros(3), lambda: a.astype(np.float64), lambda: a * np.float64(2),
