@@ -31,13 +31,13 @@ Dimension legend:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
 from . import kernels
-from .backend import to_device, to_numpy, xp
+from .backend import IS_NUMPY, to_device, to_numpy, xp
 from .config import OmniVoiceConfig
 from .errors import WeightsError
 
@@ -144,10 +144,35 @@ class Packing:
     starts: tuple[int, ...]  # offset of every row in [0, N)
     cos: np.ndarray  # [N, E]
     sin: np.ndarray  # [N, E]
+    # device index arrays made by `tail_index`, by num_out (one copy to the device per packing)
+    _tails: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_tokens(self) -> int:
         return sum(self.lengths)
+
+    def padded_rows(self):
+        """The rows as one padded batch, for attention in a single batched call on the device:
+        gather [R, Lmax] (packed position of row r's l-th token; past the row's end its last
+        token, so padded queries stay finite), key_bias [R, 1, Lmax] (0, or -inf past the end)
+        and scatter [N] (where each packed token sits in the flattened [R * Lmax] batch)."""
+        if "padded" not in self._tails:
+            R, Lmax = len(self.lengths), max(self.lengths)
+            l = np.arange(Lmax)
+            gather = np.array([s + np.minimum(l, n - 1) for s, n in zip(self.starts, self.lengths)])
+            bias = np.where(l[None, :] < np.array(self.lengths)[:, None], 0.0, -np.inf).astype(np.float32)
+            scatter = np.concatenate([r * Lmax + np.arange(n) for r, n in enumerate(self.lengths)])
+            self._tails["padded"] = (to_device(gather), to_device(bias.reshape(R, 1, Lmax)),
+                                     to_device(scatter))
+        return self._tails["padded"]
+
+    def tail_index(self, num_out: Sequence[int]):
+        """Packed positions of the last num_out[r] tokens of every row r, on the device [sum(num_out)]."""
+        key = tuple(int(n) for n in num_out)
+        if key not in self._tails:
+            self._tails[key] = to_device(np.concatenate(
+                [np.arange(s + L - n, s + L) for s, L, n in zip(self.starts, self.lengths, key)]))
+        return self._tails[key]
 
 
 def rope_inv_freq(cfg: OmniVoiceConfig) -> np.ndarray:
@@ -228,8 +253,8 @@ def embed(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, out=Non
     frame is "MASK in every codebook", not zero.
     """
     C, V = cfg.num_audio_codebook, cfg.audio_vocab_size
-    ids = xp.asarray(ids)
-    audio_mask = xp.asarray(audio_mask)
+    ids = to_device(ids)
+    audio_mask = to_device(audio_mask)
     x = out if out is not None else xp.empty((ids.shape[1], params.embed_tokens.shape[1]), dtype=xp.float32)
     text_pos = xp.nonzero(~audio_mask)[0]
     audio_pos = xp.nonzero(audio_mask)[0]
@@ -255,6 +280,8 @@ def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Wor
     kernels.qk_norm_rope(work.q, work.k, lp.q_norm, lp.k_norm, pack.cos, pack.sin,
                          q_cfg.rms_norm_eps, work.qg)  # q -> qg [K, N, G*E]; k in place
     scale = E ** -0.5
+    if not IS_NUMPY:
+        return _attention_batched(pack, work, K, G, E, scale)
     for start, L in zip(pack.starts, pack.lengths):
         rows, lg = slice(start, start + L), L * G
         # Query head h = kv * G + g reads key/value head kv (the reference's repeat_kv order):
@@ -272,6 +299,27 @@ def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Wor
         o = work.heads_out[:K * lg * E].reshape(K, lg, E)
         xp.matmul(s, v3, out=o)  # [K, L*G, L] @ [K, L, E] -> [K, L*G, E]
         kernels.scale_heads_into(o, inv, work.attn[rows])  # -> [L, H*E], heads in order
+    return work.attn
+
+
+def _attention_batched(pack: Packing, work: Workspace, K: int, G: int, E: int, scale: float):
+    """`attention`'s per-row loop as one padded batch (the device path: a loop over rows would
+    launch a dozen small kernels per row and layer). Keys past a row's end get -inf scores,
+    so every real query sees exactly its own row, as in the loop; the results differ from the
+    loop's only by the rounding of GEMMs of another shape."""
+    gather, key_bias, scatter = pack.padded_rows()
+    R, Lmax = gather.shape
+    q = work.qg[:, gather].reshape(K, R, Lmax * G, E)  # [K, N, G*E] -> [K, R, Lmax*G, E]
+    kv = (work.k[gather].reshape(R, Lmax, K, E), work.v[gather].reshape(R, Lmax, K, E))
+    k4 = kv[0].transpose(2, 0, 3, 1)  # [R, Lmax, K, E] -> [K, R, E, Lmax]
+    v4 = kv[1].transpose(2, 0, 1, 3)  # [R, Lmax, K, E] -> [K, R, Lmax, E]
+    s = xp.matmul(q, k4)  # -> [K, R, Lmax*G, Lmax]
+    s += key_bias  # [R, 1, Lmax] broadcast: padded keys get no weight
+    inv = xp.empty(K * R * Lmax * G, dtype=xp.float32)
+    kernels.softmax_rows(s.reshape(-1, Lmax), scale, inv)  # unnormalised, inv = 1 / row sums
+    o = xp.matmul(s, v4) * inv.reshape(K, R, Lmax * G, 1)  # -> [K, R, Lmax*G, E]
+    o = o.reshape(K, R, Lmax, G, E).transpose(1, 2, 0, 3, 4).reshape(R * Lmax, K * G * E)  # -> [R*Lmax, H*E]
+    work.attn[...] = o[scatter]  # back to the packed order, heads h = kv*G + g
     return work.attn
 
 
@@ -342,8 +390,6 @@ def forward_rows(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, 
     work = work or make_workspace(cfg, pack)
     embed(params, cfg, ids, audio_mask, out=work.x)  # [N, D]
     h = hidden_states(params, cfg, work.x, pack, work)  # [N, D]
-    wanted = xp.asarray(np.concatenate(
-        [np.arange(s + L - n, s + L) for s, L, n in zip(pack.starts, pack.lengths, num_out)]))
-    logits = audio_logits(params, cfg, h[wanted])  # [C, sum(num_out), V]
+    logits = audio_logits(params, cfg, h[pack.tail_index(num_out)])  # [C, sum(num_out), V]
     bounds = np.cumsum(num_out)[:-1].tolist()
     return xp.split(logits, bounds, axis=1)

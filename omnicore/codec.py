@@ -557,10 +557,10 @@ def _semantic_features(enc: EncoderParams, wav, cfg: HiggsAudioV2TokenizerConfig
     x16 = resample(wav, cfg.sample_rate, cfg.semantic_sample_rate)  # [L] -> [L16]
     x16 = np.pad(x16, (SEMANTIC_PAD, SEMANTIC_PAD))
     states = hubert.hidden_states(enc.hubert, x16, cfg.semantic_model_config)  # (layers+1) x [F, Ds]
-    acc = xp.zeros(states[0].shape, dtype=xp.float64)
-    for h in states:
-        acc += h
-    mean = (acc / len(states)).astype(xp.float32)  # uniform mean of every hidden state
+    acc = states[0].copy()
+    for h in states[1:]:
+        acc += h  # float32, as the reference's mean of the stacked states
+    mean = acc / xp.float32(len(states))  # uniform mean of every hidden state
     return mean[::cfg.semantic_downsample_factor]  # [F, Ds] -> [T, Ds]
 
 
@@ -599,7 +599,7 @@ def quantize(params: CodecParams, latent, cfg: HiggsAudioV2TokenizerConfig, *,
     residual each quantizer saw, [Q, T, D]."""
     enc, dec = params.encoder, params.decoder
     nq = cfg.num_quantizers if num_quantizers is None else num_quantizers
-    r = latent
+    r = to_device(latent, dtype=np.float32)  # host latents (encode_features') are accepted too
     codes, residuals = [], []
     for q in range(nq):
         residuals.append(r)
@@ -610,9 +610,11 @@ def quantize(params: CodecParams, latent, cfg: HiggsAudioV2TokenizerConfig, *,
         codes.append(code)
         r = r - (dec.embed[q][code] @ dec.out_w[q] + dec.out_b[q])  # [T, d] -> [T, D]
     shape = (0, latent.shape[0])
-    codes = np.stack([to_numpy(c) for c in codes]).astype(np.int64) if codes else np.zeros(shape, np.int64)
+    # one copy back for all codebooks (and one for all residuals)
+    codes = to_numpy(xp.stack(codes)).astype(np.int64) if codes else np.zeros(shape, np.int64)
     if return_residuals:
-        return codes, np.stack([to_numpy(r) for r in residuals])
+        res = to_numpy(xp.stack(residuals)) if residuals else np.zeros(shape + (latent.shape[1],), np.float32)
+        return codes, res
     return codes
 
 

@@ -171,7 +171,7 @@ def hidden_states(params: HubertParams, wav16, cfg: HubertConfig) -> list:
     """All hidden states of HuBERT for one 16 kHz clip wav16 [L]: a list of num_hidden_layers + 1
     arrays [F, D] (the positional-embedded, normalised input, then each layer's output)."""
     eps = cfg.layer_norm_eps
-    x = xp.asarray(wav16, dtype=xp.float32).reshape(1, -1, 1)  # [L] -> [1, L, 1]
+    x = to_device(wav16, dtype=np.float32).reshape(1, -1, 1)  # [L] -> [1, L, 1]
     for i, (w, b, s) in enumerate(zip(params.conv_w, params.conv_b, cfg.conv_stride)):
         x = conv1d(x, w, b, stride=s)  # [1, L_i, Cin] -> [1, L_i+1, Cout]
         if i == 0:

@@ -210,24 +210,26 @@ def _gelu_impl(x):  # x [N] float32
 _gelu_nb, _gelu_nb_par = _twice(_gelu_impl, fastmath={"contract"})
 
 
-def _erfc_np(z):
-    """erfc for any real z, relative error < 1.2e-7 everywhere (Chebyshev-fitted exponent).
-
-    numpy has no erf; this form keeps the small negative-side GELU values accurate too.
-    """
-    a = xp.abs(z)
-    t = 1.0 / (1.0 + 0.5 * a)
-    poly = (-1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
-        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
-            -0.82215223 + t * 0.17087277)))))))))
-    r = t * xp.exp(-a * a + poly)
-    return xp.where(z >= 0, r, 2.0 - r)
+# erfc(a) = t exp(-a^2 + P(t)), t = 1 / (1 + a/2): P's coefficients, highest degree first
+# (Numerical Recipes' erfcc; relative error < 1.2e-7 for every a >= 0)
+_ERFC_POLY = tuple(_F32(c) for c in (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807,
+                                     -0.18628806, 0.09678418, 0.37409196, 1.00002368, -1.26551223))
 
 
 def gelu_np(x):
-    """Twin of `gelu`: 0.5 * x * erfc(-x / sqrt 2), evaluated in float64, returned as float32."""
-    v = x.astype(xp.float64)
-    return (0.5 * v * _erfc_np(-v * 0.7071067811865476)).astype(xp.float32)
+    """Twin of `gelu`: the kernel's float32 formula step for step, with xp.exp for its exp
+    (both within 1 ulp), so the two agree to float32 rounding; float32 throughout."""
+    x = x.astype(xp.float32, copy=False)
+    z = x * _F32(-0.70710678)  # erfc's argument
+    a = xp.abs(z)
+    t = _F32(1.0) / (_F32(1.0) + _F32(0.5) * a)
+    p = t * _ERFC_POLY[0] + _ERFC_POLY[1]
+    for c in _ERFC_POLY[2:]:
+        p = p * t + c
+    r = t * xp.exp(p - a * a)  # erfc(|z|)
+    half_x = _F32(0.5) * x
+    # z >= 0 (x <= 0): erfc(z) = r; z < 0: erfc(z) = 2 - r
+    return xp.where(z >= 0, half_x * r, x - half_x * r)
 
 
 def gelu(x):
@@ -269,26 +271,44 @@ def _group_norm_nb(x, num_groups, weight, bias, eps):  # x [B, T, C] float32
         for c in range(c_):
             var[c // cg] += acc[c]
         centre = np.empty(c_, np.float32)
+        centre_lo = np.empty(c_, np.float32)  # what rounding the mean to float32 left out
         scale = np.empty(c_, np.float32)
         for c in range(c_):
             centre[c] = mean[c // cg]
+            centre_lo[c] = mean[c // cg] - centre[c]
             scale[c] = weight[c] / math.sqrt(var[c // cg] / count + eps)
-        # (x - mean) * scale + bias: unlike x * scale + (bias - mean * scale) this does not
-        # cancel catastrophically when the mean is large against the spread
+        # ((x - mean_hi) - mean_lo) * scale + bias: unlike x * scale + (bias - mean * scale)
+        # this does not cancel catastrophically when the mean is large against the spread
+        # (x - mean_hi is exact near the mean; a float32 mean alone is off by up to half an
+        # ulp of the mean, which a small spread magnifies)
         for t in range(t_):
             for c in range(c_):
-                out[b, t, c] = (x[b, t, c] - centre[c]) * scale[c] + bias[c]
+                out[b, t, c] = ((x[b, t, c] - centre[c]) - centre_lo[c]) * scale[c] + bias[c]
     return out
 
 
 def group_norm_np(x, num_groups, weight, bias, eps):
-    """Twin of `group_norm` (statistics in float64, output float32)."""
+    """Twin of `group_norm`, in float32 (the kernel accumulates in float64; the two differ by
+    float32 rounding). Each (item, group) is summed as one contiguous row of T*Cg values, which
+    numpy sums pairwise and CuPy as a tree (error growing with log n, not n), and the mean is
+    refined by a second pass over the centred values; then ((x - mean) - shift) * scale + bias:
+    x - mean is exact near the mean, and the small correction is applied separately instead of
+    rounding mean + shift to one float32 (the kernel rounds its float64 mean once)."""
     b_, t_, c_ = x.shape
-    g = x.reshape(b_, t_, num_groups, c_ // num_groups).astype(xp.float64)  # [B, T, G, Cg]
-    mean = g.mean(axis=(1, 3), keepdims=True)  # [B, 1, G, 1]
-    var = ((g - mean) ** 2).mean(axis=(1, 3), keepdims=True)
-    y = ((g - mean) / xp.sqrt(var + eps)).reshape(b_, t_, c_)  # -> [B, T, C]
-    return (y * weight + bias).astype(xp.float32)
+    cg = c_ // num_groups
+    rows = xp.ascontiguousarray(x.reshape(b_, t_, num_groups, cg).transpose(0, 2, 1, 3))  # -> [B, G, T, Cg]
+    rows = rows.reshape(b_, num_groups, t_ * cg)  # [B, G, T*Cg]
+    n = _F32(t_ * cg)
+    mean = rows.sum(axis=-1, keepdims=True) / n  # [B, G, 1]
+    d = rows - mean
+    shift = d.sum(axis=-1, keepdims=True) / n  # what rounding left out of the first mean
+    d -= shift
+    var = (d * d).sum(axis=-1, keepdims=True) / n  # [B, G, 1]
+    def per_channel(g):  # [B, G, 1] -> [B, 1, C]
+        return xp.broadcast_to(g, (b_, num_groups, cg)).reshape(b_, 1, c_)
+
+    scale = (weight.reshape(num_groups, cg) / xp.sqrt(var + _F32(eps))).reshape(b_, 1, c_)  # -> [B, 1, C]
+    return ((x - per_channel(mean)) - per_channel(shift)) * scale + bias
 
 
 def group_norm(x, num_groups: int, weight, bias, eps: float = 1e-5):
@@ -1045,8 +1065,12 @@ def all_finite_np(x) -> bool:
 
 
 def all_finite(x) -> bool:
-    """True when the float array `x` holds no NaN and no infinity (no temporary arrays)."""
-    if not IS_NUMPY or not isinstance(x, np.ndarray) or x.dtype != np.float32:
+    """True when the float array `x` holds no NaN and no infinity (no temporary arrays).
+
+    Host arrays (weights as they are read) take the Numba kernel whatever the backend."""
+    if not isinstance(x, np.ndarray):
         return all_finite_np(x)
+    if x.dtype != np.float32:
+        return bool(np.isfinite(x).all())
     flat = x.reshape(-1) if x.flags.c_contiguous else np.ascontiguousarray(x).reshape(-1)  # [N]
     return _all_finite_nb(flat.view(np.uint32))

@@ -35,7 +35,7 @@ import numpy as np
 
 from .backbone import BackboneParams, forward_rows, make_packing, make_workspace
 from . import kernels, text as text_mod
-from .backend import to_numpy, xp
+from .backend import to_device, to_numpy, xp
 from .config import GenerationConfig, OmniVoiceConfig
 from .errors import InputError
 from .tokenizer import PreparedItem
@@ -92,19 +92,58 @@ def gumbel_noise(rng: np.random.Generator, shape) -> np.ndarray:
     return -np.log(-np.log(u + np.float32(1e-10)) + np.float32(1e-10))
 
 
+def step_noise(draws) -> list:
+    """Gumbel noise for several (rng, shape) draws, drawn on the host in that order (so every
+    generator yields exactly the numbers it yields drawing one array at a time) and moved to
+    the device in one copy: one transfer per step whatever the number of passes."""
+    if not draws:
+        return []
+    host = np.concatenate([gumbel_noise(rng, shape).reshape(-1) for rng, shape in draws])
+    dev = to_device(host)  # one host -> device copy
+    out, at = [], 0
+    for _, shape in draws:
+        n = math.prod(shape)
+        out.append(dev[at:at + n].reshape(shape))
+        at += n
+    return out
+
+
+def noise_draws(gen: GenerationConfig, cfg: OmniVoiceConfig, rng: np.random.Generator, T: int) -> list:
+    """The (rng, shape) Gumbel draws one pass makes in a step that fills cells, in the order it
+    uses them: class noise [C, T, k] (class_temperature > 0), then position noise [C, T]
+    (position_temperature > 0). Collect every pass's and hand them to `step_noise` at once."""
+    C = cfg.num_audio_codebook
+    draws = []
+    if gen.class_temperature > 0:
+        draws.append((rng, (C, T, class_top_k(cfg.audio_vocab_size))))
+    if gen.position_temperature > 0:
+        draws.append((rng, (C, T)))
+    return draws
+
+
+def class_top_k(vocab: int) -> int:
+    """Candidates per cell for class sampling: the best ceil(10 % of V) tokens."""
+    return math.ceil(CLASS_TOP_RATIO * vocab)
+
+
 def guided_log_probs(cond_logits, uncond_logits, guidance_scale: float, mask_id: int):
     """Per-cell log-probabilities after guidance, MASK excluded: [C, T, V] -> [C, T, V]."""
     return kernels.guided_scores(cond_logits, uncond_logits, guidance_scale, mask_id)[0]
 
 
-def predict_tokens(lp, class_temperature: float, rng: np.random.Generator | None):
-    """Token per cell and its confidence (max log-prob): [C, T, V] -> [C, T] int64, [C, T] f32."""
+def predict_tokens(lp, class_temperature: float, rng: np.random.Generator | None, noise=None):
+    """Token per cell and its confidence (max log-prob): [C, T, V] -> [C, T] int64, [C, T] f32.
+
+    With class_temperature > 0, `noise` [C, T, k] is the Gumbel noise to use (from
+    `step_noise`); without it the noise is drawn from `rng` here."""
     confidence = lp.max(axis=-1)
     if class_temperature > 0:
-        k = math.ceil(CLASS_TOP_RATIO * lp.shape[-1])
+        k = class_top_k(lp.shape[-1])
         top = xp.argpartition(-lp, k - 1, axis=-1)[..., :k]  # [C, T, k] candidate ids
         noisy = xp.take_along_axis(lp, top, axis=-1) / xp.float32(class_temperature)
-        noisy = noisy + xp.asarray(gumbel_noise(rng, noisy.shape))  # Gumbel-max = a softmax draw
+        if noise is None:
+            noise = step_noise([(rng, noisy.shape)])[0]
+        noisy = noisy + noise  # Gumbel-max = a softmax draw
         tokens = xp.take_along_axis(top, noisy.argmax(axis=-1)[..., None], axis=-1)[..., 0]
     else:
         tokens = lp.argmax(axis=-1)
@@ -112,13 +151,18 @@ def predict_tokens(lp, class_temperature: float, rng: np.random.Generator | None
 
 
 def choose_cells(confidence, filled, k: int, gen: GenerationConfig,
-                 rng: np.random.Generator | None):
-    """Flat indices (C-major over [C, T]) of the k cells to fill this step."""
+                 rng: np.random.Generator | None, noise=None):
+    """Flat indices (C-major over [C, T]) of the k cells to fill this step.
+
+    With position_temperature > 0, `noise` [C, T] is the Gumbel noise to use (from
+    `step_noise`); without it the noise is drawn from `rng` here."""
     C = confidence.shape[0]
     # Coarse codebooks carry the most information: make them win ties against fine ones.
     score = confidence - xp.float32(gen.layer_penalty_factor) * xp.arange(C, dtype=xp.float32)[:, None]
     if gen.position_temperature > 0:
-        score = score / xp.float32(gen.position_temperature) + xp.asarray(gumbel_noise(rng, score.shape))
+        if noise is None:
+            noise = step_noise([(rng, score.shape)])[0]
+        score = score / xp.float32(gen.position_temperature) + noise
     score = xp.where(filled, -xp.inf, score).ravel()  # [C, T] -> [C*T]
     # k never exceeds the number of masked cells, so the -inf cells are never chosen.
     return xp.argsort(-score, kind="stable")[:k]
@@ -146,12 +190,13 @@ class PassState:
         self.gen, self.T, self.mask_id = gen, T, cfg.audio_mask_id
         self.use_uncond = gen.guidance_scale != 0  # without guidance the unconditional row is unused
         # Rows as (ids [C, L], audio_mask [L]): conditional, then (with guidance) unconditional.
-        self.rows = [(xp.array(item.input_ids), item.audio_mask)]
+        # Private copies (targets are rewritten every step), moved to the device once.
+        self.rows = [(to_device(np.array(item.input_ids)), item.audio_mask)]
         if self.use_uncond:
-            self.rows.append((xp.array(item.uncond_ids), item.uncond_audio_mask))
+            self.rows.append((to_device(np.array(item.uncond_ids)), item.uncond_audio_mask))
         self.num_out = [T] * len(self.rows)  # the targets end every row
         self.tokens = xp.full((C, T), self.mask_id, dtype=xp.int64)
-        self.fill_step = np.full((C, T), -1, dtype=np.int64)
+        self._fill_step = xp.full((C, T), -1, dtype=xp.int64)  # on the device: no copy back per step
         self.schedule = unmask_schedule(C * T, gen.num_step, gen.t_shift)
         self.rng = np.random.default_rng(seed)
         self.step = 0
@@ -161,27 +206,39 @@ class PassState:
     def done(self) -> bool:
         return self.step >= len(self.schedule)
 
-    def fill(self, cond_logits, uncond_logits) -> None:
-        """Score this step's logits [C, T, V] and fill the step's share of cells."""
+    def noise_draws(self, cfg: OmniVoiceConfig) -> list:
+        """The Gumbel draws this step needs (none when it fills no cell)."""
+        return noise_draws(self.gen, cfg, self.rng, self.T) if self.schedule[self.step] > 0 else []
+
+    def fill(self, cond_logits, uncond_logits, noise=()) -> None:
+        """Score this step's logits [C, T, V] and fill the step's share of cells; `noise` is
+        this step's Gumbel noise in `noise_draws` order (drawn here when not given)."""
         gen, k = self.gen, self.schedule[self.step]
         if k > 0:
             # one fused pass: guided log-probs, greedy token and confidence of every cell
             lp, pred, confidence = kernels.guided_scores(
                 cond_logits, uncond_logits if self.use_uncond else None, gen.guidance_scale,
                 self.mask_id)
+            noise = iter(noise)
             if gen.class_temperature > 0:
-                pred, _ = predict_tokens(lp, gen.class_temperature, self.rng)
+                pred, _ = predict_tokens(lp, gen.class_temperature, self.rng, next(noise, None))
             filled = self.tokens != self.mask_id
-            chosen = choose_cells(confidence, filled, k, gen, self.rng)
+            pos_noise = next(noise, None) if gen.position_temperature > 0 else None
+            chosen = choose_cells(confidence, filled, k, gen, self.rng, pos_noise)
             flat = self.tokens.reshape(-1)  # a view: writes land in self.tokens
             flat[chosen] = pred.reshape(-1)[chosen]
-            self.fill_step.reshape(-1)[to_numpy(chosen)] = self.step
+            self._fill_step.reshape(-1)[chosen] = self.step
             for ids, _ in self.rows:
                 ids[:, ids.shape[1] - self.T:] = self.tokens
         self.step += 1
 
     def codes(self) -> np.ndarray:
         return to_numpy(self.tokens)
+
+    @property
+    def fill_step(self) -> np.ndarray:
+        """[C, T] int64 on the host: the step (0-based) at which each cell was filled."""
+        return to_numpy(self._fill_step)
 
 
 class PackCache:
@@ -202,7 +259,7 @@ class PackCache:
             self.work = make_workspace(cfg, self.pack)
             self.key = key
         if serials != self.mask_key:  # equal lengths do not mean equal text/audio positions
-            self.audio_mask = xp.asarray(np.concatenate([to_numpy(m) for _, m in rows]))  # [N]
+            self.audio_mask = to_device(np.concatenate([to_numpy(m) for _, m in rows]))  # [N]
             self.mask_key = serials
         return self.pack, self.work, self.audio_mask
 
@@ -219,9 +276,13 @@ def iterate(params: BackboneParams, cfg: OmniVoiceConfig, states: Sequence[PassS
     pack, work, audio_mask = (cache or PackCache()).get(cfg, rows, serials)
     ids = xp.concatenate([r[0] for r in rows], axis=1)  # [C, N]
     logits = forward_rows(params, cfg, ids, audio_mask, pack, num_out, work=work)
+    # Every pass's Gumbel noise for this step, each from its own generator in the order it
+    # always drew, in one host -> device copy.
+    draws = [s.noise_draws(cfg) for s in states]
+    noise = iter(step_noise([d for ds in draws for d in ds]))
     u = len(states)
     for b, s in enumerate(states):
-        s.fill(logits[b], logits[u] if s.use_uncond else None)
+        s.fill(logits[b], logits[u] if s.use_uncond else None, [next(noise) for _ in draws[b]])
         u += s.use_uncond
 
 

@@ -88,10 +88,12 @@ def test_snake_keeps_leading_shape_and_nonfinite():
 def test_gelu_twins_agree(n, scale, seed):
     x = (scale * _rng(seed).standard_normal(n)).astype(np.float32)
     exact = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x.astype(np.float64)])
-    for y in (K.gelu(x), K.gelu_np(x), K._gelu_nb(x), K._gelu_nb_par(x)):
+    # absolute error against the exact erf form stays at float32 rounding of |x|; the twin
+    # runs the same float32 formula as separate array operations, each rounded (the kernel
+    # contracts multiply-adds into FMAs): measured <= 2.4e-7 |x| against 2e-7 |x|
+    for y, tol in ((K.gelu(x), 2e-7), (K.gelu_np(x), 4e-7), (K._gelu_nb(x), 2e-7), (K._gelu_nb_par(x), 2e-7)):
         assert y.dtype == np.float32
-        # absolute error against the exact erf form stays at float32 rounding of |x|
-        assert np.all(np.abs(y - exact) <= 2e-7 * np.maximum(np.abs(x), 1e-3) + 1e-12)
+        assert np.all(np.abs(y - exact) <= tol * np.maximum(np.abs(x), 1e-3) + 1e-12)
 
 
 @SETTINGS
@@ -109,6 +111,22 @@ def test_group_norm_twins_agree(b, t, groups, cg, offset, seed):
     for y in (K.group_norm(x, groups, w, bias, 1e-5), K.group_norm_np(x, groups, w, bias, 1e-5)):
         assert y.dtype == np.float32 and y.shape == x.shape
         assert np.abs(y - ref).max() <= 1e-5 * max(np.abs(ref).max(), 1.0)
+
+
+@pytest.mark.parametrize("b, t, groups, cg", [(1, 3, 2, 1), (1, 1, 1, 2), (2, 200, 4, 6), (1, 50000, 2, 3)])
+def test_group_norm_small_spread_far_from_zero(b, t, groups, cg):
+    """A mean of 50 with a spread of about 1: rounding the mean to float32 alone (half an ulp,
+    1.9e-6) would be magnified by 1 / spread (measured 6.9e-5 before the kernel kept the
+    rounding error of its mean); long clips: the twin's float32 sums stay accurate."""
+    rng = _rng(t)
+    c = groups * cg
+    x = (50.0 + rng.standard_normal((b, t, c))).astype(np.float32)
+    w, bias = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+    g = x.astype(np.float64).reshape(b, t, groups, cg)
+    mean, var = g.mean(axis=(1, 3), keepdims=True), g.var(axis=(1, 3), keepdims=True)
+    ref = ((g - mean) / np.sqrt(var + 1e-5)).reshape(b, t, c) * w + bias
+    for y in (K.group_norm(x, groups, w, bias, 1e-5), K.group_norm_np(x, groups, w, bias, 1e-5)):
+        assert np.abs(y - ref).max() <= 1e-6 * max(np.abs(ref).max(), 1.0)  # measured <= 1.8e-7
 
 
 def test_group_norm_of_constant_channel_is_finite():

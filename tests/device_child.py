@@ -1,0 +1,139 @@
+"""Run the tiny checkpoint's pipeline under a device backend and save what it made.
+
+    OMNICORE_BACKEND=strict python3 tests/device_child.py OUT.npz     (or =cupy on a GPU)
+
+The backend is chosen when omnicore is imported, so `tests/test_strict_backend.py` runs this
+in a child process and compares its outputs, in the parent (numpy backend), with the reference
+fixtures and with the numpy backend's own outputs. Saved arrays are named `<case>/<what>`;
+`meta` is a JSON string (backend, per-step transfer counts, dtypes seen on the device, timings).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "weights" / "tiny-random"
+REF = ROOT / "tests" / "fixtures" / "reference"
+
+# Fixture cases generated under the device backend: auto, design and clone (its clip encoded
+# on the device too); 8-step cases where the fixture has no waveform to keep the run short.
+FIXTURE_CASES = ("auto_s32_pp0", "design_s8", "clone_s8")
+BATCH_TEXTS = ["Two requests packed together.", "The second one is a little longer than that.",
+               "And a third."]
+# Seeded sampling in one packed pass: position noise for every item, drawn in one transfer.
+BATCH_KW = dict(num_step=6, seed=[3, 4, 5], position_temperature=5.0, postprocess_output=False)
+# Class sampling too (codes only). Its top-10 % candidates come from argpartition, whose order
+# is numpy's introselect on the strict backend but a full sort on CuPy, and the noise is matched
+# to candidates in that order: seeded class sampling is the same on numpy and strict, not CuPy.
+CLASS_KW = dict(num_step=4, seed=[6, 7], position_temperature=5.0, class_temperature=0.5)
+STREAM_TEXT = ("Hello there, this is a small test of streaming speech. The second sentence is "
+               "here, and it goes on for a while! Is this the third one?")
+STREAM_KW = dict(num_step=3, seed=7)
+# Transfer counting: greedy and sampled settings, one item and three of different lengths.
+TRANSFER_RUNS = {
+    "greedy_1": (BATCH_TEXTS[:1], dict(num_step=5, position_temperature=0.0, class_temperature=0.0)),
+    "greedy_3": (BATCH_TEXTS, dict(num_step=5, position_temperature=0.0, class_temperature=0.0)),
+    "sampled_1": (BATCH_TEXTS[:1], dict(num_step=5, seed=1, class_temperature=0.5)),
+    "sampled_3": (BATCH_TEXTS, dict(num_step=5, seed=1, class_temperature=0.5)),
+    "sampled_3_long": (BATCH_TEXTS, dict(num_step=5, seed=1, class_temperature=0.5, duration=4.0)),
+}
+
+
+def fixture_inputs(name):
+    z = np.load(REF / f"generate_{name}.npz", allow_pickle=False)
+    inp = json.loads(str(z["inputs_json"]))
+    kwargs = inp.pop("kwargs", {})
+    if "ref_audio" in inp:
+        inp["ref_audio"] = str(ROOT / inp["ref_audio"])
+    return inp, kwargs
+
+
+def produce(count_transfers: bool = True) -> tuple[dict, dict]:
+    """Every output of the cases above as numpy arrays, and the meta dict. Runs under whatever
+    backend this process has (the parent test calls it too, on the numpy backend)."""
+    from omnicore import OmniVoice, backend
+    from omnicore import codec as codec_mod
+
+    out, meta, timings = {}, {"backend": backend.BACKEND}, {}
+    t0 = time.perf_counter()
+    model = OmniVoice.from_pretrained(TINY)
+    timings["load"] = time.perf_counter() - t0
+
+    for name in FIXTURE_CASES:
+        t0 = time.perf_counter()
+        inp, kwargs = fixture_inputs(name)
+        r = model.synthesize(**inp, **kwargs)[0]
+        out[f"{name}/codes"], out[f"{name}/audio"] = r.codes, r.audio
+        timings[name] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    z = np.load(REF / "generate_clone_prompt.npz", allow_pickle=False)
+    inp = json.loads(str(z["inputs_json"]))
+    p = model.create_voice_clone_prompt(str(ROOT / inp["ref_audio"]), ref_text=inp["ref_text"],
+                                        preprocess_prompt=inp["preprocess_prompt"])
+    out["clone_prompt/codes"] = p.ref_audio_tokens
+    timings["clone_prompt"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    res = model.synthesize(BATCH_TEXTS, **BATCH_KW)
+    for i, r in enumerate(res):
+        out[f"batch/codes_{i}"], out[f"batch/audio_{i}"] = r.codes, r.audio
+    timings["batch"] = time.perf_counter() - t0
+
+    for i, c in enumerate(model.generate_codes(BATCH_TEXTS[:2], **CLASS_KW)):
+        out[f"class_sampled/codes_{i}"] = c
+
+    t0 = time.perf_counter()
+    pieces = list(model.stream(STREAM_TEXT, **STREAM_KW))
+    out["stream/audio"] = np.concatenate(pieces)
+    out["stream/pieces"] = np.array([len(x) for x in pieces])
+    timings["stream"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    dec = np.load(REF / "codec_decode.npz")
+    codec = model.codec
+    for key in ("50", "batch"):
+        out[f"decode/wav_{key}"] = codec_mod.decode(codec.params, dec[f"codes_{key}"], codec.cfg)
+    out["decode/wav_chunked_50"] = codec_mod.decode_chunked(codec.params, dec["codes_50"], codec.cfg,
+                                                        chunk_frames=20)
+    enc = np.load(REF / "codec_encode.npz")
+    feats = codec_mod.encode_features(codec.params, enc["input"], codec.cfg)
+    out["encode/fused"] = feats["fused"]
+    out["encode/codes"] = codec_mod.quantize(codec.params, feats["fused"], codec.cfg)
+    out["encode/codes_api"] = codec.encode(enc["input"], codec.sampling_rate)
+    timings["codec"] = time.perf_counter() - t0
+
+    # Transfers between the ends of consecutive engine iterations (a step's forward, scoring,
+    # noise and id updates), read from the backend's counter on the engine thread through its
+    # trace hook. The last iteration also copies each pass's codes and fill steps back once (its
+    # retirement), so it is left out.
+    t0 = time.perf_counter()
+    transfers = {}
+    for key, (texts, kw) in TRANSFER_RUNS.items() if count_transfers else ():
+        marks = []
+        model.engine.trace = lambda ids: marks.append(backend.transfers())
+        try:
+            model.synthesize(texts, _decode=False, **kw)
+        finally:
+            model.engine.trace = None
+        transfers[key] = [{k: b[k] - a[k] for k in a} for a, b in zip(marks[:-1], marks[1:-1])]
+    meta["transfers_per_step"] = transfers
+    timings["transfers"] = time.perf_counter() - t0
+
+    if backend.BACKEND == "strict":
+        from omnicore import strictxp
+
+        meta["device_dtypes"] = sorted(strictxp.seen_dtypes())
+    meta["timings"] = timings
+    return out, meta
+
+
+if __name__ == "__main__":
+    arrays, info = produce()
+    np.savez(sys.argv[1], meta=json.dumps(info), **arrays)
