@@ -13,7 +13,8 @@
                                                                  cancelled ones
 
 Continuous batching: a pass joins at the next iteration, whatever step the others are at, so
-no request waits for another to finish; passes of one request that do not depend on each other
+no request waits for another to finish (and short work runs first: a pass with far more work
+left than the shortest active one sits out a few iterations at a time, see SHORT_FIRST_RATIO); passes of one request that do not depend on each other
 (the chunks of a long text with a voice prompt, the items of a batch) run side by side. In auto /
 design mode a long text's chunks 1..n depend on chunk 0 (its codes are their voice reference):
 they are prepared and admitted when chunk 0 retires.
@@ -47,6 +48,12 @@ from .errors import CancelledError, InputError
 __all__ = ["PassSpec", "Request", "Engine", "default_token_budget"]
 
 IDLE_EXIT_S = 10.0  # the worker thread ends after this long without work
+# Short work first: a pass with over SHORT_FIRST_RATIO times the least remaining work (tokens x
+# steps left) of the active passes sits out an iteration, but never more than MAX_SITS_OUT in a
+# row. A 2 s request arriving during a 30 s one then runs mostly alone instead of paying for the
+# long one's rows every step; the long one is delayed by about the short one's run.
+SHORT_FIRST_RATIO = 4.0
+MAX_SITS_OUT = 3
 
 
 class _Idle(Exception):
@@ -159,6 +166,12 @@ class _Pass:
         self.spec = request.specs[index]
         self.prepared: tok_mod.PreparedItem | None = None
         self.state: unmasking.PassState | None = None
+        self.sat_out = 0  # consecutive iterations this active pass waited for shorter work
+
+    def remaining_work(self) -> int:
+        """Tokens of its rows x steps left: what running it to the end still costs."""
+        s = self.state
+        return sum(ids.shape[1] for ids, _ in s.rows) * (len(s.schedule) - s.step)
 
     def ready(self) -> bool:
         a = self.spec.after
@@ -291,6 +304,20 @@ class Engine:
             self._active.append(p)
         self._waiting = kept
 
+    @staticmethod
+    def _select(active: list[_Pass]) -> list[_Pass]:
+        """The passes this iteration runs: short work first (SHORT_FIRST_RATIO), with a long
+        pass sitting out at most MAX_SITS_OUT iterations in a row, so none starves."""
+        least = min(p.remaining_work() for p in active)
+        chosen = []
+        for p in active:
+            if p.remaining_work() <= SHORT_FIRST_RATIO * least or p.sat_out >= MAX_SITS_OUT:
+                p.sat_out = 0
+                chosen.append(p)
+            else:
+                p.sat_out += 1
+        return chosen
+
     def _run(self) -> None:
         while True:
             try:
@@ -320,7 +347,7 @@ class Engine:
                         self._thread = None
                         raise _Idle
                     continue
-                active = list(self._active)
+                active = self._select(self._active)
             try:
                 unmasking.iterate(self.params, self.cfg, [p.state for p in active], self._cache)
             except BaseException as exc:  # the shared forward failed: every pass in it fails

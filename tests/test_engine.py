@@ -277,3 +277,40 @@ def test_token_budget_queues_passes_first_come_first_served(model, specs, alone)
     _assert_same([r.result(timeout=WAIT_S)[0] for r in reqs], alone)
     assert max(len(p) for p in packs) < len(specs)
     assert packs[0] == [reqs[0].id, reqs[1].id] or packs[0] == [reqs[0].id]
+
+
+def test_short_work_runs_first_and_long_work_never_starves(model):
+    """A short request arriving while a long one runs: most iterations run the short one alone
+    (short work first), the long one sits out at most MAX_SITS_OUT iterations in a row, and both
+    get exactly what they get alone."""
+    from omnicore import engine as engine_mod
+
+    long_spec = PassSpec("A long request that keeps the engine busy for many steps. " * 2, 200,
+                         "en", None, None, None, None, replace(GREEDY, num_step=16))
+    short_spec = PassSpec("Short.", 15, "en", None, None, None, None, replace(GREEDY, num_step=8))
+    eng = _fresh(model)
+    runs, reqs = [], {}
+
+    def trace(ids):
+        runs.append(sorted(set(ids)))
+        if len(runs) == 3 and "short" not in reqs:
+            reqs["short"] = eng.submit([short_spec])
+
+    eng.trace = trace
+    reqs["long"] = eng.submit([long_spec])
+    long_codes = reqs["long"].result(timeout=WAIT_S)[0][0]
+    short_codes = reqs["short"].result(timeout=WAIT_S)[0][0]
+    lid, sid = reqs["long"].id, reqs["short"].id
+    with_short = [r for r in runs if sid in r]
+    assert len(with_short) == 8
+    alone_short = sum(1 for r in with_short if r == [sid])
+    assert alone_short >= 8 * engine_mod.MAX_SITS_OUT // (engine_mod.MAX_SITS_OUT + 1) - 1
+    gap = longest = 0
+    for r in runs:
+        gap = 0 if lid in r else gap + 1
+        longest = max(longest, gap)
+    assert 1 <= longest <= engine_mod.MAX_SITS_OUT
+    for spec, got in ((long_spec, long_codes), (short_spec, short_codes)):
+        item = Engine.prepare(model.engine, spec)
+        want = unmasking.generate_codes(model.params, model.config, [item], spec.gen)[0]
+        np.testing.assert_array_equal(got, want)
