@@ -49,11 +49,11 @@ __all__ = ["PassSpec", "Request", "Engine", "default_token_budget"]
 
 IDLE_EXIT_S = 10.0  # the worker thread ends after this long without work
 # Short work first: a pass with over SHORT_FIRST_RATIO times the least remaining work (tokens x
-# steps left) of the active passes sits out an iteration, but never more than MAX_SITS_OUT in a
-# row. A 2 s request arriving during a 30 s one then runs mostly alone instead of paying for the
-# long one's rows every step; the long one is delayed by about the short one's run.
+# steps left) of the active passes sits out iterations, until the others have run as many
+# tokens as one iteration of its own (so it keeps at least about half the compute: no
+# starvation). A 2 s request arriving during a 30 s one then runs alone instead of paying for
+# the long one's rows every step; the long one is delayed by about the short one's run.
 SHORT_FIRST_RATIO = 4.0
-MAX_SITS_OUT = 3
 
 
 class _Idle(Exception):
@@ -166,12 +166,15 @@ class _Pass:
         self.spec = request.specs[index]
         self.prepared: tok_mod.PreparedItem | None = None
         self.state: unmasking.PassState | None = None
-        self.sat_out = 0  # consecutive iterations this active pass waited for shorter work
+        self.waited = 0  # tokens others ran while this active pass sat out, since it last ran
+
+    def tokens(self) -> int:
+        return sum(ids.shape[1] for ids, _ in self.state.rows)
 
     def remaining_work(self) -> int:
         """Tokens of its rows x steps left: what running it to the end still costs."""
         s = self.state
-        return sum(ids.shape[1] for ids, _ in s.rows) * (len(s.schedule) - s.step)
+        return self.tokens() * (len(s.schedule) - s.step)
 
     def ready(self) -> bool:
         a = self.spec.after
@@ -306,16 +309,14 @@ class Engine:
 
     @staticmethod
     def _select(active: list[_Pass]) -> list[_Pass]:
-        """The passes this iteration runs: short work first (SHORT_FIRST_RATIO), with a long
-        pass sitting out at most MAX_SITS_OUT iterations in a row, so none starves."""
+        """The passes this iteration runs: short work first (SHORT_FIRST_RATIO); a long pass sits
+        out only until the others have run one iteration's worth of its tokens, so none starves."""
         least = min(p.remaining_work() for p in active)
-        chosen = []
+        chosen = [p for p in active
+                  if p.remaining_work() <= SHORT_FIRST_RATIO * least or p.waited >= p.tokens()]
+        ran = sum(p.tokens() for p in chosen)
         for p in active:
-            if p.remaining_work() <= SHORT_FIRST_RATIO * least or p.sat_out >= MAX_SITS_OUT:
-                p.sat_out = 0
-                chosen.append(p)
-            else:
-                p.sat_out += 1
+            p.waited = 0 if p in chosen else p.waited + ran
         return chosen
 
     def _run(self) -> None:
