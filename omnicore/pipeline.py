@@ -30,7 +30,7 @@ import numpy as np
 from . import audio, backbone, normalize, streaming, text as text_mod, tokenizer as tok_mod
 from .codec import Codec, check_clip_length  # noqa: F401 (public names)
 from .config import GenerationConfig, OmniVoiceConfig, read_json, resolve_generation_config
-from .engine import Engine, PassSpec
+from .engine import Engine, PassSpec, pass_seed
 from .errors import AudioError, InputError, OmniCoreError, VoicePromptError
 from .voice import (PROMPT_CODEBOOK_SIZE, PROMPT_CODEBOOKS, VOICE_PROMPT_FORMAT,  # noqa: F401
                     VOICE_PROMPT_VERSION, Synthesis, VoiceClonePrompt, check_voice_prompt)
@@ -147,7 +147,10 @@ class OmniVoice:
         Every input is checked before any heavy work (text.py holds the limits: output length
         per call and per pass, reference length, memory of one pass); `generation_config` is a
         GenerationConfig or a dict of its fields, and a keyword argument may not contradict it.
-        `seed` is None, an integer >= 0, or one per text. `normalize_text=True` first writes
+        `seed` is None, an integer >= 0, or one per text; chunk k of a long text draws from
+        child k of its text's seed (`SeedSequence(seed).spawn`, engine.pass_seed), so chunks
+        get independent noise and a text gets the same result alone or in a batch.
+        `normalize_text=True` first writes
         numbers, dates, currency ... as words, as the reference does (omnicore.normalize; needs
         the `tn` extra).
         """
@@ -280,17 +283,18 @@ class OmniVoice:
                     ) -> tuple[list[PassSpec], list[int]]:
         """The passes of every item's plan, and the item each belongs to. With a voice prompt
         every chunk is conditioned on it; without one (auto / design), later chunks use chunk
-        0's text and generated codes as reference (the reference's rule), so they wait for it."""
+        0's text and generated codes as reference (the reference's rule), so they wait for it.
+        Chunk k of an item draws from child k of the item's seed (engine.pass_seed)."""
         specs, owner = [], []
         for i, it in enumerate(items):
             first = len(specs)
-            for chunk in it.plan.chunks:
+            for k, chunk in enumerate(it.plan.chunks):
                 ref_text, ref_codes, after = None, None, None
                 if chunk.reference == "prompt":
                     ref_text, ref_codes = it.ref_text, it.ref_codes
                 elif chunk.reference == "chunk0":
                     ref_text, after = chunk.ref_text, first
                 specs.append(PassSpec(chunk.text, chunk.frames, it.language, it.instruct,
-                                      ref_text, ref_codes, it.seed, gen, after))
+                                      ref_text, ref_codes, pass_seed(it.seed, k), gen, after))
                 owner.append(i)
         return specs, owner

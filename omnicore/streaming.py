@@ -47,7 +47,8 @@ voice reference (fixed cost per pass) and every join adds a 0.1 s pause.
 
 Voice: with a voice prompt (ref_audio / voice_clone_prompt) every chunk is conditioned on it;
 otherwise chunk 0 is generated freely and its codes + text are the reference of later chunks,
-as the long-form path does. Each chunk is unmasked with the same `seed`.
+as the long-form path does. Chunk k is unmasked with child k of `seed` (`engine.pass_seed`),
+as chunk k of `generate_chunks` is: chunks draw independent noise, reproducibly.
 
 Post-processing (the reference normalises the whole utterance, which a stream cannot see):
     silence   (postprocess_output) per chunk, by `SilenceTrimmer`: 10 ms blocks under -50 dBFS;
@@ -89,7 +90,7 @@ import numpy as np
 
 from . import audio, codec as codec_mod, normalize, text as text_mod
 from .config import GenerationConfig, resolve_generation_config
-from .engine import PassSpec
+from .engine import PassSpec, pass_seed
 from .errors import AudioError, CancelledError, InputError
 from .audio import (AudioFileWriter, RawPcmWriter, SilenceTrimmer, StreamJoiner,  # noqa: F401
                     join_offline, peak_gain, rms_gain, to_pcm16, trim_chunk)
@@ -182,11 +183,12 @@ class _Plan:
         if self._instruct_raw is not None and self._chunks:  # as codes() resolves it on chunk 0
             instruct = text_mod.resolve_instruct(self._instruct_raw, self._chunks[0])
         first, total, specs = None, 0, []
-        for chunk in self._chunks:
+        for k, chunk in enumerate(self._chunks):
             plan = self._chunk_plan(chunk, first)
             first = first or plan
             total = text_mod.check_total_frames(total + plan.frames, self.model.frame_rate)
-            specs.append(self._spec(plan, instruct, after=0 if plan.reference == "chunk0" else None))
+            specs.append(self._spec(plan, instruct, k,
+                                    after=0 if plan.reference == "chunk0" else None))
         self.model.engine.check(specs)  # every pass's rows and memory, before any runs
 
     def _chunk_plan(self, chunk: str, first) -> text_mod.ChunkPlan:
@@ -196,11 +198,14 @@ class _Plan:
         text_mod.check_pass_frames(plan.frames, chunk, self.model.frame_rate)
         return plan
 
-    def _spec(self, plan: text_mod.ChunkPlan, instruct, after=None, ref_codes=None) -> PassSpec:
+    def _spec(self, plan: text_mod.ChunkPlan, instruct, k: int, after=None,
+              ref_codes=None) -> PassSpec:
+        """Chunk k's pass; it draws from child k of the seed (engine.pass_seed), as chunk k of
+        the synchronous path does."""
         if plan.reference == "prompt":
             ref_codes = self.prompt.ref_audio_tokens
         return PassSpec(plan.text, plan.frames, self.language, instruct, plan.ref_text,
-                        ref_codes, self.seed, self.gen, after)
+                        ref_codes, pass_seed(self.seed, k), self.gen, after)
 
     def prepare_voice(self) -> None:
         """Encode the reference clip (slow: done in the worker) and fix the pace for duration."""
@@ -227,7 +232,7 @@ class _Plan:
         plan = self._chunk_plan(chunk, self.first)
         self.total_frames = text_mod.check_total_frames(self.total_frames + plan.frames,
                                                         self.model.frame_rate)
-        spec = self._spec(plan, self.instruct, ref_codes=self.ref0_codes)
+        spec = self._spec(plan, self.instruct, k, ref_codes=self.ref0_codes)
         request = self.model.engine.submit([spec], on_step or self.on_step)
         if shared is not None:
             shared.request = request  # so that closing the stream cancels it at once
@@ -296,8 +301,8 @@ def generate_chunks(model, text, *, language=None, ref_audio=None, ref_text=None
                     on_step=None, generation_config: GenerationConfig | None = None,
                     rule: ChunkRule | None = None, decode_frames: int = 25,
                     normalize_text: bool = False, **gen_kwargs):
-    """The non-streamed twin of `stream`: the same chunks, the same per-chunk generation (same
-    seed, same voice reference), run synchronously; each chunk decoded in ONE shot
+    """The non-streamed twin of `stream`: the same chunks, the same per-chunk generation (chunk
+    k from child k of the seed, the same voice reference), run synchronously; each chunk decoded in ONE shot
     (`codec.decode`), trimmed whole (`trim_chunk`), joined with `audio.cross_fade_chunks`, scaled
     (fixed gain, see module docstring) and finished with `audio.fade_and_pad`.
     `decode_frames` only sets the window whose peak fixes the gain. Returns a `Synthesis`.

@@ -173,6 +173,45 @@ def test_seeds_reproducible_and_distinct(model):
     assert not np.array_equal(a, c)
 
 
+def test_pass_seed_is_the_spawned_child():
+    from omnicore.engine import pass_seed
+
+    kids = np.random.SeedSequence(42).spawn(3)
+    for k, kid in enumerate(kids):
+        want = np.random.default_rng(kid).random(4)
+        np.testing.assert_array_equal(np.random.default_rng(pass_seed(42, k)).random(4), want)
+    assert pass_seed(None, 0) is None
+
+
+def test_chunks_of_a_seeded_text_draw_independent_noise(model):
+    """One sentence said twice, chunked in two passes on one voice prompt: identical passes but
+    for their random streams. Greedy, the two chunks give the same codes; sampled with one
+    seed, they differ (each chunk draws from its own child stream, not the same stream again),
+    and the whole result is reproducible."""
+    prompt = VoiceClonePrompt(np.random.default_rng(3).integers(0, 1024, (8, 30)),
+                              "A made up reference voice.", 0.05)
+    sentence = "The same words are spoken in both chunks of this text."
+    kw = dict(voice_clone_prompt=prompt, num_step=4, audio_chunk_threshold=1.0,
+              audio_chunk_duration=1.0)
+    greedy = model.synthesize(f"{sentence} {sentence}", position_temperature=0.0, **kw)[0]
+    assert greedy.text_chunks == [sentence, sentence]
+    T = greedy.codes.shape[1] // 2
+    np.testing.assert_array_equal(greedy.codes[:, :T], greedy.codes[:, T:])
+    a, b = (model.synthesize(f"{sentence} {sentence}", seed=7, class_temperature=1.0, **kw)[0]
+            for _ in range(2))
+    np.testing.assert_array_equal(a.codes, b.codes)
+    assert (a.codes[:, :T] != a.codes[:, T:]).mean() > 0.5
+    # chunk k is the pass seeded with child k of the seed (the same two passes, packed alike)
+    from omnicore.config import GenerationConfig
+    from omnicore.engine import Engine, PassSpec, pass_seed
+
+    gen = GenerationConfig(num_step=4, class_temperature=1.0)
+    specs = [PassSpec(sentence, T, None, None, prompt.ref_text, prompt.ref_audio_tokens,
+                      pass_seed(7, k), gen) for k in (0, 1)]
+    got = Engine(model.params, model.config, model.tokenizer).run(specs)
+    np.testing.assert_array_equal(np.concatenate([c for c, _ in got], axis=1), a.codes)
+
+
 def test_batch_equals_single_items(model):
     texts = ["One short line.", "A second, somewhat longer line of text to speak."]
     kw = dict(num_step=4, seed=3, instruct=["female", None])
