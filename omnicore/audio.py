@@ -727,13 +727,13 @@ def postprocess_output(audio: np.ndarray | Sequence[np.ndarray], ref_rms: float 
     return fade_and_pad(wav, pad_duration, fade_duration, sr)
 
 
-def postprocess_paused(segments: Sequence[Sequence[np.ndarray]], pauses: Sequence[int],
+def postprocess_paused(segments: Sequence[Sequence[np.ndarray]], pauses: Sequence[int | None],
                        ref_rms: float | None, *, postprocess: bool = True,
                        pad_duration: float = 0.1, fade_duration: float = 0.1,
                        sr: int = SAMPLE_RATE) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """`postprocess_output` for a text with pause marks: `segments` holds each segment's chunk
     waveforms, `pauses` the pause lengths in samples before, between and after the segments
-    (len(segments) + 1; 0 at an end: no pause there). Returns the audio and the (start,
+    (len(segments) + 1; None at an end: no pause there). Returns the audio and the (start,
     length) of every pause's zeros in it.
 
     Each segment is what `postprocess_output` makes of a text alone (its chunks cross-faded,
@@ -744,9 +744,10 @@ def postprocess_paused(segments: Sequence[Sequence[np.ndarray]], pauses: Sequenc
     result's) and the edges' fades and padding (`fade_and_pad`), around any leading or trailing
     pause too.
     """
-    if len(pauses) != len(segments) + 1:
-        raise AudioError(f"{len(pauses)} pause entries for {len(segments)} segments")
-    marks = [p if 0 < i < len(pauses) - 1 or p > 0 else None for i, p in enumerate(pauses)]
+    if len(pauses) != len(segments) + 1 or None in pauses[1:-1]:
+        raise AudioError(f"{len(pauses)} pause entries for {len(segments)} segments; expected "
+                         "one per boundary, a number of samples between segments")
+    marks = list(pauses)
     wavs = []
     for i, seg in enumerate(segments):
         wav = cross_fade_chunks([_mono(c, "each chunk") for c in seg], sr)
@@ -1109,7 +1110,6 @@ class StreamJoiner:
         self.hold = max(self.xfade, self.fade, self.pfade)
         self.gain: Callable[[np.ndarray], np.ndarray] | None = None
         self.chunk_starts: list[int] = []        # merged index where each chunk's samples begin
-        self.pauses: list[tuple[int, int]] = []  # (merged start, length) of every pause's zeros
         self._held = np.zeros(0, np.float32)     # merged samples [held_start, merged_len), pre-gain
         self._held_start = 0
         self._merged = 0
@@ -1163,7 +1163,6 @@ class StreamJoiner:
             n_out = min(self.pfade, self._merged)
             if n_out > 0:
                 self._held[len(self._held) - n_out:] *= pause_ramp(n_out)[::-1]
-        self.pauses.append((self._merged, n))
         self._append(np.zeros(n, np.float32))
         self._after_pause = True
         return self._release(final=False) if self.gain is not None else np.zeros(0, np.float32)

@@ -197,7 +197,10 @@ class OmniVoice:
                     segments = [[] for _ in it.plan.pauses[1:]]
                     for chunk, piece in zip(it.plan.chunks, pieces):
                         segments[chunk.segment].append(piece)
-                    pauses = [text_mod.pause_samples(p, self.sampling_rate) for p in it.plan.pauses]
+                    last = len(it.plan.pauses) - 1  # at the ends, 0 s is no pause at all
+                    pauses = [None if i in (0, last) and p == 0 else
+                              text_mod.pause_samples(p, self.sampling_rate)
+                              for i, p in enumerate(it.plan.pauses)]
                     wav, spans = audio.postprocess_paused(segments, pauses, it.ref_rms, **edges)
                 else:
                     # Chunks are cross-faded, then silence trim / loudness / fades as the reference.
