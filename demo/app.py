@@ -7,7 +7,9 @@
 A thin shell over the public API (`omnicore.OmniVoice.synthesize` and friends): every number on
 the page comes from a `Synthesis` result. Three tabs (voice clone, voice design, auto voice) share
 one settings panel and one output panel; each tab is also an API endpoint (`/clone`, `/design`,
-`/auto`, plus `/make_voice_prompt` and `/check_instruct`) for `gradio_client`.
+`/auto`, plus `/make_voice_prompt`, `/keep_voice` and `/check_instruct`) for `gradio_client`.
+"Keep this voice" (`/keep_voice`) saves the session's last result as a voice prompt file
+(`Synthesis.as_voice`) into the clone tab's voice-file slot. Pause marks are just text.
 
 Streaming: with "Stream the audio as it is generated" ticked, the endpoints call
 `OmniVoice.stream` instead and yield each audio piece to a separate streaming player as soon as
@@ -73,6 +75,8 @@ starts from a fully masked grid and, step by step, fills in the cells it is most
 at the whole utterance at once (a bidirectional transformer, not left-to-right). A codec then
 turns the grid into a 24 kHz waveform. Pick a mode, press **Generate**, then look at the
 **Unmasking view** below the output to see the order in which the grid was written.
+Write `[pause:1.5s]` or `<break time="500ms"/>` in the text for exactly that much silence, and
+press **Keep this voice** to speak on with a voice you designed (it goes to the clone tab).
 """
 
 UNMASKING_CAPTION = """\
@@ -89,6 +93,9 @@ the step that filled it, **dark = early, yellow = late**.
   adds random noise to that ranking so the order is spread over time. Set it to 0 to see the
   pure confidence order.
 """
+
+PAUSE_HELP = ('Pauses: [pause:1.5s], [pause:500ms] or <break time="2s"/> give exactly that '
+              "much silence (at most 60 s each).")
 
 CSS = """
 #unmasking-view img, #waveform-view img { image-rendering: pixelated; object-fit: contain; }
@@ -192,6 +199,18 @@ def _outputs(model, result, seed: int, wall_s: float):
             _timings_markdown(result, sr, seed, wall_s))
 
 
+STREAMED_NOT_KEPT = ("A streamed result cannot be kept as a voice (a stream does not hand back "
+                     "its codes): untick streaming, generate, then keep the voice.")
+
+
+def _keepable(result):
+    """What "Keep this voice" saves for a result: its voice prompt, or why there is none."""
+    try:
+        return result.as_voice()
+    except OmniCoreError as exc:  # e.g. longer than a voice prompt may be
+        return f"This result cannot be kept as a voice: {exc}"
+
+
 def _stream_timings_markdown(stream, audio_s: float, seed: int, wall_s: float) -> str:
     """What a SpeechStream measured: time to first audio, then unmask / decode per text chunk."""
     lines = ["| chunk | text | frames | unmask s | decode s |", "|---:|---|---:|---:|---:|"]
@@ -256,7 +275,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
             result = model.synthesize(on_step=_progress_hook(progress), **kwargs)[0]
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message, never a trace
             raise _fail(exc) from None
-        return _outputs(model, result, seed, time.perf_counter() - t0)
+        return _outputs(model, result, seed, time.perf_counter() - t0), _keepable(result)
 
     def run_streamed(progress, text, **kwargs):
         """Yield every piece of `model.stream` to the streaming player, then the final outputs
@@ -269,17 +288,20 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
             with model.stream(text, **kwargs) as stream:
                 for piece in stream:
                     pieces.append(piece)
-                    yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), (sr, to_pcm16(piece))
+                    yield (gr.skip(), gr.skip(), gr.skip(), gr.skip(), (sr, to_pcm16(piece)),
+                           gr.skip())
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message, never a trace
             raise _fail(exc) from None
         wall_s = time.perf_counter() - t0
         audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         yield ((sr, to_pcm16(audio)), render_waveform(audio, sr, width=760), None,
-               _stream_timings_markdown(stream, len(audio) / float(sr), seed, wall_s), gr.skip())
+               _stream_timings_markdown(stream, len(audio) / float(sr), seed, wall_s), gr.skip(),
+               STREAMED_NOT_KEPT)
 
     def dispatch(streamed: bool, progress, text, **kwargs):
         """The endpoints are generators: one final yield without streaming (the same outputs
-        `run` returns, and nothing for the streaming player), one yield per piece with it."""
+        `run` returns, and nothing for the streaming player), one yield per piece with it. The
+        last output is the session's kept-voice state (what "Keep this voice" saves)."""
         if streamed:
             if shutil.which("ffmpeg") is None:  # gradio encodes the streamed pieces with it
                 raise gr.Error("Streaming playback needs ffmpeg on the server (apt-get install "
@@ -287,7 +309,8 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                title="Streaming unavailable", print_exception=False)
             yield from run_streamed(progress, text, **kwargs)
         else:
-            yield (*run(progress, text=text, **kwargs), None)
+            outputs, kept = run(progress, text=text, **kwargs)
+            yield (*outputs, None, kept)
 
     # --- endpoints: parameter names are what gradio_client users see ---
 
@@ -348,6 +371,23 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                 "to reuse this voice without re-encoding the clip.")
         return str(path)
 
+    def keep_voice(kept=None):
+        """The last result of this session as a voice prompt file (into the clone tab's
+        voice-file slot: used there, and offered for download)."""
+        if kept is None:
+            raise gr.Error("Generate speech first (voice design or auto voice), then keep its "
+                           "voice.", title="Nothing to keep", print_exception=False)
+        if isinstance(kept, str):
+            raise gr.Error(kept, title="Cannot keep this voice", print_exception=False)
+        path = workdir / f"kept-voice-{secrets.token_hex(4)}.npz"
+        try:
+            kept.save(path)
+        except Exception as exc:  # noqa: BLE001
+            raise _fail(exc) from None
+        gr.Info(f"Voice kept ({kept.ref_audio_tokens.shape[1]} frames of \"{kept.ref_text[:40]}\"):"
+                " the Voice clone tab now speaks with it; download the file there to reuse it.")
+        return str(path)
+
     is_random = "random" in str(model_name).lower()
     with gr.Blocks(title="omnicore · OmniVoice TTS", analytics_enabled=False,
                    delete_cache=(3600, 7200)) as demo:
@@ -359,7 +399,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
             with gr.Column(scale=5):
                 with gr.Tabs():
                     with gr.Tab("Voice clone", id="clone"):
-                        clone_text = gr.Textbox(label="Text to speak", lines=3,
+                        clone_text = gr.Textbox(label="Text to speak", lines=3, info=PAUSE_HELP,
                                                 elem_id="clone-text",
                                                 max_length=limits.MAX_TEXT_CHARS,
                                                 value="This is my voice, cloned from a short clip.")
@@ -385,7 +425,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                                    elem_id="save-voice")
                         clone_btn = gr.Button("Generate", variant="primary", elem_id="clone-go")
                     with gr.Tab("Voice design", id="design"):
-                        design_text = gr.Textbox(label="Text to speak", lines=3,
+                        design_text = gr.Textbox(label="Text to speak", lines=3, info=PAUSE_HELP,
                                                  elem_id="design-text",
                                                  max_length=limits.MAX_TEXT_CHARS,
                                                  value="Good evening. Here is tonight's forecast.")
@@ -407,6 +447,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                         design_btn = gr.Button("Generate", variant="primary", elem_id="design-go")
                     with gr.Tab("Auto voice", id="auto"):
                         auto_text = gr.Textbox(label="Text to speak", lines=3, elem_id="auto-text",
+                                               info=PAUSE_HELP,
                                                max_length=limits.MAX_TEXT_CHARS,
                                                value="Hello! Nobody told me what to sound like, "
                                                      "so I picked a voice myself.")
@@ -474,6 +515,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                 wave_img = gr.Image(label="Waveform and spectrogram", type="numpy", format="png",
                                     interactive=False, show_label=False, elem_id="waveform-view",
                                     buttons=["download", "fullscreen"])
+                keep_btn = gr.Button("Keep this voice", elem_id="keep-voice", size="sm")
                 timings = gr.Markdown("Timings per stage appear here after a run.",
                                       label="Timings", elem_id="timings")
 
@@ -491,7 +533,8 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
 
         settings = [language, num_step, guidance, speed, duration, seed, denoise, postprocess,
                     t_shift, layer_penalty, pos_temp, class_temp, streamed, normalized]
-        outputs = [audio_out, wave_img, unmask_img, timings, stream_out]
+        last_voice = gr.State(None)  # per session: the last result's voice, or why none
+        outputs = [audio_out, wave_img, unmask_img, timings, stream_out, last_voice]
         synth = dict(concurrency_limit=concurrency, concurrency_id=SYNTHESIS_GROUP)
         clone_btn.click(clone, [clone_text, ref_audio, ref_text, voice_file, preprocess, *settings],
                         outputs, api_name="clone", **synth)
@@ -503,6 +546,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
 
         # Cheap UI helpers run outside the synthesis group, so they stay instant under load.
         quick = dict(concurrency_limit=None, show_progress="hidden")
+        keep_btn.click(keep_voice, [last_voice], voice_file, api_name="keep_voice", **quick)
         for picker in pickers:
             picker.change(compose_instruct, pickers, instruct, api_visibility="private", **quick)
         instruct.change(check_instruct, [instruct, design_text], instruct_status,

@@ -583,6 +583,74 @@ def cross_fade_chunks(chunks: Sequence[np.ndarray], sr: int = SAMPLE_RATE,
     return merged
 
 
+# Pause marks ([pause:1.5s]): the audio on each side of a pause is trimmed to its sound and
+# ramps to the silence over 10 ms (a click guard that leaves the sound itself alone); the ramp
+# never reaches zero, so the silence between the two sides is exactly the pause's zeros.
+PAUSE_FADE_S = 0.01
+
+
+def pause_ramp(n: int) -> np.ndarray:
+    """Gains of a pause edge's ramp-in over n samples: 1/n, 2/n, ..., 1 (reversed: the
+    ramp-out); float32 [n]."""
+    return np.linspace(0, 1, n + 1, dtype=np.float32)[1:]
+
+
+def join_chunks(chunks: Sequence[np.ndarray], pauses: Sequence[int | None] | None = None,
+                sr: int = SAMPLE_RATE, silence_duration: float = 0.3
+                ) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Join chunk waveforms where some boundaries are pause marks; returns the joined float32
+    audio and the (start, length) of every pause's zeros in it.
+
+    `pauses` has one entry per boundary: before chunk 0, between each two chunks, after the
+    last (len(chunks) + 1). None is no mark: at an inner boundary the reference's cross-fade
+    (`cross_fade_chunks`), at the ends nothing. An integer n is a pause of n samples: the left
+    side ramps out (`pause_ramp`, over PAUSE_FADE_S), then n zeros, then the right side ramps
+    in (at the ends, only the side that exists). Without any mark this is `cross_fade_chunks`.
+    """
+    chunks = [np.asarray(c, dtype=np.float32) for c in chunks]
+    if not chunks:
+        raise AudioError("no audio chunks to join")
+    pauses = list(pauses) if pauses is not None else [None] * (len(chunks) + 1)
+    if len(pauses) != len(chunks) + 1:
+        raise AudioError(f"{len(pauses)} pause entries for {len(chunks)} chunks; expected one "
+                         "per boundary (chunks + 1)")
+    if all(p is None for p in pauses):
+        return cross_fade_chunks(chunks, sr, silence_duration), []
+    xfade, pfade = int(silence_duration * sr) // 3, int(PAUSE_FADE_S * sr)
+    gaps = [xfade if p is None else p for p in pauses[1:-1]]
+    total = (sum(c.shape[-1] for c in chunks) + sum(gaps) + (pauses[0] or 0)
+             + (pauses[-1] or 0))
+    merged = np.zeros(total, dtype=np.float32)  # [lead + L1 + gap + L2 + ... + trail]
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    for i, chunk in enumerate(chunks):
+        p = pauses[i]
+        if i > 0 or p is not None:
+            fade, ramp = (xfade, None) if p is None else (pfade, pause_ramp)
+            n_out = min(fade, pos)
+            if n_out > 0:  # the merged tail: the previous chunk's end (or the lead's zeros)
+                merged[pos - n_out:pos] *= (np.linspace(1, 0, n_out, dtype=np.float32)
+                                            if ramp is None else ramp(n_out)[::-1])
+            gap = xfade if p is None else p
+            if p is not None:
+                spans.append((pos, p))
+            pos += gap  # the gap stays zeros
+        n = chunk.shape[-1]
+        merged[pos:pos + n] = chunk
+        if i > 0 or p is not None:
+            n_in = min(fade, n)
+            if n_in > 0:
+                merged[pos:pos + n_in] *= (np.linspace(0, 1, n_in, dtype=np.float32)
+                                           if ramp is None else ramp(n_in))
+        pos += n
+    if pauses[-1] is not None:
+        n_out = min(pfade, pos)
+        if n_out > 0:
+            merged[pos - n_out:pos] *= pause_ramp(n_out)[::-1]
+        spans.append((pos, pauses[-1]))
+    return merged, spans
+
+
 # ---------------------------------------------------------------------------
 # The reference's two compositions
 # ---------------------------------------------------------------------------
@@ -657,6 +725,41 @@ def postprocess_output(audio: np.ndarray | Sequence[np.ndarray], ref_rms: float 
         wav = remove_silence(wav, sr, mid_sil=500, lead_sil=100, trail_sil=100)
     wav = match_output_volume(wav, ref_rms)
     return fade_and_pad(wav, pad_duration, fade_duration, sr)
+
+
+def postprocess_paused(segments: Sequence[Sequence[np.ndarray]], pauses: Sequence[int | None],
+                       ref_rms: float | None, *, postprocess: bool = True,
+                       pad_duration: float = 0.1, fade_duration: float = 0.1,
+                       sr: int = SAMPLE_RATE) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """`postprocess_output` for a text with pause marks: `segments` holds each segment's chunk
+    waveforms, `pauses` the pause lengths in samples before, between and after the segments
+    (len(segments) + 1; None at an end: no pause there). Returns the audio and the (start,
+    length) of every pause's zeros in it.
+
+    Each segment is what `postprocess_output` makes of a text alone (its chunks cross-faded,
+    with `postprocess` long inner silences cut and 100 ms of quiet kept at its edges), except
+    at an edge next to a pause: there the quiet is trimmed away and the audio ramps to the
+    pause over PAUSE_FADE_S (`join_chunks`), so the silence is the pause's zeros, to the
+    sample. Then, for the whole: one loudness (`match_output_volume`; the peak is the whole
+    result's) and the edges' fades and padding (`fade_and_pad`), around any leading or trailing
+    pause too.
+    """
+    if len(pauses) != len(segments) + 1 or None in pauses[1:-1]:
+        raise AudioError(f"{len(pauses)} pause entries for {len(segments)} segments; expected "
+                         "one per boundary, a number of samples between segments")
+    marks = list(pauses)
+    wavs = []
+    for i, seg in enumerate(segments):
+        wav = cross_fade_chunks([_mono(c, "each chunk") for c in seg], sr)
+        if postprocess:
+            wav = remove_silence(wav, sr, mid_sil=500,
+                                 lead_sil=0 if marks[i] is not None else 100,
+                                 trail_sil=0 if marks[i + 1] is not None else 100)
+        wavs.append(wav)
+    merged, spans = join_chunks(wavs, marks, sr)
+    wav = fade_and_pad(match_output_volume(merged, ref_rms), pad_duration, fade_duration, sr)
+    pad = int(pad_duration * sr) if merged.shape[-1] else 0
+    return wav, [(start + pad, n) for start, n in spans]
 
 
 # ---------------------------------------------------------------------------
@@ -947,20 +1050,26 @@ class SilenceTrimmer:
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
     def end(self) -> np.ndarray:
+        return np.concatenate(self.end_parts())
+
+    def end_parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """`end()` in two parts: the decided samples, and the trailing quiet kept (at most
+        trail_ms; what a following pause mark drops)."""
         out: list[np.ndarray] = []
         if len(self._partial):
             p = self._partial
             self._on_block(p, bool(np.sqrt(np.mean(p * p)) <= _QUIET_RMS), out)
             self._partial = np.zeros(0, np.float32)
-        if self._sounding:
-            out.extend(self._quiet[:self.trail])               # trailing quiet -> first 100 ms
+        tail = self._quiet[:self.trail] if self._sounding else []  # trailing quiet -> 100 ms
         self._quiet, self._quiet_n = [], 0
-        return np.concatenate(out) if out else np.zeros(0, np.float32)
+        return (np.concatenate(out) if out else np.zeros(0, np.float32),
+                np.concatenate(tail) if tail else np.zeros(0, np.float32))
 
 
-def trim_chunk(wav: np.ndarray, sr: int = SAMPLE_RATE) -> np.ndarray:
+def trim_chunk(wav: np.ndarray, sr: int = SAMPLE_RATE, lead_ms: int = 100,
+               trail_ms: int = 100) -> np.ndarray:
     """`SilenceTrimmer` on a whole chunk at once (the non-streamed path)."""
-    t = SilenceTrimmer(sr)
+    t = SilenceTrimmer(sr, lead_ms, trail_ms)
     return np.concatenate([t.push(wav), t.end()])
 
 
@@ -982,24 +1091,32 @@ class StreamJoiner:
     """Join trimmed chunks into the utterance incrementally, releasing each sample once no later
     input can change it. The released samples, concatenated, equal
 
-        fade_and_pad(gain(cross_fade_chunks(chunks)), pad, fade)
+        fade_and_pad(gain(join_chunks(chunks, pauses)), pad, fade)
 
-    bit for bit. Call `start_chunk()`, `push(x)` per piece, `end_chunk()`, ..., then `finish()`;
-    `set_gain(fn)` before the first sample can be released. `push`, `end_chunk` and `finish`
-    return the float32 samples they release (often none).
+    bit for bit (without pause marks: `cross_fade_chunks`). Call `start_chunk()`, `push(x)` per
+    piece, `end_chunk(tail)`, ..., then `finish()`, with `pause(n)` between chunks (or before the
+    first, or after the last) where a pause mark is; `set_gain(fn)` before the first sample can
+    be released. A chunk's `tail` (its trailing quiet, `SilenceTrimmer.end_parts`) waits until
+    the next call says whether a pause follows (which drops it). `push`, `end_chunk`, `pause`
+    and `finish` return the float32 samples they release (often none).
     """
 
     def __init__(self, sr: int = SAMPLE_RATE, pad_duration: float = 0.1,
                  fade_duration: float = 0.1):
         self.xfade = int(CROSS_FADE_S * sr) // 3
+        self.pfade = int(PAUSE_FADE_S * sr)
         self.fade, self.pad = int(fade_duration * sr), int(pad_duration * sr)
-        self.hold = max(self.xfade, self.fade)   # the last samples a join or the final fade may touch
+        # the last samples a join, a pause's ramp or the final fade may touch
+        self.hold = max(self.xfade, self.fade, self.pfade)
         self.gain: Callable[[np.ndarray], np.ndarray] | None = None
         self.chunk_starts: list[int] = []        # merged index where each chunk's samples begin
         self._held = np.zeros(0, np.float32)     # merged samples [held_start, merged_len), pre-gain
         self._held_start = 0
         self._merged = 0
         self._head: np.ndarray | None = None      # a chunk's first samples awaiting their fade-in
+        self._head_pause = False                  # ... after a pause: a pause ramp, not a cross-fade
+        self._tail: np.ndarray | None = None      # the last chunk's trailing quiet, undecided
+        self._after_pause = False                 # the last thing joined is a pause
         self._started = False                     # the leading pad went out
         self.released_chunk = 0                   # last chunk with samples released so far
 
@@ -1011,23 +1128,55 @@ class StreamJoiner:
             self._held = np.concatenate([self._held, x])
             self._merged += len(x)
 
+    def keep_tail(self) -> np.ndarray:
+        """No pause follows the last chunk: its trailing quiet stays (call it as soon as that is
+        known, so the chunk's end is released before the next chunk is made)."""
+        if self._tail is None:
+            return np.zeros(0, np.float32)
+        self._join_tail()
+        return self._release(final=False)
+
+    def _join_tail(self) -> None:
+        if self._tail is not None:
+            self._append(self._tail)
+            self._tail = None
+
     def start_chunk(self) -> None:
-        if self.chunk_starts:  # a join: fade the merged tail out, then a gap of zeros
+        self._join_tail()
+        if self._after_pause:  # the pause's zeros are in: only the ramp-in is left
+            self._head, self._head_pause = np.zeros(0, np.float32), True
+        elif self.chunk_starts:  # a join: fade the merged tail out, then a gap of zeros
             n_out = min(self.xfade, self._merged)
             if n_out > 0:
                 self._held[len(self._held) - n_out:] *= np.linspace(1, 0, n_out, dtype=np.float32)
             self._append(np.zeros(self.xfade, np.float32))
-            self._head = np.zeros(0, np.float32)
+            self._head, self._head_pause = np.zeros(0, np.float32), False
+        self._after_pause = False
         self.chunk_starts.append(self._merged)
+
+    def pause(self, n: int) -> np.ndarray:
+        """A pause mark of n samples: the last chunk's trailing quiet is dropped, its end ramps
+        out (`pause_ramp`), then n zeros (consecutive pauses add up)."""
+        self._resolve_head(final=True)
+        self._tail = None
+        if not self._after_pause:
+            n_out = min(self.pfade, self._merged)
+            if n_out > 0:
+                self._held[len(self._held) - n_out:] *= pause_ramp(n_out)[::-1]
+        self._append(np.zeros(n, np.float32))
+        self._after_pause = True
+        return self._release(final=False) if self.gain is not None else np.zeros(0, np.float32)
 
     def _resolve_head(self, final: bool) -> None:
         h = self._head
-        if h is None or (len(h) < self.xfade and not final):
+        fade = self.pfade if self._head_pause else self.xfade
+        if h is None or (len(h) < fade and not final):
             return
-        n_in = min(self.xfade, len(h))
+        n_in = min(fade, len(h))
         h = h.copy()
         if n_in > 0:
-            h[:n_in] *= np.linspace(0, 1, n_in, dtype=np.float32)
+            h[:n_in] *= pause_ramp(n_in) if self._head_pause else np.linspace(0, 1, n_in,
+                                                                               dtype=np.float32)
         self._head = None
         self._append(h)
 
@@ -1040,11 +1189,14 @@ class StreamJoiner:
             self._append(x)
         return self._release(final=False)
 
-    def end_chunk(self) -> np.ndarray:
+    def end_chunk(self, tail: np.ndarray | None = None) -> np.ndarray:
+        """The chunk is complete; `tail` is its trailing quiet, joined unless a pause follows."""
         self._resolve_head(final=True)
+        self._tail = None if tail is None or not len(tail) else np.asarray(tail, np.float32)
         return self._release(final=False)
 
     def finish(self) -> np.ndarray:
+        self._join_tail()
         return self._release(final=True)
 
     def _release(self, final: bool) -> np.ndarray:
@@ -1069,7 +1221,8 @@ class StreamJoiner:
             seg[len(seg) - k:] *= np.linspace(1, 0, k, dtype=np.float32)
         self._held = self._held[stop - a:]
         self._held_start = stop
-        self.released_chunk = max(i for i, s in enumerate(self.chunk_starts) if s < stop or i == 0)
+        self.released_chunk = max((i for i, s in enumerate(self.chunk_starts) if s < stop or i == 0),
+                                  default=0)
         parts = [seg]
         if not self._started:
             parts.insert(0, np.zeros(self.pad, np.float32))
@@ -1080,16 +1233,26 @@ class StreamJoiner:
 
 
 def join_offline(chunks: list[np.ndarray], gain, *, postprocess: bool, pad_duration: float,
-                 fade_duration: float, sr: int = SAMPLE_RATE) -> np.ndarray:
-    """The non-streamed join of decoded chunks, from the library's one-shot functions."""
+                 fade_duration: float, sr: int = SAMPLE_RATE,
+                 pauses: Sequence[int | None] | None = None
+                 ) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """The non-streamed join of decoded chunks, from the library's one-shot functions; returns
+    the audio and the (start, length) of every pause's zeros in it. `pauses`: see
+    `join_chunks` (None: no pause marks); a chunk's edge next to a pause keeps none of its
+    quiet."""
     for c in chunks:
         if not np.isfinite(c).all():
             raise AudioError("decoded audio contains NaN or infinite samples (a decoding fault); nothing to save")
-    pieces = [trim_chunk(c, sr) if postprocess else np.asarray(c, np.float32) for c in chunks]
-    wav = cross_fade_chunks(pieces, sr, silence_duration=CROSS_FADE_S)
+    marks = list(pauses) if pauses is not None else [None] * (len(chunks) + 1)
+    pieces = [trim_chunk(c, sr, 0 if marks[i] is not None else 100,
+                         0 if marks[i + 1] is not None else 100)
+              if postprocess else np.asarray(c, np.float32) for i, c in enumerate(chunks)]
+    wav, spans = join_chunks(pieces, marks, sr, silence_duration=CROSS_FADE_S)
     if wav.shape[-1] == 0:
-        return wav
-    return fade_and_pad(np.asarray(gain(wav), np.float32), pad_duration, fade_duration, sr)
+        return wav, []
+    pad = int(pad_duration * sr)
+    return (fade_and_pad(np.asarray(gain(wav), np.float32), pad_duration, fade_duration, sr),
+            [(start + pad, n) for start, n in spans])
 
 
 # ---------------------------------------------------------------------------------------------

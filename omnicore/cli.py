@@ -3,6 +3,7 @@
     omnicore say "Hello there." -o hello.wav                    # auto voice
     omnicore say "Hello." --instruct "female, low pitch" -o a.wav   # voice design
     omnicore say "Hello." --ref-audio me.wav --ref-text "..." -o b.wav  # voice cloning
+    omnicore say "Wait. [pause:1.5s] Now." --instruct male -o c.wav --save-voice m.npz  # a pause; keep the voice
     omnicore clone-prompt me.wav --ref-text "..." -o me.npz     # save a voice, reuse with --voice
     llm ... | omnicore say --stream --raw | aplay -r 24000 -f S16_LE -c 1   # speak as text arrives
     omnicore batch jobs.jsonl --out-dir out/                    # many utterances
@@ -125,29 +126,48 @@ _REFERENCE_GEN_KEYS = ("t_shift", "layer_penalty_factor", "position_temperature"
                        "preprocess_prompt")
 
 
+def _say_text(args) -> str:
+    """The text to speak, checked (length, pause marks) before the (slow) model load."""
+    from .text import split_pauses, validate_text
+
+    text = validate_text(_read_text(args))
+    split_pauses(text)
+    return text
+
+
 def cmd_say(args) -> int:
     from . import audio
     from .pipeline import VoiceClonePrompt
 
-    from .text import validate_text
-
+    save_voice = getattr(args, "save_voice", None)
+    if save_voice and (args.raw or args.stream):
+        raise InputError("--save-voice keeps the voice of a whole result; it does not go with "
+                         "--stream or --raw (run without them to keep the voice)")
     if args.raw or args.stream:
         return _say_stream(args)
     if args.output is None:
         raise InputError("say needs -o/--output FILE (or --stream --raw for PCM on stdout)")
     _check_output(args.output, _say_inputs(args), AudioError, audio_file=True)
-    text = validate_text(_read_text(args))  # fail before the (slow) model load
+    if save_voice:
+        _check_output(save_voice, {**_say_inputs(args), "--output": args.output},
+                      VoicePromptError)
+    text = _say_text(args)  # fail before the (slow) model load
     model = _load_model(args)
     kw = _gen_kwargs(args)
     _voice_kwargs(args, kw, VoiceClonePrompt)
     t0 = time.perf_counter()
     result = model.synthesize(text, on_step=_progress(not args.quiet), **kw)[0]
     elapsed = time.perf_counter() - t0
+    voice = result.as_voice() if save_voice else None  # refused (too long) before any write
     audio.write_audio_atomic(args.output, result.audio, model.sampling_rate)
     secs = len(result.audio) / model.sampling_rate
     _log(args, f"wrote {args.output}: {secs:.2f} s of audio in {elapsed:.1f} s "
                f"(RTF {elapsed / max(secs, 1e-9):.2f}, {result.codes.shape[1]} frames, "
                f"{len(result.text_chunks)} chunk(s))")
+    if voice is not None:
+        voice.save(save_voice)
+        _log(args, f"wrote {save_voice}: this voice ({voice.ref_audio_tokens.shape[1]} frames), "
+                   f"reuse it with --voice {save_voice}")
     return 0
 
 
@@ -185,10 +205,9 @@ def _say_stream(args) -> int:
     """`say --stream`: audio is written as each chunk is made (see omnicore.streaming)."""
     from . import streaming
     from .pipeline import VoiceClonePrompt
-    from .text import validate_text
 
     if args.text_file or (args.text is not None and args.text != "-"):
-        source = validate_text(_read_text(args))  # fail before the (slow) model load
+        source = _say_text(args)  # fail before the (slow) model load
     elif sys.stdin.isatty():
         raise InputError("no text given: pass TEXT, --text-file FILE, or pipe text on stdin")
     else:
@@ -281,7 +300,8 @@ def _id_problem(job_id) -> str | None:
 
 def _job_problem(job) -> str | None:
     """What is wrong with one parsed batch line (fields, types, values), or None."""
-    from .text import resolve_instruct, validate_duration, validate_speed, validate_text
+    from .text import (resolve_instruct, split_pauses, validate_duration, validate_speed,
+                       validate_text)
 
     if not isinstance(job, dict):
         return f"must be a JSON object, got {type(job).__name__}"
@@ -306,7 +326,7 @@ def _job_problem(job) -> str | None:
         return ("\"ref_audio\" needs \"ref_text\", the transcript of the clip (the reference can "
                 "transcribe it with Whisper; omnicore has no ASR built in)")
     try:
-        validate_text(job.get("text"))
+        split_pauses(validate_text(job.get("text")))
         validate_duration(job.get("duration"))
         validate_speed(job.get("speed"))
         resolve_instruct(job.get("instruct"), job["text"])
@@ -643,7 +663,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("say", help="synthesise speech to an audio file",
                        description="Synthesise TEXT (or --text-file, or stdin) to an audio file. "
                                    "Voice: automatic, designed with --instruct, or cloned with "
-                                   "--ref-audio/--ref-text or --voice.")
+                                   "--ref-audio/--ref-text or --voice. Pauses in the text: "
+                                   "[pause:1.5s], [pause:500ms] or <break time=\"2s\"/> (exact "
+                                   "silence, at most 60 s each).")
     s.add_argument("text", nargs="?", help="text to speak ('-' or omitted: read stdin)")
     s.add_argument("-o", "--output", help="output file (.wav, .flac, .ogg); required unless --raw")
     s.add_argument("--text-file", help="read the text from this UTF-8 file")
@@ -657,6 +679,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--raw", action="store_true",
                    help="raw 16-bit mono PCM at 24 kHz (implies --stream) to -o FILE or stdout, "
                         "e.g. | aplay -r 24000 -f S16_LE -c 1")
+    s.add_argument("--save-voice", metavar="FILE",
+                   help="also keep the voice of the result (auto or designed) as a voice prompt "
+                        ".npz: --voice FILE speaks with the same speaker later")
     model_opts(s)
     gen_opts(s)
     s.set_defaults(func=cmd_say)

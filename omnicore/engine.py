@@ -19,6 +19,10 @@ left than the shortest active one sits out a few iterations at a time, see SHORT
 design mode a long text's chunks 1..n depend on chunk 0 (its codes are their voice reference):
 they are prepared and admitted when chunk 0 retires.
 
+Randomness: pass k of a request seeded with s draws from child k of `SeedSequence(s)`
+(`pass_seed`: what `SeedSequence(s).spawn(n)[k]` gives), so the chunks of one text draw
+independent noise rather than the same stream again, and the result stays reproducible.
+
 A pass's codes do not depend on which passes share its forward: each pass has its own schedule,
 step index and random generator, and the rows are independent in the backbone (positions
 restart per row, attention is per row). Only float rounding of the shared GEMMs can differ with
@@ -45,7 +49,7 @@ from . import text as text_mod, tokenizer as tok_mod, unmasking
 from .config import GenerationConfig
 from .errors import CancelledError, InputError
 
-__all__ = ["PassSpec", "Request", "Engine", "default_token_budget"]
+__all__ = ["PassSpec", "Request", "Engine", "default_token_budget", "pass_seed"]
 
 IDLE_EXIT_S = 10.0  # the worker thread ends after this long without work
 # Short work first: a pass with over SHORT_FIRST_RATIO times the least remaining work (tokens x
@@ -66,7 +70,8 @@ class PassSpec:
 
     `after` is the index (within the same request) of the pass whose generated codes become
     this pass's reference codes (auto / design long text: chunk 0); `ref_codes` is then None
-    and `ref_text` is that pass's text.
+    and `ref_text` is that pass's text. `seed` is what the pass's generator is made from
+    (`np.random.default_rng(seed)`): None, an integer, or a `SeedSequence` (`pass_seed`).
     """
 
     text: str
@@ -75,9 +80,17 @@ class PassSpec:
     instruct: str | None
     ref_text: str | None
     ref_codes: np.ndarray | None  # int64 [C, R]
-    seed: int | None
+    seed: int | np.random.SeedSequence | None
     gen: GenerationConfig
     after: int | None = None
+
+
+def pass_seed(seed: int | None, k: int) -> np.random.SeedSequence | None:
+    """The random stream of pass k (from 0) of a text seeded with `seed`: child k of
+    `SeedSequence(seed)`, the same as `SeedSequence(seed).spawn(n)[k]` for any n > k. The chunks
+    of one text (its passes in plan order, streamed or not) thus draw independent noise, a text
+    gives the same result alone or in a batch, and None stays fresh entropy for every pass."""
+    return None if seed is None else np.random.SeedSequence(seed, spawn_key=(k,))
 
 
 def default_token_budget(cfg) -> int:

@@ -10,7 +10,8 @@
                       of CFG unmasking, passes of every caller packed into shared forwards);
                       long text: text chunks, chunk 0 becomes the voice reference of the rest
         3. decode     codec.decode: [8, T] codes -> 960*T samples at 24 kHz
-        4. postprocess audio.postprocess_output: silence trim, loudness, fades, padding
+        4. postprocess audio.postprocess_output: silence trim, loudness, fades, padding (with
+                      pause marks, audio.postprocess_paused: segments joined by exact silence)
 
 Names and defaults follow the reference `omnivoice` package so that code ports by changing an
 import. Dimension legend: C = 8 codebooks, T = target frames (25 per second), R = reference
@@ -30,7 +31,7 @@ import numpy as np
 from . import audio, backbone, normalize, streaming, text as text_mod, tokenizer as tok_mod
 from .codec import Codec, check_clip_length  # noqa: F401 (public names)
 from .config import GenerationConfig, OmniVoiceConfig, read_json, resolve_generation_config
-from .engine import Engine, PassSpec
+from .engine import Engine, PassSpec, pass_seed
 from .errors import AudioError, InputError, OmniCoreError, VoicePromptError
 from .voice import (PROMPT_CODEBOOK_SIZE, PROMPT_CODEBOOKS, VOICE_PROMPT_FORMAT,  # noqa: F401
                     VOICE_PROMPT_VERSION, Synthesis, VoiceClonePrompt, check_voice_prompt)
@@ -147,7 +148,10 @@ class OmniVoice:
         Every input is checked before any heavy work (text.py holds the limits: output length
         per call and per pass, reference length, memory of one pass); `generation_config` is a
         GenerationConfig or a dict of its fields, and a keyword argument may not contradict it.
-        `seed` is None, an integer >= 0, or one per text. `normalize_text=True` first writes
+        `seed` is None, an integer >= 0, or one per text; chunk k of a long text draws from
+        child k of its text's seed (`SeedSequence(seed).spawn`, engine.pass_seed), so chunks
+        get independent noise and a text gets the same result alone or in a batch.
+        `normalize_text=True` first writes
         numbers, dates, currency ... as words, as the reference does (omnicore.normalize; needs
         the `tn` extra).
         """
@@ -181,24 +185,34 @@ class OmniVoice:
             timings = {"prepare": prepare_s / len(items), "unmask": unmask_s / len(items)}
             if encode_s:
                 timings["encode"] = encode_s / len(items)
-            wav = np.zeros(0, np.float32)
+            wav, spans = np.zeros(0, np.float32), []
             if _decode:
                 t0 = time.perf_counter()
                 pieces = [self.codec.decode(c) for c in chunk_codes]  # [C, T_k] -> [960*T_k]
                 timings["decode"] = time.perf_counter() - t0
                 t0 = time.perf_counter()
-                # Chunks are cross-faded, then silence trim / loudness / fades as the reference.
-                wav = audio.postprocess_output(
-                    pieces if len(pieces) > 1 else pieces[0], it.ref_rms,
-                    postprocess=gen.postprocess_output, pad_duration=gen.pad_duration,
-                    fade_duration=gen.fade_duration, sr=self.sampling_rate)
+                edges = dict(postprocess=gen.postprocess_output, pad_duration=gen.pad_duration,
+                             fade_duration=gen.fade_duration, sr=self.sampling_rate)
+                if it.plan.paused:  # segments joined by exact silences (audio.postprocess_paused)
+                    segments = [[] for _ in it.plan.pauses[1:]]
+                    for chunk, piece in zip(it.plan.chunks, pieces):
+                        segments[chunk.segment].append(piece)
+                    last = len(it.plan.pauses) - 1  # at the ends, 0 s is no pause at all
+                    pauses = [None if i in (0, last) and p == 0 else
+                              text_mod.pause_samples(p, self.sampling_rate)
+                              for i, p in enumerate(it.plan.pauses)]
+                    wav, spans = audio.postprocess_paused(segments, pauses, it.ref_rms, **edges)
+                else:
+                    # Chunks are cross-faded, then silence trim / loudness / fades as the reference.
+                    wav = audio.postprocess_output(pieces if len(pieces) > 1 else pieces[0],
+                                                   it.ref_rms, **edges)
                 timings["postprocess"] = time.perf_counter() - t0
             out.append(Synthesis(
                 audio=np.ascontiguousarray(wav, np.float32),
                 codes=np.concatenate(chunk_codes, axis=1),
                 fill_steps=np.concatenate(chunk_steps, axis=1).astype(np.int16),
                 num_steps=gen.num_step, timings=timings, text_chunks=chunk_texts,
-                sample_rate=self.sampling_rate))
+                sample_rate=self.sampling_rate, pauses=tuple(spans)))
         return out
 
     # -- internals ----------------------------------------------------------------------------
@@ -223,10 +237,16 @@ class OmniVoice:
             raise InputError("text must be a non-empty string or a non-empty list of strings")
         texts = [text_mod.validate_text(t) for t in texts]
         n = len(texts)
+        # Pause marks ([pause:1.5s], <break time="2s"/>) split each text into spoken segments;
+        # a bad mark is refused here, and normalisation only ever sees the spoken text.
+        paused = [text_mod.split_pauses(t) for t in texts]
         text_mod.validate_edges(gen.pad_duration, gen.fade_duration)
         seeds = text_mod.validate_seed(seed, n)
         langs = [text_mod.resolve_language(x) for x in _as_list(language, n, "language")]
-        texts = normalize.for_synthesis(texts, langs, normalize_text, text_mod.validate_text)
+        paused = [p.map(lambda seg, lang=lang: normalize.for_synthesis(
+                      [seg], [lang], normalize_text, text_mod.validate_text)[0])
+                  for p, lang in zip(paused, langs)]
+        texts = [p.spoken for p in paused]
         instructs = []
         for t, ins in zip(texts, _as_list(instruct, n, "instruct")):
             # The target text decides the instruct's language (Chinese text -> Chinese items).
@@ -255,7 +275,7 @@ class OmniVoice:
         for i in range(n):
             p = prompts[i]
             plan = text_mod.plan_synthesis(
-                texts[i], p.ref_text if p else None, p.ref_audio_tokens.shape[1] if p else None,
+                paused[i], p.ref_text if p else None, p.ref_audio_tokens.shape[1] if p else None,
                 speed=speeds[i] if speeds else None,
                 duration=durations[i] if durations else None,
                 chunk_duration=gen.audio_chunk_duration,
@@ -263,8 +283,8 @@ class OmniVoice:
             items.append(_Item(texts[i], plan.frames, langs[i], instructs[i],
                                p.ref_text if p else None, p.ref_audio_tokens if p else None,
                                p.ref_rms if p else None, plan.speed, plan, seeds[i]))
-        text_mod.check_total_frames(sum(c.frames for it in items for c in it.plan.chunks),
-                                    self.frame_rate)
+        text_mod.check_total_frames(sum(c.frames for it in items for c in it.plan.chunks)
+                                    + sum(it.plan.pause_frames for it in items), self.frame_rate)
         return items, encode_s
 
     @property
@@ -280,17 +300,18 @@ class OmniVoice:
                     ) -> tuple[list[PassSpec], list[int]]:
         """The passes of every item's plan, and the item each belongs to. With a voice prompt
         every chunk is conditioned on it; without one (auto / design), later chunks use chunk
-        0's text and generated codes as reference (the reference's rule), so they wait for it."""
+        0's text and generated codes as reference (the reference's rule), so they wait for it.
+        Chunk k of an item draws from child k of the item's seed (engine.pass_seed)."""
         specs, owner = [], []
         for i, it in enumerate(items):
             first = len(specs)
-            for chunk in it.plan.chunks:
+            for k, chunk in enumerate(it.plan.chunks):
                 ref_text, ref_codes, after = None, None, None
                 if chunk.reference == "prompt":
                     ref_text, ref_codes = it.ref_text, it.ref_codes
                 elif chunk.reference == "chunk0":
                     ref_text, after = chunk.ref_text, first
                 specs.append(PassSpec(chunk.text, chunk.frames, it.language, it.instruct,
-                                      ref_text, ref_codes, it.seed, gen, after))
+                                      ref_text, ref_codes, pass_seed(it.seed, k), gen, after))
                 owner.append(i)
         return specs, owner

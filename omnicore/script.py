@@ -16,7 +16,7 @@
     result.audio, result.turns                # float32 [L] at 24 kHz; start/end of every turn
 
 A speaker without a reference (designed or auto) is spoken by its first turn; that result is
-then kept as the speaker's voice (`voice_from_synthesis`: its codes, text and loudness) and
+then kept as the speaker's voice (`Synthesis.as_voice`: its codes, text and loudness) and
 every later turn of the speaker is conditioned on it, so the speaker sounds the same throughout
 (the rule the model itself follows for the chunks of one long text). Turns are joined by exactly
 `gap` seconds of digital silence; each turn keeps its own edge padding (`pad_duration`, 0.1 s).
@@ -39,7 +39,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from . import audio, text as text_mod
-from .errors import AudioError, InputError, OmniCoreError
+from .errors import InputError, OmniCoreError
+from .voice import voice_from_synthesis  # noqa: F401 (its home was here: old imports work)
 
 # A script is one job, like one call: its spoken text shares text.MAX_TEXT_CHARS. Every turn is
 # at least one generation pass, so the number of turns is bounded too (1,000 turns are 20
@@ -59,41 +60,6 @@ _LINE = re.compile(r"\s*(?P<name>[^:：]*?)\s*[:：](?P<text>.*)", re.DOTALL)  #
 _SPEC_KEYS = ("voice", "instruct", "ref_audio", "ref_text", "seed", "language", "speed")
 # What a turn's call takes from its speaker, not from the caller's keyword arguments.
 _PER_SPEAKER = ("text", "voice_clone_prompt", "ref_audio", "ref_text", "instruct", "duration")
-
-
-# ---------------------------------------------------------------------------------------------
-# Keeping a generated voice
-# ---------------------------------------------------------------------------------------------
-
-
-def voice_from_synthesis(synthesis, text: str | None = None):
-    """A `VoiceClonePrompt` made from a generated result, so that later calls speak with the
-    same voice: the result's codes [C, T], its text and its loudness (RMS of its audio).
-
-    `text` is what was spoken; by default the result's text chunks, joined by spaces. A result
-    longer than a voice reference may be (text.MAX_REF_S seconds of codes, MAX_REF_TEXT_CHARS
-    characters) is an InputError, and a silent one an AudioError: nothing to keep.
-    """
-    from . import VoiceClonePrompt
-
-    codes = np.array(synthesis.codes, dtype=np.int64)  # [C, T], a copy: the prompt owns it
-    if codes.ndim != 2 or codes.shape[1] == 0:
-        raise InputError(f"the result has no codes to keep (shape {list(codes.shape)})")
-    if text is None:
-        chunks = list(synthesis.text_chunks)
-        text = chunks[0] if len(chunks) == 1 else " ".join(c.strip() for c in chunks)
-    text = text_mod.validate_ref_text(text.strip() if isinstance(text, str) else text,
-                                      "the text of the kept voice")
-    if codes.shape[1] > text_mod.MAX_REF_FRAMES:
-        raise InputError(
-            f"the result is {codes.shape[1] / text_mod.FRAME_RATE:.1f} s long; a kept voice holds "
-            f"at most {text_mod.MAX_REF_S:g} s (every later pass re-reads it). Keep the voice of "
-            "a shorter result (a sentence or two is plenty).")
-    rms = audio.reference_rms(synthesis.audio)
-    if not rms > 0:
-        raise AudioError("the result is silent; there is no voice to keep")
-    # Loudness above 0.1 leaves later outputs as they are, so the cap changes nothing.
-    return VoiceClonePrompt(codes, text, min(rms, text_mod.MAX_REF_RMS))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,7 +115,7 @@ def parse_script(script) -> list[Line]:
             raise InputError(f"script line {number}: {name} has nothing to say; write the text "
                              "after the colon or remove the line")
         try:
-            text_mod.validate_text(spoken)
+            text_mod.split_pauses(text_mod.validate_text(spoken))  # [pause:1s] marks too
         except InputError as exc:
             raise InputError(f"script line {number} ({name}): {exc}") from None
         turns.append(Line(number, name, spoken))
@@ -479,7 +445,7 @@ def synthesize_script(model, script, voices: Mapping, *, gap: float = DEFAULT_GA
             result = model.synthesize(ln.text, **kw)[0]
             if sp.name not in voice:  # the first turn of a designed / auto speaker
                 # The text as spoken (the result's chunks: normalised, when asked), not as written.
-                voice[sp.name] = voice_from_synthesis(result)
+                voice[sp.name] = result.as_voice()
         except OmniCoreError as exc:
             raise type(exc)(f"script line {ln.line} ({sp.name}): {exc}") from None
         if k:

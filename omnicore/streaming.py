@@ -47,7 +47,8 @@ voice reference (fixed cost per pass) and every join adds a 0.1 s pause.
 
 Voice: with a voice prompt (ref_audio / voice_clone_prompt) every chunk is conditioned on it;
 otherwise chunk 0 is generated freely and its codes + text are the reference of later chunks,
-as the long-form path does. Each chunk is unmasked with the same `seed`.
+as the long-form path does. Chunk k is unmasked with child k of `seed` (`engine.pass_seed`),
+as chunk k of `generate_chunks` is: chunks draw independent noise, reproducibly.
 
 Post-processing (the reference normalises the whole utterance, which a stream cannot see):
     silence   (postprocess_output) per chunk, by `SilenceTrimmer`: 10 ms blocks under -50 dBFS;
@@ -61,10 +62,17 @@ Post-processing (the reference normalises the whole utterance, which a stream ca
               trimming) is scaled to 0.5 and that gain is kept for the whole stream, so later
               louder passages may exceed 0.5 (headroom to 1.0: 6 dB); writers clip at 1.0.
     edges     `audio.fade_and_pad`: fade in / out and 0.1 s of zeros at both ends.
+    pauses    a pause mark ([pause:1.5s], <break time="500ms"/>; `text.PauseScanner`) ends the
+              chunk before it and comes out, in order, as exactly its zeros (`StreamJoiner.pause`):
+              the edges next to it keep none of their quiet and ramp over 10 ms instead of the
+              cross-fade (`audio.join_chunks`), as `generate` does for the same marks. Chunks
+              after a pause are sized at the text's own pace (`text.plan_chunk`, own_pace).
 The stream holds back only what these rules leave undecided: a chunk's quiet tail (until sound
 resumes or the chunk ends), the last 100 ms of the utterance (the next join or the final fade
 touches them) and, at the very start, the first 0.2 s (the fade-in is min(0.1 s, half the
-length) long).
+length) long); and a chunk's trailing quiet (at most 100 ms) until the next piece of text says
+whether a pause mark follows it (whole text: at once; text in fragments: when the next chunk
+or mark is complete).
 
 Cancellation: leaving the loop (break, `close()`, the stream being garbage-collected) stops the
 worker within one unmasking step or decode window and joins it. Exceptions in the worker (or in
@@ -77,7 +85,7 @@ Dimension legend:
 
 from __future__ import annotations
 
-import itertools
+import math
 import queue
 import threading
 import time
@@ -89,7 +97,7 @@ import numpy as np
 
 from . import audio, codec as codec_mod, normalize, text as text_mod
 from .config import GenerationConfig, resolve_generation_config
-from .engine import PassSpec
+from .engine import PassSpec, pass_seed
 from .errors import AudioError, CancelledError, InputError
 from .audio import (AudioFileWriter, RawPcmWriter, SilenceTrimmer, StreamJoiner,  # noqa: F401
                     join_offline, peak_gain, rms_gain, to_pcm16, trim_chunk)
@@ -155,8 +163,9 @@ class _Plan:
         self.first: text_mod.ChunkPlan | None = None  # chunk 0's pass: the later chunks' voice
         self.ref0_codes: np.ndarray | None = None  # its codes, in auto / design mode
         self.encode_s = 0.0
-        self.total_frames = 0  # frames generated so far, against text.MAX_DURATION_S
-        self._chunks: list[str] | None = None  # all chunk texts, when the whole text is known
+        self.total_frames = 0  # frames generated and paused so far, against text.MAX_DURATION_S
+        self.paused = False  # a pause mark came after a chunk: later chunks are sized own_pace
+        self._chunks: list | None = None  # all chunks (and Pauses), when the whole text is known
         self._voice_ready = self._ref_audio is None or self.prompt is not None
         if self._voice_ready:
             self._fix_pace()
@@ -170,37 +179,57 @@ class _Plan:
                 p.ref_audio_tokens.shape[1] if p else None, duration=self.duration,
                 frame_rate=self.model.frame_rate)
 
-    def expect(self, chunks: list[str]) -> None:
-        """The whole text's chunks are known: check every pass now (or, when a reference clip
-        still has to be encoded, right after that)."""
-        self._chunks = [self._normalize(c) for c in chunks]
+    def expect(self, chunks: list) -> None:
+        """The whole text's chunks (and Pauses) are known: check every pass now (or, when a
+        reference clip still has to be encoded, right after that)."""
+        self._chunks = [c if isinstance(c, text_mod.Pause) else self._normalize(c) for c in chunks]
+        if not any(isinstance(c, str) for c in self._chunks):
+            raise _nothing_to_say(self._chunks)
         if self._voice_ready:
             self._check_chunks()
 
     def _check_chunks(self) -> None:
+        texts = [c for c in self._chunks if isinstance(c, str)]
         instruct = self.instruct
-        if self._instruct_raw is not None and self._chunks:  # as codes() resolves it on chunk 0
-            instruct = text_mod.resolve_instruct(self._instruct_raw, self._chunks[0])
-        first, total, specs = None, 0, []
-        for chunk in self._chunks:
-            plan = self._chunk_plan(chunk, first)
+        if self._instruct_raw is not None and texts:  # as codes() resolves it on chunk 0
+            instruct = text_mod.resolve_instruct(self._instruct_raw, texts[0])
+        first, total, specs, paused = None, 0, [], False
+        for item in self._chunks:
+            if isinstance(item, text_mod.Pause):
+                total = text_mod.check_total_frames(total + _pause_frames(item.seconds),
+                                                    self.model.frame_rate)
+                paused = paused or first is not None
+                continue
+            plan = self._chunk_plan(item, first, paused)
             first = first or plan
             total = text_mod.check_total_frames(total + plan.frames, self.model.frame_rate)
-            specs.append(self._spec(plan, instruct, after=0 if plan.reference == "chunk0" else None))
+            specs.append(self._spec(plan, instruct, len(specs),
+                                    after=0 if plan.reference == "chunk0" else None))
         self.model.engine.check(specs)  # every pass's rows and memory, before any runs
 
-    def _chunk_plan(self, chunk: str, first) -> text_mod.ChunkPlan:
+    def _chunk_plan(self, chunk: str, first, own_pace: bool = False) -> text_mod.ChunkPlan:
         p = self.prompt
         plan = text_mod.plan_chunk(chunk, first, p.ref_text if p else None,
-                                   p.ref_audio_tokens.shape[1] if p else None, self.pace)
+                                   p.ref_audio_tokens.shape[1] if p else None, self.pace,
+                                   own_pace=own_pace)
         text_mod.check_pass_frames(plan.frames, chunk, self.model.frame_rate)
         return plan
 
-    def _spec(self, plan: text_mod.ChunkPlan, instruct, after=None, ref_codes=None) -> PassSpec:
+    def add_pause(self, seconds: float) -> int:
+        """A pause mark came: counted against the output limit; its length in samples."""
+        self.total_frames = text_mod.check_total_frames(
+            self.total_frames + _pause_frames(seconds), self.model.frame_rate)
+        self.paused = self.paused or self.first is not None
+        return text_mod.pause_samples(seconds, self.model.sampling_rate)
+
+    def _spec(self, plan: text_mod.ChunkPlan, instruct, k: int, after=None,
+              ref_codes=None) -> PassSpec:
+        """Chunk k's pass; it draws from child k of the seed (engine.pass_seed), as chunk k of
+        the synchronous path does."""
         if plan.reference == "prompt":
             ref_codes = self.prompt.ref_audio_tokens
         return PassSpec(plan.text, plan.frames, self.language, instruct, plan.ref_text,
-                        ref_codes, self.seed, self.gen, after)
+                        ref_codes, pass_seed(self.seed, k), self.gen, after)
 
     def prepare_voice(self) -> None:
         """Encode the reference clip (slow: done in the worker) and fix the pace for duration."""
@@ -224,10 +253,10 @@ class _Plan:
             # As generate() decides an instruct's language from its text, here from chunk 0's
             # (the only text known when a stream starts), for whole and fragmented input alike.
             self.instruct = text_mod.resolve_instruct(self._instruct_raw, chunk)
-        plan = self._chunk_plan(chunk, self.first)
+        plan = self._chunk_plan(chunk, self.first, self.paused)
         self.total_frames = text_mod.check_total_frames(self.total_frames + plan.frames,
                                                         self.model.frame_rate)
-        spec = self._spec(plan, self.instruct, ref_codes=self.ref0_codes)
+        spec = self._spec(plan, self.instruct, k, ref_codes=self.ref0_codes)
         request = self.model.engine.submit([spec], on_step or self.on_step)
         if shared is not None:
             shared.request = request  # so that closing the stream cancels it at once
@@ -243,6 +272,16 @@ class _Plan:
             if self.prompt is None:
                 self.ref0_codes = codes
         return codes, steps
+
+
+def _pause_frames(seconds: float) -> int:
+    return math.ceil(seconds * text_mod.FRAME_RATE)
+
+
+def _nothing_to_say(items) -> InputError:
+    if items:
+        return InputError("text has only pause marks and nothing to speak: put words between them.")
+    return InputError("text is empty (or only whitespace): pass the words to speak.")
 
 
 def _text_source(text, rule: ChunkRule | None):
@@ -296,8 +335,8 @@ def generate_chunks(model, text, *, language=None, ref_audio=None, ref_text=None
                     on_step=None, generation_config: GenerationConfig | None = None,
                     rule: ChunkRule | None = None, decode_frames: int = 25,
                     normalize_text: bool = False, **gen_kwargs):
-    """The non-streamed twin of `stream`: the same chunks, the same per-chunk generation (same
-    seed, same voice reference), run synchronously; each chunk decoded in ONE shot
+    """The non-streamed twin of `stream`: the same chunks, the same per-chunk generation (chunk
+    k from child k of the seed, the same voice reference), run synchronously; each chunk decoded in ONE shot
     (`codec.decode`), trimmed whole (`trim_chunk`), joined with `audio.cross_fade_chunks`, scaled
     (fixed gain, see module docstring) and finished with `audio.fade_and_pad`.
     `decode_frames` only sets the window whose peak fixes the gain. Returns a `Synthesis`.
@@ -313,20 +352,27 @@ def generate_chunks(model, text, *, language=None, ref_audio=None, ref_text=None
     t0 = time.perf_counter()
     plan.prepare_voice()
     chunks, codes, steps = [], [], []
-    for k, chunk in enumerate(_chunks_of(fragments, rule)):
-        c, s = plan.codes(k, chunk)
-        chunks.append(chunk)
+    marks: list[int | None] = [None]  # per chunk boundary: a pause's samples, or no mark
+    items = list(_chunks_of(fragments, rule))
+    for item in items:
+        if isinstance(item, text_mod.Pause):
+            marks[-1] = (marks[-1] or 0) + plan.add_pause(item.seconds)
+            continue
+        c, s = plan.codes(len(chunks), item)
+        chunks.append(item)
         codes.append(c)
         steps.append(s)
+        marks.append(None)
     if not chunks:
-        raise InputError("text is empty (or only whitespace): pass the words to speak.")
+        raise _nothing_to_say(items)
     t1 = time.perf_counter()
     wavs = [model.codec.decode(c) for c in codes]  # [C, T_k] -> [960 * T_k]
     t2 = time.perf_counter()
     gain = plan.gain(wavs[0][:decode_frames * model.codec.hop_length])
-    wav = join_offline(wavs, gain, postprocess=plan.gen.postprocess_output,
-                       pad_duration=plan.gen.pad_duration, fade_duration=plan.gen.fade_duration,
-                       sr=model.sampling_rate)
+    wav, spans = join_offline(wavs, gain, postprocess=plan.gen.postprocess_output,
+                              pad_duration=plan.gen.pad_duration,
+                              fade_duration=plan.gen.fade_duration, sr=model.sampling_rate,
+                              pauses=marks)
     t3 = time.perf_counter()
     timings = {"unmask": t1 - t0 - plan.encode_s, "decode": t2 - t1, "postprocess": t3 - t2}
     if plan.encode_s:
@@ -334,7 +380,7 @@ def generate_chunks(model, text, *, language=None, ref_audio=None, ref_text=None
     return Synthesis(audio=np.ascontiguousarray(wav, np.float32), codes=np.concatenate(codes, axis=1),
                      fill_steps=np.concatenate(steps, axis=1).astype(np.int16),
                      num_steps=plan.gen.num_step, timings=timings, text_chunks=chunks,
-                     sample_rate=model.sampling_rate)
+                     sample_rate=model.sampling_rate, pauses=tuple(spans))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,10 +495,17 @@ def _worker(shared: _Shared, model, plan: _Plan, decode_frames: int) -> None:
                 user_on_step(step, total)
             shared.check()
 
-        for k in itertools.count():
+        k, after_pause, pauses = 0, False, 0
+        while True:
             chunk = _next_text(shared)
             if chunk is _END:
                 break
+            if isinstance(chunk, text_mod.Pause):  # silence, in order, with its edges ramped
+                shared.put_audio(joiner, joiner.pause(plan.add_pause(chunk.seconds)))
+                after_pause, pauses = True, pauses + 1
+                continue
+            # A chunk, not a pause, follows the last one: its trailing quiet goes out now.
+            shared.put_audio(joiner, joiner.keep_tail())
             shared.wait_turn(k)
             t0 = time.perf_counter()
             try:
@@ -464,7 +517,10 @@ def _worker(shared: _Shared, model, plan: _Plan, decode_frames: int) -> None:
             stat = {"text": chunk, "frames": int(codes.shape[1]), "start_s": t0 - t_start,
                     "unmask_s": t1 - t0}
             shared.stats.append(stat)
-            trimmer = SilenceTrimmer(model.sampling_rate) if plan.gen.postprocess_output else None
+            # an edge next to a pause keeps none of its quiet: the pause is the silence there
+            trimmer = (SilenceTrimmer(model.sampling_rate, lead_ms=0 if after_pause else 100)
+                       if plan.gen.postprocess_output else None)
+            after_pause = False
             joiner.start_chunk()
             for wav in decode_windows(codec, codes, decode_frames):
                 shared.check()
@@ -474,14 +530,17 @@ def _worker(shared: _Shared, model, plan: _Plan, decode_frames: int) -> None:
                 if joiner.gain is None:
                     joiner.set_gain(plan.gain(wav))
                 shared.put_audio(joiner, joiner.push(trimmer.push(wav) if trimmer else wav))
+            tail = None
             if trimmer is not None:
-                shared.put_audio(joiner, joiner.push(trimmer.end()))
-            shared.put_audio(joiner, joiner.end_chunk())
+                body, tail = trimmer.end_parts()
+                shared.put_audio(joiner, joiner.push(body))
+            shared.put_audio(joiner, joiner.end_chunk(tail))
             stat["decode_s"] = time.perf_counter() - t1
             with shared.cond:
                 shared.marks.append(shared.emitted)
+            k += 1
         if not joiner.chunk_starts:
-            raise InputError("text is empty (or only whitespace): pass the words to speak.")
+            raise _nothing_to_say([None] * pauses)
         shared.put_audio(joiner, joiner.finish())
         shared.out.put(("end",))
     except _Cancelled:

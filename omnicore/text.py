@@ -13,6 +13,8 @@ How ``generate()`` uses this module, per text item (see ``plan_synthesis`` for l
     language  -> resolve_language          id for ``<|lang_start|>…<|lang_end|>`` or None
     instruct  -> resolve_instruct(instruct, text)   normalised item list or None
     ref_text  -> add_punctuation           only when a voice prompt is built with preprocessing
+    pauses    -> split_pauses              [pause:1.5s] / <break time="2s"/> marks: segments
+                                           and their silences (plan_synthesis plans each)
     length    -> estimate_target_frames    target frames (or ``duration`` * 25)
     long text -> chunk_text                chunk texts; plan_synthesis gives the whole plan
                                            (plan_pace, plan_chunk: also the stream's passes)
@@ -91,6 +93,12 @@ __all__ = [
     "plan_synthesis",
     "plan_pace",
     "plan_chunk",
+    "MAX_PAUSE_S",
+    "Pause",
+    "PauseScanner",
+    "PausedText",
+    "split_pauses",
+    "pause_samples",
     "ChunkRule",
     "TextChunker",
     "split_text",
@@ -904,6 +912,210 @@ def estimate_target_frames(
 
 
 # ---------------------------------------------------------------------------
+# Pauses: [pause:1.5s], [pause:500ms], <break time="500ms"/>
+# ---------------------------------------------------------------------------
+
+# The longest silence of one mark. A minute is far beyond any pause in speech, so more is a typo
+# (500s for 500ms); all pauses of a call also count against MAX_DURATION_S with its speech.
+MAX_PAUSE_S = 60.0
+# A mark is at most this many characters from its "[" / "<" to its "]" / ">"; longer, it is
+# unclosed (and a stream must not hold text back for a closer that never comes).
+_MAX_MARK_CHARS = 100
+_MARK_KEYWORDS = {"[": "pause", "<": "break"}
+_MARK_CLOSERS = {"[": "]", "<": ">"}
+_WORD_CHAR = re.compile(r"\w")
+_PAUSE_LENGTH = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)\s*", re.IGNORECASE)
+_BREAK_ATTR = re.compile(r"""\s*([A-Za-z_][\w-]*)\s*=\s*("[^"]*"|'[^']*'|[^\s"'/>]+)""")
+_PAUSE_SYNTAX = "[pause:1.5s], [pause:500ms] or <break time=\"500ms\"/>"
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A pause mark: ``seconds`` of silence, written at character ``at`` (from 0) of the text."""
+
+    seconds: float
+    at: int = 0
+
+
+def pause_samples(seconds: float, sr: int) -> int:
+    """A pause's length in whole samples at ``sr`` (24 kHz: 1.5 s -> 36000, 500 ms -> 12000)."""
+    return int(round(seconds * sr))
+
+
+def _pause_error(mark: str, at: int, why: str) -> InputError:
+    return InputError(f"pause mark {_clip(mark, 60)!r} at character {at}: {why}. Write "
+                      f"{_PAUSE_SYNTAX}, at most {MAX_PAUSE_S:g} s each.")
+
+
+def _parse_mark(mark: str, at: int) -> Pause:
+    """The pause of one complete mark ("[pause:...]" or "<break .../>"), else InputError."""
+    if mark[0] == "[":
+        rest = mark[1:-1].strip()[len("pause"):].lstrip()
+        if not rest.startswith(":"):
+            raise _pause_error(mark, at, "the length follows a colon")
+        value = rest[1:]
+    else:
+        inner = mark[1:-1].strip()[len("break"):]
+        inner = inner[:-1] if inner.endswith("/") else inner
+        attrs, pos = {}, 0
+        while inner[pos:].strip():
+            m = _BREAK_ATTR.match(inner, pos)
+            if m is None:
+                raise _pause_error(mark, at, "its attributes cannot be read")
+            name, val = m[1].lower(), m[2]
+            if name not in ("time", "strength"):  # SSML's strength is accepted, time decides
+                raise _pause_error(mark, at, f"unknown attribute {name!r}")
+            attrs[name] = val[1:-1] if val[:1] in "\"'" else val
+            pos = m.end()
+        if "time" not in attrs:
+            raise _pause_error(mark, at, "a break needs its time")
+        value = attrs["time"]
+    m = _PAUSE_LENGTH.fullmatch(value)
+    if m is None:
+        raise _pause_error(mark, at, f"{value.strip()!r} is not a length (a number >= 0 "
+                                     "followed by s or ms)")
+    seconds = float(m[1]) / (1000.0 if m[2].lower() == "ms" else 1.0)
+    if seconds > MAX_PAUSE_S:
+        raise _pause_error(mark, at, f"{seconds:g} s is over the limit of {MAX_PAUSE_S:g} s "
+                                     "per pause")
+    return Pause(seconds, at)
+
+
+class PauseScanner:
+    """Finds pause marks in text as it arrives: ``feed(fragment)`` returns the spoken text and
+    the ``Pause``s that the fragment completed, in order (text pieces as strings); ``flush()``
+    the rest at the end of the input. A possible mark (``[pause``, ``<break``, any case) is held
+    back until its closing ``]`` / ``>``; any other ``[`` or ``<`` (a tag such as
+    ``[laughter]``) is text. Every decision looks only at text already read, so a text gives
+    the same pieces in any fragmentation. A malformed or unclosed mark is an InputError naming
+    its character offset."""
+
+    def __init__(self):
+        self.pos = 0                    # characters read
+        self._cand: list[str] = []      # a possible mark being read ("[" or "<" first)
+        self._at = 0                    # its offset
+        self._is_mark = False           # its keyword was read: it must parse
+
+    def feed(self, fragment: str) -> list:
+        out: list = []
+        for ch in fragment:
+            self._char(ch, self.pos, out)
+            self.pos += 1
+        return out
+
+    def flush(self) -> list:
+        out: list = []
+        while self._cand:  # releasing "[[pau" leaves "[pau" pending: repeat
+            if self._is_mark:
+                raise _pause_error("".join(self._cand), self._at, "it is not closed")
+            self._release(out)
+        return out
+
+    @staticmethod
+    def _text(out: list, s: str) -> None:
+        if out and isinstance(out[-1], str):
+            out[-1] += s
+        else:
+            out.append(s)
+
+    def _char(self, ch: str, at: int, out: list) -> None:
+        if not self._cand:
+            if ch in _MARK_KEYWORDS:
+                self._cand, self._at, self._is_mark = [ch], at, False
+            else:
+                self._text(out, ch)
+            return
+        self._cand.append(ch)
+        opener = self._cand[0]
+        if self._is_mark:
+            if ch == _MARK_CLOSERS[opener]:
+                mark, self._cand = "".join(self._cand), []
+                out.append(_parse_mark(mark, self._at))
+            elif len(self._cand) > _MAX_MARK_CHARS:
+                raise _pause_error("".join(self._cand), self._at,
+                                   f"no closing {_MARK_CLOSERS[opener]!r} within "
+                                   f"{_MAX_MARK_CHARS} characters")
+            return
+        keyword = _MARK_KEYWORDS[opener]
+        body = "".join(self._cand[1:]).lstrip().lower()
+        if len(body) <= len(keyword):
+            if not keyword.startswith(body) or len(self._cand) > _MAX_MARK_CHARS:
+                self._release(out)
+            return
+        # The character after the keyword decides: "[pause:" is a mark, "[pauses" text.
+        if body.startswith(keyword) and not _WORD_CHAR.match(body[len(keyword)]):
+            self._is_mark = True
+            if ch == _MARK_CLOSERS[opener]:  # "[pause]", "<break>": complete, and malformed
+                mark, self._cand = "".join(self._cand), []
+                out.append(_parse_mark(mark, self._at))
+        else:
+            self._release(out)
+
+    def _release(self, out: list) -> None:
+        """Not a mark after all: its first character is text, the rest is read again."""
+        cand, at = self._cand, self._at
+        self._cand, self._is_mark = [], False
+        self._text(out, cand[0])
+        for i, c in enumerate(cand[1:], 1):
+            self._char(c, at + i, out)
+
+
+@dataclass(frozen=True)
+class PausedText:
+    """A text split at its pause marks. ``segments``: the spoken text between marks, as written
+    (text that is only whitespace between two marks is dropped and their pauses add up);
+    ``pauses``: seconds of silence before the first segment, between each two and after the
+    last (``len(pauses) == len(segments) + 1``); ``marked``: the text had a mark at all."""
+
+    segments: tuple[str, ...]
+    pauses: tuple[float, ...]
+    marked: bool
+
+    def map(self, fn) -> "PausedText":
+        """The same pauses with ``fn`` applied to every segment (e.g. text normalisation)."""
+        return PausedText(tuple(fn(s) for s in self.segments), self.pauses, self.marked)
+
+    @property
+    def spoken(self) -> str:
+        """The segments joined by spaces: what is said, without the marks."""
+        return " ".join(s.strip() for s in self.segments) if self.marked else self.segments[0]
+
+
+def split_pauses(text: str) -> PausedText:
+    """``text`` split at its pause marks (see ``PauseScanner``): ``[pause:1.5s]``,
+    ``[pause:500ms]``, SSML ``<break time="2s"/>`` (``time`` in s or ms, 0 .. ``MAX_PAUSE_S``).
+    Other bracketed tags (``[laughter]``, ``[B EY1 S]``) are text. InputError with the
+    character offset for a malformed mark, and for a text of marks only."""
+    if "[" not in text and "<" not in text:
+        return PausedText((text,), (0.0, 0.0), False)
+    scanner = PauseScanner()
+    pieces = scanner.feed(text) + scanner.flush()
+    if not any(isinstance(p, Pause) for p in pieces):
+        return PausedText((text,), (0.0, 0.0), False)
+    segments: list[str] = []
+    pauses = [0.0]
+    current = ""
+    for piece in pieces:
+        if isinstance(piece, Pause):
+            if piece.seconds == 0:  # a pause of nothing: the mark is removed, the text goes on
+                continue
+            if current.strip():
+                segments.append(current)
+                pauses.append(0.0)
+            current = ""
+            pauses[-1] += piece.seconds
+        else:
+            current += piece
+    if current.strip():
+        segments.append(current)
+        pauses.append(0.0)
+    if not segments:
+        raise InputError("text has only pause marks and nothing to speak: put words between "
+                         f"them (pauses are written {_PAUSE_SYNTAX}).")
+    return PausedText(tuple(segments), tuple(pauses), True)
+
+
+# ---------------------------------------------------------------------------
 # Long text: sentence chunking and the generation plan
 # ---------------------------------------------------------------------------
 
@@ -1010,12 +1222,15 @@ class ChunkPlan:
         ``"chunk0"``  the codes generated for chunk 0 of this item (``ref_text`` = chunk 0's
                       text, and those codes are exactly ``chunks[0].frames`` long)
         ``None``      no reference (auto / voice-design mode, or chunk 0 of a long text there)
+
+    ``segment`` is the index of the text segment (between pause marks) the pass speaks.
     """
 
     text: str
     frames: int
     reference: str | None
     ref_text: str | None
+    segment: int = 0
 
 
 @dataclass(frozen=True)
@@ -1027,12 +1242,26 @@ class SynthesisPlan:
     with ``duration`` the ratio estimate / requested frames, so chunks share the requested pace.
     ``chunks`` is a single pass with the whole (unstripped) text and ``frames`` when ``chunked``
     is false; otherwise the passes in order.
+
+    ``pauses``: seconds of silence from pause marks before segment 0, between each two segments
+    and after the last (see ``split_pauses``); a chunk's ``segment`` says where it belongs.
     """
 
     frames: int
     speed: float
     chunked: bool
     chunks: tuple[ChunkPlan, ...]
+    pauses: tuple[float, ...] = (0.0, 0.0)
+
+    @property
+    def paused(self) -> bool:
+        """The text had pause marks that change the output (a pause, or several segments)."""
+        return len(self.pauses) > 2 or any(p > 0 for p in self.pauses)
+
+    @property
+    def pause_frames(self) -> int:
+        """All pauses in frames (rounded up), for the limits on a call's output."""
+        return math.ceil(sum(self.pauses) * FRAME_RATE)
 
 
 def plan_pace(text: str, ref_text: str | None, num_ref_frames: int | None, *,
@@ -1049,22 +1278,28 @@ def plan_pace(text: str, ref_text: str | None, num_ref_frames: int | None, *,
 
 
 def plan_chunk(text: str, first: ChunkPlan | None, ref_text: str | None,
-               num_ref_frames: int | None, pace: float) -> ChunkPlan:
+               num_ref_frames: int | None, pace: float, own_pace: bool = False) -> ChunkPlan:
     """The pass of one chunk of a long text (the long-form rule and the streamed one alike):
     with a voice prompt (``num_ref_frames`` given) it is the reference; otherwise chunk 0
     (``first`` None) has none and every later chunk uses chunk 0's text and generated codes
-    (exactly ``first.frames`` long). Frames are the chunk's own estimate at ``pace``."""
+    (exactly ``first.frames`` long). Frames are the chunk's own estimate at ``pace``: against
+    the voice prompt, or against chunk 0 as the reference does; with ``own_pace`` (a chunk after
+    a pause mark) against the default yardstick chunk 0 itself was sized by, since a first
+    segment cut short by a pause is stretched by the short-output boost and would stretch
+    every later chunk with it."""
     if num_ref_frames is not None:
         return ChunkPlan(text, estimate_target_frames(text, ref_text, num_ref_frames, pace),
                          "prompt", ref_text)
     if first is None:
         return ChunkPlan(text, estimate_target_frames(text, None, None, pace), None, None)
+    if own_pace:
+        return ChunkPlan(text, estimate_target_frames(text, None, None, pace), "chunk0", first.text)
     return ChunkPlan(text, estimate_target_frames(text, first.text, first.frames, pace),
                      "chunk0", first.text)
 
 
 def plan_synthesis(
-    text: str,
+    text: "str | PausedText",
     ref_text: str | None = None,
     num_ref_frames: int | None = None,
     *,
@@ -1091,8 +1326,25 @@ def plan_synthesis(
 
     In a batch, the reference runs the chunks of all long items chunk index by chunk index,
     and needs all long items to have a voice prompt or none to have one.
+
+    Pause marks (``[pause:1.5s]``, ``<break time="500ms"/>``; ``text`` may also come split
+    already, as a ``PausedText``) cut the text into segments. Each segment (stripped) is
+    planned as a text of its own at the shared pace (with ``duration``: the segments' summed
+    estimates / requested frames, so their lengths add up to it; the pauses come on top),
+    chunked when it is longer than
+    ``chunk_threshold``; its passes follow the rule above across segments, so without a voice
+    prompt chunk 0 (of segment 0) is the voice of every later pass, and with one every pass uses
+    it. Passes after the first inner mark are sized at the pace itself (``plan_chunk``'s
+    ``own_pace``), not by chunk 0's length. ``pauses`` gives the silences; a text without marks
+    is planned exactly as before.
     """
-    validate_text(text)
+    paused = text if isinstance(text, PausedText) else split_pauses(validate_text(text))
+    if paused.marked:
+        segments = tuple(validate_text(seg.strip()) for seg in paused.segments)
+        text = segments[0] if len(segments) == 1 else " ".join(segments)
+    else:
+        segments = (validate_text(paused.segments[0]),)
+        text = segments[0]
     speed = validate_speed(speed)
     duration = validate_duration(duration)
     chunk_duration = _real(chunk_duration, "chunk_duration")
@@ -1105,18 +1357,57 @@ def plan_synthesis(
     if chunk_threshold < 0:
         raise InputError(f"chunk_threshold must be >= 0 seconds, got {chunk_threshold:g}.")
 
-    pace, frames = plan_pace(text, ref_text, num_ref_frames, speed=speed, duration=duration,
-                             frame_rate=frame_rate)
-    if frames > MAX_DURATION_S * frame_rate:
+    if len(segments) == 1:
+        pace, frames = plan_pace(text, ref_text, num_ref_frames, speed=speed, duration=duration,
+                                 frame_rate=frame_rate)
+    else:  # the segments' own estimates add up to the speech (the short-output boost is not linear)
+        estimates = [estimate_target_frames(seg, ref_text, num_ref_frames) for seg in segments]
+        if duration is not None:
+            frames = max(1, int(duration * frame_rate))
+            pace = sum(estimates) / frames
+        else:
+            pace = 1.0 if speed is None else speed
+            frames = sum(estimate_target_frames(seg, ref_text, num_ref_frames, pace)
+                         for seg in segments)
+    pause_frames = math.ceil(sum(paused.pauses) * frame_rate)
+    if frames + pause_frames > MAX_DURATION_S * frame_rate:
+        pauses = f" and {sum(paused.pauses):g} s of pauses" if pause_frames else ""
         raise InputError(
-            f"this text at speed {pace:g} would last about {frames / frame_rate / 60:.0f} "
-            f"minutes; the limit is {MAX_DURATION_S / 60:g} minutes per call. Raise the speed "
-            "or split the text into several calls."
+            f"this text at speed {pace:g}{pauses} would last about "
+            f"{(frames + pause_frames) / frame_rate / 60:.0f} minutes; the limit is "
+            f"{MAX_DURATION_S / 60:g} minutes per call. Raise the speed or split the text into "
+            "several calls."
         )
 
     has_prompt = num_ref_frames is not None
     if has_prompt:
         validate_ref_frames(num_ref_frames)
+    if len(segments) == 1:
+        plan = _plan_one(text, frames, pace, ref_text, num_ref_frames, chunk_duration,
+                         chunk_threshold, frame_rate)
+        return SynthesisPlan(plan.frames, plan.speed, plan.chunked, plan.chunks, paused.pauses)
+
+    chunks: tuple[ChunkPlan, ...] = ()
+    for i, segment in enumerate(segments):
+        # Chunked like a text of its own: by its own estimate, against the voice prompt or the
+        # default yardstick (chunk 0's codes do not exist yet when the plan is made).
+        seg_frames = estimate_target_frames(segment, ref_text, num_ref_frames, pace)
+        pieces = ([segment] if seg_frames <= int(chunk_threshold * frame_rate)
+                  else chunk_text(segment, seg_frames, chunk_duration, frame_rate))
+        for piece in pieces:
+            chunk = plan_chunk(piece, chunks[0] if chunks else None, ref_text, num_ref_frames,
+                               pace, own_pace=i > 0)
+            chunks += (ChunkPlan(chunk.text, chunk.frames, chunk.reference, chunk.ref_text, i),)
+    for chunk in chunks:  # one sentence longer than a pass is never cut: refuse it up front
+        check_pass_frames(chunk.frames, chunk.text, frame_rate)
+    return SynthesisPlan(frames, pace, len(chunks) > 1, chunks, paused.pauses)
+
+
+def _plan_one(text: str, frames: int, pace: float, ref_text, num_ref_frames, chunk_duration,
+              chunk_threshold, frame_rate) -> SynthesisPlan:
+    """The reference's plan of one text (no pause marks): one pass, or chunks past the
+    threshold."""
+    has_prompt = num_ref_frames is not None
     if frames <= int(chunk_threshold * frame_rate):
         only = ChunkPlan(text, check_pass_frames(frames, text, frame_rate),
                          "prompt" if has_prompt else None, ref_text)
@@ -1173,10 +1464,13 @@ class ChunkRule:
 class TextChunker:
     """Incremental splitter: `feed(fragment)` returns the chunks that fragment completed,
     `flush()` the rest at the end of the input. Splitting a string in one `feed` or in any
-    fragmentation gives the same chunks (every decision looks only at text already read)."""
+    fragmentation gives the same chunks (every decision looks only at text already read).
+    A pause mark (`PauseScanner`) ends the current chunk and comes out as a `Pause` after it,
+    in order with the chunk strings."""
 
     def __init__(self, rule: ChunkRule | None = None):
         self.rule = rule or ChunkRule()
+        self._pauses = PauseScanner()
         self.count = 0          # chunks emitted so far
         self._chars: list[str] = []   # the current chunk (leading whitespace skipped)
         self._weight = 0.0      # its estimated weight (seconds / _SECONDS_PER_WEIGHT)
@@ -1208,11 +1502,22 @@ class TextChunker:
 
     # -- input --------------------------------------------------------------------------------
 
-    def feed(self, fragment: str) -> list[str]:
+    def feed(self, fragment: str) -> list:
         if not isinstance(fragment, str):
             raise InputError(f"streamed text must come as str fragments, got {type(fragment).__name__}")
-        out: list[str] = []
-        for ch in fragment:
+        out: list = []
+        for piece in self._pauses.feed(fragment):
+            self._piece(piece, out)
+        return out
+
+    def _piece(self, piece, out: list) -> None:
+        if isinstance(piece, Pause):  # the chunk ends at the mark, the pause follows it
+            if piece.seconds > 0:  # (a pause of nothing: the mark is removed, the text goes on)
+                self._mark = None
+                self._emit(out)
+                out.append(piece)
+            return
+        for ch in piece:
             if self._mark is not None:
                 if ch in _STREAM_SENTENCE_MARKS or ch in _STREAM_CLAUSE_MARKS or ch in _STREAM_CLOSERS:
                     if ch in _STREAM_SENTENCE_MARKS:  # "?!", "...": the strongest mark of a run counts
@@ -1242,21 +1547,23 @@ class TextChunker:
                     continue  # "Dr." / "e.g." / "p.m." / "U.S." / an initial "J."
                 self._mark = "sentence" if ch in _STREAM_SENTENCE_MARKS else "clause"
                 self._mark_wide = ch in _STREAM_FULL_WIDTH
-        return out
 
     def _append(self, ch: str) -> None:
         self._chars.append(ch)
         self._weight += char_weight(ch)
 
-    def flush(self) -> list[str]:
+    def flush(self) -> list:
         """End of input: the rest is the last chunk (nothing when it is only whitespace)."""
-        out: list[str] = []
+        out: list = []
+        for piece in self._pauses.flush():
+            self._piece(piece, out)
         self._mark = None
         self._emit(out)
         return out
 
 
-def split_text(text: str, rule: ChunkRule | None = None) -> list[str]:
-    """The chunks `stream` speaks for `text` (whole or in fragments: the same list)."""
+def split_text(text: str, rule: ChunkRule | None = None) -> list:
+    """The chunks `stream` speaks for `text` (whole or in fragments: the same list): strings,
+    and a `Pause` where a pause mark was."""
     chunker = TextChunker(rule)
     return chunker.feed(text) + chunker.flush()

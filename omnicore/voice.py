@@ -1,6 +1,6 @@
-"""Results and voices: `Synthesis` (what one generation returns) and `VoiceClonePrompt` (a
-reusable voice, saved as a plain .npz), with the checks every loaded or passed prompt goes
-through. Imported by the API, the streaming sink and the engine's callers alike, so none of
+"""Results and voices: `Synthesis` (what one generation returns; `as_voice()` keeps its voice)
+and `VoiceClonePrompt` (a reusable voice, saved as a plain .npz), with the checks every loaded
+or passed prompt goes through. Imported by the API, the streaming sink and the engine's callers alike, so none of
 them has to import another for these types.
 
 Dimension legend: C = 8 codebooks, T = generated frames (25 per second), R = reference frames,
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from . import audio, text as text_mod
-from .errors import InputError, VoicePromptError
+from .errors import AudioError, InputError, VoicePromptError
 
 VOICE_PROMPT_FORMAT = "omnicore-voice-prompt"
 VOICE_PROMPT_VERSION = 1
@@ -41,6 +41,49 @@ class Synthesis:
     timings: dict[str, float]  # seconds per stage
     text_chunks: list[str]
     sample_rate: int = 24000
+    # (start sample, length) of the silence of every pause mark ([pause:1.5s]) in `audio`
+    pauses: tuple[tuple[int, int], ...] = ()
+
+    def as_voice(self, text: str | None = None) -> "VoiceClonePrompt":
+        """Keep this result's voice: a `VoiceClonePrompt` of its codes, its text and its
+        loudness, so that a later call with `voice_clone_prompt=` speaks with the same speaker
+        (see `voice_from_synthesis`). Save it with `.save(path)`."""
+        return voice_from_synthesis(self, text)
+
+
+def voice_from_synthesis(synthesis: Synthesis, text: str | None = None) -> "VoiceClonePrompt":
+    """A `VoiceClonePrompt` made from a generated result, so that later calls speak with the
+    same voice: the result's codes [C, T], its text and its loudness (RMS of its audio, the
+    silence of pause marks left out).
+
+    `text` is what was spoken; by default the result's text chunks, joined by spaces. A result
+    longer than a voice reference may be (text.MAX_REF_S seconds of codes, MAX_REF_TEXT_CHARS
+    characters) is an InputError, and a silent one an AudioError: nothing to keep.
+    """
+    codes = np.array(synthesis.codes, dtype=np.int64)  # [C, T], a copy: the prompt owns it
+    if codes.ndim != 2 or codes.shape[1] == 0:
+        raise InputError(f"the result has no codes to keep (shape {list(codes.shape)})")
+    if text is None:
+        chunks = list(synthesis.text_chunks)
+        text = chunks[0] if len(chunks) == 1 else " ".join(c.strip() for c in chunks)
+    text = text_mod.validate_ref_text(text.strip() if isinstance(text, str) else text,
+                                      "the text of the kept voice")
+    if codes.shape[1] > text_mod.MAX_REF_FRAMES:
+        raise InputError(
+            f"the result is {codes.shape[1] / text_mod.FRAME_RATE:.1f} s long; a kept voice holds "
+            f"at most {text_mod.MAX_REF_S:g} s (every later pass re-reads it). Keep the voice of "
+            "a shorter result (a sentence or two is plenty).")
+    wav = np.asarray(synthesis.audio, np.float32)
+    if synthesis.pauses:  # the loudness of the speech, not of the silences asked for
+        keep = np.ones(wav.shape[-1], bool)
+        for start, n in synthesis.pauses:
+            keep[start:start + n] = False
+        wav = wav[keep]
+    rms = audio.reference_rms(wav) if wav.size else 0.0
+    if not rms > 0:
+        raise AudioError("the result is silent; there is no voice to keep")
+    # Loudness above 0.1 leaves later outputs as they are, so the cap changes nothing.
+    return VoiceClonePrompt(codes, text, min(rms, text_mod.MAX_REF_RMS))
 
 
 @dataclass(frozen=True)

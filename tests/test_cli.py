@@ -352,3 +352,77 @@ def test_full_stdout_is_one_error_line():
                               cwd=ROOT, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
     assert proc.returncode == 2
     _one_error_line(proc.stderr, "cannot write PCM to stdout .No space left on device")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pause marks and kept voices
+# ---------------------------------------------------------------------------------------------
+
+
+def test_say_speaks_pauses_and_keeps_the_voice(tmp_path):
+    from omnicore import OmniVoice, VoiceClonePrompt, audio
+
+    text = "Wait for it. [pause:1s] Here it is."
+    out, voice = tmp_path / "p.wav", tmp_path / "kept.npz"
+    assert main(["say", text, "-o", str(out), "--instruct", "female", "--seed", "3",
+                 "--save-voice", str(voice), *FAST]) == 0
+    model = OmniVoice.from_pretrained(TINY)
+    want = model.synthesize(text, instruct="female", seed=3, num_step=2)[0]
+    got = _wav(out)
+    np.testing.assert_array_equal(got, audio.to_pcm16(want.audio) / np.float32(32768))
+    (start, n), = want.pauses
+    assert n == 24000 and not got[start:start + n].any()  # the second of silence, in the file
+    kept = VoiceClonePrompt.load(voice)
+    np.testing.assert_array_equal(kept.ref_audio_tokens, want.codes)
+    assert kept.ref_text == "Wait for it. Here it is."
+    # the kept voice speaks the next line: the same as passing that prompt
+    again = tmp_path / "again.wav"
+    assert main(["say", "And again.", "--voice", str(voice), "-o", str(again), "--greedy",
+                 *FAST]) == 0
+    np.testing.assert_array_equal(_wav(again), audio.to_pcm16(model.generate(
+        "And again.", voice_clone_prompt=kept, num_step=2, position_temperature=0.0,
+        class_temperature=0.0)[0]) / np.float32(32768))
+
+
+def test_pause_and_save_voice_refusals_come_before_any_work(tmp_path, capsys, no_model):
+    out = tmp_path / "o.wav"
+    for argv, match in (
+            (["say", "Hi [pause:2min] there", "-o", out], "at character 3: '2min' is not a length"),
+            (["say", "[pause:1s]", "-o", out], "only pause marks"),
+            (["say", "Hi <break time='9s'", "--stream", "-o", out], "at character 3: it is not closed"),
+            (["say", "Hi.", "-o", out, "--save-voice", tmp_path / "no" / "v.npz"], "v.npz"),
+            (["say", "Hi.", "-o", out, "--save-voice", out], "same file as --output"),
+            (["say", "Hi.", "-o", out, "--stream", "--save-voice", tmp_path / "v.npz"],
+             "--save-voice .* does not go with --stream")):
+        assert main([str(a) for a in argv] + FAST) == 2, argv
+        _one_error_line(capsys.readouterr().err, match)
+    rows = [{"id": "a", "text": "Fine. [pause:1s] Fine."}, {"id": "b", "text": "Bad [pause:99s]."}]
+    assert main(["batch", _batch_file(tmp_path, rows), "--out-dir", str(tmp_path / "x"), *FAST]) == 2
+    _one_error_line(capsys.readouterr().err, "line 2: pause mark '.pause:99s.' at character 4")
+    script = tmp_path / "s.txt"
+    script.write_text("alice: Hello. [pause:1s] Hi.\nbob: Oops [pause:x]\n", encoding="utf-8")
+    assert main(["script", str(script), "-o", str(out), "--auto", "alice", "--auto", "bob",
+                 *FAST]) == 2
+    _one_error_line(capsys.readouterr().err, r"script line 2 \(bob\): pause mark")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["jobs.jsonl", "s.txt"]
+
+
+def test_batch_and_script_speak_pauses(tmp_path):
+    from omnicore import OmniVoice, audio
+
+    model = OmniVoice.from_pretrained(TINY)
+    rows = [{"id": "p", "text": "One. <break time=\"750ms\"/> Two."}]
+    assert main(["batch", _batch_file(tmp_path, rows), "--out-dir", str(tmp_path / "b"),
+                 "--seed", "4", *FAST]) == 0
+    want = model.synthesize(rows[0]["text"], seed=4, num_step=2)[0]
+    (start, n), = want.pauses
+    got = _wav(tmp_path / "b" / "p.wav")
+    assert n == 18000 and not got[start:start + n].any()
+    np.testing.assert_array_equal(got, audio.to_pcm16(want.audio) / np.float32(32768))
+    script = tmp_path / "s.txt"
+    script.write_text("alice: Hello. [pause:0.5s] Hi.\n", encoding="utf-8")
+    out = tmp_path / "s.wav"
+    assert main(["script", str(script), "-o", str(out), "--auto", "alice", "--seed", "4",
+                 *FAST]) == 0
+    want = model.synthesize("Hello. [pause:0.5s] Hi.", seed=4, num_step=2)[0]
+    np.testing.assert_array_equal(_wav(out), audio.to_pcm16(want.audio) / np.float32(32768))

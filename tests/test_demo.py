@@ -302,6 +302,31 @@ def test_api_voice_clone_from_clip_and_from_saved_prompt(client, ref_wav):
     assert "encode" not in timings2  # a saved prompt skips the encoder
 
 
+def test_api_keep_this_voice(server, ref_wav):
+    """"Keep this voice" saves the session's last result (here a design) as a voice prompt with
+    exactly its codes and text; the clone endpoint then speaks with it. A session without a
+    result is told to generate first. Pause marks in the text are just text to the demo."""
+    from omnicore import OmniVoice, VoiceClonePrompt
+
+    client = Client(server, verbose=False)  # a session of its own
+    with pytest.raises(AppError) as err:
+        client.predict(api_name="/keep_voice")
+    assert "Generate speech first" in str(err.value)
+    text = "Keep this voice. [pause:0.5s] It is mine."
+    client.predict(text=text, instruct="female, low pitch", num_step=STEPS, seed=9,
+                   api_name="/design")
+    npz = client.predict(api_name="/keep_voice")
+    kept = VoiceClonePrompt.load(npz)
+    want = OmniVoice.from_pretrained(CKPT).synthesize(text, instruct="female, low pitch",
+                                                      num_step=STEPS, seed=9)[0]
+    np.testing.assert_array_equal(kept.ref_audio_tokens, want.codes)
+    assert kept.ref_text == "Keep this voice. It is mine."
+    audio, *_ = client.predict(text="Now in the kept voice.", ref_audio=None,
+                               voice_prompt_file=handle_file(npz), num_step=STEPS, seed=9,
+                               api_name="/clone")
+    _check_wav(_read(audio))
+
+
 def test_api_streaming_option(client):
     """With stream=True the endpoint yields audio pieces to the streaming player while it
     generates; the final audio and timings come from the same pieces; no unmasking view."""

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from omnicore import OmniVoice, Synthesis, VoiceClonePrompt, audio
+from omnicore import text as T
 from omnicore import codec as codec_mod
 from omnicore.errors import AudioError, InputError, OmniCoreError, VoicePromptError
 
@@ -173,6 +174,45 @@ def test_seeds_reproducible_and_distinct(model):
     assert not np.array_equal(a, c)
 
 
+def test_pass_seed_is_the_spawned_child():
+    from omnicore.engine import pass_seed
+
+    kids = np.random.SeedSequence(42).spawn(3)
+    for k, kid in enumerate(kids):
+        want = np.random.default_rng(kid).random(4)
+        np.testing.assert_array_equal(np.random.default_rng(pass_seed(42, k)).random(4), want)
+    assert pass_seed(None, 0) is None
+
+
+def test_chunks_of_a_seeded_text_draw_independent_noise(model):
+    """One sentence said twice, chunked in two passes on one voice prompt: identical passes but
+    for their random streams. Greedy, the two chunks give the same codes; sampled with one
+    seed, they differ (each chunk draws from its own child stream, not the same stream again),
+    and the whole result is reproducible."""
+    prompt = VoiceClonePrompt(np.random.default_rng(3).integers(0, 1024, (8, 30)),
+                              "A made up reference voice.", 0.05)
+    sentence = "The same words are spoken in both chunks of this text."
+    kw = dict(voice_clone_prompt=prompt, num_step=4, audio_chunk_threshold=1.0,
+              audio_chunk_duration=1.0)
+    greedy = model.synthesize(f"{sentence} {sentence}", position_temperature=0.0, **kw)[0]
+    assert greedy.text_chunks == [sentence, sentence]
+    T = greedy.codes.shape[1] // 2
+    np.testing.assert_array_equal(greedy.codes[:, :T], greedy.codes[:, T:])
+    a, b = (model.synthesize(f"{sentence} {sentence}", seed=7, class_temperature=1.0, **kw)[0]
+            for _ in range(2))
+    np.testing.assert_array_equal(a.codes, b.codes)
+    assert (a.codes[:, :T] != a.codes[:, T:]).mean() > 0.5
+    # chunk k is the pass seeded with child k of the seed (the same two passes, packed alike)
+    from omnicore.config import GenerationConfig
+    from omnicore.engine import Engine, PassSpec, pass_seed
+
+    gen = GenerationConfig(num_step=4, class_temperature=1.0)
+    specs = [PassSpec(sentence, T, None, None, prompt.ref_text, prompt.ref_audio_tokens,
+                      pass_seed(7, k), gen) for k in (0, 1)]
+    got = Engine(model.params, model.config, model.tokenizer).run(specs)
+    np.testing.assert_array_equal(np.concatenate([c for c, _ in got], axis=1), a.codes)
+
+
 def test_batch_equals_single_items(model):
     texts = ["One short line.", "A second, somewhat longer line of text to speak."]
     kw = dict(num_step=4, seed=3, instruct=["female", None])
@@ -234,3 +274,142 @@ def test_arbitrary_text_only_typed_errors(model, text, instruct, language):
     except OmniCoreError:
         return
     assert out[0].shape == (8, 5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pause marks and kept voices
+# ---------------------------------------------------------------------------------------------
+
+GREEDY4 = dict(num_step=4, position_temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def made_up_prompt():
+    return VoiceClonePrompt(np.random.default_rng(3).integers(0, 1024, (8, 30)),
+                            "A made up reference voice.", 0.05)
+
+
+def test_a_pause_is_exact_silence_between_segments_spoken_as_alone(model, made_up_prompt):
+    p, sr = made_up_prompt, model.sampling_rate
+    r = model.synthesize("Hello there. [pause:1.5s] How are you today?", voice_clone_prompt=p,
+                         **GREEDY4)[0]
+    alone = [model.synthesize(t, voice_clone_prompt=p, **GREEDY4)[0]
+             for t in ("Hello there.", "How are you today?")]
+    assert r.text_chunks == ["Hello there.", "How are you today?"]
+    np.testing.assert_array_equal(r.codes, np.concatenate([a.codes for a in alone], axis=1))
+    (start, n), = r.pauses
+    assert n == 36000 and not r.audio[start:start + n].any()  # 1.5 s at 24 kHz, to the sample
+    assert r.audio[start - 1] != 0 and r.audio[start + n] != 0  # the edges ramp, not to zero
+    # Each side is its segment's audio as a text alone would have it, except that the edge at
+    # the pause keeps none of its quiet; one loudness (the prompt's); fades and padding outside.
+    left, right = (audio.remove_silence(model.codec.decode(a.codes), sr, 500, lead_sil=lead,
+                                        trail_sil=trail)
+                   for a, lead, trail in zip(alone, (100, 0), (0, 100)))
+    pad, fade, ramp = int(0.1 * sr), int(0.1 * sr), int(audio.PAUSE_FADE_S * sr)
+    assert start == pad + len(left) and len(r.audio) == start + n + len(right) + pad
+
+    def gain(x):
+        return audio.match_output_volume(x, p.ref_rms)
+
+    np.testing.assert_array_equal(r.audio[pad + fade:start - ramp], gain(left[fade:-ramp]))
+    np.testing.assert_array_equal(r.audio[start + n + ramp:-pad - fade], gain(right[ramp:-fade]))
+    np.testing.assert_array_equal(r.audio[start - ramp:start],
+                                  gain(left[-ramp:] * audio.pause_ramp(ramp)[::-1]))
+    # without post-processing nothing is trimmed: the segments' whole decoded audio
+    raw = model.synthesize("Hello there. [pause:500ms] How are you today?",
+                           voice_clone_prompt=p, postprocess_output=False, **GREEDY4)[0]
+    (start, n), = raw.pauses
+    assert n == 12000 and start == pad + len(model.codec.decode(alone[0].codes))
+
+
+def test_design_mode_pause_keeps_the_first_segment_as_the_voice(model):
+    design = dict(instruct="female, low pitch", language="en", **GREEDY4)
+    r = model.synthesize("Hello there. [pause:1s] How are you today?", **design)[0]
+    first = model.synthesize("Hello there.", **design)[0]
+    T0 = first.codes.shape[1]
+    np.testing.assert_array_equal(r.codes[:, :T0], first.codes)
+    # segment 1 is conditioned on segment 0's codes and text (as long-form chunks are), sized
+    # at the text's own pace
+    T1 = r.codes.shape[1] - T0
+    assert T1 == T.estimate_target_frames("How are you today?")
+    kept = VoiceClonePrompt(first.codes, "Hello there.", 0.1)
+    second = model.synthesize("How are you today?", voice_clone_prompt=kept,
+                              duration=(T1 + 0.5) / 25, **design)[0]
+    np.testing.assert_array_equal(r.codes[:, T0:], second.codes)
+    # a leading and a trailing pause: silence at the ends too, inside the padding
+    r = model.synthesize("[pause:0.25s] Hello there. <break time='2s'/>", **design)[0]
+    assert [n for _, n in r.pauses] == [6000, 48000]
+    np.testing.assert_array_equal(r.codes, first.codes)
+    assert r.pauses[0][0] == 2400 and r.pauses[1][0] + 48000 + 2400 == len(r.audio)
+
+
+def test_paused_text_in_a_batch_and_sampled(model):
+    texts = ["One. [pause:0.3s] Two.", "A plain line."]
+    batch = model.synthesize(texts, seed=5, num_step=3)
+    for t, got in zip(texts, batch):
+        alone = model.synthesize(t, seed=5, num_step=3)[0]
+        np.testing.assert_array_equal(got.codes, alone.codes)
+        assert got.pauses == alone.pauses
+    assert [len(b.pauses) for b in batch] == [1, 0]
+
+
+@pytest.mark.parametrize("text, match", [
+    ("[pause:1s]", "only pause marks"),
+    ("Hi [pause:-1s]", "at character 3"),
+    ("Hi <break time='90s'/>", "90 s is over the limit of 60 s"),
+    ("[pause:60s] a " * 121, "the limit is 120 minutes"),
+], ids=["only-pauses", "negative", "huge", "over-the-output-limit"])
+def test_bad_pause_marks_are_refused_before_any_work(model, text, match):
+    with pytest.raises(InputError, match=match):
+        model.generate(text, num_step=1)
+    with pytest.raises(InputError, match=match):
+        list(model.stream(text, num_step=1))
+
+
+def test_kept_voice_of_a_design_conditions_the_next_call(model):
+    from omnicore import tokenizer as tok_mod
+
+    design = dict(instruct="male, elderly", language="en", num_step=3, seed=4)
+    first = model.synthesize("Keep this voice, please.", **design)[0]
+    voice = first.as_voice()
+    np.testing.assert_array_equal(voice.ref_audio_tokens, first.codes)
+    assert voice.ref_text == "Keep this voice, please."
+    assert voice.ref_rms == pytest.approx(audio.reference_rms(first.audio))
+    # the next call's conditional row holds exactly those codes, after the kept text
+    seen = []
+    real = tok_mod.prepare_item
+    try:
+        tok_mod.prepare_item = lambda *a, **k: seen.append(k) or real(*a, **k)
+        again = model.synthesize("And say this too.", voice_clone_prompt=voice, num_step=3)[0]
+    finally:
+        tok_mod.prepare_item = real
+    (kw,), R = seen, first.codes.shape[1]
+    np.testing.assert_array_equal(kw["ref_codes"], first.codes)
+    assert kw["ref_text"] == "Keep this voice, please."
+    item = real(model.tokenizer, model.config, "And say this too.", again.codes.shape[1],
+                ref_text=kw["ref_text"], ref_codes=kw["ref_codes"])
+    T_ = item.num_target
+    np.testing.assert_array_equal(item.input_ids[:, -T_ - R:-T_], first.codes)
+    # saved and loaded, it is the same voice
+    voice2 = VoiceClonePrompt.load(_saved(voice))
+    np.testing.assert_array_equal(voice2.ref_audio_tokens, voice.ref_audio_tokens)
+    assert (voice2.ref_text, voice2.ref_rms) == (voice.ref_text, voice.ref_rms)
+
+
+def _saved(voice):
+    import tempfile
+
+    path = Path(tempfile.mkdtemp()) / "kept.npz"
+    voice.save(path)
+    return path
+
+
+def test_kept_voice_of_a_paused_result_leaves_the_silence_out_of_its_loudness(model):
+    r = model.synthesize("Loud words. [pause:3s] More words.", num_step=2, seed=1)[0]
+    voice = r.as_voice()
+    keep = np.ones(len(r.audio), bool)
+    (start, n), = r.pauses
+    keep[start:start + n] = False
+    assert voice.ref_rms == pytest.approx(audio.reference_rms(r.audio[keep]))
+    assert voice.ref_rms > 1.3 * audio.reference_rms(r.audio)  # half of it is the pause
+    assert voice.ref_text == "Loud words. More words."

@@ -17,7 +17,7 @@ import soundfile as sf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnicore import OmniVoice, audio
+from omnicore import OmniVoice, audio, text as T
 from omnicore import streaming as S
 from omnicore.cli import main
 from omnicore.errors import AudioError, InputError
@@ -162,29 +162,51 @@ def test_silence_trimmer_is_independent_of_how_samples_arrive(segments, cuts):
     assert np.array_equal(np.concatenate(parts), S.trim_chunk(wav))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 30000), min_size=1, max_size=5), st.integers(1, 12000),
-       st.booleans(), st.booleans(), st.sampled_from([0.0, 0.05, 0.1]), st.sampled_from([0.0, 0.1]))
-def test_joiner_equals_cross_fade_and_fade_and_pad(lengths, piece, postprocess, with_rms, fade, pad):
+       st.booleans(), st.booleans(), st.sampled_from([0.0, 0.05, 0.1]), st.sampled_from([0.0, 0.1]),
+       st.lists(st.one_of(st.none(), st.lists(st.integers(0, 5000), min_size=1, max_size=2)),
+                min_size=6, max_size=6))
+def test_joiner_equals_join_chunks_and_fade_and_pad(lengths, piece, postprocess, with_rms, fade,
+                                                     pad, marks):
+    """The stream's joiner (pieces of any size, pause marks between, before and after chunks,
+    one or two marks in a row) releases exactly the offline join, bit for bit."""
     rng = np.random.default_rng(sum(lengths) + piece)
     chunks = [np.concatenate([_quiet(0.2), (0.2 * rng.standard_normal(n)).astype(np.float32), _quiet(0.3)])
               if n else np.zeros(0, np.float32) for n in lengths]
+    marks = marks[:len(chunks) + 1]  # per boundary: None, or the pauses of one or two marks
     gain = S.rms_gain(0.03) if with_rms else S.peak_gain(chunks[0][:piece])
-    want = S.join_offline(chunks, gain, postprocess=postprocess, pad_duration=pad, fade_duration=fade)
+    pauses = [None if m is None else sum(m) for m in marks]
+    want, spans = S.join_offline(chunks, gain, postprocess=postprocess, pad_duration=pad,
+                                 fade_duration=fade, pauses=pauses)
+    if all(p is None for p in pauses):  # without marks: the reference's cross-fade
+        np.testing.assert_array_equal(want, S.join_offline(
+            chunks, gain, postprocess=postprocess, pad_duration=pad, fade_duration=fade)[0])
     j, out = S.StreamJoiner(SR, pad, fade), []
     j.set_gain(gain)
-    for c in chunks:
+    for k, c in enumerate(chunks):
+        for n in marks[k] or ():
+            out.append(j.pause(n))
+        out.append(j.keep_tail())
         j.start_chunk()
-        tr = S.SilenceTrimmer(SR) if postprocess else None
+        tr = S.SilenceTrimmer(SR, lead_ms=0 if marks[k] else 100) if postprocess else None
         for i in range(0, len(c), piece):
             x = c[i:i + piece]
             out.append(j.push(tr.push(x) if tr else x))
+        tail = None
         if tr:
-            out.append(j.push(tr.end()))
-        out.append(j.end_chunk())
+            body, tail = tr.end_parts()
+            out.append(j.push(body))
+        out.append(j.end_chunk(tail))
+    for n in marks[-1] or ():
+        out.append(j.pause(n))
     out.append(j.finish())
     got = np.concatenate(out)
     assert got.dtype == np.float32 and np.array_equal(got, want)
+    for start, n in spans:  # every pause is exactly its zeros
+        assert not want[start:start + n].any()
+    if len(want):  # (nothing at all, not even a pause's zeros: no audio, no spans)
+        assert [n for _, n in spans] == [p for p in pauses if p is not None]
 
 
 def test_join_offline_is_the_reference_post_processing_without_trim():
@@ -192,7 +214,7 @@ def test_join_offline_is_the_reference_post_processing_without_trim():
     gain = S.rms_gain(0.05)
     want = audio.postprocess_output([a, b], 0.05, postprocess=False)
     assert np.array_equal(S.join_offline([a, b], gain, postprocess=False, pad_duration=0.1,
-                                         fade_duration=0.1), want)
+                                         fade_duration=0.1)[0], want)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,6 +302,43 @@ def test_single_chunk_without_trim_equals_generate(model):
     got = np.concatenate(list(model.stream(text, num_step=3, seed=5, postprocess_output=False,
                                            decode_frames=10_000)))
     assert np.array_equal(got, want)
+
+
+PAUSED = ("Hello there, this is a small test of pauses. [pause:700ms] The second part comes "
+          "after a pause! <break time='1s'/> And a third.")
+
+
+def test_pauses_in_a_stream_match_synchronous_generation(model):
+    """Pause marks in streamed text come out as their exact silence, in order: the stream is
+    the synchronous chunked generation with the same marks (to rounding), the same for text
+    arriving in fragments that cut through the marks."""
+    items = S.split_text(PAUSED, RULE)
+    assert [round(x.seconds, 3) for x in items if isinstance(x, T.Pause)] == [0.7, 1.0]
+    want = S.generate_chunks(model, PAUSED, rule=RULE, **FAST)
+    assert want.text_chunks == [x for x in items if isinstance(x, str)]
+    assert [n for _, n in want.pauses] == [16800, 24000]
+    for start, n in want.pauses:
+        assert not want.audio[start:start + n].any()
+        assert want.audio[start - 1] != 0 and want.audio[start + n] != 0
+    got = np.concatenate(list(model.stream(PAUSED, rule=RULE, **FAST)))
+    _close(got, want.audio)
+    frags = (PAUSED[i:i + 4] for i in range(0, len(PAUSED), 4))  # "[pa" "use:" ...
+    assert np.array_equal(np.concatenate(list(model.stream(frags, rule=RULE, **FAST))), got)
+    assert not _wait_no_threads()
+
+
+def test_paused_stream_equals_generate(model):
+    # One chunk per segment, one decode window per chunk, the prompt's fixed loudness and no
+    # silence trim: what generate() makes of the same pauses, sample for sample.
+    prompt = model.create_voice_clone_prompt(SPEECH, "The quick brown fox jumps over the lazy dog.")
+    text = "Hello there. [pause:1s] How are you today? [pause:0.25s]"
+    kw = dict(voice_clone_prompt=prompt, num_step=3, seed=2, postprocess_output=False)
+    want = model.synthesize(text, **kw)[0]
+    st_ = model.stream(text, decode_frames=10_000, **kw)
+    got = np.concatenate(list(st_))
+    assert st_.text_chunks == want.text_chunks == ["Hello there.", "How are you today?"]
+    _close(got, want.audio)
+    assert [n for _, n in want.pauses] == [24000, 6000]
 
 
 def test_break_close_and_garbage_collection_stop_the_worker(model):

@@ -349,3 +349,132 @@ def test_validate_text_total(text):
         assert T.validate_text(text) is text
     except InputError as e:
         assert str(e)
+
+
+# ---------------------------------------------------------------------------
+# Pause marks
+# ---------------------------------------------------------------------------
+
+
+def test_pause_marks_split_the_text():
+    p = T.split_pauses('One. [pause:1.5s] Two <break time="500ms"/>three [PAUSE: 250 MS ]'
+                       "[pause:1s] four. <break strength='strong' time='2s' />")
+    assert p.marked and p.segments == ("One. ", " Two ", "three ", " four. ")
+    assert p.pauses == (0.0, 1.5, 0.5, 1.25, 2.0)  # marks in a row add up; a trailing one
+    assert p.spoken == "One. Two three four."
+    lead = T.split_pauses("  [pause:0.2s] Hello.")
+    assert lead.segments == (" Hello.",) and lead.pauses == (0.2, 0.0)
+    assert T.pause_samples(1.5, 24000) == 36000 and T.pause_samples(0.5, 24000) == 12000
+    assert T.pause_samples(0.001, 24000) == 24
+
+
+@pytest.mark.parametrize("text", [
+    "Ha [laughter] ha [B EY1 S] [pauses] [pause_2] <breakfast> <br> a < b [ c ] [pau",
+    "No marks at all.", "[", "<break", "x [pause"])
+def test_other_brackets_are_text(text):
+    p = T.split_pauses(text)
+    assert not p.marked and p.segments == (text,) and p.pauses == (0.0, 0.0)
+    assert T.plan_synthesis(text) == T.plan_synthesis(text)  # planned as any text
+    assert T.split_text(text) == [text.strip()]
+
+
+def test_a_pause_of_nothing_is_removed():
+    p = T.split_pauses("Hello [pause:0s] there.")
+    assert p.marked and p.segments == ("Hello  there.",) and p.pauses == (0.0, 0.0)
+    assert not T.plan_synthesis("Hello [pause:0ms] there.").paused
+    assert T.split_text("Hello [pause:0s] there.") == ["Hello  there."]
+
+
+@pytest.mark.parametrize("text, at, why", [
+    ("Hi [pause:-1s] there", 3, "'-1s' is not a length"),
+    ("Hi [pause:61s] there", 3, "61 s is over the limit of 60 s"),
+    ("Hi [pause:60001ms] there", 3, "60.001 s is over the limit"),
+    ("Hi [pause:2min] there", 3, "'2min' is not a length"),
+    ("Hi [pause:1.5] there", 3, "'1.5' is not a length"),
+    ("Hi [pause:1e3s] there", 3, "'1e3s' is not a length"),
+    ("Hi [pause] there", 3, "the length follows a colon"),
+    ("Hi [pause 1s] there", 3, "the length follows a colon"),
+    ("Hi [ Pause-ish] there", 3, "the length follows a colon"),
+    ("Hi there [pause:1s", 9, "it is not closed"),
+    ("Hi [pause:" + "1" * 120 + "s] there", 3, "no closing ']' within 100 characters"),
+    ("Hi <break/> there", 3, "a break needs its time"),
+    ('Hi <break strength="x"/> there', 3, "a break needs its time"),
+    ('Hi <break time="1s" volume="9"/> there', 3, "unknown attribute 'volume'"),
+    ('Hi <break time="-5ms"/> there', 3, "'-5ms' is not a length"),
+    ('Hi <break time="1s" garbage/> there', 3, "its attributes cannot be read"),
+])
+def test_malformed_pause_marks_name_their_place(text, at, why):
+    with pytest.raises(InputError) as e:
+        T.split_pauses(text)
+    assert f"at character {at}: {why}" in str(e.value), str(e.value)
+    assert "[pause:1.5s]" in str(e.value)  # says how to write one
+    with pytest.raises(InputError):  # the stream's chunker refuses it alike
+        T.split_text(text)
+
+
+@pytest.mark.parametrize("text", ["[pause:1s]", " [pause:1s] <break time='2s'/>\n"])
+def test_a_text_of_pauses_only_is_refused(text):
+    with pytest.raises(InputError, match="only pause marks"):
+        T.split_pauses(text)
+    with pytest.raises(InputError, match="only pause marks"):
+        T.plan_synthesis(text)
+
+
+def test_pauses_count_against_the_output_limit():
+    T.plan_synthesis("[pause:60s] a " * 100)  # 100 minutes of pauses: within the 2 hours
+    with pytest.raises(InputError, match="7260 s of pauses would last about 122 minutes; the "
+                                         "limit is 120 minutes"):
+        T.plan_synthesis("[pause:60s] a " * 121)
+
+
+def test_plan_of_a_paused_text():
+    text = "Hello. [pause:1s] How are you doing today? [pause:250ms]"
+    plan = T.plan_synthesis(text)
+    assert plan.paused and plan.pauses == (0.0, 1.0, 0.25) and plan.pause_frames == 32
+    first, second = plan.chunks
+    assert (first.text, first.segment, first.reference) == ("Hello.", 0, None)
+    assert first.frames == T.estimate_target_frames("Hello.")
+    # later segments: chunk 0's voice, but sized at the text's own pace: "Hello." alone is
+    # stretched by the short-output boost, and would stretch them too
+    assert (second.text, second.segment, second.reference, second.ref_text) == (
+        "How are you doing today?", 1, "chunk0", "Hello.")
+    assert second.frames == T.estimate_target_frames("How are you doing today?")
+    assert second.frames < T.estimate_target_frames("How are you doing today?", "Hello.",
+                                                    first.frames)
+    # with a voice prompt every segment is a pass on the prompt
+    prompted = T.plan_synthesis(text, "A reference.", 60, speed=1.25)
+    assert [(c.reference, c.frames) for c in prompted.chunks] == [
+        ("prompt", T.estimate_target_frames(s, "A reference.", 60, 1.25))
+        for s in ("Hello.", "How are you doing today?")]
+    # a long segment is chunked as a text of its own; chunk 0 stays the voice of all
+    long = "Short start. [pause:0.5s] " + "A sentence of a long paragraph goes on. " * 40
+    plan = T.plan_synthesis(long, chunk_threshold=10, chunk_duration=5)
+    assert [c.segment for c in plan.chunks][:2] == [0, 1] and len(plan.chunks) > 4
+    assert all(c.reference == "chunk0" and c.ref_text == "Short start." for c in plan.chunks[1:])
+    # duration: the spoken text lasts it, the pauses come on top
+    fixed = T.plan_synthesis("One two three. [pause:2s] Four five six.", duration=3.0)
+    assert fixed.frames == 75 and abs(sum(c.frames for c in fixed.chunks) - 75) <= 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["Hello there, ", "this is text. ", "[pause:1s]", " ",
+                                 "<break time='250ms'/>", "[laugh", "ter] ", "[pa", "use:2s] ",
+                                 "Next words"]), min_size=1, max_size=12),
+       st.lists(st.integers(1, 200), max_size=6))
+def test_pauses_in_fragments_split_as_the_whole(parts, cuts):
+    """The stream's chunker finds the same marks, chunks and pauses whatever the fragments."""
+    text = "".join(parts)
+    try:
+        whole = T.split_text(text)
+    except InputError:
+        return
+    frags, i = [], 0
+    for c in sorted(cuts):
+        frags.append(text[i:c])
+        i = max(i, c)
+    frags.append(text[i:])
+    chunker = T.TextChunker()
+    got = [x for f in frags for x in chunker.feed(f)] + chunker.flush()
+    assert got == whole
+    pauses = [x for x in whole if isinstance(x, T.Pause)]
+    assert all(text.startswith(("[", "<"), x.at) for x in pauses)
