@@ -1,7 +1,7 @@
 """Time-to-first-audio of `model.stream()` against `model.generate()` on one paragraph.
 
     python3 benchmarks/bench_streaming.py --model weights/tiny-random
-    python3 benchmarks/bench_streaming.py --model /work/checkpoints/full --steps 8 --repeat 2
+    python3 benchmarks/bench_streaming.py --model checkpoints/full --steps 8 --repeat 2
 
 For a 4-sentence paragraph it measures, in one process after a warm-up run:
     generate()  wall time (the first sample exists only when everything is done)

@@ -1,7 +1,7 @@
 """The committed fixtures are exactly the ones the manifest describes (no torch needed).
 
 tests/fixtures/manifest.json is written by tools/reference/dump_reference.py. When a fixture is
-added or regenerated, run `/work/venvs/ref/bin/python tools/reference/dump_reference.py
+added or regenerated, run `$OMNICORE_REF_VENV/bin/python tools/reference/dump_reference.py
 --manifest-only` (or the full tools/reference/regenerate.sh) and commit the manifest with it.
 """
 
@@ -21,7 +21,7 @@ REQUIREMENTS = ROOT / "tools" / "reference" / "requirements.txt"
 FIXTURE_DIRS = ["weights/tiny-random", "tests/fixtures/reference", "tests/fixtures/onnx",
                 "tests/fixtures/audio"]
 MAX_TOTAL_BYTES = 30 * 1024 * 1024
-REGEN_HINT = ("regenerate it: /work/venvs/ref/bin/python tools/reference/dump_reference.py "
+REGEN_HINT = ("regenerate it: $OMNICORE_REF_VENV/bin/python tools/reference/dump_reference.py "
               "--manifest-only")
 
 

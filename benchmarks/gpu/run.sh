@@ -20,7 +20,7 @@
 #
 # --dry-run: the same steps on the CPU: the tiny checkpoint, omnicore on the strict backend
 # (omnicore/strictxp.py), the reference on CPU torch in float32 if $REF_PYTHON exists (default
-# /work/venvs/ref/bin/python), smaller sizes. Step 2 then only checks the tiny checkpoint.
+# $OMNICORE_REF_VENV/bin/python), smaller sizes. Step 2 then only checks the tiny checkpoint.
 #
 # Environment: PYTHON (python3), REF_PYTHON (the reference's interpreter; default $PYTHON on a
 # GPU), CKPT, NO_REFERENCE=1 (omnicore only), BENCH_SECONDS / BENCH_STEPS / BENCH_BATCH /
@@ -67,7 +67,7 @@ step() {  # step NAME LIMIT_S CMD...: run with a time limit, output in $OUT/NAME
 if [ $DRY = 1 ]; then
   BACKEND=strict; DEVICE=cpu
   CKPT=${CKPT:-$ROOT/weights/tiny-random}
-  REF_PY=${REF_PYTHON:-/work/venvs/ref/bin/python}
+  REF_PY=${REF_PYTHON:-${OMNICORE_REF_VENV:-.venvs/ref}/bin/python}
   SIZES=(--seconds "${BENCH_SECONDS:-4}" --steps "${BENCH_STEPS:-8}" --batch "${BENCH_BATCH:-4}"
          --repeats "${BENCH_REPEATS:-1}" --encode-seconds "${BENCH_ENCODE_SECONDS:-2}")
 else

@@ -2,7 +2,7 @@
 """Record the reference's audio handling (resampler, pydub silence removal, trimming, volume,
 fades, chunk joins, prompt preparation, output post-processing) into tests/fixtures/reference.
 
-    /work/venvs/ref/bin/python tools/reference/dump_audio.py [--out tests/fixtures/reference]
+    $OMNICORE_REF_VENV/bin/python tools/reference/dump_audio.py [--out tests/fixtures/reference]
 
 Writes five npz files (float arrays float32, integer PCM int16, positions int64, parameters as
 float64/int64 scalars, strings as unicode arrays; no pickles):

@@ -15,7 +15,7 @@ layout (weights/tiny-random by default) and writes tests/fixtures/reference/back
 Each array name is documented where it is written. Floats are float32, ids int64, strings
 fixed-width unicode; no pickles. Deterministic: all seeds fixed, greedy decoding.
 
-Run with the reference venv: /work/venvs/ref/bin/python tools/reference/dump_backbone.py
+Run with the reference venv: $OMNICORE_REF_VENV/bin/python tools/reference/dump_backbone.py
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Dump reference tensors of the Higgs Audio V2 codec (transformers + torchaudio) for omnicore's tests.
 
 Run with the reference venv:
-    /work/venvs/ref/bin/python tools/reference/dump_codec.py [CKPT_DIR] [OUT_DIR]
+    $OMNICORE_REF_VENV/bin/python tools/reference/dump_codec.py [CKPT_DIR] [OUT_DIR]
 (defaults: weights/tiny-random and tests/fixtures/reference). CKPT_DIR is an OmniVoice checkpoint
 (its `audio_tokenizer/` is used) or an audio tokenizer directory itself.
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end reference: OmniVoice.generate() on the tiny checkpoint, deterministic settings.
 
-    /work/venvs/ref/bin/python tools/reference/dump_generate.py [CKPT_DIR] [OUT_DIR]
+    $OMNICORE_REF_VENV/bin/python tools/reference/dump_generate.py [CKPT_DIR] [OUT_DIR]
 
 Writes tests/fixtures/reference/generate_<case>.npz, one file per case. Every case runs greedy
 (position_temperature=0, class_temperature=0; everything else at the reference defaults unless

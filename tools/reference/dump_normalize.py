@@ -1,6 +1,6 @@
 """Record the reference's opt-in text normalisation as table cases for tests/test_normalize.py.
 
-    /work/venvs/ref/bin/python tools/reference/dump_normalize.py [out_dir]
+    $OMNICORE_REF_VENV/bin/python tools/reference/dump_normalize.py [out_dir]
 
 Writes ``normalize_cases.json`` (default out_dir: tests/fixtures/reference):
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Single entry point for the reference fixtures: run every dump_*.py, then write the manifest.
 
-    /work/venvs/ref/bin/python tools/reference/dump_reference.py                 # all stages
-    /work/venvs/ref/bin/python tools/reference/dump_reference.py --only codec    # dump_codec.py only
-    /work/venvs/ref/bin/python tools/reference/dump_reference.py --manifest-only
+    $OMNICORE_REF_VENV/bin/python tools/reference/dump_reference.py                 # all stages
+    $OMNICORE_REF_VENV/bin/python tools/reference/dump_reference.py --only codec    # dump_codec.py only
+    $OMNICORE_REF_VENV/bin/python tools/reference/dump_reference.py --manifest-only
 
 Each `tools/reference/dump_<stage>.py` exposes `dump(ckpt_dir: Path, out_dir: Path) -> list[Path]`
 and writes its `.npz` files into `tests/fixtures/reference/`. Every stage runs in the same

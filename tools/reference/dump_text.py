@@ -1,6 +1,6 @@
 """Record the reference's text front-end behaviour as table cases for tests/test_text.py.
 
-    /work/venvs/ref/bin/python tools/reference/dump_text.py [out_dir]
+    $OMNICORE_REF_VENV/bin/python tools/reference/dump_text.py [out_dir]
 
 Writes ``text_cases.json`` (default out_dir: tests/fixtures/reference). Every expected value
 comes from running the reference package's own code: language and instruct resolution, target

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Voice prompt files written by the reference's own `VoiceClonePrompt.save` (torch .pt zips).
 
-    /work/venvs/ref/bin/python tools/reference/dump_voice.py [CKPT_DIR] [OUT_DIR]
+    $OMNICORE_REF_VENV/bin/python tools/reference/dump_voice.py [CKPT_DIR] [OUT_DIR]
 
 omnicore reads these without torch (omnicore/torchfile.py); tests/test_torchfile.py checks that
 it gets exactly what the reference stored. Files in tests/fixtures/reference/:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Export the tiny checkpoint's sub-models to ONNX for onnxruntime property tests.
 
-    /work/venvs/ref/bin/python tools/reference/export_onnx.py [--ckpt weights/tiny-random]
+    $OMNICORE_REF_VENV/bin/python tools/reference/export_onnx.py [--ckpt weights/tiny-random]
                                                               [--out tests/fixtures/onnx]
 
 torch.onnx.export(dynamo=True, opset 18) with dynamic batch and sequence axes; after each export

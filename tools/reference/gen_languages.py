@@ -3,7 +3,7 @@
 Run once with the reference venv (the table is committed; re-run only when the reference's
 language list changes):
 
-    /work/venvs/ref/bin/python tools/reference/gen_languages.py
+    $OMNICORE_REF_VENV/bin/python tools/reference/gen_languages.py
 
 The reference keys its map by lower-case English name and restores display casing with
 ``str.title()`` plus a few exceptions. Here each row stores the id and the display name directly;

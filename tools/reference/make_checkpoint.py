@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Build a randomly initialised OmniVoice checkpoint in the exact hub layout.
 
-    /work/venvs/ref/bin/python tools/reference/make_checkpoint.py --size tiny --out weights/tiny-random
-    /work/venvs/ref/bin/python tools/reference/make_checkpoint.py --size full --out /work/checkpoints/full
+    $OMNICORE_REF_VENV/bin/python tools/reference/make_checkpoint.py --size tiny --out weights/tiny-random
+    $OMNICORE_REF_VENV/bin/python tools/reference/make_checkpoint.py --size full --out checkpoints/full
 
 Layout written to OUT (same file names, config field names and tensor keys as k2-fsa/OmniVoice):
 

@@ -2,7 +2,7 @@
 """Synthesise the speech-like reference clips in tests/fixtures/audio/ with espeak-ng.
 
     apt-get install -y espeak-ng          # Debian package
-    /work/venvs/ref/bin/python tools/reference/make_speech_clip.py [--force]
+    $OMNICORE_REF_VENV/bin/python tools/reference/make_speech_clip.py [--force]
 
 Writes (16-bit PCM WAV):
   speech_24k.wav          mono, 24 kHz: the voice-clone reference clip (codec rate)

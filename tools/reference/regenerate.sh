@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rebuild every committed fixture, deterministically, from the reference implementation.
 #
-#   bash tools/reference/regenerate.sh            # VENV=/work/venvs/ref by default
+#   bash tools/reference/regenerate.sh            # VENV: $OMNICORE_REF_VENV, else .venvs/ref
 #
 # 1. weights/tiny-random            make_checkpoint.py --size tiny (seeded: byte-identical)
 # 2. tests/fixtures/audio           make_speech_clip.py (espeak-ng; kept if present)
@@ -13,7 +13,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-VENV=${VENV:-/work/venvs/ref}
+VENV=${VENV:-${OMNICORE_REF_VENV:-.venvs/ref}}
 PY="$VENV/bin/python"
 cd "$ROOT"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Recreate the reference venv (CPU torch + transformers + omnivoice) that tools/reference/ runs in.
 #
-#   bash tools/reference/setup_env.sh [VENV_DIR]        # default /work/venvs/ref
+#   bash tools/reference/setup_env.sh [VENV_DIR]        # default $OMNICORE_REF_VENV, else .venvs/ref
 #
 # Python 3.11 is expected (PYTHON=... to choose another interpreter). Off this machine, take the
 # CPU build of torch from PyTorch's CPU index, otherwise PyPI's default (CUDA) wheel comes in:
@@ -15,7 +15,7 @@
 # torchaudio.functional.resample is used (by OmniVoice and the Higgs encoder).
 set -euo pipefail
 
-VENV=${1:-/work/venvs/ref}
+VENV=${1:-${OMNICORE_REF_VENV:-.venvs/ref}}
 PY=${PYTHON:-python3.11}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REQ="$HERE/requirements.txt"

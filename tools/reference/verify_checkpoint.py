@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check that a random checkpoint makes tests meaningful (numbers go into README.md).
 
-    /work/venvs/ref/bin/python tools/reference/verify_checkpoint.py weights/tiny-random
+    $OMNICORE_REF_VENV/bin/python tools/reference/verify_checkpoint.py weights/tiny-random
 
 1. The reference loads it (OmniVoice.from_pretrained + AutoTokenizer) in float32.
 2. Greedy generate (position_temperature=0, class_temperature=0) for a ~2 s target gives codes
