@@ -189,6 +189,8 @@ class Server:
                                 buckets=(.05, .1, .25, .5, 1, 2, 5, 10, 30, 60), registry=self.registry)
         self.m_rtf = Histogram("omnicore_rtf", "synthesis seconds per audio second",
                                buckets=(.05, .1, .25, .5, 1, 2, 5, 10), registry=self.registry)
+        self.m_cancelled = Counter("omnicore_streams_cancelled", "streams closed before their end "
+                                   "(client gone or an error): their passes were cancelled", registry=self.registry)
 
     # -- admission ------------------------------------------------------------------------------
 
@@ -214,12 +216,14 @@ class Server:
     # -- voices ---------------------------------------------------------------------------------
 
     def designed_voice(self, instruct: str, seed: int, language=None, sample: str | None = None,
-                       cancelled: threading.Event | None = None):
-        """Generate a sample once and keep its codes as a voice (greedy-free: seeded)."""
+                       cancelled: threading.Event | None = None, num_step: int = 32):
+        """Generate a sample once (seeded: the same inputs make the same voice) and keep its
+        codes as a voice."""
         from .script import voice_from_synthesis
 
         result = self.model.synthesize(sample or PRESET_SAMPLE_TEXT, instruct=instruct, seed=seed,
-                                       language=language, on_step=_cancel_check(cancelled))[0]
+                                       language=language, num_step=num_step,
+                                       on_step=_cancel_check(cancelled))[0]
         return voice_from_synthesis(result)
 
     def resolve_voice(self, voice, cancelled=None):
@@ -424,17 +428,20 @@ def create_app(server: Server):
         async def pieces():
             """float32 pieces from the SpeechStream, read in a worker thread; closing it on the
             way out (client gone, error, end) cancels the remaining passes."""
-            first = True
+            first, ended = True, False
             try:
                 while True:
                     x = await in_thread(next, stream, None)
                     if x is None:
+                        ended = True
                         return
                     if first:
                         server.m_ttfb.observe(time.perf_counter() - t0)
                         first = False
                     yield x
             finally:
+                if not ended:
+                    server.m_cancelled.inc()
                 # Not awaited: a cancelled task cannot await; close() stops the passes.
                 server.pool.submit(stream.close)
 
@@ -525,12 +532,13 @@ def create_app(server: Server):
             seed = _field(body, "seed", int, 0, check=lambda v: v >= 0)
             language = _field(body, "language", str, None)
             sample = _field(body, "text", str, None)
+            num_step = _field(body, "num_step", int, 32, check=lambda v: 1 <= v <= 1000)
             if server.voices.get(name) is not None:
                 raise HTTPError(409, f"voice {name!r} already exists; DELETE it first", "name",
                                 "voice_exists")
 
             def work():
-                return server.designed_voice(instruct, seed, language, sample, cancelled)
+                return server.designed_voice(instruct, seed, language, sample, cancelled, num_step)
         server.admit()
         try:
             prompt = await until_done(request, asyncio.wrap_future(server.pool.submit(work)), cancelled)
