@@ -302,6 +302,17 @@ def test_restart_auth_queue_and_disconnect(voices_dir, clip_voice):
             time.sleep(0.2)
         assert h["in_flight"] == 0 and h["engine_passes"] == 0, h
         assert "omnicore_streams_cancelled_total 1.0" in httpx.get(url + "/metrics").text
+        # A whole-file request whose client gives up is cancelled too (answered 499, slot freed).
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(url + "/v1/audio/speech", headers=auth, timeout=1.5,
+                       json={"input": long_text, "voice": "clip", "num_step": 64})
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if 'route="speech",status="499"' in httpx.get(url + "/metrics").text:
+                break
+            time.sleep(0.2)
+        assert 'omnicore_requests_total{route="speech",status="499"} 1.0' in httpx.get(url + "/metrics").text
+        assert httpx.get(url + "/health").json()["in_flight"] == 0
         r = httpx.post(url + "/v1/audio/speech", headers=auth, timeout=60,
                        json={"input": "Hi.", "voice": "clip", "response_format": "wav", **GREEDY})
         assert r.status_code == 200 and r.content[:4] == b"RIFF"
