@@ -603,8 +603,11 @@ def cmd_serve(args) -> int:
 
     if args.max_queue < 1:
         raise InputError(f"--max-queue must be at least 1, got {args.max_queue}")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise InputError(f"--max-concurrency must be at least 1, got {args.max_concurrency}")
     server.serve(args.model, args.host, args.port, args.voices_dir, args.api_key, args.max_queue,
-                 log_level="warning" if args.quiet else "info")
+                 log_level="warning" if args.quiet else "info",
+                 max_concurrency=args.max_concurrency)
     return 0
 
 
@@ -739,6 +742,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="require 'Authorization: Bearer KEY' (env OMNICORE_API_KEY)")
     sv.add_argument("--max-queue", type=int, default=16,
                     help="speech requests in flight before 429 (default: %(default)s)")
+    sv.add_argument("--max-concurrency", type=int,
+                    help="requests synthesising at once, the others wait (default: all admitted; "
+                         "the engine batches them)")
     sv.set_defaults(func=cmd_serve)
 
     k = sub.add_parser("codec", help="the Higgs audio codec alone: encode, decode, round-trip")

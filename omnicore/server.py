@@ -167,13 +167,16 @@ class Server:
     """The state behind the routes: model, voices, bounded in-flight count, metrics."""
 
     def __init__(self, model, voices_dir=None, api_key: str | None = None, max_queue: int = 16,
-                 model_name: str = "omnivoice"):
+                 model_name: str = "omnivoice", max_concurrency: int | None = None):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.model = model
         self.voices = VoiceLibrary(voices_dir)
         self.api_key = api_key or None
         self.max_queue = max_queue
+        # Requests synthesising at once (None: all admitted ones; the engine packs them). 1 is
+        # the one-at-a-time server that benchmarks compare the engine with.
+        self.run_slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         self.model_name = model_name
         self.pool = ThreadPoolExecutor(max_workers=max_queue + 4, thread_name_prefix="omnicore-serve")
         self._in_flight = 0
@@ -194,18 +197,31 @@ class Server:
 
     # -- admission ------------------------------------------------------------------------------
 
-    def admit(self) -> None:
+    async def admit(self) -> None:
+        """Count the request in (429 when max_queue are in flight), then wait for a run slot."""
         with self._lock:
             if self._in_flight >= self.max_queue:
                 raise HTTPError(429, f"the server is busy ({self.max_queue} requests in flight); "
                                      "retry shortly", None, "queue_full", {"Retry-After": "1"})
             self._in_flight += 1
             self.m_in_flight.set(self._in_flight)
+        if self.run_slots is not None:
+            try:
+                await self.run_slots.acquire()
+            except BaseException:  # cancelled while waiting: it never ran
+                self._leave()
+                raise
 
-    def release(self) -> None:
+    def _leave(self) -> None:
         with self._lock:
             self._in_flight -= 1
             self.m_in_flight.set(self._in_flight)
+
+    def release(self) -> None:
+        """Undo a successful `admit`."""
+        if self.run_slots is not None:
+            self.run_slots.release()
+        self._leave()
 
     def engine_passes(self) -> int:
         eng = getattr(self.model, "_engine", None)
@@ -389,7 +405,7 @@ def create_app(server: Server):
     @route("speech")
     async def speech(request: Request):
         req = parse_speech(await read_json(request))
-        server.admit()
+        await server.admit()
         released = False
         try:
             t0 = time.perf_counter()
@@ -539,7 +555,7 @@ def create_app(server: Server):
 
             def work():
                 return server.designed_voice(instruct, seed, language, sample, cancelled, num_step)
-        server.admit()
+        await server.admit()
         try:
             prompt = await until_done(request, asyncio.wrap_future(server.pool.submit(work)), cancelled)
         finally:
@@ -599,7 +615,8 @@ def create_app(server: Server):
 
 
 def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir=None,
-          api_key: str | None = None, max_queue: int = 16, log_level: str = "warning") -> None:
+          api_key: str | None = None, max_queue: int = 16, log_level: str = "warning",
+          max_concurrency: int | None = None) -> None:
     """Load the model once and serve until interrupted."""
     try:
         import uvicorn
@@ -608,6 +625,7 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir
     from . import OmniVoice
 
     model = OmniVoice.from_pretrained(model_path)
-    server = Server(model, voices_dir, api_key, max_queue, model_name=Path(str(model_path)).name)
+    server = Server(model, voices_dir, api_key, max_queue, model_name=Path(str(model_path)).name,
+                    max_concurrency=max_concurrency)
     uvicorn.run(create_app(server), host=host, port=port, log_level=log_level,
                 timeout_graceful_shutdown=5)

@@ -268,7 +268,7 @@ def test_models_health_metrics(server, client):
 
 def test_restart_auth_queue_and_disconnect(voices_dir, clip_voice):
     # A second server on the same folder: voices persist; a key is required; one slot only.
-    proc, url = _start(voices_dir, "--api-key", KEY, "--max-queue", "1")
+    proc, url = _start(voices_dir, "--api-key", KEY, "--max-queue", "1", "--max-concurrency", "1")
     try:
         auth = {"Authorization": f"Bearer {KEY}"}
         r = httpx.get(url + "/v1/voices", timeout=30)
