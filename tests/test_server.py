@@ -319,3 +319,11 @@ def test_restart_auth_queue_and_disconnect(voices_dir, clip_voice):
         assert "unmask=" in r.headers["x-omnicore-timings"]
     finally:
         _stop(proc)
+
+
+def test_serve_flags_checked_before_the_model_loads(capsys):
+    from omnicore.cli import main
+
+    assert main(["serve", "--model", str(TINY), "--max-queue", "0"]) == 2
+    assert main(["serve", "--model", str(TINY), "--max-concurrency", "0"]) == 2
+    assert "--max-concurrency must be at least 1" in capsys.readouterr().err
