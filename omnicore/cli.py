@@ -618,6 +618,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"omnicore: error: {message} (see `{self.prog} --help`)\n")
 
 
+def cmd_serve(args) -> int:
+    from . import server
+
+    if args.max_queue < 1:
+        raise InputError(f"--max-queue must be at least 1, got {args.max_queue}")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise InputError(f"--max-concurrency must be at least 1, got {args.max_concurrency}")
+    server.serve(args.model, args.host, args.port, args.voices_dir, args.api_key, args.max_queue,
+                 log_level="warning" if args.quiet else "info",
+                 max_concurrency=args.max_concurrency)
+    return 0
+
+
 def _seed(value: str) -> int:
     try:
         seed = int(value)
@@ -742,6 +755,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="speaker NAME gets an auto voice (repeatable)")
     sc.add_argument("--duration", type=float, help=argparse.SUPPRESS)  # refused: one per turn
     sc.set_defaults(func=cmd_script)
+
+    sv = sub.add_parser("serve", help="an OpenAI-compatible speech server (pip install 'omnicore[server]')",
+                        description="Serve POST /v1/audio/speech (OpenAI's API), a voice library, "
+                                    "/v1/models, /health and /metrics from one model.")
+    model_opts(sv)
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    sv.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+    sv.add_argument("--voices-dir", help="folder of saved voices (.npz), loaded at start")
+    sv.add_argument("--api-key", default=os.environ.get("OMNICORE_API_KEY"),
+                    help="require 'Authorization: Bearer KEY' (env OMNICORE_API_KEY)")
+    sv.add_argument("--max-queue", type=int, default=16,
+                    help="speech requests in flight before 429 (default: %(default)s)")
+    sv.add_argument("--max-concurrency", type=int,
+                    help="requests synthesising at once, the others wait (default: all admitted; "
+                         "the engine batches them)")
+    sv.set_defaults(func=cmd_serve)
 
     k = sub.add_parser("codec", help="the Higgs audio codec alone: encode, decode, round-trip")
     ksub = k.add_subparsers(dest="codec_command", required=True, metavar="ACTION")

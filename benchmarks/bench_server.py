@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""`omnicore serve` under N concurrent clients on loopback: the engine (every admitted request
+packed into shared forwards) vs the same server limited to one request at a time.
+
+    python3 benchmarks/bench_server.py [--model DIR] [--clients 4] [--requests 2] [--steps 8]
+                                       [--timeout 300] [--markdown FILE]
+
+--model defaults to $OMNICORE_BENCH_MODEL, else weights/tiny-random. Each client sends its
+requests one after another as streamed 16-bit PCM (`stream_format: audio`), greedy settings and
+a fixed duration, so both servers do the same work. Per request: time to first byte (TTFB) and
+latency (last byte); per run: throughput in audio seconds per wall second. Bounded: a run that
+exceeds --timeout is reported as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = "The quick brown fox jumps over the lazy dog, and then it runs into the quiet forest."
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(model: str, voices: Path, *extra) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "omnicore.cli", "serve", "--model", model,
+                             "--port", str(port), "--voices-dir", str(voices), "-q", *extra],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    proc.kill()
+    raise SystemExit("server did not start")
+
+
+def one(url: str, body: dict, timeout: float) -> tuple[float, float, float]:
+    """(ttfb, latency, audio seconds) of one streamed request."""
+    t0 = time.perf_counter()
+    ttfb, n = None, 0
+    with httpx.stream("POST", url + "/v1/audio/speech", json=body, timeout=timeout) as r:
+        r.raise_for_status()
+        for part in r.iter_bytes():
+            if ttfb is None and part:
+                ttfb = time.perf_counter() - t0
+            n += len(part)
+    return ttfb or 0.0, time.perf_counter() - t0, n / 2 / 24000
+
+
+def run(url: str, clients: int, requests: int, steps: int, timeout: float) -> dict:
+    body = {"input": TEXT, "voice": None, "response_format": "pcm", "stream_format": "audio",
+            "num_step": steps, "position_temperature": 0.0, "duration": 4.0}
+    one(url, dict(body, num_step=1), timeout)  # warm-up: compile and load outside the timing
+    results, errors = [], []
+
+    def client():
+        for _ in range(requests):
+            try:
+                results.append(one(url, body, timeout))
+            except Exception as exc:  # noqa: BLE001 - counted, not fatal
+                errors.append(repr(exc))
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    wall = time.perf_counter() - t0
+    res = np.array(results) if results else np.zeros((0, 3))
+    pct = (lambda col, q: float(np.percentile(res[:, col], q)) if len(res) else float("nan"))
+    return {"requests": len(results), "errors": len(errors), "wall_s": wall,
+            "throughput": float(res[:, 2].sum() / wall) if len(res) else 0.0,
+            "p50_latency": pct(1, 50), "p95_latency": pct(1, 95),
+            "p50_ttfb": pct(0, 50), "p95_ttfb": pct(0, 95)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=os.environ.get("OMNICORE_BENCH_MODEL",
+                                                      str(ROOT / "weights" / "tiny-random")))
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=2, help="requests per client")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--markdown", help="also write the table to this file")
+    args = ap.parse_args()
+    import tempfile
+
+    rows = []
+    for name, extra in (("engine (all admitted packed)", ()),
+                        ("one at a time (--max-concurrency 1)", ("--max-concurrency", "1"))):
+        with tempfile.TemporaryDirectory() as voices:
+            proc, url = start(args.model, Path(voices), "--max-queue", str(args.clients + 1), *extra)
+            try:
+                r = run(url, args.clients, args.requests, args.steps, args.timeout)
+            finally:
+                proc.terminate()
+                proc.wait(30)
+        rows.append((name, r))
+        print(name, r, file=sys.stderr)
+    lines = [f"{args.clients} clients x {args.requests} requests, {args.steps} steps, 4 s each, "
+             f"model {Path(args.model).name}", "",
+             "| server | requests (errors) | throughput (audio s / s) | p50 / p95 latency (s) | "
+             "p50 / p95 TTFB (s) |", "|---|---|---|---|---|"]
+    for name, r in rows:
+        lines.append(f"| {name} | {r['requests']} ({r['errors']}) | {r['throughput']:.2f} | "
+                     f"{r['p50_latency']:.2f} / {r['p95_latency']:.2f} | "
+                     f"{r['p50_ttfb']:.2f} / {r['p95_ttfb']:.2f} |")
+    print("\n".join(lines))
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,329 @@
+"""`omnicore serve` as a user runs it: a subprocess on a loopback port with the tiny checkpoint,
+driven by the official `openai` client (and httpx for the voice routes). Every body is decoded
+and compared with the same greedy request made in this process through the public API."""
+
+import base64
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+sf = pytest.importorskip("soundfile")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
+pytest.importorskip("sse_starlette")
+
+from omnicore import OmniVoice, VoiceClonePrompt  # noqa: E402
+from omnicore.audio import to_pcm16  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "weights" / "tiny-random"
+# Greedy and short: codes do not depend on what shares the engine's forwards.
+GREEDY = {"num_step": 4, "position_temperature": 0.0}
+KEY = "test-key-123"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(voices_dir, *extra):
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("OMNICORE_API_KEY", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omnicore.cli", "serve", "--model", str(TINY), "--port", str(port),
+         "--voices-dir", str(voices_dir), "-q", *extra],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited: {proc.stdout.read().decode()}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("server did not start within 90 s")
+
+
+def _stop(proc) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def voices_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("voices")
+
+
+@pytest.fixture(scope="module")
+def server(voices_dir):
+    proc, url = _start(voices_dir)
+    yield url
+    _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return OmniVoice.from_pretrained(TINY)
+
+
+@pytest.fixture(scope="module")
+def clip_voice(server, voices_dir, tmp_path_factory):
+    """A cloned voice 'clip', made through the multipart route from a noisy 2 s clip."""
+    rng = np.random.default_rng(0)
+    t = np.arange(48000) / 24000
+    wav = (0.2 * np.sin(2 * np.pi * 180 * t) * (1 + 0.5 * rng.standard_normal(t.size))).astype(np.float32)
+    buf = io.BytesIO()
+    sf.write(buf, wav, 24000, format="WAV", subtype="PCM_16")
+    r = httpx.post(server + "/v1/voices", data={"name": "clip", "ref_text": "A short test clip."},
+                   files={"audio": ("clip.wav", buf.getvalue(), "audio/wav")}, timeout=120)
+    assert r.status_code == 201, r.text
+    assert r.json()["id"] == "clip"
+    return VoiceClonePrompt.load(voices_dir / "clip.npz")
+
+
+def _int16(x) -> np.ndarray:
+    return np.asarray(x, np.int32)
+
+
+def _close(a, b) -> None:
+    """Same audio within one int16 step."""
+    a, b = _int16(a), _int16(b)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    assert np.abs(a - b).max(initial=0) <= 1
+
+
+def test_formats_match_generate(client, clip_voice, model):
+    text = "Hello from the server."
+    want = to_pcm16(model.generate(text, voice_clone_prompt=clip_voice, **GREEDY)[0])
+    bodies = {}
+    for fmt in ("wav", "flac", "mp3", "opus", "pcm"):
+        resp = client.audio.speech.create(model="omnivoice", voice="clip", input=text,
+                                          response_format=fmt, extra_body=GREEDY)
+        bodies[fmt] = resp.content
+    assert bodies["wav"][:4] == b"RIFF" and bodies["flac"][:4] == b"fLaC"
+    assert bodies["opus"][:4] == b"OggS"
+    _close(np.frombuffer(bodies["pcm"], "<i2"), want)
+    for fmt in ("wav", "flac"):
+        got, sr = sf.read(io.BytesIO(bodies[fmt]), dtype="int16")
+        assert sr == 24000
+        _close(got, want)
+    for fmt in ("mp3", "opus"):  # lossy: decodes, about the same length
+        got, sr = sf.read(io.BytesIO(bodies[fmt]), dtype="float32")
+        assert abs(len(got) / sr - len(want) / 24000) < 0.15, fmt
+
+
+def test_aac_and_bad_requests_are_json_4xx(client, server, clip_voice):
+    cases = [
+        (dict(voice="clip", input="Hi.", response_format="aac"), 400, "aac"),
+        (dict(voice="clip", input="Hi.", response_format="ogg"), 400, "response_format"),
+        (dict(voice="clip", input=""), 400, "input"),
+        (dict(voice="clip", input="Hi.", speed=9.0), 400, "speed"),
+        (dict(voice="nobody", input="Hi."), 404, "nobody"),
+        (dict(voice="clip", input="Hi.", extra_body={"num_step": "many"}), 400, "num_step"),
+        (dict(voice="clip", input="x" * 20_001), 400, "limit"),
+    ]
+    for kw, status, word in cases:
+        with pytest.raises(openai.APIStatusError) as exc:
+            client.audio.speech.create(model="omnivoice", **kw)
+        assert exc.value.status_code == status, kw
+        err = exc.value.response.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and word in json.dumps(err)
+    r = httpx.post(server + "/v1/audio/speech", content=b"{not json", timeout=30)
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = httpx.post(server + "/v1/audio/speech", content=b"x" * (2 * 2**20), timeout=30)
+    assert r.status_code == 413 and "error" in r.json()
+    r = httpx.post(server + "/v1/audio/speech", json={"input": "Hi.", "voice": "clip",
+                                                      "seed": "zero"}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seed"
+    assert "Traceback" not in r.text
+
+
+def test_streaming_first_bytes_early_and_same_audio(client, clip_voice, model):
+    text = ("The first sentence is short. The second sentence comes after it and is longer. "
+            "A third sentence closes the little story.")
+    want = np.concatenate([to_pcm16(x) for x in model.stream(text, voice_clone_prompt=clip_voice,
+                                                              **GREEDY)])
+    t0 = time.perf_counter()
+    arrivals, body = [], b""
+    with client.audio.speech.with_streaming_response.create(
+            model="omnivoice", voice="clip", input=text, response_format="wav",
+            stream_format="audio", extra_body=GREEDY) as resp:
+        for part in resp.iter_bytes():
+            arrivals.append((time.perf_counter() - t0, len(body) + len(part)))
+            body += part
+    total = time.perf_counter() - t0
+    # The WAV header (unknown sizes) and the first chunk's audio leave before the last chunk is made.
+    assert body[:4] == b"RIFF" and body[4:8] == b"\xff\xff\xff\xff" and body[40:44] == b"\xff\xff\xff\xff"
+    first_audio = next(t for t, n in arrivals if n > 44)
+    assert first_audio < total - 0.2, (first_audio, total)
+    _close(np.frombuffer(body[44:], "<i2"), want)
+
+    with client.audio.speech.with_streaming_response.create(
+            model="omnivoice", voice="clip", input=text, response_format="pcm",
+            stream_format="sse", extra_body=GREEDY) as resp:
+        raw = b"".join(resp.iter_bytes()).decode()
+    events = [json.loads(line[5:]) for line in raw.splitlines() if line.startswith("data:")]
+    assert events[-1]["type"] == "speech.audio.done"
+    deltas = [e for e in events[:-1] if e["type"] == "speech.audio.delta"]
+    assert len(deltas) == len(events) - 1 >= 2
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in deltas)
+    _close(np.frombuffer(pcm, "<i2"), want)
+
+
+def test_voices_designed_presets_delete_and_names(client, server, voices_dir, model):
+    spec = {"instruct": "female, low pitch, british accent", "seed": 5, "num_step": 4,
+            "text": "This is how I sound."}
+    a = httpx.post(server + "/v1/voices", json={"name": "des_a", **spec}, timeout=120)
+    b = httpx.post(server + "/v1/voices", json={"name": "des_b", **spec}, timeout=120)
+    assert a.status_code == b.status_code == 201, (a.text, b.text)
+    pa = VoiceClonePrompt.load(voices_dir / "des_a.npz")
+    pb = VoiceClonePrompt.load(voices_dir / "des_b.npz")
+    np.testing.assert_array_equal(pa.ref_audio_tokens, pb.ref_audio_tokens)  # seeded: same voice
+    assert httpx.post(server + "/v1/voices", json={"name": "des_a", **spec}).status_code == 409
+
+    # A preset is designed on first use, stored, then reused as is: both texts speak with it.
+    for text in ("One sentence for alloy.", "Another, different sentence."):
+        got = client.audio.speech.create(model="tts-1", voice="alloy", input=text,
+                                         response_format="pcm", extra_body=GREEDY).content
+        preset = VoiceClonePrompt.load(voices_dir / "alloy.npz")
+        if text.startswith("One"):
+            first_codes = preset.ref_audio_tokens
+        np.testing.assert_array_equal(preset.ref_audio_tokens, first_codes)
+        _close(np.frombuffer(got, "<i2"),
+               to_pcm16(model.generate(text, voice_clone_prompt=preset, **GREEDY)[0]))
+    # {"id": name} works as the voice too
+    got = client.audio.speech.create(model="tts-1", voice={"id": "des_a"}, input="Hi there.",
+                                     response_format="pcm", extra_body=GREEDY).content
+    _close(np.frombuffer(got, "<i2"), to_pcm16(model.generate("Hi there.", voice_clone_prompt=pa, **GREEDY)[0]))
+
+    listed = {v["id"] for v in httpx.get(server + "/v1/voices").json()["data"]}
+    assert {"des_a", "des_b", "alloy", "nova"} <= listed
+    assert httpx.get(server + "/v1/voices/des_b").json()["ref_text"]
+    assert httpx.delete(server + "/v1/voices/des_b").status_code == 200
+    assert not (voices_dir / "des_b.npz").exists()
+    assert httpx.get(server + "/v1/voices/des_b").status_code == 404
+    assert httpx.delete(server + "/v1/voices/des_b").status_code == 404
+    for bad in ("../evil", "a/b", ".hidden", "x" * 65, "", "..", "name with space"):
+        r = httpx.post(server + "/v1/voices", json={"name": bad, **spec})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "name", bad
+    for bad in ("..%2F..%2Fetc%2Fpasswd", "%2E%2E", "a%2Fb"):
+        assert httpx.get(server + "/v1/voices/" + bad).status_code in (400, 404)
+        assert httpx.delete(server + "/v1/voices/" + bad).status_code in (400, 404)
+    assert sorted(p.name for p in voices_dir.iterdir()) == ["alloy.npz", "clip.npz", "des_a.npz"]
+
+
+def test_concurrent_clients_equal_alone(client, clip_voice, model):
+    texts = [f"Request number {i} says {'hello ' * (1 + i % 3)}." for i in range(8)]
+    want = [to_pcm16(model.generate(t, voice_clone_prompt=clip_voice, **GREEDY)[0]) for t in texts]
+    got = [None] * len(texts)
+
+    def call(i):
+        got[i] = client.audio.speech.create(model="omnivoice", voice="clip", input=texts[i],
+                                            response_format="pcm", extra_body=GREEDY).content
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(texts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    for g, w in zip(got, want):
+        assert g is not None
+        _close(np.frombuffer(g, "<i2"), w)
+
+
+def test_models_health_metrics(server, client):
+    assert "tts-1" in {m.id for m in client.models.list()}
+    assert httpx.get(server + "/health").json()["status"] == "ok"
+    text = httpx.get(server + "/metrics").text
+    assert 'omnicore_requests_total{route="speech",status="200"}' in text
+    assert 'omnicore_requests_total{route="speech",status="400"}' in text
+    assert "omnicore_ttfb_seconds_bucket" in text and "omnicore_engine_passes" in text
+
+
+def test_restart_auth_queue_and_disconnect(voices_dir, clip_voice):
+    # A second server on the same folder: voices persist; a key is required; one slot only.
+    proc, url = _start(voices_dir, "--api-key", KEY, "--max-queue", "1", "--max-concurrency", "1")
+    try:
+        auth = {"Authorization": f"Bearer {KEY}"}
+        r = httpx.get(url + "/v1/voices", timeout=30)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(url + "/v1/voices", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        names = {v["id"] for v in httpx.get(url + "/v1/voices", headers=auth).json()["data"]}
+        stored = {p.stem for p in voices_dir.glob("*.npz")}
+        assert "clip" in stored and stored <= names
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url + "/v1", api_key="nope", max_retries=0).audio.speech.create(
+                model="tts-1", voice="clip", input="Hi.")
+
+        # Hold the one slot with a stream, then overflow -> 429 with Retry-After.
+        long_text = " ".join(f"Sentence {i} of a long story." for i in range(12))
+        body = {"input": long_text, "voice": "clip", "response_format": "pcm",
+                "stream_format": "audio", "num_step": 16}
+        with httpx.stream("POST", url + "/v1/audio/speech", json=body, headers=auth, timeout=60) as r:
+            assert r.status_code == 200
+            parts = r.iter_bytes()  # kept: dropping the iterator would close the response
+            assert next(parts)  # first audio is out; the rest is still being made
+            over = httpx.post(url + "/v1/audio/speech", headers=auth, timeout=30,
+                              json={"input": "Hi.", "voice": "clip"})
+            assert over.status_code == 429 and over.headers["retry-after"]
+            assert over.json()["error"]["type"] == "rate_limit_error"
+        # Leaving the block closed the connection: the stream is cancelled, its slot freed.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            h = httpx.get(url + "/health").json()
+            if h["in_flight"] == 0 and h["engine_passes"] == 0:
+                break
+            time.sleep(0.2)
+        assert h["in_flight"] == 0 and h["engine_passes"] == 0, h
+        assert "omnicore_streams_cancelled_total 1.0" in httpx.get(url + "/metrics").text
+        # A whole-file request whose client gives up is cancelled too (answered 499, slot freed).
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(url + "/v1/audio/speech", headers=auth, timeout=1.5,
+                       json={"input": long_text, "voice": "clip", "num_step": 64})
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if 'route="speech",status="499"' in httpx.get(url + "/metrics").text:
+                break
+            time.sleep(0.2)
+        assert 'omnicore_requests_total{route="speech",status="499"} 1.0' in httpx.get(url + "/metrics").text
+        assert httpx.get(url + "/health").json()["in_flight"] == 0
+        r = httpx.post(url + "/v1/audio/speech", headers=auth, timeout=60,
+                       json={"input": "Hi.", "voice": "clip", "response_format": "wav", **GREEDY})
+        assert r.status_code == 200 and r.content[:4] == b"RIFF"
+        assert "unmask=" in r.headers["x-omnicore-timings"]
+    finally:
+        _stop(proc)
+
+
+def test_serve_flags_checked_before_the_model_loads(capsys):
+    from omnicore.cli import main
+
+    assert main(["serve", "--model", str(TINY), "--max-queue", "0"]) == 2
+    assert main(["serve", "--model", str(TINY), "--max-concurrency", "0"]) == 2
+    assert "--max-concurrency must be at least 1" in capsys.readouterr().err
