@@ -106,11 +106,17 @@ bad = [m for m in sys.argv[2:] if importlib.util.find_spec(m) is None]
 print(sys.argv[1] + ":", "MISSING " + ", ".join(bad) if bad else "every module is there")'
   PYTHONPATH="$ROOT:$SITE" $PY -c "$check" "omnicore side and tests ($PY)" numpy numba safetensors \
     tokenizers soundfile huggingface_hub omnicore pytest hypothesis
-  PYTHONPATH="$ROOT:$SITE" $REF_PY -c "$check" "reference side ($REF_PY)" torch transformers omnivoice \
-    pydub accelerate soundfile
+  if [ "${NO_REFERENCE:-0}" = 1 ]; then
+    echo "reference side: not checked (NO_REFERENCE=1)"
+  elif ! command -v "$REF_PY" >/dev/null 2>&1; then
+    echo "reference side: no interpreter at $REF_PY (set REF_PYTHON or OMNICORE_REF_VENV)"
+  else
+    PYTHONPATH="$ROOT:$SITE" $REF_PY -c "$check" "reference side ($REF_PY)" torch transformers \
+      omnivoice pydub accelerate soundfile
+  fi
 }
 export -f install_wheels
-export ROOT PY REF_PY WHEELS SITE
+export ROOT PY REF_PY WHEELS SITE NO_REFERENCE
 step wheels 60 bash -c install_wheels
 export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 REF_PATH=$PYTHONPATH
