@@ -100,7 +100,8 @@ def encode_audio(wav: np.ndarray, fmt: str, sr: int = SAMPLE_RATE) -> bytes:
 
 
 class VoiceLibrary:
-    """Named voice prompts in a folder (`<name>.npz`), loaded at start; thread-safe."""
+    """Named voice prompts in a folder (`<name>.npz`, or a `<name>.pt` saved by the reference's
+    VoiceClonePrompt.save), loaded at start; thread-safe. New voices are written as .npz."""
 
     def __init__(self, folder: str | Path | None):
         from .voice import VoiceClonePrompt
@@ -112,7 +113,8 @@ class VoiceLibrary:
         self._making: dict[str, threading.Lock] = {}
         if self.folder is not None:
             self.folder.mkdir(parents=True, exist_ok=True)
-            for p in sorted(self.folder.glob("*.npz")):
+            # .pt first, so an .npz of the same name (omnicore's own) wins
+            for p in sorted(self.folder.glob("*.pt")) + sorted(self.folder.glob("*.npz")):
                 if VOICE_NAME.match(p.stem):
                     try:
                         self._voices[p.stem] = VoiceClonePrompt.load(p)
@@ -148,7 +150,8 @@ class VoiceLibrary:
             if self._voices.pop(name, None) is None:
                 return False
             if self.folder is not None:
-                (self.folder / f"{name}.npz").unlink(missing_ok=True)
+                for ext in (".npz", ".pt"):
+                    (self.folder / f"{name}{ext}").unlink(missing_ok=True)
             return True
 
     def making_lock(self, name: str) -> threading.Lock:

@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx")
-sf = pytest.importorskip("soundfile")
-pytest.importorskip("starlette")
-pytest.importorskip("uvicorn")
-pytest.importorskip("prometheus_client")
-pytest.importorskip("sse_starlette")
+from conftest import require_module  # noqa: E402  (a skip locally, a failure under CI)
+
+openai = require_module("openai")
+httpx = require_module("httpx")
+sf = require_module("soundfile")
+for _name in ("starlette", "uvicorn", "prometheus_client", "sse_starlette"):  # the server extra
+    require_module(_name)
 
 from omnicore import OmniVoice, VoiceClonePrompt  # noqa: E402
 from omnicore.audio import to_pcm16  # noqa: E402
@@ -327,3 +328,21 @@ def test_serve_flags_checked_before_the_model_loads(capsys):
     assert main(["serve", "--model", str(TINY), "--max-queue", "0"]) == 2
     assert main(["serve", "--model", str(TINY), "--max-concurrency", "0"]) == 2
     assert "--max-concurrency must be at least 1" in capsys.readouterr().err
+
+
+def test_voice_library_loads_reference_pt_prompts(tmp_path):
+    """A prompt saved by the reference (`.pt`) dropped into the voices folder is a voice; an
+    omnicore .npz of the same name wins; DELETE removes either file."""
+    from omnicore.server import VoiceLibrary
+
+    fixtures = Path(__file__).parent / "fixtures" / "reference"
+    shutil.copy(fixtures / "voice_full.pt", tmp_path / "refvoice.pt")
+    shutil.copy(fixtures / "voice_full.pt", tmp_path / "both.pt")
+    other = VoiceClonePrompt(np.zeros((8, 5), np.int64), "Omnicore's own.", 0.05)
+    other.save(tmp_path / "both.npz")
+    lib = VoiceLibrary(tmp_path)
+    assert lib.names() == ["both", "refvoice"]
+    want = VoiceClonePrompt.load(fixtures / "voice_full.pt")
+    np.testing.assert_array_equal(lib.get("refvoice").ref_audio_tokens, want.ref_audio_tokens)
+    assert lib.get("both").ref_text == "Omnicore's own."
+    assert lib.delete("refvoice") and not (tmp_path / "refvoice.pt").exists()
