@@ -21,7 +21,7 @@ def missing(what: str, how: str):
     message = f"{what} is not available ({how})"
     if IN_CI:
         pytest.fail(message + "; CI must have it (see .ci/run)")
-    pytest.skip(message)
+    pytest.skip(message, allow_module_level=True)  # also when a test module needs it at import
 
 
 def require_file(path: Path, how: str) -> Path:
