@@ -479,7 +479,7 @@ def conv_transpose1d(x, w, b, *, kernel_size: int, stride: int, padding: int = 0
 
 
 # =============================================================================================
-# Backbone and scoring kernels (performance engineer)
+# Backbone and scoring kernels
 #
 # Everything between the backbone's GEMMs: RMSNorm (alone and fused with the residual add),
 # per-head q/k RMSNorm + rotary embedding, row softmax, SwiGLU, and the guided scoring of the

@@ -245,7 +245,7 @@ def test_conv_transpose1d_matches_definition(b, t, cin, cout, stride, seed):
 
 
 # --------------------------------------------------------------------------------------------
-# Backbone and scoring kernels (performance engineer): every Numba kernel, serial and parallel,
+# Backbone and scoring kernels: every Numba kernel, serial and parallel,
 # against its plain-array twin and a float64 definition
 # --------------------------------------------------------------------------------------------
 
