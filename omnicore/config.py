@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -28,15 +27,10 @@ def read_json(path: str | Path) -> dict:
     """Read a JSON object from `path`, turning every failure into a ConfigError.
 
     Only a regular file is opened (a FIFO would block forever, a device never end)."""
-    from .weights import open_regular
+    from .weights import read_regular
 
     path = Path(path)
-    fd = open_regular(path, ConfigError)
-    try:
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(_MAX_JSON_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    data = read_regular(path, _MAX_JSON_BYTES, ConfigError)
     if len(data) > _MAX_JSON_BYTES:
         raise ConfigError(f"{path}: larger than {_MAX_JSON_BYTES // 2**20} MB; is this really a config.json?")
     try:

@@ -21,7 +21,6 @@ real checkpoint puts them at 151669..151675, the tiny test checkpoint somewhere 
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ import numpy as np
 
 from .config import OmniVoiceConfig
 from .errors import ConfigError, InputError, ModelNotFoundError, WeightsError
-from .weights import open_regular
+from .weights import read_regular
 
 SPECIAL_TOKENS = ("<|denoise|>", "<|lang_start|>", "<|lang_end|>", "<|instruct_start|>",
                   "<|instruct_end|>", "<|text_start|>", "<|text_end|>")
@@ -76,12 +75,7 @@ class TextTokenizer:
             raise ModelNotFoundError(f"{path}: tokenizer.json not found; the checkpoint "
                                      "directory must contain the model's tokenizer.json")
         # Read through the loader's opener: a FIFO or device would block the Rust reader forever.
-        fd = open_regular(path, ModelNotFoundError)
-        try:
-            with os.fdopen(fd, "rb") as f:
-                raw = f.read(MAX_TOKENIZER_BYTES + 1)
-        except OSError as exc:
-            raise WeightsError(f"{path}: cannot read the tokenizer ({exc.strerror or exc})") from None
+        raw = read_regular(path, MAX_TOKENIZER_BYTES, WeightsError, ModelNotFoundError)
         if len(raw) > MAX_TOKENIZER_BYTES:
             raise WeightsError(f"{path}: over {MAX_TOKENIZER_BYTES >> 20} MB, not a tokenizer.json")
         try:

@@ -145,6 +145,18 @@ def open_regular(path: str | os.PathLike, error: type[OmniCoreError] = WeightsEr
     return fd
 
 
+def read_regular(path: str | os.PathLike, max_bytes: int, error: type[OmniCoreError],
+                 open_error: type[OmniCoreError] | None = None) -> bytes:
+    """At most `max_bytes + 1` bytes of a regular file (one more than allowed, so the caller can
+    tell a file over its limit); opening is `open_regular`'s (FIFOs and devices refused)."""
+    fd = open_regular(path, open_error or error)
+    try:
+        with os.fdopen(fd, "rb") as f:
+            return f.read(max_bytes + 1)
+    except OSError as exc:
+        raise error(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
 # safetensors dtype -> numpy dtype as stored
 _DTYPES = {
     "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "F64": np.dtype("<f8"),
