@@ -36,7 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import kernels
+from . import backend, kernels
 from .backend import IS_NUMPY, to_device, to_numpy, xp
 from .config import OmniVoiceConfig
 from .errors import WeightsError
@@ -217,6 +217,8 @@ class Workspace:
     inv_sums: np.ndarray  # [K * max L * G]: 1 / softmax row sums of one row
     gate: np.ndarray  # [N, F]
     up: np.ndarray  # [N, F]
+    # recorded device work over these buffers (backend.replay: CUDA graphs on CuPy)
+    replays: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 def make_workspace(cfg: OmniVoiceConfig, pack: Packing) -> Workspace:
@@ -273,9 +275,9 @@ def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Wor
     q_cfg = cfg.llm_config
     E, K = q_cfg.head_dim, q_cfg.num_key_value_heads
     G = q_cfg.num_attention_heads // K
-    xp.matmul(h, lp.q_proj.T, out=work.q)  # [N, D] -> [N, H*E]
-    xp.matmul(h, lp.k_proj.T, out=work.k)  # [N, D] -> [N, K*E]
-    xp.matmul(h, lp.v_proj.T, out=work.v)  # [N, D] -> [N, K*E]
+    backend.matmul(h, lp.q_proj.T, out=work.q)  # [N, D] -> [N, H*E]
+    backend.matmul(h, lp.k_proj.T, out=work.k)  # [N, D] -> [N, K*E]
+    backend.matmul(h, lp.v_proj.T, out=work.v)  # [N, D] -> [N, K*E]
     # Qwen3 normalises every query/key head before the rotation (keeps the logits bounded).
     kernels.qk_norm_rope(work.q, work.k, lp.q_norm, lp.k_norm, pack.cos, pack.sin,
                          q_cfg.rms_norm_eps, work.qg)  # q -> qg [K, N, G*E]; k in place
@@ -291,13 +293,13 @@ def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Wor
         k3 = work.k[rows].reshape(L, K, E).transpose(1, 2, 0)  # [L, K*E] -> [K, E, L] (view)
         v3 = work.v[rows].reshape(L, K, E).transpose(1, 0, 2)  # [L, K*E] -> [K, L, E] (view)
         s = work.scores[:K * lg * L].reshape(K, lg, L)
-        xp.matmul(q3, k3, out=s)  # [K, L*G, E] @ [K, E, L] -> [K, L*G, L]
+        backend.matmul(q3, k3, out=s)  # [K, L*G, E] @ [K, E, L] -> [K, L*G, L]
         # No causal mask: every frame attends to the whole row, future included. The
         # weights stay unnormalised; the [L*G, E] output rows are scaled instead.
         inv = work.inv_sums[:K * lg]
         kernels.softmax_rows(s.reshape(K * lg, L), scale, inv)
         o = work.heads_out[:K * lg * E].reshape(K, lg, E)
-        xp.matmul(s, v3, out=o)  # [K, L*G, L] @ [K, L, E] -> [K, L*G, E]
+        backend.matmul(s, v3, out=o)  # [K, L*G, L] @ [K, L, E] -> [K, L*G, E]
         kernels.scale_heads_into(o, inv, work.attn[rows])  # -> [L, H*E], heads in order
     return work.attn
 
@@ -313,11 +315,11 @@ def _attention_batched(pack: Packing, work: Workspace, K: int, G: int, E: int, s
     kv = (work.k[gather].reshape(R, Lmax, K, E), work.v[gather].reshape(R, Lmax, K, E))
     k4 = kv[0].transpose(2, 0, 3, 1)  # [R, Lmax, K, E] -> [K, R, E, Lmax]
     v4 = kv[1].transpose(2, 0, 1, 3)  # [R, Lmax, K, E] -> [K, R, Lmax, E]
-    s = xp.matmul(q, k4)  # -> [K, R, Lmax*G, Lmax]
+    s = backend.matmul(q, k4)  # -> [K, R, Lmax*G, Lmax]
     s += key_bias  # [R, 1, Lmax] broadcast: padded keys get no weight
     inv = xp.empty(K * R * Lmax * G, dtype=xp.float32)
     kernels.softmax_rows(s.reshape(-1, Lmax), scale, inv)  # unnormalised, inv = 1 / row sums
-    o = xp.matmul(s, v4) * inv.reshape(K, R, Lmax * G, 1)  # -> [K, R, Lmax*G, E]
+    o = backend.matmul(s, v4) * inv.reshape(K, R, Lmax * G, 1)  # -> [K, R, Lmax*G, E]
     o = o.reshape(K, R, Lmax, G, E).transpose(1, 2, 0, 3, 4).reshape(R * Lmax, K * G * E)  # -> [R*Lmax, H*E]
     work.attn[...] = o[scatter]  # back to the packed order, heads h = kv*G + g
     return work.attn
@@ -333,12 +335,12 @@ def _layer_inplace(lp: LayerParams, cfg: OmniVoiceConfig, pack: Packing, work: W
     """
     eps = cfg.llm_config.rms_norm_eps
     attn = attention(lp, cfg, work.h, pack, work)
-    xp.matmul(attn, lp.o_proj.T, out=work.d)  # [N, H*E] -> [N, D]
+    backend.matmul(attn, lp.o_proj.T, out=work.d)  # [N, H*E] -> [N, D]
     kernels.add_rms_norm(work.x, work.d, lp.post_attention_layernorm, eps, work.h)
-    xp.matmul(work.h, lp.gate_proj.T, out=work.gate)  # [N, D] -> [N, F]
-    xp.matmul(work.h, lp.up_proj.T, out=work.up)  # [N, D] -> [N, F]
+    backend.matmul(work.h, lp.gate_proj.T, out=work.gate)  # [N, D] -> [N, F]
+    backend.matmul(work.h, lp.up_proj.T, out=work.up)  # [N, D] -> [N, F]
     gated = kernels.swiglu(work.gate, work.up)  # silu(gate) * up
-    xp.matmul(gated, lp.down_proj.T, out=work.d)  # [N, F] -> [N, D]
+    backend.matmul(gated, lp.down_proj.T, out=work.d)  # [N, F] -> [N, D]
     if next_norm is None:
         xp.add(work.x, work.d, out=work.x)
     else:
@@ -374,7 +376,7 @@ def audio_logits(params: BackboneParams, cfg: OmniVoiceConfig, h):
     """Final norm and audio heads on selected positions: h [n, D] -> logits [C, n, V]."""
     C, V = cfg.num_audio_codebook, cfg.audio_vocab_size
     h = rms_norm(h, params.norm, cfg.llm_config.rms_norm_eps)
-    logits = (h @ params.audio_heads.T).reshape(h.shape[0], C, V)  # [n, D] -> [n, C*V] -> [n, C, V]
+    logits = backend.matmul(h, params.audio_heads.T).reshape(h.shape[0], C, V)  # [n, D] -> [n, C*V] -> [n, C, V]
     return logits.transpose(1, 0, 2)  # [n, C, V] -> [C, n, V]
 
 
@@ -385,11 +387,17 @@ def forward_rows(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, 
     ids [C, N], audio_mask [N] hold the rows back to back as described by `pack`. Returns one
     [C, num_out[r], V] float32 array per row. The final norm and the audio heads run on those
     positions only: a 1024 x 8200 head on every prompt token would be pure waste. `work`
-    (from make_workspace for this packing) is reused when given.
+    (from make_workspace for this packing) is reused when given; the logits then live in it
+    and are overwritten by its next call (the layers and heads run as one `backend.replay`).
     """
     work = work or make_workspace(cfg, pack)
-    embed(params, cfg, ids, audio_mask, out=work.x)  # [N, D]
-    h = hidden_states(params, cfg, work.x, pack, work)  # [N, D]
-    logits = audio_logits(params, cfg, h[pack.tail_index(num_out)])  # [C, sum(num_out), V]
+    embed(params, cfg, ids, audio_mask, out=work.x)  # [N, D]; reads text rows from the host
+    tails = pack.tail_index(num_out)
+
+    def layers_and_heads():  # fixed buffers in, no host round trip: replayable as one graph
+        h = hidden_states(params, cfg, work.x, pack, work)  # [N, D]
+        return audio_logits(params, cfg, h[tails])  # [C, sum(num_out), V]
+
+    logits = backend.replay(work.replays, (id(params), tuple(num_out)), layers_and_heads)
     bounds = np.cumsum(num_out)[:-1].tolist()
     return xp.split(logits, bounds, axis=1)

@@ -17,7 +17,10 @@ that a CPU-only test run proves the model code is ready for the device:
   `Float64OnDevice` (a TypeError), e.g. `xp.zeros(3)` without a dtype, or float32 arrays
   promoted by a float64 numpy scalar;
 * `float(a)`, `int(a)`, `bool(a)`, `a.item()` and `a.tolist()` work, as in CuPy, where each is a
-  device-to-host copy and a synchronisation: each is counted as a transfer (kind "scalar").
+  device-to-host copy and a synchronisation: each is counted as a transfer (kind "scalar");
+* operations whose result size is data (`nonzero`, boolean-mask indexing, ...) are reported as
+  "sync" (CuPy reads the size back): not a transfer, but refused inside recorded device work
+  (`backend.replay`), as a CUDA graph capture would fail there.
 
 Reductions and scalar indexing give 0-d device arrays (as CuPy does), not numpy scalars.
 """
@@ -134,7 +137,10 @@ class StrictArray:
 
     # --- indexing ----------------------------------------------------------------------
     def __getitem__(self, key):
-        return _wrap(self._a[_unwrap_index(key)])
+        key = _unwrap_index(key)
+        if any(getattr(k, "dtype", None) == np.bool_ for k in (key if isinstance(key, tuple) else (key,))):
+            _count("sync")  # a boolean mask's result size is data: CuPy reads it back and waits
+        return _wrap(self._a[key])
 
     def __setitem__(self, key, value):
         if isinstance(value, list):
@@ -275,6 +281,9 @@ class StrictNamespace(types.ModuleType):
                                  "omnicore.backend.to_numpy / to_device")
         elif name == "ndarray":
             fn = StrictArray
+        elif name in _SIZE_FROM_DATA:
+            fn = (lambda f: lambda *a, **k: (_count("sync"), _call(f, a, k))[1])(getattr(self._np, name))
+            fn.__name__ = name
         else:
             attr = getattr(self._np, name)
             if isinstance(attr, (type, numbers.Number, str, bytes)) or attr is None:
@@ -292,6 +301,10 @@ class StrictNamespace(types.ModuleType):
         return fn
 
 
+# Functions whose result size depends on the data: CuPy must read a count back (a sync).
+_SIZE_FROM_DATA = frozenset({"nonzero", "flatnonzero", "argwhere", "unique", "compress", "extract"})
+
+
 def _no_count(kind: str) -> None:
     pass
 
@@ -300,7 +313,8 @@ _count = _no_count
 
 
 def make_namespace(count) -> StrictNamespace:
-    """The `xp` of the strict backend; `count(kind)` is called for every scalar read-back."""
+    """The `xp` of the strict backend; `count(kind)` is called for every scalar read-back
+    ("scalar") and every operation whose result size is data ("sync")."""
     global _count
     _count = count
     return StrictNamespace(np)

@@ -54,6 +54,17 @@ def fixture_inputs(name):
     return inp, kwargs
 
 
+def matmul_cases(rng):
+    def r(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    w = r(48, 32)
+    return [(r(7, 32), w.T), (r(5, 6), r(6, 9)), (r(1, 32), w.T), (r(6, 1), r(1, 5)),
+            (r(4, 3, 10, 8), r(3, 10, 4, 8).transpose(2, 0, 3, 1)),
+            (r(4, 3, 10, 10), r(3, 10, 4, 8).transpose(2, 0, 1, 3)),
+            (r(3, 5, 7)[:, 1:4], r(7, 2)), (r(2, 5, 6).transpose(0, 2, 1), r(2, 5, 3))]
+
+
 def produce(count_transfers: bool = True) -> tuple[dict, dict]:
     """Every output of the cases above as numpy arrays, and the meta dict. Runs under whatever
     backend this process has (the parent test calls it too, on the numpy backend)."""
@@ -126,6 +137,16 @@ def produce(count_transfers: bool = True) -> tuple[dict, dict]:
     meta["transfers_per_step"] = transfers
     timings["transfers"] = time.perf_counter() - t0
 
+    # backend.matmul on the layouts the backbone hands it (transposed weights, batched
+    # attention operands, strided views), against numpy's float64 product
+    rng = np.random.default_rng(3)
+    err = 0.0
+    for a, b in matmul_cases(rng):
+        got = backend.to_numpy(backend.matmul(backend.to_device(a), backend.to_device(b)))
+        want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+        err = max(err, float(np.abs(got - want).max() / np.abs(want).max()))
+    meta["matmul_rel_err"] = err
+    meta["graphs"] = backend.graph_stats()
     if backend.BACKEND == "strict":
         from omnicore import strictxp
 

@@ -164,6 +164,56 @@ def test_transfers_per_step_are_a_small_constant(device):
     assert totals["sampled_1"] <= totals["greedy_1"] + 1
 
 
+def test_steps_after_the_first_replay_as_recorded_work(device):
+    """Every multi-step pass above reruns its layers and heads through backend.replay: on the
+    strict backend each rerun is checked for host round trips (none may happen there), on CuPy
+    each is a CUDA graph replay, and no capture may fail. The codes compared above are then
+    those of the replayed work."""
+    graphs = device[1]["graphs"]
+    assert graphs["failed"] == 0, graphs
+    if DEVICE_BACKEND == "strict":
+        assert graphs["captured"] >= 10, graphs
+    else:
+        assert graphs["captured"] >= 1 and graphs["replayed"] >= 10, graphs
+
+
+def test_backend_matmul_on_every_layout(device):
+    """backend.matmul (on CuPy: cuBLAS called directly, so that graphs can record it) gives the
+    product on transposed, batched and strided operands (float32 rounding of a float64 product)."""
+    assert device[1]["matmul_rel_err"] < 1e-5
+
+
+def test_replay_refuses_host_round_trips():
+    """The strict backend's check itself: recorded work that reads a scalar, moves data or
+    makes a data-sized result is refused from the second call on (a graph could not hold it)."""
+    code = """
+import numpy as np
+from omnicore import backend
+from omnicore.backend import xp
+a = backend.to_device(np.arange(6, dtype=np.float32))
+out = backend.to_device(np.zeros(6, dtype=np.float32))
+for name, fn in {"fine": lambda: xp.multiply(a, 2, out=out),
+                 "scalar": lambda: a * float(a.sum()),
+                 "transfer": lambda: a + backend.to_device(np.ones(6, np.float32)),
+                 "sync": lambda: a[a > 2]}.items():
+    store = {}
+    backend.replay(store, 0, fn)
+    try:
+        backend.replay(store, 0, fn)
+        print(name, "ran")
+    except backend.CaptureError:
+        print(name, "refused")
+print(backend.to_numpy(backend.replay({}, 0, lambda: a + 1)).tolist())
+"""
+    env = dict(os.environ, OMNICORE_BACKEND="strict",
+               PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.split("\n")
+    assert lines[:4] == ["fine ran", "scalar refused", "transfer refused", "sync refused"], proc.stdout
+    assert lines[4] == "[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]"
+
+
 def test_no_float64_on_the_device(device):
     if DEVICE_BACKEND != "strict":
         pytest.skip("the dtype census is kept by the strict backend")

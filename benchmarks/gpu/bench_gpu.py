@@ -162,12 +162,16 @@ class OmnicoreSide(Side):
         fwd = []
         orig = um.forward_rows
 
+        host, tokens = [], []
+
         def forward_rows(*args, **kw):  # every forward pass, synchronised
             self.sync()
             t = time.perf_counter()
             out = orig(*args, **kw)
+            host.append(time.perf_counter() - t)  # host time to launch it: ~fwd when launch-bound
             self.sync()
             fwd.append(time.perf_counter() - t)
+            tokens.append(int(args[2].shape[1]))  # ids [C, N]
             return out
 
         um.forward_rows = forward_rows
@@ -178,13 +182,21 @@ class OmnicoreSide(Side):
             self.save()
 
             def gen():
-                fwd.clear()
+                fwd.clear(), host.clear(), tokens.clear()
                 before = self.backend.transfer_total()
+                t = time.perf_counter()
                 m.generate(TEXT, language="en", duration=a.seconds, num_step=a.steps, **GREEDY)
+                self.sync()
+                wall = time.perf_counter() - t
                 return {"forward_median": float(np.median(fwd)), "forward_count": len(fwd),
+                        "forward_host_median": float(np.median(host)), "forward_tokens": max(tokens),
+                        "outside_forward_per_step": (wall - sum(fwd)) / max(len(fwd), 1),
                         "transfers": self.backend.transfer_total() - before}
 
             self.measure("generate", gen)
+            n_tok = (self.res.get("generate") or {}).get("forward_tokens")
+            if n_tok:
+                self.measure("gemm_floor", lambda: self._gemm_floor(n_tok))
             self.measure("throughput", lambda: self._packed(a), repeats=1)
         finally:
             um.forward_rows = orig
@@ -193,10 +205,31 @@ class OmnicoreSide(Side):
             self.measure("decode", lambda: {"samples": int(m.codec.decode(codes).shape[-1])})
             clip = _clip(a.encode_seconds)
             self.measure("encode", lambda: {"frames": int(m.codec.encode(clip, 24000).shape[-1])})
-        if self.peak is not None:
-            self.res["peak_gpu_mb"] = self.peak["bytes"] / 2**20
+        self.res["graphs"] = self.backend.graph_stats()
+        if self.peak is not None:  # the graphs' own pools come on top of the main pool
+            self.res["peak_gpu_mb"] = (self.peak["bytes"] + self.res["graphs"]["pool_bytes"]) / 2**20
         self.res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         self.save()
+
+    def _gemm_floor(self, n):
+        """The projection and head GEMMs of one forward pass over n packed tokens, alone, with the
+        model's device weights (attention and element-wise work left out): what a step costs at
+        the least on this backend's BLAS."""
+        xp = self.backend.xp
+        p = self.model.params
+        dims = {w.shape[1] for lp in p.layers for w in (lp.q_proj, lp.o_proj, lp.down_proj)}
+        x = {d: self.backend.to_device(np.random.default_rng(0).standard_normal((n, d), dtype=np.float32))
+             for d in dims}
+        flops = 0
+        mm = self.backend.matmul  # the backbone's own GEMM call (cuBLAS on CuPy)
+        for lp in p.layers:
+            for w in (lp.q_proj, lp.k_proj, lp.v_proj, lp.o_proj, lp.gate_proj, lp.up_proj, lp.down_proj):
+                mm(x[w.shape[1]], w.T)
+                flops += 2 * n * w.shape[0] * w.shape[1]
+        heads = n // 2  # about the target frames of the cond and uncond rows
+        mm(x[p.audio_heads.shape[1]][:heads], p.audio_heads.T)
+        flops += 2 * heads * p.audio_heads.shape[0] * p.audio_heads.shape[1]
+        return {"tokens": n, "gflop": flops / 1e9}
 
     def _packed(self, a):
         passes = []
@@ -365,6 +398,10 @@ def report(out: Path) -> str:
     line(f"{batch} requests in one call, audio s per s", "throughput", "",
          fn=lambda s: throughput(s)[0])
     line(f"  throughput vs 1 request (x)", "throughput", "", fn=lambda s: throughput(s)[1])
+    line("  host time to launch one forward (median)", "generate", "ms", 1e3, 1, field="forward_host_median")
+    line("  per step outside the forward (scoring, fill)", "generate", "ms", 1e3, 1,
+         field="outside_forward_per_step")
+    line("  projection + head GEMMs of one step alone", "gemm_floor", "ms", 1e3, 1)
     line("peak GPU memory", "peak_gpu_mb", "MB", 1.0, 0, fn=lambda s: s.get("peak_gpu_mb"))
     line("model load", "load_s", "s", 1.0, 1, fn=lambda s: s.get("load_s"))
     head = ["| line | omnicore | reference fp32 | reference fp16 | omnicore / reference fp32 |",
@@ -374,6 +411,8 @@ def report(out: Path) -> str:
         info.append(f"- {name}: {s.get('device', '?')}; backend {s.get('backend', '-')}; "
                     f"versions {s.get('versions', {})}; passes for the packed line: "
                     f"{(s.get('throughput') or {}).get('passes', 'n/a')}")
+        if o is s and s.get("graphs"):
+            info.append(f"  CUDA graphs (backend.replay): {s['graphs']}")
         if o is s and val(s, "generate", "transfers") is not None:
             info.append(f"  host<->device transfers during generate(): {val(s, 'generate', 'transfers')} "
                         f"for {val(s, 'generate', 'forward_count')} forward passes")

@@ -9,7 +9,8 @@
 #                benchmarks/gpu/.site (no system packages touched); omnicore itself runs from
 #                this checkout (PYTHONPATH). How to fill the folder: benchmarks/README.md, "GPU".
 #   2. checkpoint  builds the full-size random checkpoint (tools/reference/make_checkpoint.py
-#                --size full, with torch) in $CKPT (default checkpoints/full) unless it is there
+#                --size full, with torch) in $CKPT (default checkpoints/full) unless it is there,
+#                in the background while step 3 runs
 #   3. tests     the tiny checkpoint's equivalence tests with the pipeline on CuPy: token-exact
 #                codes vs the reference fixtures, audio vs the numpy backend, transfers per step
 #                (tests/test_strict_backend.py with OMNICORE_TEST_DEVICE_BACKEND=cupy), and
@@ -132,7 +133,9 @@ if [ -f "$CKPT/model.safetensors" ]; then
 elif [ $DRY = 1 ]; then
   log "checkpoint: $CKPT missing"; echo "checkpoint 1" >> "$OUT/steps.txt"
 else
-  PYTHONPATH=$REF_PATH step checkpoint 150 $REF_PY tools/reference/make_checkpoint.py --size full --out "$CKPT"
+  # built on the CPU while step 3 uses the GPU; the sides wait for it
+  PYTHONPATH=$REF_PATH step checkpoint 150 $REF_PY tools/reference/make_checkpoint.py --size full --out "$CKPT" &
+  CKPT_PID=$!
 fi
 
 # --- 3. equivalence tests on the tiny checkpoint ------------------------------------------------
@@ -146,6 +149,7 @@ if [ $DRY = 0 ]; then
 fi
 
 # --- 4. the sides ------------------------------------------------------------------------------
+[ -n "${CKPT_PID:-}" ] && wait "$CKPT_PID"
 rm -f "$OUT"/*.skipped
 OMNICORE_BACKEND=$BACKEND step omnicore 110 $PY "$BENCH" side omnicore --model "$CKPT" \
   --json "$OUT/omnicore.json" --budget-s 90 "${SIZES[@]}"
