@@ -73,6 +73,7 @@ __all__ = [
     "check_total_frames",
     "check_pass_frames",
     "forward_bytes",
+    "forward_flops",
     "check_pass_memory",
     "resolve_language",
     "supported_language_ids",
@@ -413,6 +414,21 @@ def forward_bytes(cfg, lengths, num_out, class_sampling: bool = False) -> int:
     logits = n * (C * V + 2 * D)
     scoring = max(num_out) * C * V * (4 if class_sampling else 1)
     return 4 * (N * per_token + attention + logits + scoring)
+
+
+def forward_flops(cfg, lengths, num_out) -> int:
+    """Floating-point operations of the GEMMs of one forward pass over packed rows of
+    ``lengths`` positions whose last ``num_out`` positions are scored by the heads: per token
+    every layer's projections and MLP, per row its attention scores and weighted values
+    (quadratic in its length), per scored position the audio heads. The engine's cost model."""
+    q = cfg.llm_config
+    D, F, E = q.hidden_size, q.intermediate_size, q.head_dim
+    H, K, layers = q.num_attention_heads, q.num_key_value_heads, q.num_hidden_layers
+    per_token = 2 * D * (H * E + 2 * K * E) + 2 * H * E * D + 3 * 2 * D * F
+    per_square = 2 * 2 * H * E  # q k^T and p v, every head
+    heads = 2 * D * cfg.num_audio_codebook * cfg.audio_vocab_size
+    return (layers * (per_token * sum(lengths) + per_square * sum(L * L for L in lengths))
+            + heads * sum(num_out))
 
 
 def check_pass_memory(cfg, lengths, num_out, class_sampling: bool = False) -> int:
