@@ -1138,11 +1138,12 @@ def split_pauses(text: str) -> PausedText:
 # A sentence ends after one of these (the ASCII and full-width forms).
 _SENTENCE_ENDS = frozenset(".,;:!?。，；：！？")
 # Closing quotes/brackets (and sentence marks) at the start of a new sentence belong to the
-# previous one.
+# previous one. The reference's list, which its chunks must match: it has the opening “ ‘ and >,
+# and lacks ) } » 』 (the stream's rule corrects both: _STREAM_CLOSERS).
 _CLOSERS = frozenset("\"'“”‘’）]》>」】")
 # A "." right after one of these words does not end the sentence. Matching is case-sensitive
 # and on the whole whitespace-delimited word; note that the first "." of "e.g." or "i.e." still
-# splits (the word is "e." then), as in the reference.
+# splits (the word is "e." then), as in the reference. The stream uses it too, in any case.
 _ABBREVIATIONS = frozenset(
     "Mr. Mrs. Ms. Dr. Prof. Sr. Jr. Rev. Fr. Hon. Pres. Gov. Capt. Gen. Sen. Rep. Col. Maj. "
     "Lt. Cmdr. Sgt. Cpl. Co. Corp. Inc. Ltd. Est. Dept. St. Ave. Blvd. Rd. Mt. Ft. No. "
@@ -1447,14 +1448,13 @@ _STREAM_SENTENCE_MARKS = frozenset(".!?;…。！？；")
 _STREAM_CLAUSE_MARKS = frozenset(",:，：、")
 # Full-width marks end a sentence without a following space (CJK text has none).
 _STREAM_FULL_WIDTH = frozenset("。！？；，：、…")
-# Closing quotes and brackets right after a mark stay with the chunk that the mark ends.
-_STREAM_CLOSERS = frozenset("\"'”’)]}»」』】》）")
+# Closing quotes and brackets right after a mark stay with the chunk that the mark ends: the
+# chunker's table without its opening quotes, with the closing brackets it lacks.
+_STREAM_CLOSERS = (_CLOSERS - frozenset("“‘>")) | frozenset(")}»』")
 # A "." after one of these words (or a single letter: an initial; or a word with another ".",
-# as in "p.m." or "U.S.") ends no sentence.
-_STREAM_ABBREVIATIONS = frozenset(
-    "mr. mrs. ms. dr. prof. sr. jr. st. mt. vs. etc. e.g. i.e. no. fig. approx. inc. ltd. "
-    "co. corp. dept. gen. gov. sen. rep. capt. col. lt. sgt. jan. feb. mar. apr. jun. jul. "
-    "aug. sep. sept. oct. nov. dec.".split())
+# as in "p.m." or "U.S.") ends no sentence: the chunker's table in any case, and two months it
+# lacks.
+_STREAM_ABBREVIATIONS = frozenset(w.lower() for w in _ABBREVIATIONS) | {"jun.", "jul."}
 
 # The model's duration yardstick: "Nice to meet you." lasts 25 frames = 1 s.
 _SECONDS_PER_WEIGHT = 1.0 / text_weight("Nice to meet you.")
