@@ -122,12 +122,8 @@ def _has_han(text: str) -> bool:
 # Input limits
 # ---------------------------------------------------------------------------
 
-# One call is one synthesis job. 20,000 characters is roughly 20 minutes of English speech
-# (about an hour of Chinese, whose characters weigh 3x) - far beyond any prompt or paragraph, yet
-# small enough that a wrongly piped file (a whole book, a binary) fails at once instead of running
-# for hours on a CPU. Longer material belongs in several calls (chapters, paragraphs), so that
-# progress, failures and retries are per piece. Long text inside the limit is chunked anyway, so
-# memory does not grow with the text; only time does.
+# About 20 minutes of English speech per call: far beyond any paragraph, yet a wrongly piped
+# file fails at once instead of running for hours (why: benchmarks/README.md, design notes).
 MAX_TEXT_CHARS = 20_000
 
 # The longest output one call may ask for, explicitly (``duration``) or through a slow ``speed``.
@@ -214,11 +210,8 @@ def validate_duration(duration: object) -> float | None:
 # [N, intermediate], logits [8, T, 1025]), so each way of making L large is bounded here, before
 # anything is allocated; the API, the streaming planner, the CLI and the demo all use these.
 
-# Target frames of one unmasking pass. The reference cuts text above 30 s into ~15 s passes at
-# sentence marks but never inside a sentence, so a long unpunctuated sentence, or an explicit
-# duration on a short text, is one pass. Six times the reference's 30 s threshold is far beyond
-# what the model was trained to speak in one go, yet keeps a pass of the released model within
-# MAX_PASS_BYTES (about 3.7 GB at 180 s with a 12 s voice reference).
+# Target frames of one unmasking pass (a long unpunctuated sentence is one pass): six times the
+# reference's 30 s chunking threshold, still within MAX_PASS_BYTES (why: benchmarks/README.md).
 MAX_PASS_S = 180.0
 MAX_PASS_FRAMES = int(MAX_PASS_S * FRAME_RATE)
 
