@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
 """The unmasking engine under concurrent load, on a full-size checkpoint (real shapes).
 
-    python3 benchmarks/bench_engine.py [--model DIR] [--steps 8] [--threads 2] [--markdown FILE]
+    python3 benchmarks/bench_engine.py [--model DIR] [--steps 8] [--threads 2] [--long-s 30 15]
+                                       [--only fairness throughput longtext] [--markdown FILE]
 
 --model defaults to $OMNICORE_BENCH_MODEL, else checkpoints/full under the repository (build it
 with `tools/reference/make_checkpoint.py --size full`). Greedy settings, fixed durations. Every
 case runs in its own child process, so its peak RSS (ru_maxrss) is its own.
 
 Cases (times are wall seconds of unmasking: generate_codes, no decode):
-  fairness    a SHORT request submitted while a LONG one is generating (after its 2nd forward):
-              the short one's latency vs on an idle engine, and the long one's slowdown
+  fairness    for each --long-s: SHORT requests submitted while a LONG one is generating, one as
+              its 3rd iteration starts (it waits for that whole iteration, in flight: the worst
+              case), one half-way through a later iteration: each one's latency vs on an idle
+              engine, and the long one's slowdown
   throughput  4 concurrent MID requests: packed on the engine, one after another, and 4
               threads each running its own forward (unmasking.generate_codes: the code path
-              before the engine)
+              before the engine); per iteration of the packed and the serial runs: GFLOP
+              (text.forward_flops), median forward and iteration time, and the % of the numpy
+              sgemm roofline (roofline.py: numpy's time for exactly those GEMMs)
   long text   a voice-prompt text of 4 chunks (5 s reference): packed (one request) vs chunk
               after chunk
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import os
 import resource
 import subprocess
@@ -47,20 +53,27 @@ def _codes(model, text, seconds, steps, **kw):
 
 
 def case_fairness(model, a) -> dict:
+    """The long request alone, then again with two short ones submitted during it: the first as
+    its 3rd iteration starts (the worst case: it waits for that whole iteration), the second
+    half-way through the iteration after the first one's end (the average wait)."""
     steps = a.steps
     _codes(model, "Warm up.", 1.0, 1)
     t0 = time.perf_counter()
     _codes(model, SENTENCE, a.short_s, steps)
     short_idle = time.perf_counter() - t0
+    ends = []
+    model.engine.trace = lambda ids: ends.append(time.perf_counter())
     t0 = time.perf_counter()
     _codes(model, SENTENCE * 3, a.long_s, steps)
     long_alone = time.perf_counter() - t0
+    long_iteration = statistics.median(e - p for p, e in zip(ends, ends[1:]))
 
-    forwards, started = [0], threading.Event()
+    ends.clear()
+    started = threading.Event()
 
     def trace(ids):
-        forwards[0] += 1
-        if forwards[0] == 2:
+        ends.append(time.perf_counter())
+        if len(ends) == 2:
             started.set()
 
     model.engine.trace = trace
@@ -76,11 +89,57 @@ def case_fairness(model, a) -> dict:
     started.wait()
     t0 = time.perf_counter()
     _codes(model, SENTENCE, a.short_s, steps)
-    out["short"] = time.perf_counter() - t0
+    out["worst"] = time.perf_counter() - t0
+    time.sleep(max(0.0, ends[-1] + long_iteration / 2 - time.perf_counter()))
+    t0 = time.perf_counter()
+    _codes(model, SENTENCE, a.short_s, steps)
+    out["mid"] = time.perf_counter() - t0
     th.join()
     model.engine.trace = None
-    return {"short_idle": short_idle, "short_busy": out["short"], "long_alone": long_alone,
-            "long_busy": out["long"]}
+    return {"short_idle": short_idle, "short_worst": out["worst"], "short_mid": out["mid"],
+            "long_alone": long_alone, "long_busy": out["long"], "long_iteration": long_iteration}
+
+
+class IterationLog:
+    """Each engine iteration's forward time, rows and scored positions, and its end time."""
+
+    def __init__(self, model):
+        from omnicore import unmasking
+
+        self.model, self.um, self.orig = model, unmasking, unmasking.forward_rows
+        self.forwards, self.ends = [], []
+
+    def __enter__(self):
+        def forward_rows(params, cfg, ids, audio_mask, pack, num_out, **kw):
+            t0 = time.perf_counter()
+            out = self.orig(params, cfg, ids, audio_mask, pack, num_out, **kw)
+            self.forwards.append((time.perf_counter() - t0, tuple(pack.lengths), int(sum(num_out))))
+            return out
+
+        self.um.forward_rows = forward_rows
+        self.model.engine.trace = lambda ids: self.ends.append(time.perf_counter())
+        return self
+
+    def __exit__(self, *exc):
+        self.um.forward_rows = self.orig
+        self.model.engine.trace = None
+
+    def summary(self) -> dict:
+        """Over the iterations with the most common pack (the first one excluded: it follows
+        the idle wait): GFLOP, median forward and iteration seconds, numpy's roofline seconds."""
+        from roofline import sgemm_roofline_seconds
+
+        from omnicore.text import forward_flops
+
+        its = [(f, e - p) for f, p, e in zip(self.forwards[1:], self.ends, self.ends[1:])]
+        shape = statistics.mode((rows, heads) for (_, rows, heads), _ in its)
+        same = [(f[0], it) for f, it in its if f[1:] == shape]
+        cfg = self.model.config
+        return {"rows": len(shape[0]), "tokens": sum(shape[0]), "iterations": len(same),
+                "gflop": forward_flops(cfg, shape[0], [shape[1]]) / 1e9,
+                "forward_s": statistics.median(f for f, _ in same),
+                "iteration_s": statistics.median(it for _, it in same),
+                "roofline_s": sgemm_roofline_seconds(self.model.params, cfg, shape[0], shape[1])}
 
 
 def case_throughput(model, a) -> dict:
@@ -101,16 +160,19 @@ def case_throughput(model, a) -> dict:
             t.join()
         return time.perf_counter() - t0
 
-    packed = together(lambda i: _codes(model, texts[i], a.mid_s, steps))
-    t0 = time.perf_counter()
-    for t in texts:
-        _codes(model, t, a.mid_s, steps)
-    serial = time.perf_counter() - t0
+    with IterationLog(model) as log_packed:
+        packed = together(lambda i: _codes(model, texts[i], a.mid_s, steps))
+    with IterationLog(model) as log_serial:
+        t0 = time.perf_counter()
+        for t in texts:
+            _codes(model, t, a.mid_s, steps)
+        serial = time.perf_counter() - t0
     gen = GenerationConfig(num_step=steps, **GREEDY)
     items = [model.engine.prepare(PassSpec(t, int(a.mid_s * 25), None, None, None, None, None, gen))
              for t in texts]
     own = together(lambda i: unmasking.generate_codes(model.params, model.config, [items[i]], gen))
-    return {"packed": packed, "serial": serial, "own_forwards": own}
+    return {"packed": packed, "serial": serial, "own_forwards": own,
+            "iter_packed": log_packed.summary(), "iter_serial": log_serial.summary()}
 
 
 def case_longtext(model, a) -> dict:
@@ -143,6 +205,7 @@ CASES = {"fairness": case_fairness, "throughput": case_throughput, "longtext": c
 
 
 def child(a) -> None:
+    a.long_s = a.long_s[0]  # one fairness run per child
     model = _load(a)
     res = CASES[a.case](model, a)
     res["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -155,7 +218,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--short-s", type=float, default=2.0)
-    p.add_argument("--long-s", type=float, default=15.0)
+    p.add_argument("--long-s", type=float, nargs="+", default=[30.0, 15.0],
+                   help="fairness: the long request's seconds, one run each")
     p.add_argument("--mid-s", type=float, default=3.0)
     p.add_argument("--chunk-s", type=float, default=6.0)
     p.add_argument("--case", choices=sorted(CASES))
@@ -166,37 +230,49 @@ def main() -> None:
         return child(a)
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads),
                NUMBA_NUM_THREADS=str(a.threads), PYTHONPATH=str(ROOT))
+    runs = [(case, long_s) for case in a.only
+            for long_s in (a.long_s if case == "fairness" else a.long_s[:1])]
     res = {}
-    for case in a.only:
-        cmd = [sys.executable, __file__, "--case", case] + [
+    for case, long_s in runs:
+        cmd = [sys.executable, __file__, "--case", case, f"--long-s={long_s}"] + [
             f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items()
-            if k in ("model", "steps", "threads", "short_s", "long_s", "mid_s", "chunk_s")]
+            if k in ("model", "steps", "threads", "short_s", "mid_s", "chunk_s")]
         print(f"running {case} ...", file=sys.stderr, flush=True)
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
         if not lines:
             sys.exit(f"{case} failed:\n{out.stderr[-3000:]}")
-        res[case] = json.loads(lines[-1][7:])
-        print(case, res[case], file=sys.stderr, flush=True)
+        res[case, long_s] = json.loads(lines[-1][7:])
+        print(case, res[case, long_s], file=sys.stderr, flush=True)
     load = os.getloadavg()[0]
     rows = ["| case | time | vs | ratio | peak RSS |", "|---|---|---|---|---|"]
-    if "fairness" in res:
-        f = res["fairness"]
-        rows.append(f"| {a.short_s:g} s request while a {a.long_s:g} s one runs: latency | "
-                    f"{f['short_busy']:.1f} s | idle engine {f['short_idle']:.1f} s | "
-                    f"{f['short_busy'] / f['short_idle']:.2f}x | {f['rss_mb']:.0f} MB |")
-        rows.append(f"| the {a.long_s:g} s request meanwhile | {f['long_busy']:.1f} s | alone "
+    for long_s in a.long_s if "fairness" in a.only else ():
+        f = res["fairness", long_s]
+        for key, when in (("short_worst", "as one of its iterations starts"),
+                          ("short_mid", "half-way through one of its iterations")):
+            rows.append(f"| {a.short_s:g} s request submitted during a {long_s:g} s one, {when}: "
+                        f"latency | {f[key]:.1f} s | idle engine {f['short_idle']:.1f} s | "
+                        f"{f[key] / f['short_idle']:.2f}x | {f['rss_mb']:.0f} MB |")
+        rows.append(f"| the {long_s:g} s request meanwhile (both short ones; its iteration "
+                    f"{f['long_iteration']:.1f} s) | {f['long_busy']:.1f} s | alone "
                     f"{f['long_alone']:.1f} s | {f['long_busy'] / f['long_alone']:.2f}x | |")
-    if "throughput" in res:
-        t = res["throughput"]
+    if "throughput" in a.only:
+        t = res["throughput", a.long_s[0]]
         rows.append(f"| 4 concurrent {a.mid_s:g} s requests, packed on the engine | "
                     f"{t['packed']:.1f} s | one after another {t['serial']:.1f} s | "
                     f"{t['serial'] / t['packed']:.2f}x faster | {t['rss_mb']:.0f} MB |")
         rows.append(f"| the same, 4 threads each on its own forward (before the engine) | "
                     f"{t['own_forwards']:.1f} s | packed {t['packed']:.1f} s | "
                     f"{t['own_forwards'] / t['packed']:.2f}x slower | |")
-    if "longtext" in res:
-        lt = res["longtext"]
+        for name, it in (("packed", t["iter_packed"]), ("one after another", t["iter_serial"])):
+            rows.append(
+                f"| one iteration, {name} ({it['rows']} rows, {it['tokens']} tokens, "
+                f"{it['gflop']:.0f} GFLOP): {it['gflop'] / it['iteration_s']:.0f} GFLOP/s | "
+                f"{it['iteration_s']:.2f} s (forward {it['forward_s']:.2f} s) | numpy sgemm "
+                f"roofline {it['roofline_s']:.2f} s | {100 * it['roofline_s'] / it['iteration_s']:.0f} % "
+                f"of roofline ({100 * it['roofline_s'] / it['forward_s']:.0f} % of the forward) | |")
+    if "longtext" in a.only:
+        lt = res["longtext", a.long_s[0]]
         rows.append(f"| voice-prompt text, {lt['chunks']} chunks of ~{a.chunk_s:g} s: packed | "
                     f"{lt['packed']:.1f} s | chunk after chunk {lt['one_by_one']:.1f} s | "
                     f"{lt['one_by_one'] / lt['packed']:.2f}x faster | {lt['rss_mb']:.0f} MB |")

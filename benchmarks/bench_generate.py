@@ -73,6 +73,7 @@ for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS", "NUMBA
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
+from roofline import sgemm_roofline_seconds  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,71 +118,6 @@ class Timer:
 
 def median(xs):
     return float(np.median(np.asarray(xs, dtype=np.float64)))
-
-
-# ---------------------------------------------------------------------------------------------
-# FLOP counts and the sgemm roofline
-# ---------------------------------------------------------------------------------------------
-
-
-def backbone_gemms(cfg, rows, heads_positions):
-    """GEMM shapes (m, k, n, count) of one forward pass over `rows` (attention within each row)."""
-    q = cfg.llm_config
-    D, F, E = q.hidden_size, q.intermediate_size, q.head_dim
-    H, K, nl = q.num_attention_heads, q.num_key_value_heads, q.num_hidden_layers
-    G, N = H // K, sum(rows)
-    shapes = [(N, D, H * E, nl), (N, D, K * E, 2 * nl), (N, H * E, D, nl),
-              (N, D, F, 2 * nl), (N, F, D, nl),
-              (heads_positions, D, cfg.num_audio_codebook * cfg.audio_vocab_size, 1)]
-    for L in rows:  # scores and weighted values, per kv head
-        shapes += [(L * G, E, L, K * nl), (L * G, L, E, K * nl)]
-    return shapes
-
-
-def gemm_flops(shapes):
-    return sum(2 * m * k * n * c for m, k, n, c in shapes)
-
-
-def sgemm_roofline_seconds(params, cfg, rows, heads_positions, repeats=3):
-    """Time numpy's BLAS alone takes for the GEMMs of one forward pass over `rows`: every
-    layer's projections with the model's real (memory-mapped) weights, as x @ W.T like
-    omnicore, the per-row attention GEMMs, and the heads; best of `repeats` full sweeps.
-    Weights stream from memory as in a real step (a single layer's weights repeated would sit
-    in cache and flatter the roofline)."""
-    q = cfg.llm_config
-    D, F, E = q.hidden_size, q.intermediate_size, q.head_dim
-    H, K = q.num_attention_heads, q.num_key_value_heads
-    G, N = H // K, sum(rows)
-    rng = np.random.default_rng(0)
-    x = {n: rng.standard_normal((N, n), dtype=np.float32) for n in (D, H * E, F)}
-    out = {n: np.empty((N, n), np.float32) for n in (D, K * E, H * E, F)}
-    att = [(rng.standard_normal((L * G, E), dtype=np.float32), rng.standard_normal((L, E), dtype=np.float32),
-            np.empty((L * G, L), np.float32), np.empty((L * G, E), np.float32)) for L in rows]
-    hx = rng.standard_normal((heads_positions, D), dtype=np.float32)
-
-    def sweep():
-        for lp in params.layers:
-            np.matmul(x[D], lp.q_proj.T, out=out[H * E])
-            np.matmul(x[D], lp.k_proj.T, out=out[K * E])
-            np.matmul(x[D], lp.v_proj.T, out=out[K * E])
-            for qm, km, s, o in att:
-                for _ in range(K):
-                    np.matmul(qm, km.T, out=s)
-                    np.matmul(s, km, out=o)
-            np.matmul(x[H * E], lp.o_proj.T, out=out[D])
-            np.matmul(x[D], lp.gate_proj.T, out=out[F])
-            np.matmul(x[D], lp.up_proj.T, out=out[F])
-            np.matmul(x[F], lp.down_proj.T, out=out[D])
-        hx @ params.audio_heads.T
-
-    sweep()
-    return min(_timed(sweep) for _ in range(repeats))
-
-
-def _timed(fn):
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,13 +390,15 @@ def main():
 
     cfg = OmniVoiceConfig.from_file(ARGS.model / "config.json")
     go, gr = gens[step_case]
-    shapes_o = backbone_gemms(cfg, go["rows"], go["heads"])
-    shapes_r = backbone_gemms(cfg, gr["rows"], gr["heads"])
+    from omnicore.text import forward_flops
+
+    flops_o = forward_flops(cfg, go["rows"], [go["heads"]])
+    flops_r = forward_flops(cfg, gr["rows"], [gr["heads"]])
     log("sgemm roofline ...")
     roof_o = sgemm_roofline_seconds(omni.model.params, cfg, go["rows"], go["heads"])
     roof_r = sgemm_roofline_seconds(omni.model.params, cfg, gr["rows"], gr["heads"])
 
-    report = build_report(desc, ARGS, gens, step_case, shapes_o, shapes_r, roof_o, roof_r,
+    report = build_report(desc, ARGS, gens, step_case, flops_o, flops_r, roof_o, roof_r,
                           dec_o, dec_r, dec_err, enc_o, enc_r, enc_agree, rss, omni, ref, self_agree)
     print(report)
     if ARGS.markdown:
@@ -475,7 +413,7 @@ def main():
         log("load after:", f.read().strip())
 
 
-def build_report(desc, args, gens, step_case, shapes_o, shapes_r, roof_o, roof_r,
+def build_report(desc, args, gens, step_case, flo, flr, roof_o, roof_r,
                  dec_o, dec_r, dec_err, enc_o, enc_r, enc_agree, rss, omni, ref, self_agree):
     rows = []
     flag = lambda *ts: " (!)" if max(t for t in ts) > 0.10 else ""  # noqa: E731
@@ -487,7 +425,6 @@ def build_report(desc, args, gens, step_case, shapes_o, shapes_r, roof_o, roof_r
 
     go, gr = gens[step_case]
     fo, fr = median(go["forward"]), median(gr["forward"])
-    flo, flr = gemm_flops(shapes_o), gemm_flops(shapes_r)
     sec, steps = step_case
     oth = (go["others"], gr["others"])
     line(f"backbone step, {sec} s target (median of {steps})", fo * 1e3, fr * 1e3, "ms", others=oth)

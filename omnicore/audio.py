@@ -312,10 +312,6 @@ def _len_ms(n: int, sr: int) -> int:
     return round(1000 * (n / sr))
 
 
-def _ms_to_samples(ms, sr: int):
-    return int(ms * (sr / 1000.0))
-
-
 def _slice_bounds(n: int, sr: int, start_ms: np.ndarray, end_ms: np.ndarray):
     """Sample range, and length after pydub's zero padding, of slices seg[start:end] (ms >= 0)."""
     total = _len_ms(n, sr)

@@ -347,15 +347,6 @@ def _layer_inplace(lp: LayerParams, cfg: OmniVoiceConfig, pack: Packing, work: W
         kernels.add_rms_norm(work.x, work.d, next_norm, eps, work.h)
 
 
-def decoder_layer(lp: LayerParams, cfg: OmniVoiceConfig, x, pack: Packing, work: Workspace | None = None):
-    """Pre-norm transformer layer: x + attn(norm(x)), then + SwiGLU MLP(norm(.)). [N, D] -> new [N, D]."""
-    work = work or make_workspace(cfg, pack)
-    work.x[...] = x
-    rms_norm(work.x, lp.input_layernorm, cfg.llm_config.rms_norm_eps, out=work.h)
-    _layer_inplace(lp, cfg, pack, work)
-    return work.x.copy()
-
-
 def hidden_states(params: BackboneParams, cfg: OmniVoiceConfig, x, pack: Packing,
                   work: Workspace | None = None):
     """All decoder layers over packed embeddings: [N, D] -> [N, D] (before the final norm).

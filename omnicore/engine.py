@@ -5,19 +5,26 @@
       Request.result(): runs progress callbacks,              1. admit ready passes (their
         returns codes once every pass retired                    dependencies done) FIFO within
       decode + post-process in the caller's thread               the token budget
-                                                              2. pack the rows of ALL active
-                                                                 passes into one forward_rows
+                                                              2. pack the rows of the active
+                                                                 passes of the requests
+                                                                 `schedule` picks into one
+                                                                 forward_rows
                                                               3. score and fill each pass by its
                                                                  own schedule (unmasking.iterate)
                                                               4. retire finished passes; drop
                                                                  cancelled ones
 
 Continuous batching: a pass joins at the next iteration, whatever step the others are at, so
-no request waits for another to finish (and short work runs first: a pass with far more work
-left than the shortest active one sits out a few iterations at a time, see SHORT_FIRST_RATIO); passes of one request that do not depend on each other
+no request waits for another to finish; passes of one request that do not depend on each other
 (the chunks of a long text with a voice prompt, the items of a batch) run side by side. In auto /
 design mode a long text's chunks 1..n depend on chunk 0 (its codes are their voice reference):
 they are prepared and admitted when chunk 0 retires.
+
+Scheduling is per request (its passes always run together): each iteration runs the request with
+the least work left and every request whose forward costs at most SIMILAR_COST times as much;
+a costlier one sits out, so a short request arriving during a long one does not pay for the long
+one's rows every step. No starvation: a request that sits out runs again as soon as the others
+have run HOLD times its own per-iteration cost since it last ran (`schedule`).
 
 Randomness: pass k of a request seeded with s draws from child k of `SeedSequence(s)`
 (`pass_seed`: what `SeedSequence(s).spawn(n)[k]` gives), so the chunks of one text draw
@@ -49,15 +56,15 @@ from . import text as text_mod, tokenizer as tok_mod, unmasking
 from .config import GenerationConfig
 from .errors import CancelledError, InputError
 
-__all__ = ["PassSpec", "Request", "Engine", "default_token_budget", "pass_seed"]
+__all__ = ["PassSpec", "Request", "Engine", "default_token_budget", "pass_seed", "schedule"]
 
 IDLE_EXIT_S = 10.0  # the worker thread ends after this long without work
-# Short work first: a pass with over SHORT_FIRST_RATIO times the least remaining work (tokens x
-# steps left) of the active passes sits out iterations, until the others have run as many
-# tokens as one iteration of its own (so it keeps at least about half the compute: no
-# starvation). A 2 s request arriving during a 30 s one then runs alone instead of paying for
-# the long one's rows every step; the long one is delayed by about the short one's run.
-SHORT_FIRST_RATIO = 4.0
+# Costs are text.forward_flops of a request's rows. Requests costing up to SIMILAR_COST times the
+# least-work request per iteration share its forwards (packing similar work is cheap per row).
+SIMILAR_COST = 2.0
+# A request sitting out runs once the others have run HOLD x its own per-iteration cost, so it
+# keeps about 1 / (1 + HOLD) of the compute however much short work arrives.
+HOLD = 2.0
 
 
 class _Idle(Exception):
@@ -93,6 +100,22 @@ def pass_seed(seed: int | None, k: int) -> np.random.SeedSequence | None:
     return None if seed is None else np.random.SeedSequence(seed, spawn_key=(k,))
 
 
+def schedule(costs: Sequence[float], work: Sequence[float], held: Sequence[float]
+             ) -> tuple[list[bool], list[float]]:
+    """Which requests run this iteration, and their `held` after it, from each one's
+    per-iteration cost, work left (cost x steps left, summed over its passes) and `held` (the
+    cost others ran since it last ran).
+
+    The request with the least work left runs (the first of equals), with every request that
+    costs at most SIMILAR_COST times as much per iteration; a costlier one sits out, unless it
+    has been held for HOLD times its own cost. So a request sits out at most until the others
+    have run HOLD x its per-iteration cost, overshooting by less than one iteration."""
+    head = min(range(len(costs)), key=lambda i: (work[i], i))
+    runs = [c <= SIMILAR_COST * costs[head] or h >= HOLD * c for c, h in zip(costs, held)]
+    ran = sum(c for c, run in zip(costs, runs) if run)
+    return runs, [0 if run else h + ran for run, h in zip(runs, held)]
+
+
 def default_token_budget(cfg) -> int:
     """Packed tokens per iteration whose working memory stays within text.MAX_PASS_BYTES (the
     bound every single pass is held to), from the model's per-token cost in text.forward_bytes."""
@@ -116,6 +139,7 @@ class Request:
         self._left = len(self.specs)
         self._error: BaseException | None = None
         self._outcome: tuple | None = None  # the final event, once result() has seen it
+        self._held = 0  # cost (FLOPs) of the iterations run without it since it last ran
 
     # -- caller side ----------------------------------------------------------------------------
 
@@ -179,15 +203,11 @@ class _Pass:
         self.spec = request.specs[index]
         self.prepared: tok_mod.PreparedItem | None = None
         self.state: unmasking.PassState | None = None
-        self.waited = 0  # tokens others ran while this active pass sat out, since it last ran
+        self.cost = 0  # text.forward_flops of its rows: one iteration's cost, set on admission
 
-    def tokens(self) -> int:
-        return sum(ids.shape[1] for ids, _ in self.state.rows)
-
-    def remaining_work(self) -> int:
-        """Tokens of its rows x steps left: what running it to the end still costs."""
-        s = self.state
-        return self.tokens() * (len(s.schedule) - s.step)
+    def work(self) -> int:
+        """What running it to the end still costs."""
+        return self.cost * (len(self.state.schedule) - self.state.step)
 
     def ready(self) -> bool:
         a = self.spec.after
@@ -310,6 +330,8 @@ class Engine:
                     p.prepared = self.prepare(p.spec, req._results[p.spec.after][0])
                 if p.state is None:
                     p.state = unmasking.PassState(p.prepared, p.spec.gen, p.spec.seed, self.cfg)
+                    p.cost = text_mod.forward_flops(
+                        self.cfg, [ids.shape[1] for ids, _ in p.state.rows], p.state.num_out)
             except BaseException as exc:  # surfaces in the caller's result()
                 req._finish("error", exc)
                 continue
@@ -322,15 +344,19 @@ class Engine:
 
     @staticmethod
     def _select(active: list[_Pass]) -> list[_Pass]:
-        """The passes this iteration runs: short work first (SHORT_FIRST_RATIO); a long pass sits
-        out only until the others have run one iteration's worth of its tokens, so none starves."""
-        least = min(p.remaining_work() for p in active)
-        chosen = [p for p in active
-                  if p.remaining_work() <= SHORT_FIRST_RATIO * least or p.waited >= p.tokens()]
-        ran = sum(p.tokens() for p in chosen)
+        """The passes this iteration runs: those of the requests `schedule` picks."""
+        reqs = list(dict.fromkeys(p.request for p in active))  # in admission order
+        cost = {r: 0 for r in reqs}
+        work = dict(cost)
         for p in active:
-            p.waited = 0 if p in chosen else p.waited + ran
-        return chosen
+            cost[p.request] += p.cost
+            work[p.request] += p.work()
+        runs, held = schedule([cost[r] for r in reqs], [work[r] for r in reqs],
+                              [r._held for r in reqs])
+        for r, h in zip(reqs, held):
+            r._held = h
+        chosen = {r for r, run in zip(reqs, runs) if run}
+        return [p for p in active if p.request in chosen]
 
     def _run(self) -> None:
         while True:

@@ -6,8 +6,8 @@ numpy arrays on the CPU, so with the CuPy backend (`IS_NUMPY` false) the twins r
 `tests/test_kernels.py` checks each pair agrees.
 
 Activations are time-major, `[B, T, C]`, so a convolution tap is a contiguous block of rows
-and every convolution is a handful of GEMMs on views of the input (no im2col copies; measured
-faster than im2col + one GEMM for every layer shape of the codec).
+and a convolution is a handful of GEMMs on views of the input, or im2col + one GEMM where that
+measured faster (the codec's narrow residual units, chunk by chunk: `dac_res_unit`).
 
 Dimension legend:
     B  batch                      T  time steps of the input     To  time steps of the output
@@ -104,13 +104,9 @@ def conv_transpose_weight(w: np.ndarray, stride: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 
 
-# Numba's own thread pool is off by default: every kernel here sits between multi-threaded
-# BLAS GEMMs, whose worker threads keep spinning for a while after each call, and a parallel
-# Numba region then waits for a core those workers hold. Measured on 2 cores, full-size
-# model: a backbone layer took 62 ms with parallel kernels and 45 ms with serial ones (BLAS
-# on 2 threads either way), a 10 s decode 42.7 s vs 4.7 s while another process kept one core
-# busy. OMNICORE_PARALLEL_KERNELS=1 turns the parallel twins on (for work above the size
-# threshold), e.g. for many-core machines where BLAS leaves cores idle.
+# Numba's thread pool is off by default: a parallel region waits for cores that BLAS's spinning
+# workers hold (measured: benchmarks/README.md, design notes). OMNICORE_PARALLEL_KERNELS=1 turns
+# the parallel twins on, for machines where BLAS leaves cores idle.
 PARALLEL_KERNELS = os.environ.get("OMNICORE_PARALLEL_KERNELS", "").strip() == "1"
 # Work below this many elements runs on one thread: spawning threads costs more than it saves.
 _PARALLEL_MIN = 1 << 16
@@ -486,17 +482,10 @@ def conv_transpose1d(x, w, b, *, kernel_size: int, stride: int, padding: int = 0
 # unmasking loop. Each writes into a buffer the caller owns (the backbone's Workspace), so the
 # hot path allocates nothing.
 #
-# Two tricks make these loops vectorise (checked by timing: 3-10x):
-#   * exp() is our own float32 polynomial (`_exp_nonpos`): libm's expf is a scalar call that
-#     LLVM cannot vectorise without SVML, and numpy's SIMD exp cannot be fused with the
-#     reductions around it.
-#   * a running max is kept in 16 independent lanes (`_row_max`): LLVM does not vectorise a
-#     plain max reduction, even with fast-math flags.
-# Results that would be subnormal are flushed to 0. Subnormal operands make every later add
-# and FMA (the attention's P @ V GEMM included) take a microcode assist -- measured 5-14x
-# slower on this CPU, and sharp attention produces them all the time -- while a term below
-# 1.2e-38 cannot change a float32 sum that contains a term of size 1 (the row maximum gives
-# exp(0) = 1), nor any product it enters next to the other terms.
+# So that these loops vectorise, exp() is our own float32 polynomial (`_exp_nonpos`) and a
+# running max is kept in 16 lanes (`_row_max`). Results that would be subnormal are flushed to
+# 0: later arithmetic on them is far slower, and they cannot change a sum holding exp(0) = 1.
+# (Why and how much: benchmarks/README.md, design notes.)
 # =============================================================================================
 
 from numba.core import types as _nbtypes  # noqa: E402
@@ -945,14 +934,10 @@ _bias_snake_nb, _bias_snake_nb_par = _twice(_bias_snake_impl, fastmath={"contrac
 _bias_residual_nb, _bias_residual_nb_par = _twice(_bias_residual_impl)
 
 # Units at most this wide run chunk by chunk (im2col + one GEMM per chunk); wider ones as
-# per-tap GEMMs, which BLAS already runs near its peak there.
-# Measured per unit at 1 thread (per-tap -> chunked): C=32 x 240k steps 140 -> 80 ms,
-# C=64 x 80k 107 -> 76 ms, C=128 x 40k 141 -> 104 ms, C=256 x 10k 111 -> 88 ms;
-# C=512 x 2k 70 -> 90 ms, so it stays per tap.
+# per-tap GEMMs, which BLAS already runs near its peak there (measured: benchmarks/README.md).
 _RES_UNIT_MAX_C = 256
-# im2col chunk size. With BLAS on 2 threads bigger GEMMs pay (measured per unit, 2 threads:
-# C=64 x 120k steps 73 -> 65 ms at 8 MB vs 2 MB, C=32 x 240k 68 -> 55 ms; 32 MB was slower);
-# the row cap keeps very narrow layers (tiny test models) from computing mostly padding.
+# im2col chunk size (bigger GEMMs pay with BLAS on 2 threads, up to about this); the row cap
+# keeps very narrow layers (tiny test models) from computing mostly padding.
 _RES_UNIT_CHUNK_BYTES = 1 << 23
 _RES_UNIT_MAX_ROWS = 16384
 

@@ -37,13 +37,8 @@ not) or, for full-width marks, when any character follows; the end of the input 
 chunk.
 Each decision needs only the text read so far, which is why text arriving in fragments (LLM
 tokens) splits exactly as the whole string does.
-Why not a shorter first chunk: the model plans a chunk's duration and intonation as one complete
-utterance, so a 1-2 word chunk comes out as an isolated, rushed phrase with a falling end and
-then a join gap (choppy "Well. I think."); in auto / voice-design mode the first chunk's audio
-is also the voice reference of every later chunk, and a reference under ~2 s gives an unstable
-voice and speaking rate (the reference's duration estimate treats outputs under 2 s (50
-frames) specially for the same reason). Later chunks are longer because every pass re-reads the
-voice reference (fixed cost per pass) and every join adds a 0.1 s pause.
+A first chunk under ~2 s would sound choppy and, in auto / design mode, make a poor voice
+reference for the rest (why these sizes: benchmarks/README.md, design notes).
 
 Voice: with a voice prompt (ref_audio / voice_clone_prompt) every chunk is conditioned on it;
 otherwise chunk 0 is generated freely and its codes + text are the reference of later chunks,

@@ -73,6 +73,7 @@ __all__ = [
     "check_total_frames",
     "check_pass_frames",
     "forward_bytes",
+    "forward_flops",
     "check_pass_memory",
     "resolve_language",
     "supported_language_ids",
@@ -121,12 +122,8 @@ def _has_han(text: str) -> bool:
 # Input limits
 # ---------------------------------------------------------------------------
 
-# One call is one synthesis job. 20,000 characters is roughly 20 minutes of English speech
-# (about an hour of Chinese, whose characters weigh 3x) - far beyond any prompt or paragraph, yet
-# small enough that a wrongly piped file (a whole book, a binary) fails at once instead of running
-# for hours on a CPU. Longer material belongs in several calls (chapters, paragraphs), so that
-# progress, failures and retries are per piece. Long text inside the limit is chunked anyway, so
-# memory does not grow with the text; only time does.
+# About 20 minutes of English speech per call: far beyond any paragraph, yet a wrongly piped
+# file fails at once instead of running for hours (why: benchmarks/README.md, design notes).
 MAX_TEXT_CHARS = 20_000
 
 # The longest output one call may ask for, explicitly (``duration``) or through a slow ``speed``.
@@ -213,11 +210,8 @@ def validate_duration(duration: object) -> float | None:
 # [N, intermediate], logits [8, T, 1025]), so each way of making L large is bounded here, before
 # anything is allocated; the API, the streaming planner, the CLI and the demo all use these.
 
-# Target frames of one unmasking pass. The reference cuts text above 30 s into ~15 s passes at
-# sentence marks but never inside a sentence, so a long unpunctuated sentence, or an explicit
-# duration on a short text, is one pass. Six times the reference's 30 s threshold is far beyond
-# what the model was trained to speak in one go, yet keeps a pass of the released model within
-# MAX_PASS_BYTES (about 3.7 GB at 180 s with a 12 s voice reference).
+# Target frames of one unmasking pass (a long unpunctuated sentence is one pass): six times the
+# reference's 30 s chunking threshold, still within MAX_PASS_BYTES (why: benchmarks/README.md).
 MAX_PASS_S = 180.0
 MAX_PASS_FRAMES = int(MAX_PASS_S * FRAME_RATE)
 
@@ -413,6 +407,21 @@ def forward_bytes(cfg, lengths, num_out, class_sampling: bool = False) -> int:
     logits = n * (C * V + 2 * D)
     scoring = max(num_out) * C * V * (4 if class_sampling else 1)
     return 4 * (N * per_token + attention + logits + scoring)
+
+
+def forward_flops(cfg, lengths, num_out) -> int:
+    """Floating-point operations of the GEMMs of one forward pass over packed rows of
+    ``lengths`` positions whose last ``num_out`` positions are scored by the heads: per token
+    every layer's projections and MLP, per row its attention scores and weighted values
+    (quadratic in its length), per scored position the audio heads. The engine's cost model."""
+    q = cfg.llm_config
+    D, F, E = q.hidden_size, q.intermediate_size, q.head_dim
+    H, K, layers = q.num_attention_heads, q.num_key_value_heads, q.num_hidden_layers
+    per_token = 2 * D * (H * E + 2 * K * E) + 2 * H * E * D + 3 * 2 * D * F
+    per_square = 2 * 2 * H * E  # q k^T and p v, every head
+    heads = 2 * D * cfg.num_audio_codebook * cfg.audio_vocab_size
+    return (layers * (per_token * sum(lengths) + per_square * sum(L * L for L in lengths))
+            + heads * sum(num_out))
 
 
 def check_pass_memory(cfg, lengths, num_out, class_sampling: bool = False) -> int:
@@ -1122,11 +1131,12 @@ def split_pauses(text: str) -> PausedText:
 # A sentence ends after one of these (the ASCII and full-width forms).
 _SENTENCE_ENDS = frozenset(".,;:!?。，；：！？")
 # Closing quotes/brackets (and sentence marks) at the start of a new sentence belong to the
-# previous one.
+# previous one. The reference's list, which its chunks must match: it has the opening “ ‘ and >,
+# and lacks ) } » 』 (the stream's rule corrects both: _STREAM_CLOSERS).
 _CLOSERS = frozenset("\"'“”‘’）]》>」】")
 # A "." right after one of these words does not end the sentence. Matching is case-sensitive
 # and on the whole whitespace-delimited word; note that the first "." of "e.g." or "i.e." still
-# splits (the word is "e." then), as in the reference.
+# splits (the word is "e." then), as in the reference. The stream uses it too, in any case.
 _ABBREVIATIONS = frozenset(
     "Mr. Mrs. Ms. Dr. Prof. Sr. Jr. Rev. Fr. Hon. Pres. Gov. Capt. Gen. Sen. Rep. Col. Maj. "
     "Lt. Cmdr. Sgt. Cpl. Co. Corp. Inc. Ltd. Est. Dept. St. Ave. Blvd. Rd. Mt. Ft. No. "
@@ -1431,14 +1441,13 @@ _STREAM_SENTENCE_MARKS = frozenset(".!?;…。！？；")
 _STREAM_CLAUSE_MARKS = frozenset(",:，：、")
 # Full-width marks end a sentence without a following space (CJK text has none).
 _STREAM_FULL_WIDTH = frozenset("。！？；，：、…")
-# Closing quotes and brackets right after a mark stay with the chunk that the mark ends.
-_STREAM_CLOSERS = frozenset("\"'”’)]}»」』】》）")
+# Closing quotes and brackets right after a mark stay with the chunk that the mark ends: the
+# chunker's table without its opening quotes, with the closing brackets it lacks.
+_STREAM_CLOSERS = (_CLOSERS - frozenset("“‘>")) | frozenset(")}»』")
 # A "." after one of these words (or a single letter: an initial; or a word with another ".",
-# as in "p.m." or "U.S.") ends no sentence.
-_STREAM_ABBREVIATIONS = frozenset(
-    "mr. mrs. ms. dr. prof. sr. jr. st. mt. vs. etc. e.g. i.e. no. fig. approx. inc. ltd. "
-    "co. corp. dept. gen. gov. sen. rep. capt. col. lt. sgt. jan. feb. mar. apr. jun. jul. "
-    "aug. sep. sept. oct. nov. dec.".split())
+# as in "p.m." or "U.S.") ends no sentence: the chunker's table in any case, and two months it
+# lacks.
+_STREAM_ABBREVIATIONS = frozenset(w.lower() for w in _ABBREVIATIONS) | {"jun.", "jul."}
 
 # The model's duration yardstick: "Nice to meet you." lasts 25 frames = 1 s.
 _SECONDS_PER_WEIGHT = 1.0 / text_weight("Nice to meet you.")

@@ -126,11 +126,6 @@ def class_top_k(vocab: int) -> int:
     return math.ceil(CLASS_TOP_RATIO * vocab)
 
 
-def guided_log_probs(cond_logits, uncond_logits, guidance_scale: float, mask_id: int):
-    """Per-cell log-probabilities after guidance, MASK excluded: [C, T, V] -> [C, T, V]."""
-    return kernels.guided_scores(cond_logits, uncond_logits, guidance_scale, mask_id)[0]
-
-
 def predict_tokens(lp, class_temperature: float, rng: np.random.Generator | None, noise=None):
     """Token per cell and its confidence (max log-prob): [C, T, V] -> [C, T] int64, [C, T] f32.
 

@@ -382,15 +382,6 @@ class SafetensorsFile(Mapping):
         return raw[where.reshape(-1)].reshape((rows.size, *info.shape[1:]))
 
 
-def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Read every tensor of a safetensors file into memory (float tensors as float32).
-
-    The arrays are private, read-only copies (see SafetensorsFile). Model loading reads tensors
-    one at a time through `ParamReader.open` instead; this is for tools and tests.
-    Raises WeightsError (naming file and key) for anything malformed.
-    """
-    with SafetensorsFile(path) as f:
-        return {key: f.read(key) for key in f}
 
 
 class RowTable:

@@ -9,11 +9,18 @@ import pytest
 
 from omnicore import backbone as bb
 from omnicore.config import OmniVoiceConfig
-from omnicore.weights import ParamReader
+from omnicore.weights import ParamReader, SafetensorsFile
 
 TINY = Path(__file__).resolve().parents[1] / "weights" / "tiny-random"
 # CI installs every test dependency and ships every fixture, so there a missing one is a failure
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def read_safetensors(path) -> dict:
+    """Every tensor of a safetensors file, read into memory (float tensors as float32): what
+    the loader's SafetensorsFile gives, key by key (WeightsError for anything malformed)."""
+    with SafetensorsFile(path) as f:
+        return {key: f.read(key) for key in f}
 
 
 def missing(what: str, how: str):

@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import require_file, require_module
+from conftest import read_safetensors, require_file, require_module
 from omnicore import codec, hubert, kernels
 from omnicore.audio import resample
 from omnicore.config import DacConfig, HiggsAudioV2TokenizerConfig, HubertConfig
 from omnicore.errors import AudioError, ConfigError, InputError, WeightsError
-from omnicore.weights import ParamReader, read_safetensors
+from omnicore.weights import ParamReader
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "weights" / "tiny-random" / "audio_tokenizer"

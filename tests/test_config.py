@@ -246,7 +246,8 @@ def test_decoder_width_not_divisible_by_the_block_count_is_floored_like_the_refe
 
     from omnicore import codec
     from omnicore.config import HiggsAudioV2TokenizerConfig
-    from omnicore.weights import ParamReader, read_safetensors
+    from conftest import read_safetensors
+    from omnicore.weights import ParamReader
 
     d = json.loads((TINY_CODEC / "config.json").read_text())
     d["acoustic_model_config"]["decoder_hidden_size"] = 48  # 48 -> 24, 12, 6, 3, 1

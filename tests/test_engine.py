@@ -280,41 +280,107 @@ def test_token_budget_queues_passes_first_come_first_served(model, specs, alone)
     assert packs[0] == [reqs[0].id, reqs[1].id] or packs[0] == [reqs[0].id]
 
 
-def test_short_work_runs_first_and_long_work_never_starves(model):
-    """A short request arriving while a long one runs: the short one runs alone (short work
-    first), the long one sits out only until the others have run one iteration's worth of its
-    tokens, and both get exactly what they get alone."""
-    long_spec = PassSpec("A long request that keeps the engine busy for many steps. " * 2, 200,
-                         "en", None, None, None, None, replace(GREEDY, num_step=16))
-    short_spec = PassSpec("Short.", 15, "en", None, None, None, None, replace(GREEDY, num_step=8))
+LONG = PassSpec("A long request that keeps the engine busy for many steps. " * 2, 200, "en", None,
+                None, None, None, replace(GREEDY, num_step=16))
+SHORT = PassSpec("Short.", 15, "en", None, None, None, None, replace(GREEDY, num_step=8))
+
+
+def _cost(model, spec) -> int:
+    """The engine's per-iteration cost of a one-pass request (text.forward_flops of its rows)."""
+    item = Engine.prepare(model.engine, spec)
+    rows = [item.input_ids.shape[1]] + ([spec.frames] if spec.gen.guidance_scale else [])
+    return T.forward_flops(model.config, rows, [spec.frames] * len(rows))
+
+
+def test_a_short_request_overtakes_a_long_one(model):
+    """A short request arriving while a long one runs has its every iteration alone (its whole
+    run costs less than the long one's hold); the long one resumes after it; both get exactly
+    what they get alone."""
+    assert SHORT.gen.num_step * _cost(model, SHORT) < E.HOLD * _cost(model, LONG)
     eng = _fresh(model)
     runs, reqs = [], {}
 
     def trace(ids):
         runs.append(sorted(set(ids)))
         if len(runs) == 3 and "short" not in reqs:
-            reqs["short"] = eng.submit([short_spec])
+            reqs["short"] = eng.submit([SHORT])
 
     eng.trace = trace
-    reqs["long"] = eng.submit([long_spec])
+    reqs["long"] = eng.submit([LONG])
     long_codes = reqs["long"].result(timeout=WAIT_S)[0][0]
     short_codes = reqs["short"].result(timeout=WAIT_S)[0][0]
     lid, sid = reqs["long"].id, reqs["short"].id
-    with_short = [r for r in runs if sid in r]
-    assert len(with_short) == 8
-    alone_short = sum(1 for r in with_short if r == [sid])
-    assert alone_short >= 6, runs  # the long pass joins only once the short one ran its share
-    assert all(lid in r for r in runs if sid not in r)
-    gap = longest = 0
-    for r in runs:
-        gap = 0 if lid in r else gap + 1
-        longest = max(longest, gap)
-    assert longest >= 2, runs  # it did sit out ...
-    short_item = Engine.prepare(model.engine, short_spec)
-    long_item = Engine.prepare(model.engine, long_spec)
-    per_short = sum(ids.shape[1] for ids in (short_item.input_ids, short_item.uncond_ids))
-    per_long = sum(ids.shape[1] for ids in (long_item.input_ids, long_item.uncond_ids))
-    assert longest <= -(-per_long // per_short), runs  # ... but no longer than its own share
-    for spec, item, got in ((long_spec, long_item, long_codes), (short_spec, short_item, short_codes)):
+    assert runs == [[lid]] * 3 + [[sid]] * 8 + [[lid]] * 13, runs
+    for spec, got in ((LONG, long_codes), (SHORT, short_codes)):
+        item = Engine.prepare(model.engine, spec)
         want = unmasking.generate_codes(model.params, model.config, [item], spec.gen)[0]
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_long_request_is_held_back_at_most_its_bound(model):
+    """Short requests one after another, without end while a long one runs: the long one still
+    runs every step, and sits out at most while the others run HOLD times its per-iteration
+    cost (plus the iteration that crosses it), then gets exactly what it gets alone."""
+    long_spec = replace(LONG, gen=replace(GREEDY, num_step=5))
+    eng = _fresh(model)
+    runs, reqs = [], {"short": []}
+
+    def trace(ids):
+        runs.append(sorted(set(ids)))
+        if not reqs["long"].done() and all(r.done() for r in reqs["short"]):
+            reqs["short"].append(eng.submit([SHORT]))
+
+    eng.trace = trace  # the first short one arrives after the long one's first iteration
+    with eng._cond:  # (which waits for the lock: reqs["long"] is set before the trace runs)
+        reqs["long"] = eng.submit([long_spec])
+    long_codes = reqs["long"].result(timeout=WAIT_S)[0][0]
+    for r in reqs["short"]:
+        r.result(timeout=WAIT_S)
+    lid = reqs["long"].id
+    c_long, c_short = _cost(model, long_spec), _cost(model, SHORT)
+    assert sum(lid in r for r in runs) == 5
+    gaps, gap = [], 0
+    for r in runs:
+        if lid in r:
+            gaps += [gap] if gap else []
+            gap = 0
+        else:
+            assert len(r) == 1  # one short request at a time
+            gap += c_short
+    assert len(gaps) == 4, runs  # it sat out between each of its steps ...
+    assert all(E.HOLD * c_long <= g < E.HOLD * c_long + c_short for g in gaps), runs  # ... its hold
+    item = Engine.prepare(model.engine, long_spec)
+    want = unmasking.generate_codes(model.params, model.config, [item], long_spec.gen)[0]
+    np.testing.assert_array_equal(long_codes, want)
+
+
+FULL_SIZE = dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128, num_hidden_layers=28)
+
+
+@pytest.mark.parametrize("long_s, steps, long_joins", [(30, 8, 0), (30, 32, 1), (15, 8, 0),
+                                                       (15, 32, 2)])
+def test_schedule_at_full_size_costs(model, long_s, steps, long_joins):
+    """The policy on the released model's dimensions: a 2 s request arriving during a 15 s or
+    30 s one runs alone except for the long one's held iterations, which it shares; the long
+    one keeps its place behind it. Rows are text + target (cond) and target (uncond)."""
+    cfg = replace(model.config, llm_config=replace(model.config.llm_config, **FULL_SIZE))
+
+    def cost(seconds, text_tokens):
+        T_ = seconds * 25
+        return T.forward_flops(cfg, [text_tokens + T_, T_], [T_, T_])
+
+    costs = [cost(long_s, 135), cost(2, 50)]
+    left, held, packs = [steps - 2, steps], [0, 0], []  # the long one ran 2 steps alone
+    while left[1]:
+        live = [i for i in (0, 1) if left[i]]
+        runs, h = E.schedule([costs[i] for i in live], [costs[i] * left[i] for i in live],
+                             [held[i] for i in live])
+        for i, run, hi in zip(live, runs, h):
+            left[i] -= run
+            held[i] = hi
+        packs.append(tuple(i for i, run in zip(live, runs) if run))
+    assert packs.count((0, 1)) == long_joins and packs.count((1,)) == steps - long_joins
+    # equal requests share every forward (throughput); a cheaper one always joins the head
+    assert E.schedule([5, 5, 5, 5], [40, 40, 40, 40], [0] * 4)[0] == [True] * 4
+    assert E.schedule(costs, [costs[0], 20 * costs[1]], [0, 0])[0] == [True, True]

@@ -51,11 +51,12 @@ import soundfile as sf
 from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 
+from conftest import read_safetensors
 from omnicore import OmniVoice, VoiceClonePrompt, audio
 from omnicore import backbone as bb
 from omnicore.config import GenerationConfig, HiggsAudioV2TokenizerConfig, OmniVoiceConfig, Qwen3Config
 from omnicore.errors import OmniCoreError, VoicePromptError
-from omnicore.weights import ParamReader, read_safetensors
+from omnicore.weights import ParamReader
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "weights" / "tiny-random"

@@ -64,7 +64,7 @@ def _other_checkpoint(tmp_path) -> Path:
     import numpy as np
     from safetensors.numpy import save_file
 
-    from omnicore.weights import read_safetensors
+    from conftest import read_safetensors
 
     tensors = {k: (v * np.float32(1.5) if v.dtype == np.float32 else np.array(v))
                for k, v in read_safetensors(TINY / "model.safetensors").items()}

@@ -478,3 +478,13 @@ def test_pauses_in_fragments_split_as_the_whole(parts, cuts):
     assert got == whole
     pauses = [x for x in whole if isinstance(x, T.Pause)]
     assert all(text.startswith(("[", "<"), x.at) for x in pauses)
+
+
+@pytest.mark.parametrize("abbr", sorted(T._ABBREVIATIONS))
+def test_the_stream_and_the_chunker_share_one_abbreviation_table(abbr):
+    """A "." after any abbreviation the reference's chunker knows ends no streamed chunk either
+    (in any case), while a plain sentence end does."""
+    rule = T.ChunkRule(first_seconds=0.0, seconds=0.0)
+    for word in (abbr, abbr.lower(), abbr.upper()):
+        assert T.split_text(f"Ask {word} Smith now. Then go.", rule) == [
+            f"Ask {word} Smith now.", "Then go."]

@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
+from conftest import read_safetensors
 from omnicore.errors import ConfigError, ModelNotFoundError, OmniCoreError, WeightsError
-from omnicore.weights import ParamReader, read_safetensors, resolve_model_dir
+from omnicore.weights import ParamReader, resolve_model_dir
 
 
 def _write_raw(path, header: dict, data: bytes, header_len: int | None = None):
