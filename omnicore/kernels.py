@@ -30,8 +30,10 @@ import types
 
 import numpy as np
 
-from .backend import IS_NUMPY, xp
+from .backend import BACKEND, IS_NUMPY, xp
 from .errors import ConfigError
+
+IS_CUDA = BACKEND == "cupy"  # CuPy: the CUDA twins at the end of this module
 
 _THREADS = os.environ.get("OMNICORE_NUM_THREADS", "").strip()
 if _THREADS and not (_THREADS.isdigit() and int(_THREADS) > 0):
@@ -593,6 +595,8 @@ def rms_norm(x, weight, eps: float, out=None):
     """RMSNorm over the last axis in float32: x * rsqrt(mean(x^2) + eps) * weight.
 
     x [..., D]; written into `out` (same shape) when given, else into a new array."""
+    if _cuda_ok(x, weight) and (out is None or _cuda_ok(out)):
+        return _cuda_norm(x, None, weight, eps, xp.empty_like(x) if out is None else out)
     if not IS_NUMPY or x.dtype != _F32 or not x.flags.c_contiguous:
         return rms_norm_np(x, weight, eps, out)
     x2 = x.reshape(-1, x.shape[-1])  # [..., D] -> [N, D]
@@ -609,6 +613,8 @@ def add_rms_norm_np(x, y, weight, eps: float, out):
 
 def add_rms_norm(x, y, weight, eps: float, out):
     """Residual add fused with the next pre-norm: x += y (in place), out = rms_norm(x). [N, D]."""
+    if _cuda_ok(x, y, weight, out):
+        return _cuda_norm(x, y, weight, eps, out)
     if not IS_NUMPY:
         return add_rms_norm_np(x, y, weight, eps, out)
     _pick(_add_rms_norm_nb, _add_rms_norm_nb_par, x.size)(x, y, weight, _F32(eps), out)
@@ -677,6 +683,13 @@ def qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps: float, qg):
     h = kv*G + g), so that one row's G heads form a single [L*G, E] matrix per kv head.
     k [N, K*E] is normalised and rotated in place. cos, sin [N, E].
     """
+    e = cos.shape[1]
+    if _cuda_ok(q, k, q_weight, k_weight, cos, sin, qg) and e & (e - 1) == 0 and 2 <= e <= 1024:
+        n, n_kv = cos.shape[0], k.shape[1] // e
+        _cuda_kernels().qk_norm_rope((n, q.shape[1] // e + n_kv), (e,),
+                                     (q, k, q_weight, k_weight, cos, sin, _F32(eps), qg,
+                                      np.int32(n), np.int32(q.shape[1] // e), np.int32(n_kv)))
+        return qg
     if not IS_NUMPY:
         return qk_norm_rope_np(q, k, q_weight, k_weight, cos, sin, eps, qg)
     _pick(_qk_norm_rope_nb, _qk_norm_rope_nb_par, q.size)(q, k, q_weight, k_weight, cos, sin, _F32(eps), qg)
@@ -753,6 +766,9 @@ def softmax_rows(s, scale: float, inv=None):
     1 / row sum: attention then scales the [M, E] output rows instead of the [M, L] weights
     (one pass over the larger array saved).
     """
+    if inv is not None and _cuda_ok(s, inv):
+        _cuda_kernels().softmax((s.shape[0],), (_CUDA_THREADS,), (s, _F32(scale), inv, np.int32(s.shape[1])))
+        return s
     if not IS_NUMPY:
         return softmax_rows_np(s, scale, inv)
     if inv is None:
@@ -806,6 +822,9 @@ def swiglu_np(gate, up):
 
 def swiglu(gate, up):
     """In place: gate [N, F] <- silu(gate) * up (Qwen3's gated MLP activation)."""
+    if _cuda_ok(gate, up):
+        _cuda_kernels().swiglu(up, gate)
+        return gate
     if not IS_NUMPY:
         return swiglu_np(gate, up)
     _pick(_swiglu_nb, _swiglu_nb_par, gate.size)(gate, up)
@@ -1059,3 +1078,132 @@ def all_finite(x) -> bool:
         return bool(np.isfinite(x).all())
     flat = x.reshape(-1) if x.flags.c_contiguous else np.ascontiguousarray(x).reshape(-1)  # [N]
     return _all_finite_nb(flat.view(np.uint32))
+
+
+# --- CUDA twins (CuPy backend) -----------------------------------------------------------------
+# On the GPU the plain twins above launch several kernels each (a norm is six); these do each
+# operation in one pass, with the Numba kernels' order of operations (float32 throughout, tree
+# sums instead of sequential ones). `tests/test_strict_backend.py` checks them against the twins
+# on a CUDA machine.
+
+_CUDA_SOURCE = r"""
+__device__ float block_sum(float v, float* buf) {  // blockDim.x a power of two, <= 1024
+    unsigned t = threadIdx.x;
+    buf[t] = v;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (t < s) buf[t] += buf[t + s];
+        __syncthreads();
+    }
+    float total = buf[0];
+    __syncthreads();
+    return total;
+}
+
+__device__ float block_max(float v, float* buf) {
+    unsigned t = threadIdx.x;
+    buf[t] = v;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (t < s) buf[t] = fmaxf(buf[t], buf[t + s]);
+        __syncthreads();
+    }
+    float total = buf[0];
+    __syncthreads();
+    return total;
+}
+
+// one block per row of x [rows, D]: x += y when add (in place), out = x * rsqrt(mean(x^2) + eps) * w
+extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w, float eps,
+                                        float* out, int D, int add) {
+    __shared__ float buf[1024];
+    long long base = (long long)blockIdx.x * D;
+    float ss = 0.f;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) {
+        float v = x[base + j];
+        if (add) { v += y[base + j]; x[base + j] = v; }
+        ss += v * v;
+    }
+    float scale = 1.f / sqrtf(block_sum(ss, buf) / (float)D + eps);
+    for (int j = threadIdx.x; j < D; j += blockDim.x) out[base + j] = (x[base + j] * scale) * w[j];
+}
+
+// block (token i, head h of H query + K key heads), E threads: per-head RMSNorm, half-split RoPE;
+// queries go to qg [K, N, G*E] (head h = kv*G + g), keys are rewritten in place
+extern "C" __global__ void qk_norm_rope(const float* q, float* k, const float* qw, const float* kw,
+                                        const float* cos_t, const float* sin_t, float eps,
+                                        float* qg, int N, int H, int K) {
+    __shared__ float buf[1024];
+    int i = blockIdx.x, h = blockIdx.y, j = threadIdx.x, E = blockDim.x, half = E / 2;
+    int p = j < half ? j + half : j - half;
+    const float* src = h < H ? q + ((long long)i * H + h) * E : k + ((long long)i * K + (h - H)) * E;
+    const float* w = h < H ? qw : kw;
+    float v = src[j], u = src[p];
+    float scale = 1.f / sqrtf(block_sum(v * v, buf) / (float)E + eps);  // every read is done here
+    float a = (v * scale) * w[j], b = (u * scale) * w[p];
+    float c = cos_t[(long long)i * E + j], s = sin_t[(long long)i * E + j];
+    float r = j < half ? a * c - b * s : a * c + b * s;
+    if (h < H) {
+        int G = H / K;
+        qg[((long long)(h / G) * N + i) * (G * E) + (h % G) * E + j] = r;
+    } else {
+        k[((long long)i * K + (h - H)) * E + j] = r;
+    }
+}
+
+// one block per row of s [M, L]: s <- exp(scale*s - max), inv <- 1 / row sum
+extern "C" __global__ void softmax_unnormalized(float* s, float scale, float* inv, int L) {
+    __shared__ float buf[1024];
+    long long base = (long long)blockIdx.x * L;
+    float m = __int_as_float(0xff800000);  // -inf
+    for (int j = threadIdx.x; j < L; j += blockDim.x) m = fmaxf(m, s[base + j] * scale);
+    m = block_max(m, buf);
+    float acc = 0.f;
+    for (int j = threadIdx.x; j < L; j += blockDim.x) {
+        float e = expf(s[base + j] * scale - m);
+        s[base + j] = e;
+        acc += e;
+    }
+    float total = block_sum(acc, buf);
+    if (threadIdx.x == 0) inv[blockIdx.x] = 1.f / total;
+}
+"""
+
+_CUDA_THREADS = 256
+
+
+class _CudaKernels:
+    """The kernels of _CUDA_SOURCE, compiled by CuPy (NVRTC, cached on disk) at first use."""
+
+    def __init__(self):
+        mod = xp.RawModule(code=_CUDA_SOURCE, options=("--std=c++14",))
+        self.add_rms_norm = mod.get_function("add_rms_norm")
+        self.qk_norm_rope = mod.get_function("qk_norm_rope")
+        self.softmax = mod.get_function("softmax_unnormalized")
+        # silu(g) * u with tanh (no exp overflow), as the twin
+        self.swiglu = xp.ElementwiseKernel(
+            "float32 up", "float32 gate",
+            "gate = (gate * (0.5f + 0.5f * tanhf(0.5f * gate))) * up", "omnicore_swiglu")
+
+
+_cuda = None
+
+
+def _cuda_kernels():
+    global _cuda
+    if _cuda is None:
+        _cuda = _CudaKernels()
+    return _cuda
+
+
+def _cuda_ok(*arrays) -> bool:
+    return IS_CUDA and all(a.dtype == _F32 and a.flags.c_contiguous for a in arrays)
+
+
+def _cuda_norm(x, y, weight, eps, out):
+    D = x.shape[-1]
+    rows = x.size // max(D, 1)
+    _cuda_kernels().add_rms_norm((rows,), (_CUDA_THREADS,),
+                                 (x, x if y is None else y, weight, _F32(eps), out, np.int32(D),
+                                  np.int32(y is not None)))
+    return out

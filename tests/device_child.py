@@ -65,6 +65,46 @@ def matmul_cases(rng):
             (r(3, 5, 7)[:, 1:4], r(7, 2)), (r(2, 5, 6).transpose(0, 2, 1), r(2, 5, 3))]
 
 
+def kernel_errors(rng) -> dict:
+    """Each backbone kernel as dispatched on this backend (CuPy: the CUDA twins) against its
+    plain xp twin, on fresh device inputs: max |diff| / max |twin| per kernel."""
+    from omnicore import backend, kernels
+
+    def d(*shape, scale=1.0):
+        return backend.to_device((rng.standard_normal(shape) * scale).astype(np.float32))
+
+    def rel(a, b):
+        a, b = backend.to_numpy(a), backend.to_numpy(b)
+        return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+    errs = {}
+    N, D, H, K, E = 37, 1024, 16, 8, 128
+    x, w = d(N, D, scale=3.0), d(D)
+    errs["rms_norm"] = rel(kernels.rms_norm(x, w, 1e-6), kernels.rms_norm_np(x, w, 1e-6))
+    x1, x2, y = d(N, D), None, d(N, D)
+    x2 = x1.copy()
+    o1, o2 = d(N, D), d(N, D)
+    kernels.add_rms_norm(x1, y, w, 1e-6, o1)
+    kernels.add_rms_norm_np(x2, y, w, 1e-6, o2)
+    errs["add_rms_norm"] = max(rel(o1, o2), rel(x1, x2))
+    q, k, qw, kw = d(N, H * E), d(N, K * E), d(E), d(E)
+    ang = rng.uniform(0, 6.3, (N, E)).astype(np.float32)
+    cos, sin = backend.to_device(np.cos(ang)), backend.to_device(np.sin(ang))
+    k2, qg1, qg2 = k.copy(), d(K, N, H // K * E), d(K, N, H // K * E)
+    kernels.qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6, qg1)
+    kernels.qk_norm_rope_np(q, k2, qw, kw, cos, sin, 1e-6, qg2)
+    errs["qk_norm_rope"] = max(rel(qg1, qg2), rel(k, k2))
+    s1 = d(300, 173, scale=20.0)
+    s2, i1, i2 = s1.copy(), d(300), d(300)
+    kernels.softmax_rows(s1, 0.088, i1)
+    kernels.softmax_rows_np(s2, 0.088, i2)
+    errs["softmax_rows"] = max(rel(s1, s2), rel(i1, i2))
+    g1, u = d(N, 3072, scale=4.0), d(N, 3072)
+    g2 = g1.copy()
+    errs["swiglu"] = rel(kernels.swiglu(g1, u), kernels.swiglu_np(g2, u))
+    return errs
+
+
 def produce(count_transfers: bool = True) -> tuple[dict, dict]:
     """Every output of the cases above as numpy arrays, and the meta dict. Runs under whatever
     backend this process has (the parent test calls it too, on the numpy backend)."""
@@ -146,6 +186,7 @@ def produce(count_transfers: bool = True) -> tuple[dict, dict]:
         want = np.matmul(a.astype(np.float64), b.astype(np.float64))
         err = max(err, float(np.abs(got - want).max() / np.abs(want).max()))
     meta["matmul_rel_err"] = err
+    meta["kernel_rel_err"] = kernel_errors(rng)
     meta["graphs"] = backend.graph_stats()
     if backend.BACKEND == "strict":
         from omnicore import strictxp

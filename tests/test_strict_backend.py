@@ -183,6 +183,14 @@ def test_backend_matmul_on_every_layout(device):
     assert device[1]["matmul_rel_err"] < 1e-5
 
 
+def test_backbone_kernels_agree_with_their_twins(device):
+    """The kernels as the device backend dispatches them (CuPy: one CUDA kernel each, see the
+    end of omnicore/kernels.py) against the plain xp twins, on fresh inputs."""
+    errs = device[1]["kernel_rel_err"]
+    assert set(errs) == {"rms_norm", "add_rms_norm", "qk_norm_rope", "softmax_rows", "swiglu"}
+    assert max(errs.values()) < 2e-6, errs
+
+
 def test_replay_refuses_host_round_trips():
     """The strict backend's check itself: recorded work that reads a scalar, moves data or
     makes a data-sized result is refused from the second call on (a graph could not hold it)."""
