@@ -27,7 +27,7 @@ def _bench():
 @pytest.mark.skipif(shutil.which("timeout") is None, reason="run.sh needs coreutils' timeout")
 def test_dry_run_runs_every_step_and_writes_the_table(tmp_path):
     out = tmp_path / "out"
-    env = dict(os.environ, NO_REFERENCE="1", BENCH_TESTS="refuse", BENCH_SECONDS="2", BENCH_STEPS="2",
+    env = dict(os.environ, NO_REFERENCE="1", BENCH_TESTS="refuse_what_cupy", BENCH_SECONDS="2", BENCH_STEPS="2",
                BENCH_BATCH="2", BENCH_ENCODE_SECONDS="1")
     env.pop("OMNICORE_BACKEND", None)
     proc = subprocess.run(["bash", str(RUN), "--dry-run", "--out", str(out)], env=env,

@@ -196,7 +196,7 @@ class OmnicoreSide(Side):
             self.measure("generate", gen)
             n_tok = (self.res.get("generate") or {}).get("forward_tokens")
             if n_tok:
-                self.measure("gemm_floor", lambda: self._gemm_floor(n_tok))
+                self.res["step_gflop"] = self._step_gflop(n_tok)
             self.measure("throughput", lambda: self._packed(a), repeats=1)
         finally:
             um.forward_rows = orig
@@ -211,25 +211,15 @@ class OmnicoreSide(Side):
         self.res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         self.save()
 
-    def _gemm_floor(self, n):
-        """The projection and head GEMMs of one forward pass over n packed tokens, alone, with the
-        model's device weights (attention and element-wise work left out): what a step costs at
-        the least on this backend's BLAS."""
-        xp = self.backend.xp
+    def _step_gflop(self, n):
+        """GFLOP of the projection and head GEMMs of one forward pass over n packed tokens
+        (attention and element-wise work left out; the heads on about half the tokens, the
+        target frames of the cond and uncond rows)."""
         p = self.model.params
-        dims = {w.shape[1] for lp in p.layers for w in (lp.q_proj, lp.o_proj, lp.down_proj)}
-        x = {d: self.backend.to_device(np.random.default_rng(0).standard_normal((n, d), dtype=np.float32))
-             for d in dims}
-        flops = 0
-        mm = self.backend.matmul  # the backbone's own GEMM call (cuBLAS on CuPy)
-        for lp in p.layers:
-            for w in (lp.q_proj, lp.k_proj, lp.v_proj, lp.o_proj, lp.gate_proj, lp.up_proj, lp.down_proj):
-                mm(x[w.shape[1]], w.T)
-                flops += 2 * n * w.shape[0] * w.shape[1]
-        heads = n // 2  # about the target frames of the cond and uncond rows
-        mm(x[p.audio_heads.shape[1]][:heads], p.audio_heads.T)
-        flops += 2 * heads * p.audio_heads.shape[0] * p.audio_heads.shape[1]
-        return {"tokens": n, "gflop": flops / 1e9}
+        flops = sum(2 * n * w.shape[0] * w.shape[1] for lp in p.layers
+                    for w in (lp.q_proj, lp.k_proj, lp.v_proj, lp.o_proj, lp.gate_proj, lp.up_proj, lp.down_proj))
+        flops += 2 * (n // 2) * p.audio_heads.shape[0] * p.audio_heads.shape[1]
+        return flops / 1e9
 
     def _packed(self, a):
         passes = []
@@ -401,7 +391,9 @@ def report(out: Path) -> str:
     line("  host time to launch one forward (median)", "generate", "ms", 1e3, 1, field="forward_host_median")
     line("  per step outside the forward (scoring, fill)", "generate", "ms", 1e3, 1,
          field="outside_forward_per_step")
-    line("  projection + head GEMMs of one step alone", "gemm_floor", "ms", 1e3, 1)
+    line("  GEMM rate in the step (projections + heads)", "step_gflop", "TFLOP/s", 1.0, 1,
+         fn=lambda s: s["step_gflop"] / val(s, "generate", "forward_median") / 1e3
+         if s.get("step_gflop") and val(s, "generate", "forward_median") else None)
     line("peak GPU memory", "peak_gpu_mb", "MB", 1.0, 0, fn=lambda s: s.get("peak_gpu_mb"))
     line("model load", "load_s", "s", 1.0, 1, fn=lambda s: s.get("load_s"))
     head = ["| line | omnicore | reference fp32 | reference fp16 | omnicore / reference fp32 |",
