@@ -126,8 +126,6 @@ class Worker:
         t0 = time.perf_counter()
         rec = {"id": item["id"], "line": item["line"], "path": item["path"]}
         try:
-            if self.model is None:
-                raise getattr(errors, self.error[0], OmniCoreError)(self.error[1])
             wav = self.model.generate(item["text"], **self._voice(item["kwargs"]))[0]
             audio.write_audio_atomic(item["path"], wav, self.model.sampling_rate)
             rec.update(status="ok", seconds=len(wav) / self.model.sampling_rate,
