@@ -905,6 +905,26 @@ class AtomicOutput:
             self.abort()
 
 
+def remove_stale_temporaries(folder: str | os.PathLike, names) -> int:
+    """Remove the temporary files `AtomicOutput` left in `folder` for targets named `names` (a
+    writer killed mid-write, e.g. a SIGKILLed worker, cannot remove its own). Only for a caller
+    that knows no writer of those names is running. Returns how many were removed."""
+    prefixes = {name[:_MAX_PREFIX] for name in names}
+    removed = 0
+    for entry in os.scandir(folder):
+        name = entry.name
+        if not (name.startswith(".") and name.endswith(".tmp")) or not entry.is_file(follow_symlinks=False):
+            continue
+        prefix = name[1:-4].rpartition(".")[0]  # .<prefix>.<random>.tmp (mkstemp's name)
+        if prefix in prefixes:
+            try:
+                os.unlink(entry.path)
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
 def _sync_folder(folder: str) -> None:
     """Make the rename itself durable; best effort (some file systems refuse a folder fsync)."""
     try:

@@ -7,6 +7,7 @@
     omnicore clone-prompt me.wav --ref-text "..." -o me.npz     # save a voice, reuse with --voice
     llm ... | omnicore say --stream --raw | aplay -r 24000 -f S16_LE -c 1   # speak as text arrives
     omnicore batch jobs.jsonl --out-dir out/                    # many utterances
+    omnicore batch jobs.jsonl --out-dir out/ --ray              # the same on Ray actors, resumable
     omnicore codec encode in.wav -o codes.npy | decode codes.npy -o out.wav | roundtrip in.wav -o rt.wav
 
 Every failure is one `omnicore: error: ...` line on stderr, without a traceback. Exit status:
@@ -335,10 +336,11 @@ def _job_problem(job) -> str | None:
     return None
 
 
-def _read_jobs(path: str) -> list[tuple[int, dict]]:
-    """Every line of a batch file checked before any work: (line number, job) pairs, or one
-    InputError naming each bad line (malformed JSON, missing or mistyped fields, bad values,
-    unsafe ids, two ids naming one output file)."""
+def parse_jobs(path: str) -> tuple[list[tuple[int, dict]], list[tuple[int, str | None, str]]]:
+    """Every line of a batch file checked: (line number, job) pairs of the good lines, and
+    (line number, id or None, what is wrong) of the bad ones (malformed JSON, missing or
+    mistyped fields, bad values, unsafe ids, an id naming the same output file as an earlier
+    line). InputError if the file cannot be read."""
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -350,11 +352,12 @@ def _read_jobs(path: str) -> list[tuple[int, dict]]:
         try:
             job = json.loads(line)
         except (json.JSONDecodeError, RecursionError) as exc:
-            problems.append(f"line {n}: invalid JSON ({getattr(exc, 'msg', 'nested too deeply')})")
+            problems.append((n, None, f"invalid JSON ({getattr(exc, 'msg', 'nested too deeply')})"))
             continue
         problem = _job_problem(job)
         if problem:
-            problems.append(f"line {n}: {problem}")
+            job_id = job.get("id") if isinstance(job, dict) else None
+            problems.append((n, job_id if _id_problem(job_id) is None else None, problem))
             continue
         # One file per id, also where the file system ignores case or Unicode normalisation
         # (macOS, Windows): the later job would silently overwrite the earlier one.
@@ -362,33 +365,44 @@ def _read_jobs(path: str) -> list[tuple[int, dict]]:
         if key in names:
             m, other = names[key]
             if other == job["id"]:
-                problems.append(f"line {n}: id {job['id']!r} is also on line {m}; ids must be unique")
+                problem = f"id {job['id']!r} is also on line {m}; ids must be unique"
             else:
-                problems.append(f"line {n}: id {job['id']!r} names the same file as {other!r} on line "
-                                f"{m} on some file systems (they differ only in case or Unicode "
-                                "normalisation); ids must be unique")
+                problem = (f"id {job['id']!r} names the same file as {other!r} on line {m} on some "
+                           "file systems (they differ only in case or Unicode normalisation); ids "
+                           "must be unique")
+            problems.append((n, job["id"], problem))
             continue
         names[key] = (n, job["id"])
         jobs.append((n, job))
+    return jobs, problems
+
+
+def _read_jobs(path: str) -> list[tuple[int, dict]]:
+    """`parse_jobs`, all or nothing: the jobs, or one InputError naming each bad line."""
+    jobs, problems = parse_jobs(path)
     if problems:
         more = f"; and {len(problems) - 10} more" if len(problems) > 10 else ""
         raise InputError(f"{path}: {len(problems)} bad line(s), nothing was run: "
-                         + "; ".join(problems[:10]) + more)
+                         + "; ".join(f"line {n}: {why}" for n, _, why in problems[:10]) + more)
     if not jobs:
         raise InputError(f"{path}: no jobs")
     return jobs
 
 
+def batch_target(out_dir, job_id: str) -> Path:
+    """The output file of job `job_id`."""
+    return Path(out_dir) / f"{job_id}.wav"
+
+
 BATCH_IN_FLIGHT = 4  # jobs generating at once: enough to fill the packed GEMMs, bounded memory
 
 
-def cmd_batch(args) -> int:
-    """Lines are all checked first: any bad line refuses the whole batch before any work. Then
-    the jobs run, a few at once on the model's engine; a job that fails (e.g. unreadable ref_audio) is reported with its
-    line number and the rest go on; the exit status is then 1."""
+def check_batch_outputs(args, jobs: list[tuple[int, dict]]) -> Path:
+    """Before any work: --out-dir is a folder (created if missing) that takes new files, no
+    job's output would replace an input of the batch (the job file, a ref_audio) or a folder.
+    Returns the folder; InputError naming the line otherwise."""
     from . import audio
 
-    jobs = _read_jobs(args.jsonl)
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out-dir {args.out_dir!r} is a file, not a folder; give a folder "
@@ -406,7 +420,7 @@ def cmd_batch(args) -> int:
         except (OSError, ValueError):
             pass
     for n, job in jobs:
-        target = out_dir / f"{job['id']}.wav"
+        target = batch_target(out_dir, job["id"])
         hit = by_path.get(os.path.realpath(target))
         try:
             st = os.stat(target)
@@ -422,29 +436,50 @@ def cmd_batch(args) -> int:
         raise InputError(f"cannot create --out-dir {args.out_dir!r} ({exc.strerror or exc})") from None
     for n, job in jobs:  # e.g. a folder named <id>.wav in the way
         try:
-            audio.check_output_path(out_dir / f"{job['id']}.wav", InputError)
+            audio.check_output_path(batch_target(out_dir, job["id"]), InputError)
         except InputError as exc:
             raise InputError(f"{args.jsonl}:{n}: {exc}; nothing was run") from None
-    audio.AtomicOutput(out_dir / f"{jobs[0][1]['id']}.wav", InputError).abort()  # takes new files?
+    probe = batch_target(out_dir, jobs[0][1]["id"]) if jobs else out_dir / "manifest.jsonl"
+    audio.AtomicOutput(probe, InputError).abort()  # takes new files?
+    return out_dir
+
+
+def job_kwargs(args, base: dict, job: dict) -> dict:
+    """The generate() arguments of one batch job: `base` (the command's options, _gen_kwargs)
+    with the job's own fields."""
+    kw = dict(base)
+    # null is "absent", as in the reference; the options are the defaults for absent fields
+    for field, key, default in (("language_id", "language", args.language),
+                                ("instruct", "instruct", args.instruct),
+                                ("duration", "duration", args.duration),
+                                ("speed", "speed", args.speed)):
+        kw[key] = default if job.get(field) is None else job[field]
+    kw.update(getattr(args, "job_overrides", None) or {})  # infer-batch's --lang_id
+    if job.get("ref_audio"):
+        kw.update(ref_audio=job["ref_audio"], ref_text=job["ref_text"])
+    return kw
+
+
+def cmd_batch(args) -> int:
+    """Lines are all checked first: any bad line refuses the whole batch before any work. Then
+    the jobs run, a few at once on the model's engine; a job that fails (e.g. unreadable ref_audio) is reported with its
+    line number and the rest go on; the exit status is then 1. With --ray, omnicore.cluster
+    runs them on Ray actors instead."""
+    from . import audio
+
+    if getattr(args, "ray", None) is not None:
+        return _batch_ray(args)
+    for flag, key in (("--workers", "workers"), ("--threads-per-worker", "threads_per_worker")):
+        if getattr(args, key, None) is not None:
+            raise InputError(f"{flag} sets the Ray workers; it needs --ray (pip install 'omnicore[ray]')")
+    jobs = _read_jobs(args.jsonl)
+    out_dir = check_batch_outputs(args, jobs)
     model = _load_model(args)
     base = _gen_kwargs(args)
 
-    def job_kwargs(job) -> dict:
-        kw = dict(base)
-        # null is "absent", as in the reference; the options are the defaults for absent fields
-        for field, key, default in (("language_id", "language", args.language),
-                                    ("instruct", "instruct", args.instruct),
-                                    ("duration", "duration", args.duration),
-                                    ("speed", "speed", args.speed)):
-            kw[key] = default if job.get(field) is None else job[field]
-        kw.update(getattr(args, "job_overrides", None) or {})  # infer-batch's --lang_id
-        if job.get("ref_audio"):
-            kw.update(ref_audio=job["ref_audio"], ref_text=job["ref_text"])
-        return kw
-
     def run(slot: dict, job) -> None:
         try:
-            slot["wav"] = model.generate(job["text"], **job_kwargs(job))[0]
+            slot["wav"] = model.generate(job["text"], **job_kwargs(args, base, job))[0]
         except BaseException as exc:  # handed to the main thread, in job order
             slot["error"] = exc
         finally:
@@ -470,7 +505,7 @@ def cmd_batch(args) -> int:
             pass
         if len(slots) < len(jobs):
             start(len(slots))
-        target = out_dir / f"{job['id']}.wav"
+        target = batch_target(out_dir, job["id"])
         try:
             if "error" in slot:
                 raise slot.pop("error")
@@ -483,6 +518,36 @@ def cmd_batch(args) -> int:
     if failed:
         _log(args, f"{len(jobs) - failed} of {len(jobs)} jobs written to {out_dir}, {failed} failed")
     return 1 if failed else 0
+
+
+def _batch_ray(args) -> int:
+    """`batch --ray` (omnicore.cluster): the same lines, outputs and options as the local batch,
+    but a bad line fails alone and is recorded in OUT_DIR/manifest.jsonl, and a rerun skips
+    the jobs done."""
+    from . import cluster
+    from .config import GenerationConfig, resolve_generation_config
+
+    cluster.import_ray()  # before any work: say how to install it
+    cluster.check_sizes(args.workers, args.threads_per_worker)
+    jobs, problems = parse_jobs(args.jsonl)
+    if not jobs and not problems:
+        raise InputError(f"{args.jsonl}: no jobs")
+    out_dir = check_batch_outputs(args, jobs)
+    base = _gen_kwargs(args)
+    names = GenerationConfig.__dataclass_fields__  # bad options fail here, not on every job
+    resolve_generation_config(None, {k: v for k, v in base.items() if k in names})
+    summary = cluster.run(
+        jobs, problems, out_dir, model=args.model,
+        job_kwargs=lambda job: job_kwargs(args, base, job), target=batch_target,
+        workers=args.workers, threads=args.threads_per_worker or 1,
+        address=args.ray or None, log=lambda msg: _log(args, msg),
+        report=lambda msg: _error(f"{args.jsonl}:{msg}"))
+    rss = ", ".join(f"{w['worker']} {w['peak_rss'] / 2**30:.2f} GiB" for w in summary["workers"])
+    _log(args, f"{summary['ok']} written, {summary['failed']} failed, {summary['skipped']} "
+               f"already done; {summary['audio_seconds']:.1f} s of audio in "
+               f"{summary['wall_seconds']:.1f} s; manifest {out_dir / cluster.MANIFEST}"
+               + (f"; peak memory per worker: {rss}" if rss else ""))
+    return 1 if summary["failed"] else 0
 
 
 def _named(values, flag: str) -> list[tuple[str, str]]:
@@ -720,6 +785,15 @@ def build_parser() -> argparse.ArgumentParser:
                                    "others still run, and the exit status is 1.")
     b.add_argument("jsonl")
     b.add_argument("--out-dir", required=True)
+    b.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help="run the jobs on Ray actors (pip install 'omnicore[ray]'): no ADDRESS "
+                        "starts a local Ray, 'auto' or ray://HOST:PORT joins a cluster. A bad line "
+                        "then fails alone; OUT_DIR/manifest.jsonl records every job, and a rerun "
+                        "skips the ones done")
+    b.add_argument("--workers", type=int, metavar="N",
+                   help="Ray actors, each with its own model (default: the cluster's CPUs / K)")
+    b.add_argument("--threads-per-worker", type=int, metavar="K",
+                   help="CPUs each Ray actor reserves and BLAS/Numba threads it uses (default 1)")
     model_opts(b)
     gen_opts(b)
     b.set_defaults(func=cmd_batch)

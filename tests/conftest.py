@@ -38,12 +38,13 @@ def require_file(path: Path, how: str) -> Path:
     return path
 
 
-def require_module(name: str):
-    """The imported module; otherwise `missing` (a skip, or a failure under CI)."""
+def require_module(name: str, extra: str = "test"):
+    """The imported module; otherwise `missing` (a skip, or a failure under CI). `extra`: the
+    package extra that installs it."""
     try:
         return importlib.import_module(name)
     except ImportError as e:
-        missing(f"the Python module {name!r}", f"{e}; pip install -e '.[test]'")
+        missing(f"the Python module {name!r}", f"{e}; pip install -e '.[{extra}]'")
 
 
 @pytest.fixture(scope="module")
