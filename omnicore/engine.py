@@ -56,7 +56,8 @@ from . import text as text_mod, tokenizer as tok_mod, unmasking
 from .config import GenerationConfig
 from .errors import CancelledError, InputError
 
-__all__ = ["PassSpec", "Request", "Engine", "default_token_budget", "pass_seed", "schedule"]
+__all__ = ["PassSpec", "Request", "Engine", "EngineLoad", "default_token_budget", "pass_seed",
+           "schedule"]
 
 IDLE_EXIT_S = 10.0  # the worker thread ends after this long without work
 # Costs are text.forward_flops of a request's rows. Requests costing up to SIMILAR_COST times the
@@ -90,6 +91,20 @@ class PassSpec:
     seed: int | np.random.SeedSequence | None
     gen: GenerationConfig
     after: int | None = None
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """A snapshot of what the engine holds (`Engine.load`). A request is active when one of
+    its passes is in the active set, waiting otherwise (queued behind the token budget, or
+    waiting for the pass its others depend on)."""
+
+    waiting_requests: int
+    active_requests: int
+    waiting_passes: int
+    active_passes: int
+    iterations: int   # iterations run so far
+    last_tokens: int  # packed tokens (every row of every pass) of the last iteration's forward
 
 
 def pass_seed(seed: int | None, k: int) -> np.random.SeedSequence | None:
@@ -223,7 +238,8 @@ class Engine:
     text.MAX_PASS_BYTES; passes beyond either wait, first come first served. A pass alone is
     always admitted (its memory was checked at submit).
     `trace`, when set, is called on the engine thread after each iteration with the request ids
-    of the passes it ran (for tests and benchmarks).
+    of the passes it ran (for tests, benchmarks and metrics; `load()` then describes that
+    iteration).
     """
 
     def __init__(self, params, cfg, tokenizer, max_tokens: int | None = None):
@@ -234,6 +250,7 @@ class Engine:
         self.max_tokens = max_tokens or default_token_budget(cfg)
         self.trace: Callable[[list[int]], None] | None = None
         self.iterations = 0
+        self._last_tokens = 0
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
         self._waiting: deque[_Pass] = deque()
@@ -298,6 +315,17 @@ class Engine:
         except BaseException:
             req.cancel()
             raise
+
+    def load(self) -> EngineLoad:
+        """What the engine holds now (thread-safe, read-only): finished and cancelled requests
+        whose passes have not yet been dropped are not counted."""
+        with self._cond:
+            active = [p for p in self._active if not p.request._finished.is_set()]
+            waiting = [p for p in self._waiting if not p.request._finished.is_set()]
+            active_ids = {p.request.id for p in active}
+            waiting_ids = {p.request.id for p in waiting} - active_ids
+            return EngineLoad(len(waiting_ids), len(active_ids), len(waiting), len(active),
+                              self.iterations, self._last_tokens)
 
     def _wake(self) -> None:
         with self._cond:
@@ -388,6 +416,7 @@ class Engine:
                         raise _Idle
                     continue
                 active = self._select(self._active)
+                tokens = sum(ids.shape[1] for p in active for ids, _ in p.state.rows)
             try:
                 unmasking.iterate(self.params, self.cfg, [p.state for p in active], self._cache)
             except BaseException as exc:  # the shared forward failed: every pass in it fails
@@ -395,7 +424,9 @@ class Engine:
                     p.request._finish("error", exc)
                 self._cache = unmasking.PackCache()
                 return
-            self.iterations += 1
+            with self._cond:
+                self.iterations += 1
+                self._last_tokens = tokens
             self._after_iteration(active)
             return
 

@@ -384,3 +384,43 @@ def test_schedule_at_full_size_costs(model, long_s, steps, long_joins):
     # equal requests share every forward (throughput); a cheaper one always joins the head
     assert E.schedule([5, 5, 5, 5], [40, 40, 40, 40], [0] * 4)[0] == [True] * 4
     assert E.schedule(costs, [costs[0], 20 * costs[1]], [0, 0])[0] == [True, True]
+
+
+def test_load_counts_requests_passes_and_each_iterations_packed_tokens(model, specs, alone):
+    """`load()` is a consistent snapshot: seen from the engine thread after every iteration
+    (the trace) and polled from another thread, it counts the active and the queued requests
+    and passes, and the tokens of exactly the rows that iteration packed."""
+    items = [Engine.prepare(model.engine, s) for s in specs]
+    tokens = {}  # request index -> packed tokens of its pass (conditional + unconditional row)
+    for i, (s, it) in enumerate(zip(specs, items)):
+        tokens[i] = it.input_ids.shape[1] + (it.uncond_ids.shape[1] if s.gen.guidance_scale else 0)
+    eng = Engine(model.params, model.config, model.tokenizer,
+                 max_tokens=2 * max(tokens.values()) + 1)  # two at a time: the others queue
+    assert eng.load() == E.EngineLoad(0, 0, 0, 0, 0, 0)
+    seen = []
+    eng.trace = lambda ids: seen.append((sorted(set(ids)), eng.load()))
+    polled, stop = [], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            polled.append(eng.load())
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        with eng._cond:
+            reqs = [eng.submit([s]) for s in specs]
+        _assert_same([r.result(timeout=WAIT_S)[0] for r in reqs], alone)
+    finally:
+        stop.set()
+        poller.join(WAIT_S)
+    index = {r.id: i for i, r in enumerate(reqs)}
+    first_ids, first = seen[0]
+    assert first.active_requests == first.active_passes == len(first_ids) < len(specs)
+    assert first.waiting_requests == first.waiting_passes == len(specs) - len(first_ids)
+    for n, (ids, ld) in enumerate(seen, 1):
+        assert ld.iterations == n
+        assert ld.last_tokens == sum(tokens[index[i]] for i in ids), (ids, ld)
+    assert polled and all(ld.active_passes + ld.waiting_passes <= len(specs)
+                          and ld.last_tokens <= eng.max_tokens for ld in polled)
+    assert eng.load() == E.EngineLoad(0, 0, 0, 0, len(seen), seen[-1][1].last_tokens)
