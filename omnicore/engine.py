@@ -317,8 +317,9 @@ class Engine:
             raise
 
     def load(self) -> EngineLoad:
-        """What the engine holds now (thread-safe, read-only): finished and cancelled requests
-        whose passes have not yet been dropped are not counted."""
+        """What the engine holds now (thread-safe, read-only). A finished request's leftover
+        passes are not counted; a cancelled one counts until the engine drops it, which it does
+        before its next iteration."""
         with self._cond:
             active = [p for p in self._active if not p.request._finished.is_set()]
             waiting = [p for p in self._waiting if not p.request._finished.is_set()]
