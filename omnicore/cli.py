@@ -692,7 +692,7 @@ def cmd_serve(args) -> int:
         raise InputError(f"--max-concurrency must be at least 1, got {args.max_concurrency}")
     server.serve(args.model, args.host, args.port, args.voices_dir, args.api_key, args.max_queue,
                  log_level="warning" if args.quiet else "info",
-                 max_concurrency=args.max_concurrency)
+                 max_concurrency=args.max_concurrency, ui=args.ui)
     return 0
 
 
@@ -844,6 +844,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-concurrency", type=int,
                     help="requests synthesising at once, the others wait (default: all admitted; "
                          "the engine batches them)")
+    sv.add_argument("--ui", action="store_true",
+                    help="also serve the Gradio demo at /ui, on the same model (needs a source "
+                         "checkout and the demo extra)")
     sv.set_defaults(func=cmd_serve)
 
     k = sub.add_parser("codec", help="the Higgs audio codec alone: encode, decode, round-trip")

@@ -9,6 +9,7 @@ batched continuously instead of serialised.
     GET/POST /v1/voices        the voice library (clone from a clip, or a designed voice kept)
     GET/DELETE /v1/voices/{id}
     GET /v1/models, /health, /metrics
+    /ui                        the Gradio demo on the same model (--ui)
 
 Voices are omnicore voice prompts (.npz, written atomically) in the voices folder. The OpenAI
 preset names map to designed voices (PRESET_VOICES: instruct + seed); each is generated once on
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import hmac
 import io
 import json
@@ -27,6 +29,7 @@ import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +59,8 @@ PRESET_VOICES = {
     "shimmer": ("female, young adult, very high pitch, american accent", 20),
     "verse": ("male, teenager, moderate pitch, american accent", 21),
 }
+# Tokens packed into one engine iteration: from one short pass to the default budget's order.
+TOKEN_BUCKETS = tuple(2 ** k for k in range(5, 17))
 # Speech-request fields passed through to the generation config (numbers checked there).
 _GEN_FIELDS = ("num_step", "guidance_scale", "t_shift", "layer_penalty_factor",
                "position_temperature", "class_temperature", "denoise", "postprocess_output")
@@ -174,6 +179,7 @@ class Server:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.model = model
+        self.engine = model.engine
         self.voices = VoiceLibrary(voices_dir)
         self.api_key = api_key or None
         self.max_queue = max_queue
@@ -183,37 +189,70 @@ class Server:
         self.model_name = model_name
         self.pool = ThreadPoolExecutor(max_workers=max_queue + 4, thread_name_prefix="omnicore-serve")
         self._in_flight = 0
+        self._slot_waiting = 0  # admitted, waiting for a run slot
         self._lock = threading.Lock()
         self.registry = CollectorRegistry()
         self.m_requests = Counter("omnicore_requests", "HTTP requests by route and status",
                                   ["route", "status"], registry=self.registry)
         self.m_in_flight = Gauge("omnicore_requests_in_flight", "speech requests admitted",
                                  registry=self.registry)
-        self.m_passes = Gauge("omnicore_engine_passes", "engine passes active or waiting",
+        self.m_queue = Gauge("omnicore_queue_depth", "speech requests admitted and not yet "
+                             "synthesising: waiting for a run slot or queued in the engine",
+                             registry=self.registry)
+        self.m_passes = Gauge("omnicore_engine_passes", "engine passes by state (active: in the "
+                              "engine's packed iterations; waiting: queued)", ["state"],
                               registry=self.registry)
+        self.m_tokens = Histogram("omnicore_engine_tokens_per_iteration", "tokens packed into one "
+                                  "engine iteration (every row of every pass it ran)",
+                                  buckets=TOKEN_BUCKETS, registry=self.registry)
         self.m_ttfb = Histogram("omnicore_ttfb_seconds", "time to the first audio byte",
                                 buckets=(.05, .1, .25, .5, 1, 2, 5, 10, 30, 60), registry=self.registry)
         self.m_rtf = Histogram("omnicore_rtf", "synthesis seconds per audio second",
                                buckets=(.05, .1, .25, .5, 1, 2, 5, 10), registry=self.registry)
         self.m_cancelled = Counter("omnicore_streams_cancelled", "streams closed before their end "
                                    "(client gone or an error): their passes were cancelled", registry=self.registry)
+        # Every iteration is observed on the engine thread, right after it ran (a scrape-time
+        # sample would miss most of them).
+        previous = self.engine.trace
+
+        def on_iteration(ids):
+            self.m_tokens.observe(self.engine.load().last_tokens)
+            if previous is not None:
+                previous(ids)
+        self.engine.trace = on_iteration
 
     # -- admission ------------------------------------------------------------------------------
 
-    async def admit(self) -> None:
-        """Count the request in (429 when max_queue are in flight), then wait for a run slot."""
+    async def admit(self, gone: "asyncio.Future | None" = None) -> None:
+        """Count the request in (429 when max_queue are in flight), then wait for a run slot;
+        a client that leaves while it waits (`gone` done) never runs (CancelledError)."""
         with self._lock:
             if self._in_flight >= self.max_queue:
                 raise HTTPError(429, f"the server is busy ({self.max_queue} requests in flight); "
                                      "retry shortly", None, "queue_full", {"Retry-After": "1"})
             self._in_flight += 1
             self.m_in_flight.set(self._in_flight)
-        if self.run_slots is not None:
-            try:
-                await self.run_slots.acquire()
-            except BaseException:  # cancelled while waiting: it never ran
-                self._leave()
-                raise
+        if self.run_slots is None:
+            return
+        with self._lock:
+            self._slot_waiting += 1
+        slot = asyncio.ensure_future(self.run_slots.acquire())
+        try:
+            await asyncio.wait({slot} | ({gone} if gone is not None else set()),
+                               return_when=asyncio.FIRST_COMPLETED)
+            if not slot.done():
+                raise CancelledError("the client disconnected while waiting for a run slot")
+        except BaseException:  # it never ran: give back whatever it holds
+            if not slot.done():
+                slot.cancel()
+                await asyncio.gather(slot, return_exceptions=True)
+            if slot.done() and not slot.cancelled():
+                self.run_slots.release()
+            self._leave()
+            raise
+        finally:
+            with self._lock:
+                self._slot_waiting -= 1
 
     def _leave(self) -> None:
         with self._lock:
@@ -226,11 +265,24 @@ class Server:
             self.run_slots.release()
         self._leave()
 
-    def engine_passes(self) -> int:
-        eng = getattr(self.model, "_engine", None)
-        if eng is None:
-            return 0
-        return len(getattr(eng, "_active", ())) + len(getattr(eng, "_waiting", ()))
+    def authorized(self, header: str | None) -> bool:
+        """`Authorization: Bearer KEY` with the server's key (always true without one). The
+        keys are compared as SHA-256 digests in constant time: neither the key's characters
+        nor its length show in the timing."""
+        if self.api_key is None:
+            return True
+        scheme, _, token = (header or "").strip().partition(" ")
+        got = hashlib.sha256(token.strip().encode("utf-8", "surrogateescape")).digest()
+        want = hashlib.sha256(self.api_key.encode("utf-8", "surrogateescape")).digest()
+        return hmac.compare_digest(got, want) and scheme.lower() == "bearer"
+
+    def load(self) -> dict:
+        """Requests in flight and queued, and the engine's own view (Engine.load)."""
+        ld = self.engine.load()
+        with self._lock:
+            in_flight, queued = self._in_flight, self._slot_waiting + ld.waiting_requests
+        return {"in_flight": in_flight, "queued": queued,
+                "engine_passes": ld.active_passes + ld.waiting_passes, "engine": asdict(ld)}
 
     # -- voices ---------------------------------------------------------------------------------
 
@@ -357,12 +409,9 @@ def create_app(server: Server):
         def wrap(fn):
             async def handler(request: Request):
                 try:
-                    if needs_auth and server.api_key is not None:
-                        got = request.headers.get("authorization", "")
-                        want = f"Bearer {server.api_key}"
-                        if not hmac.compare_digest(got.encode(), want.encode()):
-                            raise HTTPError(401, "missing or wrong API key (Authorization: Bearer KEY)",
-                                            None, "invalid_api_key")
+                    if needs_auth and not server.authorized(request.headers.get("authorization")):
+                        raise HTTPError(401, "missing or wrong API key (Authorization: Bearer KEY)",
+                                        None, "invalid_api_key", {"WWW-Authenticate": "Bearer"})
                     resp = await fn(request)
                 except Exception as exc:  # noqa: BLE001 - every failure becomes JSON
                     resp = err_response(as_http(exc))
@@ -388,14 +437,23 @@ def create_app(server: Server):
     async def in_thread(fn, *args):
         return await asyncio.get_running_loop().run_in_executor(server.pool, fn, *args)
 
-    async def until_done(request: Request, fut, cancelled: threading.Event):
-        """Wait for a worker-thread result; a client that disconnects cancels its passes."""
-        while True:
-            done, _ = await asyncio.wait({fut}, timeout=0.25)
-            if done:
-                return fut.result()
-            if await request.is_disconnected():
-                cancelled.set()
+    def watch_disconnect(request: Request) -> asyncio.Task:
+        """A task that ends the moment the client disconnects (call once the body is read)."""
+        async def listen():
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+        return asyncio.ensure_future(listen())
+
+    async def until_done(gone: asyncio.Task, fut, cancelled: threading.Event):
+        """Wait for a worker-thread result; when the client leaves first, `cancelled` makes the
+        worker's next step raise CancelledError, which stops its passes (a 499)."""
+        await asyncio.wait({fut, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not fut.done():
+            cancelled.set()
+        return await fut
+
+    def timings_header(timings: dict) -> str:
+        return ", ".join(f"{k}={v:.4f}" for k, v in timings.items())
 
     def synth_kwargs(req: dict, prompt) -> dict:
         kw = dict(language=req["language"], instruct=req["instruct"], speed=req["speed"],
@@ -408,98 +466,126 @@ def create_app(server: Server):
     @route("speech")
     async def speech(request: Request):
         req = parse_speech(await read_json(request))
-        await server.admit()
-        released = False
+        t0 = time.perf_counter()  # queueing counts in the latency a client sees
+        gone = watch_disconnect(request)
         try:
-            t0 = time.perf_counter()
-            cancelled = threading.Event()
-            prompt = None
-            if req["voice"] is not None:
-                prompt = await until_done(request, asyncio.wrap_future(server.pool.submit(
-                    server.resolve_voice, req["voice"], cancelled)), cancelled)
-            kw = synth_kwargs(req, prompt)
-            if req["stream_format"] is None:
-                def work():
-                    r = server.model.synthesize(req["input"], on_step=_cancel_check(cancelled), **kw)[0]
-                    return r, encode_audio(r.audio, req["format"])
-                result, data = await until_done(
-                    request, asyncio.wrap_future(server.pool.submit(work)), cancelled)
-                total = time.perf_counter() - t0
-                secs = len(result.audio) / SAMPLE_RATE
-                server.m_ttfb.observe(total)
-                server.m_rtf.observe(total / max(secs, 1e-9))
-                timings = dict(result.timings, total=total)
-                headers = {"X-Omnicore-Timings": ", ".join(f"{k}={v:.4f}" for k, v in timings.items()),
-                           "X-Omnicore-Audio-Seconds": f"{secs:.3f}"}
-                return Response(data, 200, headers, media_type=FORMATS[req["format"]][2])
-            # Streams: the model starts here (argument errors are a 400 before any byte leaves).
-            whole = req["format"] not in ("wav", "pcm") and req["stream_format"] == "audio"
-            stream = await in_thread(lambda: server.model.stream(req["input"], **kw))
-            released = True  # the generator owns the slot from here
-            return stream_response(req, stream, whole, t0)
-        finally:
-            if not released:
+            await server.admit(gone)
+            try:
+                return await speak(req, gone, t0)
+            except BaseException:
                 server.release()
+                raise
+        finally:
+            gone.cancel()  # a stream's response watches the connection itself
 
-    def stream_response(req, stream, whole: bool, t0: float):
+    async def speak(req: dict, gone: asyncio.Task, t0: float):
+        """The admitted request: a whole file (slot released here) or a stream response (its
+        body releases the slot when it ends)."""
+        queued = time.perf_counter() - t0
+        cancelled = threading.Event()
+        prompt = None
+        if req["voice"] is not None:
+            prompt = await until_done(gone, asyncio.wrap_future(server.pool.submit(
+                server.resolve_voice, req["voice"], cancelled)), cancelled)
+        kw = synth_kwargs(req, prompt)
+        if req["stream_format"] is None:
+            def work():
+                r = server.model.synthesize(req["input"], on_step=_cancel_check(cancelled), **kw)[0]
+                return r, encode_audio(r.audio, req["format"])
+            result, data = await until_done(
+                gone, asyncio.wrap_future(server.pool.submit(work)), cancelled)
+            total = time.perf_counter() - t0
+            secs = len(result.audio) / SAMPLE_RATE
+            server.m_ttfb.observe(total)
+            server.m_rtf.observe(total / max(secs, 1e-9))
+            headers = {"X-Omnicore-Timings": timings_header(dict(queue=queued, **result.timings,
+                                                                 total=total)),
+                       "X-Omnicore-Audio-Seconds": f"{secs:.3f}"}
+            resp = Response(data, 200, headers, media_type=FORMATS[req["format"]][2])
+            server.release()
+            return resp
+        # Streams: the model starts here (argument errors are a 400 before any byte leaves).
+        stream = await in_thread(lambda: server.model.stream(req["input"], **kw))
+        return stream_response(req, stream, t0, queued)
+
+    def stream_response(req, stream, t0: float, queued: float):
+        """The stream's body in the response format: wav and pcm leave piece by piece (wav with
+        a header of unknown sizes first); mp3, opus and flac are encoded once, at the end, since
+        their encoders here write whole files. SSE carries the same bytes, base64, per event."""
         from sse_starlette.sse import EventSourceResponse
+        from starlette.background import BackgroundTask
+
+        fmt = req["format"]
+        state = {"ttfb": None, "audio_s": 0.0, "ended": False, "finished": False}
+
+        async def finish():
+            """Once, whether the body ran to its end, stopped early or never started (a client
+            gone before the first byte: then only the response's background task runs): count
+            a stream cut short, stop its passes, free its slot."""
+            if state["finished"]:
+                return
+            state["finished"] = True
+            if not state["ended"]:
+                server.m_cancelled.inc()
+            server.pool.submit(stream.close)  # not awaited: a cancelled task cannot await
+            server.release()
 
         async def pieces():
-            """float32 pieces from the SpeechStream, read in a worker thread; closing it on the
-            way out (client gone, error, end) cancels the remaining passes."""
-            first, ended = True, False
-            try:
-                while True:
-                    x = await in_thread(next, stream, None)
-                    if x is None:
-                        ended = True
-                        return
-                    if first:
-                        server.m_ttfb.observe(time.perf_counter() - t0)
-                        first = False
-                    yield x
-            finally:
-                if not ended:
-                    server.m_cancelled.inc()
-                # Not awaited: a cancelled task cannot await; close() stops the passes.
-                server.pool.submit(stream.close)
+            """float32 pieces from the SpeechStream, read in a worker thread."""
+            while True:
+                x = await in_thread(next, stream, None)
+                if x is None:
+                    state["ended"] = True
+                    server.m_rtf.observe((time.perf_counter() - t0) / max(state["audio_s"], 1e-9))
+                    return
+                if state["ttfb"] is None:
+                    state["ttfb"] = time.perf_counter() - t0
+                    server.m_ttfb.observe(state["ttfb"])
+                state["audio_s"] += len(x) / SAMPLE_RATE
+                yield x
+
+        async def encoded():
+            if fmt not in ("wav", "pcm"):
+                parts = [x async for x in pieces()]
+                wav = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+                yield await in_thread(encode_audio, wav, fmt)
+                return
+            if fmt == "wav":
+                yield wav_stream_header()
+            async for x in pieces():
+                yield audio.to_pcm16(x).tobytes()
 
         async def audio_body():
             try:
-                if whole:
-                    parts = [x async for x in pieces()]
-                    wav = np.concatenate(parts) if parts else np.zeros(0, np.float32)
-                    yield await in_thread(encode_audio, wav, req["format"])
-                    return
-                if req["format"] == "wav":
-                    yield wav_stream_header()
-                async for x in pieces():
-                    yield audio.to_pcm16(x).tobytes()
+                async for data in encoded():
+                    yield data
             finally:
-                server.release()
+                await finish()
 
         async def sse_body():
-            n = 0
             try:
-                async for x in pieces():
-                    n += len(x)
-                    pcm = audio.to_pcm16(x).tobytes()
+                async for data in encoded():
                     yield {"data": json.dumps({"type": "speech.audio.delta",
-                                               "audio": base64.b64encode(pcm).decode("ascii")})}
-                yield {"data": json.dumps({"type": "speech.audio.done",
-                                           "usage": {"input_tokens": 0, "output_tokens": 0,
-                                                     "total_tokens": 0},
-                                           "audio_seconds": n / SAMPLE_RATE})}
+                                               "audio": base64.b64encode(data).decode("ascii")})}
+                total = time.perf_counter() - t0
+                yield {"data": json.dumps({
+                    "type": "speech.audio.done",
+                    "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0},
+                    "audio_seconds": state["audio_s"],
+                    "timings": {"queue": queued, "ttfb": state["ttfb"], "total": total}})}
             except OmniCoreError as exc:
                 yield {"event": "error", "data": json.dumps(error_body(400, str(exc)))}
             finally:
-                server.release()
+                await finish()
 
-        headers = {"X-Omnicore-Timings": f"start={time.perf_counter() - t0:.4f}"}
+        headers = {"X-Omnicore-Timings": timings_header(
+            {"queue": queued, "start": time.perf_counter() - t0})}
         if req["stream_format"] == "sse":
-            return EventSourceResponse(sse_body(), headers=headers, ping=600)
-        media = "audio/pcm" if req["format"] == "pcm" else FORMATS[req["format"]][2]
-        return StreamingResponse(audio_body(), media_type=media, headers=headers)
+            return EventSourceResponse(sse_body(), headers=headers, ping=600,
+                                       background=BackgroundTask(finish))
+        media = "audio/pcm" if fmt == "pcm" else FORMATS[fmt][2]
+        return StreamingResponse(audio_body(), media_type=media, headers=headers,
+                                 background=BackgroundTask(finish))
 
     @route("voices")
     async def voices_list(request: Request):
@@ -508,6 +594,18 @@ def create_app(server: Server):
                     "created": False} for n, (ins, seed) in PRESET_VOICES.items()
                    if server.voices.get(n) is None]
         return JSONResponse({"object": "list", "data": data + presets})
+
+    def new_voice_name(name) -> str:
+        """A valid name that is neither a voice already (409: DELETE it first) nor one of the
+        preset names, which stay the documented designed voices."""
+        name = VoiceLibrary.check_name(name)
+        if name in PRESET_VOICES:
+            raise HTTPError(409, f"{name!r} is a preset voice (a documented designed voice); "
+                                 "choose another name", "name", "voice_reserved")
+        if server.voices.get(name) is not None:
+            raise HTTPError(409, f"voice {name!r} already exists; DELETE it first to replace it",
+                            "name", "voice_exists")
+        return name
 
     @route("voices")
     async def voices_create(request: Request):
@@ -519,7 +617,7 @@ def create_app(server: Server):
                 raise HTTPError(413, f"upload over {MAX_UPLOAD_BYTES:,} bytes (or of unknown "
                                      "length)", "audio", "upload_too_large")
             async with request.form(max_files=1, max_fields=8) as form:
-                name = VoiceLibrary.check_name(form.get("name"))
+                name = new_voice_name(form.get("name"))
                 ref_text = form.get("ref_text")
                 upload = form.get("audio")
                 if upload is None or isinstance(upload, str):
@@ -528,9 +626,6 @@ def create_app(server: Server):
                     raise HTTPError(400, "multipart field 'ref_text' (the clip's transcript) is "
                                          "required", "ref_text")
                 data = await upload.read()
-            if server.voices.get(name) is not None:
-                raise HTTPError(409, f"voice {name!r} already exists; DELETE it first", "name",
-                                "voice_exists")
 
             def work():
                 import soundfile as sf
@@ -543,7 +638,7 @@ def create_app(server: Server):
             body = await read_json(request)
             if not isinstance(body, dict):
                 raise HTTPError(400, "the request body must be a JSON object")
-            name = VoiceLibrary.check_name(body.get("name"))
+            name = new_voice_name(body.get("name"))
             instruct = _field(body, "instruct", str, None)
             if not instruct:
                 raise HTTPError(400, "a designed voice needs 'instruct' (or upload a clip as "
@@ -552,18 +647,20 @@ def create_app(server: Server):
             language = _field(body, "language", str, None)
             sample = _field(body, "text", str, None)
             num_step = _field(body, "num_step", int, 32, check=lambda v: 1 <= v <= 1000)
-            if server.voices.get(name) is not None:
-                raise HTTPError(409, f"voice {name!r} already exists; DELETE it first", "name",
-                                "voice_exists")
 
             def work():
                 return server.designed_voice(instruct, seed, language, sample, cancelled, num_step)
-        await server.admit()
+        gone = watch_disconnect(request)
         try:
-            prompt = await until_done(request, asyncio.wrap_future(server.pool.submit(work)), cancelled)
+            await server.admit(gone)
+            try:
+                prompt = await until_done(gone, asyncio.wrap_future(server.pool.submit(work)),
+                                          cancelled)
+            finally:
+                server.release()
         finally:
-            server.release()
-        server.voices.add(name, prompt)
+            gone.cancel()
+        server.voices.add(name, prompt)  # 409 if another request took the name meanwhile
         return JSONResponse(describe_voice(name, prompt), 201)
 
     @route("voice")
@@ -589,14 +686,16 @@ def create_app(server: Server):
 
     @route("health", needs_auth=False)
     async def health(request: Request):
-        return JSONResponse({"status": "ok", "in_flight": server._in_flight,
-                             "engine_passes": server.engine_passes()})
+        return JSONResponse({"status": "ok", **server.load()})
 
     @route("metrics", needs_auth=False)
     async def metrics(request: Request):
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        server.m_passes.set(server.engine_passes())
+        ld = server.load()
+        server.m_queue.set(ld["queued"])
+        server.m_passes.labels("active").set(ld["engine"]["active_passes"])
+        server.m_passes.labels("waiting").set(ld["engine"]["waiting_passes"])
         return Response(generate_latest(server.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def not_found(request: Request, exc):
@@ -617,18 +716,53 @@ def create_app(server: Server):
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
 
 
+def demo_module():
+    """The Gradio demo (demo/app.py of the source checkout, beside the package), imported for
+    `--ui`; a ConfigError, before any model loads, when it or gradio is missing."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "demo" / "app.py"
+    if not path.is_file():
+        raise ConfigError(f"--ui serves the demo of a source checkout ({path} is missing): "
+                          "install from the repository with pip install -e '.[server,demo]'")
+    if importlib.util.find_spec("gradio") is None:
+        raise ConfigError("--ui needs the demo extra: pip install -e '.[server,demo]'")
+    spec = importlib.util.spec_from_file_location("omnicore_demo_app", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def mount_ui(app, server: Server, demo, model_name: str) -> None:
+    """The demo's Blocks on the server's own model (one model, one engine: its jobs are packed
+    with the API's requests) at /ui. With an API key the page asks for it as the password."""
+    import gradio as gr
+
+    def auth(user: str, password: str) -> bool:
+        return server.authorized(f"Bearer {password}")
+    blocks = demo.build_demo(server.model, model_name, max_queue=server.max_queue)
+    gr.mount_gradio_app(app, blocks, path="/ui",
+                        auth=auth if server.api_key is not None else None,
+                        auth_message="Any user name; the password is the server's API key.",
+                        footer_links=["api", "gradio"], **demo.launch_options())
+
+
 def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir=None,
           api_key: str | None = None, max_queue: int = 16, log_level: str = "warning",
-          max_concurrency: int | None = None) -> None:
-    """Load the model once and serve until interrupted."""
+          max_concurrency: int | None = None, ui: bool = False) -> None:
+    """Load the model once and serve until interrupted (with `ui`, the demo at /ui too)."""
     try:
         import uvicorn
     except ImportError:
         raise ConfigError("the server needs its extra: pip install 'omnicore[server]'") from None
     from . import OmniVoice
 
+    demo = demo_module() if ui else None
     model = OmniVoice.from_pretrained(model_path)
-    server = Server(model, voices_dir, api_key, max_queue, model_name=Path(str(model_path)).name,
+    name = Path(str(model_path)).name
+    server = Server(model, voices_dir, api_key, max_queue, model_name=name,
                     max_concurrency=max_concurrency)
-    uvicorn.run(create_app(server), host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=5)
+    app = create_app(server)
+    if demo is not None:
+        mount_ui(app, server, demo, str(model_path))
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)

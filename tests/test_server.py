@@ -1,6 +1,7 @@
 """`omnicore serve` as a user runs it: a subprocess on a loopback port with the tiny checkpoint,
-driven by the official `openai` client (and httpx for the voice routes). Every body is decoded
-and compared with the same greedy request made in this process through the public API."""
+driven by the official `openai` client (and httpx for the voice routes, gradio_client for the
+demo at /ui). Every body is decoded and compared with the same greedy request made in this
+process through the public API."""
 
 import base64
 import io
@@ -24,6 +25,7 @@ httpx = require_module("httpx")
 sf = require_module("soundfile")
 for _name in ("starlette", "uvicorn", "prometheus_client", "sse_starlette"):  # the server extra
     require_module(_name)
+gradio_client = require_module("gradio_client")  # --ui: the demo extra
 
 from omnicore import OmniVoice, VoiceClonePrompt  # noqa: E402
 from omnicore.audio import to_pcm16  # noqa: E402
@@ -33,6 +35,7 @@ TINY = ROOT / "weights" / "tiny-random"
 # Greedy and short: codes do not depend on what shares the engine's forwards.
 GREEDY = {"num_step": 4, "position_temperature": 0.0}
 KEY = "test-key-123"
+CLIENTS = 20  # concurrent clients; the module's server admits exactly that many
 
 
 def _free_port() -> int:
@@ -79,7 +82,7 @@ def voices_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(voices_dir):
-    proc, url = _start(voices_dir)
+    proc, url = _start(voices_dir, "--max-queue", str(CLIENTS), "--ui")
     yield url
     _stop(proc)
 
@@ -149,6 +152,8 @@ def test_aac_and_bad_requests_are_json_4xx(client, server, clip_voice):
         (dict(voice="nobody", input="Hi."), 404, "nobody"),
         (dict(voice="clip", input="Hi.", extra_body={"num_step": "many"}), 400, "num_step"),
         (dict(voice="clip", input="x" * 20_001), 400, "limit"),
+        # free-form instructions are not OmniVoice's instruct items: the message lists them
+        (dict(voice="clip", input="Hi.", instructions="Speak cheerfully."), 400, "pitch"),
     ]
     for kw, status, word in cases:
         with pytest.raises(openai.APIStatusError) as exc:
@@ -192,10 +197,30 @@ def test_streaming_first_bytes_early_and_same_audio(client, clip_voice, model):
         raw = b"".join(resp.iter_bytes()).decode()
     events = [json.loads(line[5:]) for line in raw.splitlines() if line.startswith("data:")]
     assert events[-1]["type"] == "speech.audio.done"
+    assert events[-1]["audio_seconds"] == pytest.approx(len(want) / 24000)
+    assert 0 < events[-1]["timings"]["ttfb"] < events[-1]["timings"]["total"]
     deltas = [e for e in events[:-1] if e["type"] == "speech.audio.delta"]
     assert len(deltas) == len(events) - 1 >= 2
     pcm = b"".join(base64.b64decode(e["audio"]) for e in deltas)
     _close(np.frombuffer(pcm, "<i2"), want)
+
+    # SSE deltas carry the response_format's bytes: wav piece by piece after its header, the
+    # default mp3 (what an unmodified client gets) as one encoded file at the end.
+    for fmt, pieces in (("wav", len(deltas) + 1), (None, 1)):
+        extra = {} if fmt is None else {"response_format": fmt}
+        with client.audio.speech.with_streaming_response.create(
+                model="omnivoice", voice="clip", input=text, stream_format="sse",
+                extra_body=GREEDY, **extra) as resp:
+            raw = b"".join(resp.iter_bytes()).decode()
+        events = [json.loads(line[5:]) for line in raw.splitlines() if line.startswith("data:")]
+        data = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+        assert len(events) - 1 == pieces and events[-1]["type"] == "speech.audio.done", fmt
+        if fmt == "wav":
+            assert data[:4] == b"RIFF" and data[40:44] == b"\xff\xff\xff\xff"
+            _close(np.frombuffer(data[44:], "<i2"), want)
+        else:
+            got, sr = sf.read(io.BytesIO(data), dtype="float32")
+            assert sr == 24000 and abs(len(got) - len(want)) / sr < 0.15
 
 
 def test_voices_designed_presets_delete_and_names(client, server, voices_dir, model):
@@ -208,6 +233,9 @@ def test_voices_designed_presets_delete_and_names(client, server, voices_dir, mo
     pb = VoiceClonePrompt.load(voices_dir / "des_b.npz")
     np.testing.assert_array_equal(pa.ref_audio_tokens, pb.ref_audio_tokens)  # seeded: same voice
     assert httpx.post(server + "/v1/voices", json={"name": "des_a", **spec}).status_code == 409
+    # A preset's name stays its documented voice: not taken by a created one (even before use).
+    r = httpx.post(server + "/v1/voices", json={"name": "nova", **spec})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "voice_reserved"
 
     # A preset is designed on first use, stored, then reused as is: both texts speak with it.
     for text in ("One sentence for alloy.", "Another, different sentence."):
@@ -240,84 +268,185 @@ def test_voices_designed_presets_delete_and_names(client, server, voices_dir, mo
     assert sorted(p.name for p in voices_dir.iterdir()) == ["alloy.npz", "clip.npz", "des_a.npz"]
 
 
-def test_concurrent_clients_equal_alone(client, clip_voice, model):
-    texts = [f"Request number {i} says {'hello ' * (1 + i % 3)}." for i in range(8)]
-    want = [to_pcm16(model.generate(t, voice_clone_prompt=clip_voice, **GREEDY)[0]) for t in texts]
-    got = [None] * len(texts)
+def _samples(url) -> dict:
+    """/metrics as {(sample name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
+            for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text)
+            for smp in fam.samples}
+
+
+def test_twenty_concurrent_clients_all_answered_as_alone(client, server, clip_voice, model):
+    """CLIENTS clients at once: every one answered with what its request gives alone, and the
+    engine packed them (fewer iterations than the requests' steps, every pass's tokens counted
+    once in the tokens-per-iteration histogram: none lost, none run twice)."""
+    texts = [f"Client {i} says {'hello ' * (1 + i % 4)}." for i in range(CLIENTS)]
+    alone_tokens = []  # per iteration of the requests run alone, here
+    model.engine.trace = lambda ids: alone_tokens.append(model.engine.load().last_tokens)
+    try:
+        want = [to_pcm16(model.generate(t, voice_clone_prompt=clip_voice, **GREEDY)[0]) for t in texts]
+    finally:
+        model.engine.trace = None
+    assert len(alone_tokens) == CLIENTS * GREEDY["num_step"]
+    before = _samples(server)
+    got, errors = [None] * CLIENTS, []
+    start = threading.Barrier(CLIENTS, timeout=60)
 
     def call(i):
-        got[i] = client.audio.speech.create(model="omnivoice", voice="clip", input=texts[i],
-                                            response_format="pcm", extra_body=GREEDY).content
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(texts))]
+        start.wait()
+        try:
+            got[i] = client.audio.speech.create(model="omnivoice", voice="clip", input=texts[i],
+                                                response_format="pcm", extra_body=GREEDY).content
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(CLIENTS)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(180)
+        t.join(300)
+    assert not errors, errors
     for g, w in zip(got, want):
         assert g is not None
         _close(np.frombuffer(g, "<i2"), w)
+    after = _samples(server)
+    hist = "omnicore_engine_tokens_per_iteration"
+    iterations = after[(hist + "_count", ())] - before[(hist + "_count", ())]
+    assert after[(hist + "_sum", ())] - before[(hist + "_sum", ())] == sum(alone_tokens)
+    assert iterations <= len(alone_tokens) / 2, iterations  # packed, not one after another
+    ok = ("omnicore_requests_total", (("route", "speech"), ("status", "200")))
+    assert after[ok] - before.get(ok, 0) == CLIENTS
+
+
+def test_ui_runs_on_the_servers_model_and_engine(server):
+    """--ui: the demo at /ui answers, and its job runs on the server's own engine (the API's
+    /health counts its iterations), with what the API gives for the same settings."""
+    assert httpx.get(server + "/ui/", timeout=30).status_code == 200
+    settings = dict(num_step=4, seed=3, position_temperature=0.0)
+    before = httpx.get(server + "/health").json()["engine"]["iterations"]
+    ui = gradio_client.Client(server + "/ui/", verbose=False)
+    wav_path, *_ = ui.predict(text="Hello from the page.", api_name="/auto", **settings)
+    assert httpx.get(server + "/health").json()["engine"]["iterations"] == before + 4
+    page, sr = sf.read(wav_path, dtype="int16")
+    api = httpx.post(server + "/v1/audio/speech", timeout=60, json={
+        "input": "Hello from the page.", "response_format": "pcm", **settings})
+    assert api.status_code == 200 and sr == 24000
+    _close(page, np.frombuffer(api.content, "<i2"))
 
 
 def test_models_health_metrics(server, client):
     assert "tts-1" in {m.id for m in client.models.list()}
-    assert httpx.get(server + "/health").json()["status"] == "ok"
-    text = httpx.get(server + "/metrics").text
-    assert 'omnicore_requests_total{route="speech",status="200"}' in text
-    assert 'omnicore_requests_total{route="speech",status="400"}' in text
-    assert "omnicore_ttfb_seconds_bucket" in text and "omnicore_engine_passes" in text
+    health = httpx.get(server + "/health").json()
+    assert health["status"] == "ok" and health["in_flight"] == health["queued"] == 0
+    assert health["engine"]["iterations"] > 0 and health["engine"]["last_tokens"] > 0
+    assert health["engine_passes"] == health["engine"]["active_passes"] == 0
+    got = _samples(server)
+    assert got[("omnicore_requests_total", (("route", "speech"), ("status", "200")))] > 0
+    assert got[("omnicore_requests_total", (("route", "speech"), ("status", "400")))] > 0
+    assert got[("omnicore_engine_passes", (("state", "active"),))] == 0
+    assert got[("omnicore_queue_depth", ())] == 0
+    assert got[("omnicore_engine_tokens_per_iteration_count", ())] == health["engine"]["iterations"]
+    # Streams are timed too: the streaming test's requests count in TTFB and RTF.
+    assert got[("omnicore_rtf_count", ())] == got[("omnicore_ttfb_seconds_count", ())] > 0
+
+
+def _raw_post(url: str, body: dict, headers: dict) -> socket.socket:
+    """A speech POST on a socket the test closes when it likes: a client that goes away."""
+    host, port = url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(f"POST /v1/audio/speech HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
+                 f"application/json\r\nContent-Length: {len(data)}\r\n{head}\r\n".encode() + data)
+    return sock
+
+
+def _health_until(url: str, ok, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        h = httpx.get(url + "/health", timeout=10).json()
+        if ok(h) or time.monotonic() > deadline:
+            return h
+        time.sleep(0.01)
+
+
+def _leaves_within_steps(url: str, sock_or_close) -> None:
+    """Close a client's connection while its passes are in the engine: they are gone within
+    a step or two (the step in progress, and the one the engine may have begun before the
+    cancel reached it; one more for the time the close takes to reach the server)."""
+    h = _health_until(url, lambda h: h["engine"]["active_passes"] > 0)
+    assert h["engine"]["active_passes"] > 0, h
+    sock_or_close()
+    after = _health_until(url, lambda h: h["engine_passes"] == 0)
+    assert after["engine_passes"] == 0, after
+    assert after["engine"]["iterations"] - h["engine"]["iterations"] <= 3, (h, after)
 
 
 def test_restart_auth_queue_and_disconnect(voices_dir, clip_voice):
-    # A second server on the same folder: voices persist; a key is required; one slot only.
-    proc, url = _start(voices_dir, "--api-key", KEY, "--max-queue", "1", "--max-concurrency", "1")
+    # A second server on the same folder: voices persist; a key is required (the page at /ui
+    # asks for it too); one request synthesises at a time, one more may wait.
+    proc, url = _start(voices_dir, "--api-key", KEY, "--max-queue", "2", "--max-concurrency", "1",
+                       "--ui")
     try:
         auth = {"Authorization": f"Bearer {KEY}"}
         r = httpx.get(url + "/v1/voices", timeout=30)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
-        assert httpx.get(url + "/v1/voices", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert r.headers["www-authenticate"] == "Bearer"
+        for wrong in ("Bearer wrong", f"Bearer {KEY}x", KEY, f"Basic {KEY}", f"Bearer {KEY[:-1]}"):
+            assert httpx.get(url + "/v1/voices", headers={"Authorization": wrong}).status_code == 401
+        assert httpx.get(url + "/v1/voices", headers={"Authorization": f"bearer {KEY}"}).status_code == 200
         names = {v["id"] for v in httpx.get(url + "/v1/voices", headers=auth).json()["data"]}
         stored = {p.stem for p in voices_dir.glob("*.npz")}
         assert "clip" in stored and stored <= names
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=url + "/v1", api_key="nope", max_retries=0).audio.speech.create(
                 model="tts-1", voice="clip", input="Hi.")
+        assert httpx.get(url + "/ui/gradio_api/login_check").status_code == 401
+        assert httpx.post(url + "/ui/login", data={"username": "me", "password": "no"}).status_code == 400
+        page = httpx.Client(base_url=url)
+        assert page.post("/ui/login", data={"username": "me", "password": KEY}).json()["success"]
+        assert page.get("/ui/gradio_api/login_check").status_code == 200
 
-        # Hold the one slot with a stream, then overflow -> 429 with Retry-After.
+        # A stream holds the one slot; a second request waits for it, a third is refused.
         long_text = " ".join(f"Sentence {i} of a long story." for i in range(12))
         body = {"input": long_text, "voice": "clip", "response_format": "pcm",
-                "stream_format": "audio", "num_step": 16}
+                "stream_format": "audio", "num_step": 64}
         with httpx.stream("POST", url + "/v1/audio/speech", json=body, headers=auth, timeout=60) as r:
             assert r.status_code == 200
             parts = r.iter_bytes()  # kept: dropping the iterator would close the response
             assert next(parts)  # first audio is out; the rest is still being made
+            waiting = _raw_post(url, {"input": "Hi.", "voice": "clip", **GREEDY}, auth)
+            assert _health_until(url, lambda h: h["queued"] == 1)["queued"] == 1
+            assert _samples(url)[("omnicore_queue_depth", ())] == 1
             over = httpx.post(url + "/v1/audio/speech", headers=auth, timeout=30,
                               json={"input": "Hi.", "voice": "clip"})
-            assert over.status_code == 429 and over.headers["retry-after"]
+            assert over.status_code == 429 and over.headers["retry-after"] == "1"
             assert over.json()["error"]["type"] == "rate_limit_error"
-        # Leaving the block closed the connection: the stream is cancelled, its slot freed.
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            h = httpx.get(url + "/health").json()
-            if h["in_flight"] == 0 and h["engine_passes"] == 0:
-                break
-            time.sleep(0.2)
-        assert h["in_flight"] == 0 and h["engine_passes"] == 0, h
-        assert "omnicore_streams_cancelled_total 1.0" in httpx.get(url + "/metrics").text
-        # A whole-file request whose client gives up is cancelled too (answered 499, slot freed).
-        with pytest.raises(httpx.TimeoutException):
-            httpx.post(url + "/v1/audio/speech", headers=auth, timeout=1.5,
-                       json={"input": long_text, "voice": "clip", "num_step": 64})
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if 'route="speech",status="499"' in httpx.get(url + "/metrics").text:
-                break
-            time.sleep(0.2)
-        assert 'omnicore_requests_total{route="speech",status="499"} 1.0' in httpx.get(url + "/metrics").text
-        assert httpx.get(url + "/health").json()["in_flight"] == 0
+            # The waiting client leaves: it never runs (499), the stream goes on.
+            waiting.close()
+            h = _health_until(url, lambda h: h["queued"] == 0 and h["in_flight"] == 1)
+            assert h["queued"] == 0 and h["in_flight"] == 1, h
+            # Leaving the block closes the connection: the stream's passes are cancelled.
+            _leaves_within_steps(url, r.close)
+        h = _health_until(url, lambda h: h["in_flight"] == 0)
+        assert h["in_flight"] == 0, h
+        got = _samples(url)
+        assert got[("omnicore_streams_cancelled_total", ())] == 1
+        # A whole-file request whose client goes away mid-way is cancelled too (499).
+        sock = _raw_post(url, {"input": long_text, "voice": "clip", "num_step": 64}, auth)
+        _leaves_within_steps(url, sock.close)
+        h = _health_until(url, lambda h: h["in_flight"] == 0)
+        assert h["in_flight"] == 0, h
+        got = _samples(url)
+        assert got[("omnicore_requests_total", (("route", "speech"), ("status", "499")))] == 2
+        assert got[("omnicore_requests_total", (("route", "speech"), ("status", "429")))] == 1
         r = httpx.post(url + "/v1/audio/speech", headers=auth, timeout=60,
                        json={"input": "Hi.", "voice": "clip", "response_format": "wav", **GREEDY})
         assert r.status_code == 200 and r.content[:4] == b"RIFF"
-        assert "unmask=" in r.headers["x-omnicore-timings"]
+        timings = dict(kv.split("=") for kv in r.headers["x-omnicore-timings"].split(", "))
+        assert {"queue", "prepare", "unmask", "decode", "total"} <= set(timings)
+        assert float(timings["total"]) >= float(timings["unmask"]) > 0
+        assert float(r.headers["x-omnicore-audio-seconds"]) > 0
     finally:
         _stop(proc)
 
