@@ -8,8 +8,10 @@ packed into shared forwards) vs the same server limited to one request at a time
 --model defaults to $OMNICORE_BENCH_MODEL, else weights/tiny-random. Each client sends its
 requests one after another as streamed 16-bit PCM (`stream_format: audio`), greedy settings and
 a fixed duration, so both servers do the same work. Per request: time to first byte (TTFB) and
-latency (last byte); per run: throughput in audio seconds per wall second. Bounded: a run that
-exceeds --timeout is reported as such.
+latency (last byte), both from the request's start, so waiting for the one slot counts; per
+run: throughput in audio seconds per wall second, and from the server's /metrics the engine
+iterations it ran and the tokens it packed per iteration. Bounded: at most 64 clients, and a
+run stops waiting after --timeout seconds (its unfinished requests are counted, not timed).
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
+MAX_CLIENTS = 64
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs into the quiet forest."
 
 
@@ -69,31 +73,50 @@ def one(url: str, body: dict, timeout: float) -> tuple[float, float, float]:
     return ttfb or 0.0, time.perf_counter() - t0, n / 2 / 24000
 
 
+def engine_counts(url: str) -> tuple[float, float]:
+    """(iterations, tokens packed) the server's engine has run so far, from /metrics."""
+    got = {smp.name: smp.value
+           for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text)
+           for smp in fam.samples if not smp.labels}
+    return (got["omnicore_engine_tokens_per_iteration_count"],
+            got["omnicore_engine_tokens_per_iteration_sum"])
+
+
 def run(url: str, clients: int, requests: int, steps: int, timeout: float) -> dict:
     body = {"input": TEXT, "voice": None, "response_format": "pcm", "stream_format": "audio",
             "num_step": steps, "position_temperature": 0.0, "duration": 4.0}
     one(url, dict(body, num_step=1), timeout)  # warm-up: compile and load outside the timing
     results, errors = [], []
+    iterations0, tokens0 = engine_counts(url)
+    t0 = time.perf_counter()
+    deadline = t0 + timeout
 
     def client():
         for _ in range(requests):
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return
             try:
-                results.append(one(url, body, timeout))
+                results.append(one(url, body, left))
             except Exception as exc:  # noqa: BLE001 - counted, not fatal
                 errors.append(repr(exc))
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout)
+        t.join(max(0.0, deadline - time.perf_counter()))
     wall = time.perf_counter() - t0
+    iterations1, tokens1 = engine_counts(url)
+    results, errors = list(results), list(errors)  # late threads may still append
     res = np.array(results) if results else np.zeros((0, 3))
     pct = (lambda col, q: float(np.percentile(res[:, col], q)) if len(res) else float("nan"))
-    return {"requests": len(results), "errors": len(errors), "wall_s": wall,
+    iterations = iterations1 - iterations0
+    return {"requests": len(results), "errors": len(errors),
+            "unfinished": clients * requests - len(results) - len(errors), "wall_s": wall,
             "throughput": float(res[:, 2].sum() / wall) if len(res) else 0.0,
             "p50_latency": pct(1, 50), "p95_latency": pct(1, 95),
-            "p50_ttfb": pct(0, 50), "p95_ttfb": pct(0, 95)}
+            "p50_ttfb": pct(0, 50), "p95_ttfb": pct(0, 95), "iterations": int(iterations),
+            "tokens_per_iteration": (tokens1 - tokens0) / iterations if iterations else 0.0}
 
 
 def main() -> int:
@@ -103,9 +126,12 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--requests", type=int, default=2, help="requests per client")
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--timeout", type=float, default=300.0,
+                    help="seconds each server's run may take (default %(default)s)")
     ap.add_argument("--markdown", help="also write the table to this file")
     args = ap.parse_args()
+    if not 1 <= args.clients <= MAX_CLIENTS or args.requests < 1 or args.steps < 1:
+        ap.error(f"--clients must be 1..{MAX_CLIENTS}; --requests and --steps at least 1")
     import tempfile
 
     rows = []
@@ -122,12 +148,14 @@ def main() -> int:
         print(name, r, file=sys.stderr)
     lines = [f"{args.clients} clients x {args.requests} requests, {args.steps} steps, 4 s each, "
              f"model {Path(args.model).name}", "",
-             "| server | requests (errors) | throughput (audio s / s) | p50 / p95 latency (s) | "
-             "p50 / p95 TTFB (s) |", "|---|---|---|---|---|"]
+             "| server | requests (errors, unfinished) | throughput (audio s / s) | "
+             "p50 / p95 latency (s) | p50 / p95 TTFB (s) | engine iterations | tokens / iteration |",
+             "|---|---|---|---|---|---|---|"]
     for name, r in rows:
-        lines.append(f"| {name} | {r['requests']} ({r['errors']}) | {r['throughput']:.2f} | "
-                     f"{r['p50_latency']:.2f} / {r['p95_latency']:.2f} | "
-                     f"{r['p50_ttfb']:.2f} / {r['p95_ttfb']:.2f} |")
+        lines.append(f"| {name} | {r['requests']} ({r['errors']}, {r['unfinished']}) | "
+                     f"{r['throughput']:.2f} | {r['p50_latency']:.2f} / {r['p95_latency']:.2f} | "
+                     f"{r['p50_ttfb']:.2f} / {r['p95_ttfb']:.2f} | {r['iterations']} | "
+                     f"{r['tokens_per_iteration']:.0f} |")
     print("\n".join(lines))
     if args.markdown:
         Path(args.markdown).write_text("\n".join(lines) + "\n")
