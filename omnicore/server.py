@@ -104,6 +104,65 @@ def encode_audio(wav: np.ndarray, fmt: str, sr: int = SAMPLE_RATE) -> bytes:
     return buf.getvalue()
 
 
+class _Sink:
+    """A seekable in-memory file for libsndfile that notes a write before `given`, the bytes
+    already handed out (a stream cannot take those back)."""
+
+    def __init__(self):
+        self.buf, self.pos, self.given, self.rewrote = bytearray(), 0, 0, False
+
+    def write(self, data) -> int:
+        data = bytes(data)
+        self.rewrote |= self.pos < self.given
+        self.buf[self.pos:self.pos + len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self.buf) if n is None or n < 0 else self.pos + n
+        data = bytes(self.buf[self.pos:end])
+        self.pos += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = offset + (0, self.pos, len(self.buf))[whence]
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+
+class OpusStream:
+    """Ogg Opus encoded piece by piece: libsndfile writes its pages as they fill and never goes
+    back, so the bytes handed out so far are those of the whole file. (Its mp3 and flac writers
+    rewrite their header at the end, and a header left as first written makes libsndfile misjudge
+    the length: those formats are encoded whole.)"""
+
+    def __init__(self, sr: int = SAMPLE_RATE):
+        import soundfile as sf
+
+        container, subtype, _ = FORMATS["opus"]
+        self._sink = _Sink()
+        self._file = sf.SoundFile(self._sink, "w", sr, 1, format=container, subtype=subtype)
+
+    def _take(self) -> bytes:
+        if self._sink.rewrote:
+            raise AudioError("the opus encoder rewrote bytes that were already sent")
+        data = bytes(self._sink.buf[self._sink.given:])
+        self._sink.given = len(self._sink.buf)
+        return data
+
+    def write(self, wav: np.ndarray) -> bytes:
+        """Encode a piece; returns the bytes that are final now (maybe none)."""
+        self._file.write(np.clip(np.asarray(wav, np.float32), -1.0, 1.0))
+        return self._take()
+
+    def close(self) -> bytes:
+        """The rest of the file."""
+        self._file.close()
+        return self._take()
+
+
 class VoiceLibrary:
     """Named voice prompts in a folder (`<name>.npz`, or a `<name>.pt` saved by the reference's
     VoiceClonePrompt.save), loaded at start; thread-safe. New voices are written as .npz."""
@@ -509,9 +568,9 @@ def create_app(server: Server):
         return stream_response(req, stream, t0, queued)
 
     def stream_response(req, stream, t0: float, queued: float):
-        """The stream's body in the response format: wav and pcm leave piece by piece (wav with
-        a header of unknown sizes first); mp3, opus and flac are encoded once, at the end, since
-        their encoders here write whole files. SSE carries the same bytes, base64, per event."""
+        """The stream's body in the response format: wav, pcm and opus leave piece by piece (wav
+        with a header of unknown sizes first); mp3 and flac are encoded once, at the end (see
+        OpusStream). SSE carries the same bytes, base64, per event."""
         from sse_starlette.sse import EventSourceResponse
         from starlette.background import BackgroundTask
 
@@ -545,6 +604,14 @@ def create_app(server: Server):
                 yield x
 
         async def encoded():
+            if fmt == "opus":
+                enc = OpusStream()
+                async for x in pieces():
+                    data = await in_thread(enc.write, x)
+                    if data:
+                        yield data
+                yield await in_thread(enc.close)
+                return
             if fmt not in ("wav", "pcm"):
                 parts = [x async for x in pieces()]
                 wav = np.concatenate(parts) if parts else np.zeros(0, np.float32)

@@ -29,6 +29,7 @@ gradio_client = require_module("gradio_client")  # --ui: the demo extra
 
 from omnicore import OmniVoice, VoiceClonePrompt  # noqa: E402
 from omnicore.audio import to_pcm16  # noqa: E402
+from omnicore.server import encode_audio  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "weights" / "tiny-random"
@@ -174,8 +175,8 @@ def test_aac_and_bad_requests_are_json_4xx(client, server, clip_voice):
 def test_streaming_first_bytes_early_and_same_audio(client, clip_voice, model):
     text = ("The first sentence is short. The second sentence comes after it and is longer. "
             "A third sentence closes the little story.")
-    want = np.concatenate([to_pcm16(x) for x in model.stream(text, voice_clone_prompt=clip_voice,
-                                                              **GREEDY)])
+    pieces = list(model.stream(text, voice_clone_prompt=clip_voice, **GREEDY))
+    want = np.concatenate([to_pcm16(x) for x in pieces])
     t0 = time.perf_counter()
     arrivals, body = [], b""
     with client.audio.speech.with_streaming_response.create(
@@ -204,9 +205,24 @@ def test_streaming_first_bytes_early_and_same_audio(client, clip_voice, model):
     pcm = b"".join(base64.b64decode(e["audio"]) for e in deltas)
     _close(np.frombuffer(pcm, "<i2"), want)
 
+    # Opus leaves piece by piece too, and decodes as the whole stream's audio encoded at once.
+    t0 = time.perf_counter()
+    arrivals, body = [], b""
+    with client.audio.speech.with_streaming_response.create(
+            model="omnivoice", voice="clip", input=text, response_format="opus",
+            stream_format="audio", extra_body=GREEDY) as resp:
+        for part in resp.iter_bytes():
+            arrivals.append(time.perf_counter() - t0)
+            body += part
+    assert body[:4] == b"OggS" and arrivals[0] < time.perf_counter() - t0 - 0.2, arrivals
+    got, sr = sf.read(io.BytesIO(body), dtype="float32")
+    whole, _ = sf.read(io.BytesIO(encode_audio(np.concatenate(pieces), "opus")), dtype="float32")
+    assert sr == 24000 and got.shape == whole.shape
+    assert np.abs(got - whole).max() < 0.02
+
     # SSE deltas carry the response_format's bytes: wav piece by piece after its header, the
     # default mp3 (what an unmodified client gets) as one encoded file at the end.
-    for fmt, pieces in (("wav", len(deltas) + 1), (None, 1)):
+    for fmt, n_deltas in (("wav", len(deltas) + 1), (None, 1)):
         extra = {} if fmt is None else {"response_format": fmt}
         with client.audio.speech.with_streaming_response.create(
                 model="omnivoice", voice="clip", input=text, stream_format="sse",
@@ -214,7 +230,7 @@ def test_streaming_first_bytes_early_and_same_audio(client, clip_voice, model):
             raw = b"".join(resp.iter_bytes()).decode()
         events = [json.loads(line[5:]) for line in raw.splitlines() if line.startswith("data:")]
         data = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
-        assert len(events) - 1 == pieces and events[-1]["type"] == "speech.audio.done", fmt
+        assert len(events) - 1 == n_deltas and events[-1]["type"] == "speech.audio.done", fmt
         if fmt == "wav":
             assert data[:4] == b"RIFF" and data[40:44] == b"\xff\xff\xff\xff"
             _close(np.frombuffer(data[44:], "<i2"), want)
