@@ -832,7 +832,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible speech server (pip install 'omnicore[server]')",
                         description="Serve POST /v1/audio/speech (OpenAI's API), a voice library, "
-                                    "/v1/models, /health and /metrics from one model.")
+                                    "/v1/models, /health and /metrics (and with --ui the demo at "
+                                    "/ui) from one model.")
     model_opts(sv)
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     sv.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")

@@ -265,9 +265,11 @@ class Server:
                                   "engine iteration (every row of every pass it ran)",
                                   buckets=TOKEN_BUCKETS, registry=self.registry)
         self.m_ttfb = Histogram("omnicore_ttfb_seconds", "time to the first audio byte",
-                                buckets=(.05, .1, .25, .5, 1, 2, 5, 10, 30, 60), registry=self.registry)
+                                buckets=(.05, .1, .25, .5, 1, 2, 5, 10, 30, 60, 120, 300),
+                                registry=self.registry)
+        # Up to 50: full size on a few CPU cores runs at RTF 4-16.
         self.m_rtf = Histogram("omnicore_rtf", "synthesis seconds per audio second",
-                               buckets=(.05, .1, .25, .5, 1, 2, 5, 10), registry=self.registry)
+                               buckets=(.05, .1, .25, .5, 1, 2, 5, 10, 20, 50), registry=self.registry)
         self.m_cancelled = Counter("omnicore_streams_cancelled", "streams closed before their end "
                                    "(client gone or an error): their passes were cancelled", registry=self.registry)
         # Every iteration is observed on the engine thread, right after it ran (a scrape-time
