@@ -354,8 +354,13 @@ def test_ui_runs_on_the_servers_model_and_engine(server):
     _close(page, np.frombuffer(api.content, "<i2"))
 
 
-def test_models_health_metrics(server, client):
+def test_models_health_metrics(server, client, clip_voice):
     assert "tts-1" in {m.id for m in client.models.list()}
+    assert httpx.post(server + "/v1/audio/speech", json={"input": ""}).status_code == 400
+    with client.audio.speech.with_streaming_response.create(  # a stream: timed too
+            model="omnivoice", voice="clip", input="Hi.", response_format="pcm",
+            stream_format="audio", extra_body=GREEDY) as resp:
+        assert resp.read()
     health = httpx.get(server + "/health").json()
     assert health["status"] == "ok" and health["in_flight"] == health["queued"] == 0
     assert health["engine"]["iterations"] > 0 and health["engine"]["last_tokens"] > 0
@@ -366,7 +371,7 @@ def test_models_health_metrics(server, client):
     assert got[("omnicore_engine_passes", (("state", "active"),))] == 0
     assert got[("omnicore_queue_depth", ())] == 0
     assert got[("omnicore_engine_tokens_per_iteration_count", ())] == health["engine"]["iterations"]
-    # Streams are timed too: the streaming test's requests count in TTFB and RTF.
+    # Every speech request, streamed or not, counts once in TTFB and once in RTF.
     assert got[("omnicore_rtf_count", ())] == got[("omnicore_ttfb_seconds_count", ())] > 0
 
 
