@@ -961,42 +961,9 @@ _bias_residual_nb, _bias_residual_nb_par = _twice(_bias_residual_impl)
 # per-tap GEMMs, which BLAS already runs near its peak there (measured: benchmarks/README.md).
 _RES_UNIT_MAX_C = 256
 
-
-def _l2_cache_bytes(cpu: int = 0) -> int | None:
-    """Size of the level-2 cache of `cpu` from sysfs (None where it is not exposed)."""
-    base = f"/sys/devices/system/cpu/cpu{cpu}/cache"
-    try:
-        entries = os.listdir(base)
-    except OSError:
-        return None
-    for e in sorted(entries):
-        try:
-            with open(f"{base}/{e}/level") as f:
-                if f.read().strip() != "2":
-                    continue
-            with open(f"{base}/{e}/size") as f:
-                size = f.read().strip().upper()
-        except OSError:
-            continue
-        unit = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
-        try:
-            return int(size.rstrip("KM")) * unit
-        except ValueError:
-            return None
-    return None
-
-
-def _res_unit_chunk_bytes(l2: int | None) -> int:
-    """im2col chunk of the narrow residual units: about 4x the per-core L2 cache measured best
-    on both CPU families (2 MB with Zen 3's 512 KB L2, 8 MB with Sapphire Rapids' 2 MB), within
-    1..16 MB; 8 MB when the cache size is unknown (measurements: benchmarks/README.md)."""
-    if not l2:
-        return 1 << 23
-    return max(1 << 20, min(1 << 24, 4 * l2))
-
-
-# The row cap keeps very narrow layers (tiny test models) from computing mostly padding.
-_RES_UNIT_CHUNK_BYTES = _res_unit_chunk_bytes(_l2_cache_bytes())
+# im2col chunk size (bigger GEMMs pay with BLAS on 2 threads, up to about this); the row cap
+# keeps very narrow layers (tiny test models) from computing mostly padding.
+_RES_UNIT_CHUNK_BYTES = 1 << 23
 _RES_UNIT_MAX_ROWS = 16384
 
 
