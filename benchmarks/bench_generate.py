@@ -10,6 +10,10 @@ Both sides get the same thread count (torch.set_num_threads, OpenBLAS, MKL and N
 the same texts, fixed durations and greedy settings (position and class temperature 0), so
 they do exactly the same work and must produce the same codes; the script checks that.
 
+Every timed line is warm: each side first makes one untimed call of generate, decode and encode
+(loading, Numba compilation, first touch of the weights, omnicore's encoder half); those first
+calls are reported as their own "first use" lines.
+
 Lines of the table (each alternates omnicore and the reference; ratio = omnicore / reference):
   backbone step    median over the forward passes of a real 5 s generate (cond + uncond rows),
                    with the GFLOP each side actually computes (the reference pads the
@@ -18,7 +22,13 @@ Lines of the table (each alternates omnicore and the reference; ratio = omnicore
                    BLAS takes for exactly the GEMMs of that forward pass, measured here.
   scoring          per step: everything between two forward passes (guidance log-softmaxes,
                    token choice, cell selection, id updates).
-  decode           codec decode of 10 s of codes; encode: a 5 s speech clip.
+  decode           codec decode of 10 s of codes; encode: a 5 s speech clip. With the GFLOP of
+                   the codec's GEMMs (convolutions as im2col / polyphase GEMMs, HuBERT, RVQ),
+                   GFLOP/s, % of the physical peak and % of the numpy sgemm roofline for those
+                   GEMM shapes (roofline.codec_*_gemms).
+  physical peak    cores x FMA units x fp32 SIMD lanes x 2 x clock of this machine, found at run
+                   time (roofline.physical_peak; the line says how); GEMM-bound lines show their
+                   GFLOP/s as % of it.
   generate         full generate() (prepare, unmask, decode, post-process) for 5 s and 10 s
                    targets at 32 and 16 steps; RTF = wall time / audio seconds.
   peak RSS         each side alone in a child process (`--only omnicore|reference`) generating
@@ -73,7 +83,8 @@ for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS", "NUMBA
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
-from roofline import sgemm_roofline_seconds  # noqa: E402
+from roofline import (codec_decode_gemms, codec_encode_gemms, gemm_flops, physical_peak,  # noqa: E402
+                      sgemm_roofline_seconds, sgemm_seconds)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,7 +153,7 @@ class OmnicoreSide:
         """-> (wall s, others, codes [8, T], forward times, scoring times, rows, heads positions)."""
         um = self.um
         fwd, marks, info = [], [], {}
-        orig_fwd, orig_gen = um.forward_rows, um.generate_codes
+        orig_fwd, orig_it = um.forward_rows, um.iterate
 
         def forward_rows(params, cfg, ids, audio_mask, pack, num_out, **kw):
             t0 = time.perf_counter()
@@ -151,18 +162,20 @@ class OmnicoreSide:
             info["rows"], info["heads"] = list(pack.lengths), int(sum(num_out))
             return out
 
-        def generate_codes(*a, **k):
-            res = orig_gen(*a, **k)
+        # The engine thread runs every step as unmasking.iterate (forward + scoring + fill):
+        # the end of the last one ends the unmasking loop.
+        def iterate(params, cfg, states, *a, **k):
+            res = orig_it(params, cfg, states, *a, **k)
             marks.append(time.perf_counter())
-            info["codes"] = (res[0] if isinstance(res, tuple) else res)[0]
+            info["codes"] = states[0].codes()
             return res
 
-        um.forward_rows, um.generate_codes = forward_rows, generate_codes
+        um.forward_rows, um.iterate = forward_rows, iterate
         try:
             with Timer() as t:
                 self.model.generate(text, language="en", duration=seconds, num_step=steps, **GREEDY)
         finally:
-            um.forward_rows, um.generate_codes = orig_fwd, orig_gen
+            um.forward_rows, um.iterate = orig_fwd, orig_it
         return _step_stats(t, fwd, marks[-1], info)
 
     def decode(self, codes):
@@ -325,8 +338,30 @@ def main():
     omni = OmnicoreSide(ARGS.model)
     ref = ReferenceSide(ARGS.model)
     log(f"loaded: omnicore {omni.load_s:.1f} s, reference {ref.load_s:.1f} s")
-    omni.generate(TEXTS[5], 1.0, 2)  # warm-up: Numba kernels, first-touch of the weights
-    ref.generate(TEXTS[5], 1.0, 2)
+
+    # Codec inputs (the same for every call, warm-up included)
+    rng = np.random.default_rng(0)
+    codes10 = rng.integers(0, 1024, (8, 250))
+    import soundfile as sf
+
+    clip, sr = sf.read(ROOT / "tests/fixtures/audio/speech_24k.wav", dtype="float32")
+    assert sr == 24000
+    clip = np.tile(clip, int(np.ceil(5 * sr / len(clip))))[:5 * sr]
+
+    # First use, one untimed-for-the-table call per side and path: Numba compilation (or its
+    # cache), first touch of the weights, omnicore's encoder half. Reported on their own lines.
+    first = {}
+    for side in (omni, ref):
+        with Timer() as t:
+            side.generate(TEXTS[5], 1.0, 2)
+        first[(side.name, "generate")] = t.wall
+        with Timer() as t:
+            side.decode(codes10)
+        first[(side.name, "decode")] = t.wall
+        with Timer() as t:
+            side.encode(clip)
+        first[(side.name, "encode")] = t.wall
+    log("first use: " + ", ".join(f"{k[0]} {k[1]} {v:.2f} s" for k, v in first.items()))
 
     gens = {}
     for i, (sec, steps) in enumerate(cases):
@@ -352,9 +387,7 @@ def main():
         ref.torch.set_num_threads(ARGS.threads)
     self_agree = float((self_codes == gens[(5, 16)][1]["codes"]).mean())
 
-    # Codec lines
-    rng = np.random.default_rng(0)
-    codes10 = rng.integers(0, 1024, (8, 250))
+    # Codec lines (warm: both sides decoded and encoded once above)
     log("decode ...")
     dec_o, dec_r = [], []
     for i in range(repeats):
@@ -367,11 +400,6 @@ def main():
             else:
                 wb = w
     dec_err = float(np.abs(wa - wb).max() / np.abs(wb).max())
-    import soundfile as sf
-
-    clip, sr = sf.read(ROOT / "tests/fixtures/audio/speech_24k.wav", dtype="float32")
-    assert sr == 24000
-    clip = np.tile(clip, int(np.ceil(5 * sr / len(clip))))[:5 * sr]
     log("encode ...")
     enc_o, enc_r = [], []
     for i in range(repeats):
@@ -397,9 +425,15 @@ def main():
     log("sgemm roofline ...")
     roof_o = sgemm_roofline_seconds(omni.model.params, cfg, go["rows"], go["heads"])
     roof_r = sgemm_roofline_seconds(omni.model.params, cfg, gr["rows"], gr["heads"])
+    ccfg = omni.model.codec.cfg
+    codec_gemms = {"decode": codec_decode_gemms(ccfg, codes10.shape[1]),
+                   "encode": codec_encode_gemms(ccfg, len(clip) + (-len(clip) % ccfg.hop_length))}
+    codec_roof = {k: (gemm_flops(v), sgemm_seconds(v)) for k, v in codec_gemms.items()}
+    peak = physical_peak(ARGS.threads)
 
     report = build_report(desc, ARGS, gens, step_case, flops_o, flops_r, roof_o, roof_r,
-                          dec_o, dec_r, dec_err, enc_o, enc_r, enc_agree, rss, omni, ref, self_agree)
+                          dec_o, dec_r, dec_err, enc_o, enc_r, enc_agree, rss, omni, ref, self_agree,
+                          first, codec_roof, peak)
     print(report)
     if ARGS.markdown:
         ARGS.markdown.write_text(report + "\n")
@@ -414,7 +448,8 @@ def main():
 
 
 def build_report(desc, args, gens, step_case, flo, flr, roof_o, roof_r,
-                 dec_o, dec_r, dec_err, enc_o, enc_r, enc_agree, rss, omni, ref, self_agree):
+                 dec_o, dec_r, dec_err, enc_o, enc_r, enc_agree, rss, omni, ref, self_agree,
+                 first, codec_roof, peak):
     rows = []
     flag = lambda *ts: " (!)" if max(t for t in ts) > 0.10 else ""  # noqa: E731
 
@@ -430,16 +465,26 @@ def build_report(desc, args, gens, step_case, flo, flr, roof_o, roof_r,
     line(f"backbone step, {sec} s target (median of {steps})", fo * 1e3, fr * 1e3, "ms", others=oth)
     line("  GFLOP computed per step", flo / 1e9, flr / 1e9, "", ratio=True)
     line("  GFLOP/s", flo / fo / 1e9, flr / fr / 1e9, "", ratio=True)
+    peak_gf, peak_how = peak
+    if peak_gf:
+        line("  % of the physical fp32 peak", 100 * flo / fo / 1e9 / peak_gf, 100 * flr / fr / 1e9 / peak_gf,
+             "%", fmt="{:.0f}", ratio=False)
     line("  % of numpy sgemm roofline on its GEMMs", 100 * roof_o / fo, 100 * roof_r / fr, "%",
          fmt="{:.0f}", ratio=False)
     line("  numpy sgemm roofline for those GEMMs", flo / roof_o / 1e9, flr / roof_r / 1e9,
          "GFLOP/s", fmt="{:.0f}", ratio=False)
     line("scoring per step", median(go["scoring"]) * 1e3, median(gr["scoring"]) * 1e3, "ms",
          fmt="{:.2f}", others=oth)
-    line("decode 10 s", median([t.wall for t in dec_o]), median([t.wall for t in dec_r]), "s",
-         fmt="{:.2f}", others=[t.others for t in dec_o + dec_r])
-    line("encode 5 s clip", median([t.wall for t in enc_o]), median([t.wall for t in enc_r]), "s",
-         fmt="{:.2f}", others=[t.others for t in enc_o + enc_r])
+    for what, runs_o, runs_r in (("decode 10 s", dec_o, dec_r), ("encode 5 s clip", enc_o, enc_r)):
+        to, tr = median([t.wall for t in runs_o]), median([t.wall for t in runs_r])
+        line(what, to, tr, "s", fmt="{:.2f}", others=[t.others for t in runs_o + runs_r])
+        gflop, roof = codec_roof[what.split()[0]]
+        line("  GFLOP/s (codec GEMMs, the same for both)", gflop / to / 1e9, gflop / tr / 1e9, "")
+        if peak_gf:
+            line("  % of the physical fp32 peak", 100 * gflop / to / 1e9 / peak_gf,
+                 100 * gflop / tr / 1e9 / peak_gf, "%", fmt="{:.0f}", ratio=False)
+        line(f"  % of numpy sgemm roofline ({gflop / 1e9:.0f} GFLOP at {gflop / roof / 1e9:.0f} GFLOP/s)",
+             100 * roof / to, 100 * roof / tr, "%", fmt="{:.0f}", ratio=False)
     for (s, n), (a, b) in gens.items():
         same = "codes identical" if np.array_equal(a["codes"], b["codes"]) else \
             f"codes {100 * float((a['codes'] == b['codes']).mean()):.1f} % equal"
@@ -449,11 +494,23 @@ def build_report(desc, args, gens, step_case, flo, flr, roof_o, roof_r,
     line(f"peak RSS, auto voice 10 s @ {32 if not args.quick else 16} steps (own process)",
          rss["omnicore"]["rss_mb"], rss["reference"]["rss_mb"], "MB", fmt="{:.0f}",
          others=(rss["omnicore"]["others"], rss["reference"]["others"]))
-    line("model load (both halves of the codec for the reference)", omni.load_s, ref.load_s, "s")
+    if peak_gf:
+        rows.append(f"| physical fp32 peak: {peak_how} | {peak_gf:.0f} GFLOP/s | | |")
+    else:
+        rows.append(f"| physical fp32 peak: {peak_how} | | | |")
+    line("first use: model load (both halves of the codec for the reference)", omni.load_s, ref.load_s, "s")
+    line("first use: generate() 1 s @ 2 steps (compile, first touch)", first[("omnicore", "generate")],
+         first[("reference", "generate")], "s", fmt="{:.2f}")
+    line("first use: decode 10 s", first[("omnicore", "decode")], first[("reference", "decode")], "s",
+         fmt="{:.2f}")
+    line("first use: encode 5 s (omnicore loads its encoder half here)", first[("omnicore", "encode")],
+         first[("reference", "encode")], "s", fmt="{:.2f}")
     head = ["| line | omnicore | reference | omnicore / reference |", "|---|---|---|---|"]
     notes = [
         "",
         f"Machine: {desc}.",
+        "Every timed line is warm (one untimed call per side and path first); the first calls are "
+        "the 'first use' lines.",
         f"Decode: max |omnicore - reference| / max |reference| = {dec_err:.1e}. "
         f"Encode: {100 * enc_agree:.2f} % of codes equal.",
         f"Generated codes: the reference itself, rerun with 1 torch thread instead of {args.threads} "
