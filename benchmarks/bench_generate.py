@@ -514,10 +514,11 @@ def build_report(desc, args, gens, step_case, flo, flr, roof_o, roof_r,
         f"Decode: max |omnicore - reference| / max |reference| = {dec_err:.1e}. "
         f"Encode: {100 * enc_agree:.2f} % of codes equal.",
         f"Generated codes: the reference itself, rerun with 1 torch thread instead of {args.threads} "
-        f"(5 s @ 16 steps), reproduces {100 * self_agree:.1f} % of its own codes: on this random "
-        "full-size checkpoint float32 rounding flips near-tied cell choices, so the % equal above "
-        "measures that, not a difference in what is computed (the tiny checkpoint's tests are "
-        "token-exact).",
+        f"(5 s @ 16 steps), reproduces {100 * self_agree:.1f} % of its own codes. On this random "
+        "full-size checkpoint greedy unmasking is chaotic: any float32 rounding difference (here "
+        "OpenBLAS against MKL; for the reference, its thread count, when MKL's sums depend on it) "
+        "flips near-tied cell choices and the runs diverge, so the % equal above measures that, "
+        "not a difference in what is computed (the tiny checkpoint's tests are token-exact).",
         "(!) = other processes used more than 10 % of a core during that measurement "
         f"(max seen: step {100 * max(oth):.0f} %).",
     ]
