@@ -174,20 +174,26 @@ def test_aac_and_bad_requests_are_json_4xx(client, server, clip_voice):
     assert "Traceback" not in r.text
 
 
+def _timed_stream(client, text, fmt):
+    """A raw audio stream of the clip voice: ([(seconds since the request, bytes so far)], body,
+    seconds until the last byte)."""
+    t0 = time.perf_counter()
+    arrivals, body = [], b""
+    with client.audio.speech.with_streaming_response.create(
+            model="omnivoice", voice="clip", input=text, response_format=fmt,
+            stream_format="audio", extra_body=GREEDY) as resp:
+        for part in resp.iter_bytes():
+            arrivals.append((time.perf_counter() - t0, len(body) + len(part)))
+            body += part
+    return arrivals, body, time.perf_counter() - t0
+
+
 def test_streaming_first_bytes_early_and_same_audio(client, clip_voice, model):
     text = ("The first sentence is short. The second sentence comes after it and is longer. "
             "A third sentence closes the little story.")
     pieces = list(model.stream(text, voice_clone_prompt=clip_voice, **GREEDY))
     want = np.concatenate([to_pcm16(x) for x in pieces])
-    t0 = time.perf_counter()
-    arrivals, body = [], b""
-    with client.audio.speech.with_streaming_response.create(
-            model="omnivoice", voice="clip", input=text, response_format="wav",
-            stream_format="audio", extra_body=GREEDY) as resp:
-        for part in resp.iter_bytes():
-            arrivals.append((time.perf_counter() - t0, len(body) + len(part)))
-            body += part
-    total = time.perf_counter() - t0
+    arrivals, body, total = _timed_stream(client, text, "wav")
     # The WAV header (unknown sizes) and the first chunk's audio leave before the last chunk is made.
     assert body[:4] == b"RIFF" and body[4:8] == b"\xff\xff\xff\xff" and body[40:44] == b"\xff\xff\xff\xff"
     first_audio = next(t for t, n in arrivals if n > 44)
@@ -208,15 +214,8 @@ def test_streaming_first_bytes_early_and_same_audio(client, clip_voice, model):
     _close(np.frombuffer(pcm, "<i2"), want)
 
     # Opus leaves piece by piece too, and decodes as the whole stream's audio encoded at once.
-    t0 = time.perf_counter()
-    arrivals, body = [], b""
-    with client.audio.speech.with_streaming_response.create(
-            model="omnivoice", voice="clip", input=text, response_format="opus",
-            stream_format="audio", extra_body=GREEDY) as resp:
-        for part in resp.iter_bytes():
-            arrivals.append(time.perf_counter() - t0)
-            body += part
-    assert body[:4] == b"OggS" and arrivals[0] < time.perf_counter() - t0 - 0.2, arrivals
+    arrivals, body, total = _timed_stream(client, text, "opus")
+    assert body[:4] == b"OggS" and arrivals[0][0] < total - 0.2, arrivals
     got, sr = sf.read(io.BytesIO(body), dtype="float32")
     whole, _ = sf.read(io.BytesIO(encode_audio(np.concatenate(pieces), "opus")), dtype="float32")
     assert sr == 24000 and got.shape == whole.shape
