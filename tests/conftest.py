@@ -1,8 +1,13 @@
 """Fixtures shared by several test modules: the tiny checkpoint's backbone config and params;
-and the rule for test inputs that may be missing (`missing`, `require_file`, `require_module`)."""
+the rule for test inputs that may be missing (`missing`, `require_file`, `require_module`); and
+servers started as child processes (`free_port`, `wait_until_serving`, `stop_process`)."""
 
 import importlib
 import os
+import socket
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -45,6 +50,41 @@ def require_module(name: str, extra: str = "test"):
         return importlib.import_module(name)
     except ImportError as e:
         missing(f"the Python module {name!r}", f"{e}; pip install -e '.[{extra}]'")
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_serving(proc, url: str, seconds: float, what: str, log=lambda: "") -> None:
+    """Poll `url` until it answers 200; fail the test, with the tail of log(), if `proc` exits
+    first or `seconds` pass."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"{what} exited with {proc.returncode}:\n{log()[-4000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} is not up after {seconds} s:\n{log()[-4000:]}")
+        time.sleep(0.3)
+
+
+def stop_process(proc, seconds: float = 20) -> None:
+    """Terminate a child server, killing it if it does not exit within `seconds`."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture(scope="module")

@@ -8,15 +8,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import free_port, stop_process, wait_until_serving
 
 from omnicore import OmniVoice, VoiceClonePrompt
 from omnicore import text as T
@@ -230,16 +228,10 @@ def test_long_codes_are_decoded_in_windows(model, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def demo_client(tmp_path_factory):
     gradio_client = pytest.importorskip("gradio_client")
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("demo") / "server.log"
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1")
     with open(log, "wb") as fh:
@@ -249,19 +241,10 @@ def demo_client(tmp_path_factory):
                                 stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(url + "/gradio_api/info", timeout=5):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, log.read_text()[-3000:]
-                time.sleep(0.5)
+        wait_until_serving(proc, url + "/gradio_api/info", 180, "the demo", log.read_text)
         yield gradio_client.Client(url, verbose=False)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_process(proc, 30)
 
 
 def _demo_error(client, **kwargs) -> str:

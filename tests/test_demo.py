@@ -18,7 +18,6 @@ import io
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import missing
+from conftest import free_port, missing, stop_process, wait_until_serving
 import soundfile as sf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,17 +55,11 @@ import visuals  # noqa: E402  (demo/visuals.py: the demo's image rendering)
 # ------------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """Base URL of a running demo on the tiny checkpoint; the server log is shown on failure."""
     assert (CKPT / "config.json").is_file(), f"tiny checkpoint missing at {CKPT}"
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("demo-server") / "server.log"
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1",
                PYTHONUNBUFFERED="1", OMNICORE_MODEL="k2-fsa/OmniVoice")  # --model must win
@@ -77,29 +70,11 @@ def server(tmp_path_factory):
              "--port", str(port), "--concurrency", "2", "--max-queue", "8"],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + SERVER_START_S
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"demo exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(url + "/gradio_api/info", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"demo not up after {SERVER_START_S} s:\n"
-                            f"{log_path.read_text()[-4000:]}")
-            time.sleep(0.5)
+        wait_until_serving(proc, url + "/gradio_api/info", SERVER_START_S, "the demo", log_path.read_text)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
     if proc.returncode not in (0, -15, 143):
         print(log_path.read_text()[-4000:])
 

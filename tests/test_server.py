@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import require_module  # noqa: E402  (a skip locally, a failure under CI)
+from conftest import free_port, require_module, stop_process, wait_until_serving  # noqa: E402  (a skip locally, a failure under CI)
 
 openai = require_module("openai")
 httpx = require_module("httpx")
@@ -41,14 +41,8 @@ KEY = "test-key-123"
 CLIENTS = 20  # concurrent clients; the module's server admits exactly that many
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(voices_dir, *extra):
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("OMNICORE_API_KEY", None)
     proc = subprocess.Popen(
@@ -56,26 +50,9 @@ def _start(voices_dir, *extra):
          "--voices-dir", str(voices_dir), "-q", *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited: {proc.stdout.read().decode()}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("server did not start within 90 s")
-
-
-def _stop(proc) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    wait_until_serving(proc, url + "/health", 90, "the server",
+                       lambda: proc.stdout.read().decode() if proc.poll() is not None else "")
+    return proc, url
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +64,7 @@ def voices_dir(tmp_path_factory):
 def server(voices_dir):
     proc, url = _start(voices_dir, "--max-queue", str(CLIENTS), *UI)
     yield url
-    _stop(proc)
+    stop_process(proc, 10)
 
 
 @pytest.fixture(scope="module")
@@ -473,7 +450,7 @@ def test_restart_auth_queue_and_disconnect(voices_dir, clip_voice):
         assert float(timings["total"]) >= float(timings["unmask"]) > 0
         assert float(r.headers["x-omnicore-audio-seconds"]) > 0
     finally:
-        _stop(proc)
+        stop_process(proc, 10)
 
 
 def test_serve_flags_checked_before_the_model_loads(capsys):

@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import missing
+from conftest import free_port, missing, stop_process, wait_until_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "build_space.py"
@@ -136,12 +134,6 @@ def test_foreign_files_are_refused_and_a_space_clone_is_updated(tmp_path):
     assert done.returncode == 2 and "not a folder" in done.stderr
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_space_runs_from_its_folder_alone(tmp_path):
     space = tmp_path / "space"  # a build of its own: running it writes caches into it
     done = _build(space)
@@ -170,7 +162,7 @@ def test_the_space_runs_from_its_folder_alone(tmp_path):
     assert Path(where[0]).resolve() == (space / "omnicore" / "__init__.py").resolve()
     assert Path(where[1]).resolve() == venv.resolve()
 
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "space.log"
     with open(log_path, "wb") as log:  # as a Space starts it: `python app.py` in the folder
         proc = subprocess.Popen([str(python), "app.py", "--model", str(CKPT), "--host",
@@ -178,19 +170,7 @@ def test_the_space_runs_from_its_folder_alone(tmp_path):
                                 cwd=space, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the Space exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(url + "/gradio_api/info", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the Space is not up after {START_S} s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(0.5)
+        wait_until_serving(proc, url + "/gradio_api/info", START_S, "the Space", log_path.read_text)
         with urllib.request.urlopen(url + "/", timeout=10) as r:
             assert r.status == 200 and b"gradio" in r.read().lower()
         client = Client(url, verbose=False)
@@ -199,12 +179,7 @@ def test_the_space_runs_from_its_folder_alone(tmp_path):
         wav, *_ = client.predict(text="Hello from the Space.", num_step=2, seed=1, api_name="/auto")
         assert Path(wav).read_bytes()[:4] == b"RIFF"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
     # The app ran the package beside it: Python's and Numba's caches of the run are in the
     # Space's copy (the build ships none).
     cache = {p.name for p in (space / "omnicore" / "__pycache__").iterdir()}
