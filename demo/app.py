@@ -356,6 +356,15 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                    position_temperature, class_temperature)
         yield from dispatch(stream, progress, text, normalize_text=bool(normalize_text), **kwargs)
 
+    def save_prompt(prompt, stem: str) -> str:
+        """A voice prompt as a new .npz in this demo's folder (offered for download)."""
+        path = workdir / f"{stem}-{secrets.token_hex(4)}.npz"
+        try:
+            prompt.save(path)
+        except Exception as exc:  # noqa: BLE001
+            raise _fail(exc) from None
+        return str(path)
+
     def make_voice_prompt(ref_audio, ref_text, preprocess_prompt):
         if not ref_audio:
             raise gr.Error("Upload or record a reference clip first.", title="No reference clip",
@@ -363,13 +372,12 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         try:
             prompt = model.create_voice_clone_prompt(ref_audio, ref_text=ref_text or None,
                                                      preprocess_prompt=bool(preprocess_prompt))
-            path = workdir / f"voice-{secrets.token_hex(4)}.npz"
-            prompt.save(path)
         except Exception as exc:  # noqa: BLE001
             raise _fail(exc) from None
+        path = save_prompt(prompt, "voice")
         gr.Info(f"Voice prompt saved ({prompt.ref_audio_tokens.shape[1]} frames): download it "
                 "to reuse this voice without re-encoding the clip.")
-        return str(path)
+        return path
 
     def keep_voice(kept=None):
         """The last result of this session as a voice prompt file (into the clone tab's
@@ -379,14 +387,10 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                            "voice.", title="Nothing to keep", print_exception=False)
         if isinstance(kept, str):
             raise gr.Error(kept, title="Cannot keep this voice", print_exception=False)
-        path = workdir / f"kept-voice-{secrets.token_hex(4)}.npz"
-        try:
-            kept.save(path)
-        except Exception as exc:  # noqa: BLE001
-            raise _fail(exc) from None
+        path = save_prompt(kept, "kept-voice")
         gr.Info(f"Voice kept ({kept.ref_audio_tokens.shape[1]} frames of \"{kept.ref_text[:40]}\"):"
                 " the Voice clone tab now speaks with it; download the file there to reuse it.")
-        return str(path)
+        return path
 
     is_random = "random" in str(model_name).lower()
     with gr.Blocks(title="omnicore · OmniVoice TTS", analytics_enabled=False,
