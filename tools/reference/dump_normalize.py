@@ -21,7 +21,6 @@ pinned in requirements.txt). No weights are needed (``ckpt_dir`` is unused).
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 from importlib import metadata
@@ -29,6 +28,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+from dump_text import main, write_cases  # noqa: E402  (the text fixtures' writer and command line)
 SEED = 20260515
 
 EN = [
@@ -239,7 +240,6 @@ def _all_inputs() -> list[tuple[str, str | None]]:
 
 def pipeline_cases():
     """What generate(normalize_text=True) does to each item before the model sees it."""
-    sys.path.insert(0, str(HERE))
     from dump_text import _prompt, _reference  # the stand-in harness of the text fixtures
 
     R = _reference()
@@ -313,13 +313,8 @@ def build() -> dict:
 
 def dump(ckpt_dir: Path, out_dir: Path) -> list[Path]:
     del ckpt_dir  # text only
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "normalize_cases.json"
-    path.write_text(json.dumps(build(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-    return [path]
+    return write_cases(out_dir, "normalize_cases.json", build())
 
 
 if __name__ == "__main__":
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "tests" / "fixtures" / "reference"
-    for p in dump(ROOT / "weights" / "tiny-random", out):
-        print(f"wrote {p} ({p.stat().st_size:,} bytes)")
+    main(dump)

@@ -454,15 +454,25 @@ def build(rng=None):
     }
 
 
-def dump(ckpt_dir: Path, out_dir: Path) -> list[Path]:
-    del ckpt_dir  # the text front-end needs no weights
+def write_cases(out_dir: Path, name: str, cases: dict) -> list[Path]:
+    """`cases` as out_dir/name (JSON, UTF-8 as is): the text fixtures' one file format."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "text_cases.json"
-    path.write_text(json.dumps(build(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    path = out_dir / name
+    path.write_text(json.dumps(cases, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     return [path]
 
 
-if __name__ == "__main__":
+def main(dump) -> None:
+    """Command line of the weight-free dumps: [out_dir], default tests/fixtures/reference."""
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "tests" / "fixtures" / "reference"
     for p in dump(ROOT / "weights" / "tiny-random", out):
         print(f"wrote {p} ({p.stat().st_size:,} bytes)")
+
+
+def dump(ckpt_dir: Path, out_dir: Path) -> list[Path]:
+    del ckpt_dir  # the text front-end needs no weights
+    return write_cases(out_dir, "text_cases.json", build())
+
+
+if __name__ == "__main__":
+    main(dump)
