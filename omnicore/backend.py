@@ -280,7 +280,7 @@ def _layout(x):
     return None
 
 
-def _batch_stride(x, batch: tuple):
+def _batch_stride(x):
     """One element stride that walks x's batch axes in order, 0 for a 2-D x, None if none does."""
     if x.ndim == 2:
         return 0
@@ -306,10 +306,10 @@ def _cublas_matmul(a, b, out):
     M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
     ops = []
     for x in (b, a):  # C^T = B^T A^T in cuBLAS's column-major terms
-        lay, bs = _layout(x), _batch_stride(x, batch)
+        lay, bs = _layout(x), _batch_stride(x)
         if lay is None or bs is None:
             x = xp.ascontiguousarray(x)
-            lay, bs = _layout(x), _batch_stride(x, batch)
+            lay, bs = _layout(x), _batch_stride(x)
         ops.append((x, lay[0], lay[1], bs))
     (pb, opb, ldb, sb), (pa, opa, lda, sa) = ops
     shape = batch + (M, N)
