@@ -151,19 +151,30 @@ def _twice(fn, **opts):
     return nb.njit(cache=True, **opts)(fn), nb.njit(cache=True, parallel=True, **opts)(par)
 
 
+# sin^2 has period pi, and on the half-period pieces it is sin^2(r) or cos^2(r) = 1 - sin^2(r)
+# (never below 1/2 there, so no cancellation): reduce by multiples of pi/2 to |r| <= pi/4.
+_TWO_OVER_PI = _F32(0.63661977)
+# pi/2 in three float32 parts; the first has 8 significant bits so k * part is exact for
+# |k| < 2^16 (Cody-Waite, as in Cephes' sinf)
+_HALF_PI_PARTS = (_F32(1.5703125), _F32(4.837512969970703125e-4), _F32(7.54978995489188216e-8))
+# sin(r) = r + r^3 P(r^2) on |r| <= pi/4 (Cephes' sinf minimax coefficients, ~1 ulp)
+_SIN_POLY = (_F32(-1.9515295891e-4), _F32(8.3321608736e-3), _F32(-1.6666654611e-1))
+
+
 @nb.njit(inline="always", fastmath={"contract"}, error_model="numpy")
 def _snake_value(v, alpha, inv_alpha):
-    # alpha * x is rounded to float32 first, as in the reference. sin^2 has period pi,
-    # so reduce by multiples of pi in float64 and use an odd polynomial on [-pi/2, pi/2]
-    # (Taylor to r^17, error < 1e-13): unlike a libm sin call, this loop vectorises.
-    y = np.float64(alpha * v)
-    k = np.floor(y * 0.3183098861837907 + 0.5)
-    r = (y - k * 3.141592653589793) - k * 1.2246467991473532e-16
+    # All float32 (8 lanes per AVX2 op; float64 would be 4), with the reference's own
+    # float32 accuracy: within 3 ulp of the larger term, like torch's x + sin(a x)^2 / a.
+    # (|a x| beyond 2^16 pi/2 loses digits in the reduction, but there the sin^2 term is
+    # below 1/|a x| of |x| and the sum is still within an ulp.)
+    y = alpha * v  # rounded to float32 first, as in the reference
+    k = np.floor(y * _TWO_OVER_PI + _F32(0.5))
+    r = ((y - k * _HALF_PI_PARTS[0]) - k * _HALF_PI_PARTS[1]) - k * _HALF_PI_PARTS[2]
     r2 = r * r
-    s = r * (1.0 + r2 * (-1.6666666666666666e-01 + r2 * (8.3333333333333332e-03 + r2 * (
-        -1.9841269841269841e-04 + r2 * (2.7557319223985893e-06 + r2 * (-2.5052108385441720e-08 + r2 * (
-            1.6059043836821613e-10 + r2 * -7.6471637318198164e-13)))))))
-    return v + inv_alpha * np.float32(s * s)
+    s = r + r * r2 * (_SIN_POLY[2] + r2 * (_SIN_POLY[1] + r2 * _SIN_POLY[0]))
+    s2 = s * s
+    odd = k - _F32(2.0) * np.floor(k * _F32(0.5))  # 1.0 for odd k (a float: AVX2-vectorisable)
+    return v + inv_alpha * (s2 + odd * (_F32(1.0) - _F32(2.0) * s2))
 
 
 def _snake_impl(x, alpha, inv_alpha):  # x [N, C] float32
@@ -517,12 +528,11 @@ def _exp_nonpos(x):
     parts so r is exact), exp(r) by a degree-7 polynomial (Cephes' expf coefficients), 2**n
     built directly in the exponent bits (-126 <= n <= 0 here).
     """
-    if x < _EXP_MIN:
-        return _F32(0.0)
-    # n as a float64, not math.floor's int64: int64 <-> float has no AVX2 vector instruction,
-    # so the int64 n kept this scalar (same values; 2x faster on AVX2)
-    n = np.float64(np.floor(x * _F32(1.44269504) + _F32(0.5)))
-    r = (x - n * _F32(0.693359375)) - n * _F32(-2.12194440e-4)
+    # Branch-free (a select at the end) and n kept in float32: both keep the loop around it
+    # vectorised (AVX2 has no int64 <-> float conversion; float32 -> int32 is one instruction).
+    xc = max(x, _EXP_MIN)  # keeps 2**n a normal number; such results are replaced by 0 below
+    n = np.floor(xc * _F32(1.44269504) + _F32(0.5))
+    r = (xc - n * _F32(0.693359375)) - n * _F32(-2.12194440e-4)
     p = _F32(1.9875691500e-4)
     p = p * r + _F32(1.3981999507e-3)
     p = p * r + _F32(8.3334519073e-3)
@@ -530,7 +540,8 @@ def _exp_nonpos(x):
     p = p * r + _F32(1.6666665459e-1)
     p = p * r + _F32(5.0000001201e-1)
     y = p * (r * r) + r + _F32(1.0)
-    return y * _f32_from_bits(np.int32((np.int32(n) + 127) << 23))
+    y = y * _f32_from_bits(np.int32((np.int32(n) + 127) << 23))
+    return _F32(0.0) if x < _EXP_MIN else y
 
 
 @nb.njit(inline="always", fastmath=_FAST, error_model="numpy")
@@ -960,6 +971,7 @@ _bias_residual_nb, _bias_residual_nb_par = _twice(_bias_residual_impl)
 # Units at most this wide run chunk by chunk (im2col + one GEMM per chunk); wider ones as
 # per-tap GEMMs, which BLAS already runs near its peak there (measured: benchmarks/README.md).
 _RES_UNIT_MAX_C = 256
+
 
 # im2col chunk size (bigger GEMMs pay with BLAS on 2 threads, up to about this); the row cap
 # keeps very narrow layers (tiny test models) from computing mostly padding.
