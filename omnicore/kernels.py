@@ -973,9 +973,38 @@ _bias_residual_nb, _bias_residual_nb_par = _twice(_bias_residual_impl)
 _RES_UNIT_MAX_C = 256
 
 
-# im2col chunk size (bigger GEMMs pay with BLAS on 2 threads, up to about this); the row cap
+
+def _l2_bytes() -> int:
+    """One core's L2 cache in bytes, from sysfs or glibc; 1 MiB when neither says."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in sorted(os.listdir(base)):
+            d = os.path.join(base, entry)
+            with open(os.path.join(d, "level")) as f:
+                level = f.read().strip()
+            with open(os.path.join(d, "type")) as f:
+                kind = f.read().strip()
+            if level == "2" and kind in ("Unified", "Data"):
+                with open(os.path.join(d, "size")) as f:
+                    text = f.read().strip().upper()
+                scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+                return int(text.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        pass
+    try:
+        n = os.sysconf("SC_LEVEL2_CACHE_SIZE")
+        if n > 0:
+            return int(n)
+    except (ValueError, OSError, AttributeError):
+        pass
+    return 1 << 20
+
+
+# im2col chunk size: 4x one core's L2, within [1, 8] MiB. The im2col chunk is written by one
+# kernel and read back by BLAS's packing; past a few L2s it goes out to L3 and memory, below
+# about one the GEMMs get too short (measured: benchmarks/README.md, design notes). The row cap
 # keeps very narrow layers (tiny test models) from computing mostly padding.
-_RES_UNIT_CHUNK_BYTES = 1 << 23
+_RES_UNIT_CHUNK_BYTES = min(8 << 20, max(1 << 20, 4 * _l2_bytes()))
 _RES_UNIT_MAX_ROWS = 16384
 
 

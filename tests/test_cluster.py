@@ -104,9 +104,11 @@ def test_ray_batch_equals_the_local_batch(ray, tmp_path):
         assert sa == sb == 24000 and a.shape == b.shape, row["id"]
         # Same codes: one different code changes the (noise-like) tiny checkpoint's audio
         # everywhere after it. What may differ is the decode's float rounding (1-thread BLAS
-        # in the actors, 2 threads here), a 16-bit step on a few samples.
+        # in the actors, 2 threads here): float32 results a few ulp of full scale apart land
+        # on either side of a 16-bit step on well under 1 % of the samples (0.02-0.3 % seen,
+        # depending on the GEMM shapes); a wrong code would change most of them.
         diff = np.abs(a.astype(np.int32) - b)
-        assert diff.max() <= 1 and np.count_nonzero(diff) < a.size // 1000, row["id"]
+        assert diff.max() <= 1 and np.count_nonzero(diff) < a.size // 100, row["id"]
     _assert_complete(tmp_path / "ray", [r["id"] for r in rows])
     recs = _manifest(tmp_path / "ray")
     assert len({r["worker"] for r in recs}) == 2  # both actors worked
