@@ -106,6 +106,9 @@ def conv_transpose_weight(w: np.ndarray, stride: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 
 
+# Kernels write into arrays numpy allocated: numpy asks the kernel for huge pages on big
+# arrays, while an array allocated inside a kernel faults in 4 KiB pages, and in a VM a fresh
+# 33 MB array cost ~16 ms of page faults (HuBERT's first conv layer; benchmarks/README.md).
 # Numba's thread pool is off by default: a parallel region waits for cores that BLAS's spinning
 # workers hold (measured: benchmarks/README.md, design notes). OMNICORE_PARALLEL_KERNELS=1 turns
 # the parallel twins on, for machines where BLAS leaves cores idle.
@@ -177,13 +180,11 @@ def _snake_value(v, alpha, inv_alpha):
     return v + inv_alpha * (s2 + odd * (_F32(1.0) - _F32(2.0) * s2))
 
 
-def _snake_impl(x, alpha, inv_alpha):  # x [N, C] float32
+def _snake_impl(x, alpha, inv_alpha, out):  # x, out [N, C] float32
     n, c = x.shape
-    out = np.empty_like(x)
     for i in nb.prange(n):
         for j in range(c):
             out[i, j] = _snake_value(x[i, j], alpha[j], inv_alpha[j])
-    return out
 
 
 _snake_nb, _snake_nb_par = _twice(_snake_impl, fastmath={"contract"})
@@ -200,8 +201,9 @@ def snake(x, alpha, inv_alpha):
     if not IS_NUMPY:
         return snake_np(x, alpha, inv_alpha)
     flat = np.ascontiguousarray(x, dtype=_F32).reshape(-1, x.shape[-1])  # [..., C] -> [N, C]
-    kernel = _pick(_snake_nb, _snake_nb_par, flat.size)
-    return kernel(flat, alpha, inv_alpha).reshape(x.shape)
+    out = np.empty_like(flat)
+    _pick(_snake_nb, _snake_nb_par, flat.size)(flat, alpha, inv_alpha, out)
+    return out.reshape(x.shape)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,11 +211,9 @@ def snake(x, alpha, inv_alpha):
 # ---------------------------------------------------------------------------------------------
 
 
-def _gelu_impl(x):  # x [N] float32
-    out = np.empty_like(x)
+def _gelu_impl(x, out):  # x, out [N] float32
     for i in nb.prange(x.size):
         out[i] = _gelu_value(x[i])
-    return out
 
 
 _gelu_nb, _gelu_nb_par = _twice(_gelu_impl, fastmath={"contract"})
@@ -246,8 +246,9 @@ def gelu(x):
     if not IS_NUMPY:
         return gelu_np(x)
     flat = np.ascontiguousarray(x, dtype=_F32).reshape(-1)
-    kernel = _pick(_gelu_nb, _gelu_nb_par, flat.size)
-    return kernel(flat).reshape(x.shape)
+    out = np.empty_like(flat)
+    _pick(_gelu_nb, _gelu_nb_par, flat.size)(flat, out)
+    return out.reshape(x.shape)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,11 +257,10 @@ def gelu(x):
 
 
 @nb.njit(cache=True, error_model="numpy")
-def _group_norm_nb(x, num_groups, weight, bias, eps):  # x [B, T, C] float32
+def _group_norm_nb(x, num_groups, weight, bias, eps, out):  # x, out [B, T, C] float32
     b_, t_, c_ = x.shape
     cg = c_ // num_groups
     count = t_ * cg
-    out = np.empty_like(x)
     for b in range(b_):
         # Row-major passes with per-channel float64 accumulators: one sweep over memory each.
         acc = np.zeros(c_, np.float64)
@@ -296,7 +296,6 @@ def _group_norm_nb(x, num_groups, weight, bias, eps):  # x [B, T, C] float32
         for t in range(t_):
             for c in range(c_):
                 out[b, t, c] = ((x[b, t, c] - centre[c]) - centre_lo[c]) * scale[c] + bias[c]
-    return out
 
 
 def group_norm_np(x, num_groups, weight, bias, eps):
@@ -327,7 +326,10 @@ def group_norm(x, num_groups: int, weight, bias, eps: float = 1e-5):
     """torch.nn.GroupNorm on time-major x [B, T, C]: statistics over the whole clip per group."""
     if not IS_NUMPY:
         return group_norm_np(x, num_groups, weight, bias, eps)
-    return _group_norm_nb(np.ascontiguousarray(x, dtype=_F32), num_groups, weight, bias, eps)
+    x = np.ascontiguousarray(x, dtype=_F32)
+    out = np.empty_like(x)
+    _group_norm_nb(x, num_groups, weight, bias, eps, out)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
