@@ -976,9 +976,15 @@ _RES_UNIT_MAX_C = 256
 
 
 
-def _l2_bytes() -> int:
+def _cache_size_bytes(text: str) -> int:
+    """sysfs cache size text ("512K", "2M", "1048576") -> bytes."""
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+    return int(text.rstrip("KM")) * scale
+
+
+def _l2_bytes(base: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
     """One core's L2 cache in bytes, from sysfs or glibc; 1 MiB when neither says."""
-    base = "/sys/devices/system/cpu/cpu0/cache"
     try:
         for entry in sorted(os.listdir(base)):
             d = os.path.join(base, entry)
@@ -988,9 +994,7 @@ def _l2_bytes() -> int:
                 kind = f.read().strip()
             if level == "2" and kind in ("Unified", "Data"):
                 with open(os.path.join(d, "size")) as f:
-                    text = f.read().strip().upper()
-                scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
-                return int(text.rstrip("KM")) * scale
+                    return _cache_size_bytes(f.read())
     except (OSError, ValueError):
         pass
     try:

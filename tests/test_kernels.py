@@ -169,6 +169,20 @@ def test_polyphase_conv_transpose_any_shape(b, t, stride, k, cin, cout, data):
         K._TRANSPOSE_CHUNK_BYTES = old
 
 
+def test_l2_size_from_sysfs_layout(tmp_path):
+    # the residual units' chunk follows the L2 size: parse sysfs's layout, skip L1/L3 entries
+    for i, (level, kind, size) in enumerate([("1", "Data", "32K"), ("1", "Instruction", "32K"),
+                                             ("2", "Unified", "512K"), ("3", "Unified", "32768K")]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        for name, text in (("level", level), ("type", kind), ("size", size + "\n")):
+            (d / name).write_text(text)
+    assert K._l2_bytes(str(tmp_path)) == 512 << 10
+    assert K._cache_size_bytes("2M") == 2 << 20 and K._cache_size_bytes("1048576") == 1 << 20
+    assert K._l2_bytes(str(tmp_path / "missing")) > 0  # glibc's answer, or the 1 MiB default
+    assert 1 << 20 <= K._RES_UNIT_CHUNK_BYTES <= 8 << 20
+
+
 def test_parallel_threshold_paths_both_used(monkeypatch):
     # with parallel kernels on (OMNICORE_PARALLEL_KERNELS=1) the public functions pick the serial
     # kernel for small inputs and the parallel one above the threshold; both give the same numbers
