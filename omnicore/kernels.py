@@ -526,7 +526,7 @@ def _f32_from_bits(typingctx, bits):
 
 @nb.njit(inline="always", fastmath={"contract"}, error_model="numpy")
 def _exp_nonpos(x):
-    """exp(x) for float32 x <= 0, within 1.5 ulp (float32 throughout); 0 instead of a subnormal (x < -87.33).
+    """exp(x) for float32 x <= 0, within 1.5 ulp; 0 instead of a subnormal (x < -87.33).
 
     exp(x) = 2**n * exp(r) with n = round(x / ln 2) and |r| <= ln(2)/2 (ln 2 split in two
     parts so r is exact), exp(r) by a degree-7 polynomial (Cephes' expf coefficients), 2**n
