@@ -227,18 +227,6 @@ def check_flag(enabled: object) -> bool:
     return enabled
 
 
-def for_synthesis(texts: list[str], languages: list[str | None], enabled: object,
-                  validate: Callable[[str], str]) -> list[str]:
-    """The target texts as generate() speaks them: normalised when `enabled`, each against its
-    resolved language, and checked again by `validate` (words are longer than digits). As in
-    the reference this is the first change to the text, so the instruct's language, the length
-    estimate and the chunking all see the spoken form; ref_text is left alone (it must match
-    its audio)."""
-    if not check_flag(enabled):
-        return texts
-    return [validate(normalize_text(t, lang)) for t, lang in zip(texts, languages)]
-
-
 def chunk_normalizer(enabled: object, language: str | None) -> Callable[[str], str]:
     """For text spoken piece by piece (streaming): a function normalising one piece in
     `language` (already resolved), or the identity when normalisation is off."""

@@ -243,9 +243,12 @@ class OmniVoice:
         text_mod.validate_edges(gen.pad_duration, gen.fade_duration)
         seeds = text_mod.validate_seed(seed, n)
         langs = [text_mod.resolve_language(x) for x in _as_list(language, n, "language")]
-        paused = [p.map(lambda seg, lang=lang: normalize.for_synthesis(
-                      [seg], [lang], normalize_text, text_mod.validate_text)[0])
-                  for p, lang in zip(paused, langs)]
+        # As in the reference, normalisation is the first change to the text, so the instruct's
+        # language, the length estimate and the chunking all see the spoken form (checked again:
+        # words are longer than digits); ref_text is left alone (it must match its audio).
+        if normalize.check_flag(normalize_text):
+            paused = [p.map(lambda seg, lang=lang: text_mod.validate_text(normalize.normalize_text(seg, lang)))
+                      for p, lang in zip(paused, langs)]
         texts = [p.spoken for p in paused]
         instructs = []
         for t, ins in zip(texts, _as_list(instruct, n, "instruct")):

@@ -351,12 +351,10 @@ class Server:
                        cancelled: threading.Event | None = None, num_step: int = 32):
         """Generate a sample once (seeded: the same inputs make the same voice) and keep its
         codes as a voice."""
-        from .script import voice_from_synthesis
-
         result = self.model.synthesize(sample or PRESET_SAMPLE_TEXT, instruct=instruct, seed=seed,
                                        language=language, num_step=num_step,
                                        on_step=_cancel_check(cancelled))[0]
-        return voice_from_synthesis(result)
+        return result.as_voice()
 
     def resolve_voice(self, voice, cancelled=None):
         """A request's `voice` (a name or {"id": name}) -> a VoiceClonePrompt."""

@@ -80,17 +80,15 @@ Dimension legend:
 
 from __future__ import annotations
 
-import math
 import queue
 import threading
 import time
 import weakref
-from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 
-from . import audio, codec as codec_mod, normalize, text as text_mod
+from . import codec as codec_mod, normalize, text as text_mod
 from .config import GenerationConfig, resolve_generation_config
 from .engine import PassSpec, pass_seed
 from .errors import AudioError, CancelledError, InputError
@@ -179,7 +177,7 @@ class _Plan:
         reference clip still has to be encoded, right after that)."""
         self._chunks = [c if isinstance(c, text_mod.Pause) else self._normalize(c) for c in chunks]
         if not any(isinstance(c, str) for c in self._chunks):
-            raise _nothing_to_say(self._chunks)
+            raise _nothing_to_say(bool(self._chunks))
         if self._voice_ready:
             self._check_chunks()
 
@@ -191,7 +189,7 @@ class _Plan:
         first, total, specs, paused = None, 0, [], False
         for item in self._chunks:
             if isinstance(item, text_mod.Pause):
-                total = text_mod.check_total_frames(total + _pause_frames(item.seconds),
+                total = text_mod.check_total_frames(total + text_mod.pause_frames_of(item.seconds),
                                                     self.model.frame_rate)
                 paused = paused or first is not None
                 continue
@@ -213,7 +211,7 @@ class _Plan:
     def add_pause(self, seconds: float) -> int:
         """A pause mark came: counted against the output limit; its length in samples."""
         self.total_frames = text_mod.check_total_frames(
-            self.total_frames + _pause_frames(seconds), self.model.frame_rate)
+            self.total_frames + text_mod.pause_frames_of(seconds), self.model.frame_rate)
         self.paused = self.paused or self.first is not None
         return text_mod.pause_samples(seconds, self.model.sampling_rate)
 
@@ -269,12 +267,8 @@ class _Plan:
         return codes, steps
 
 
-def _pause_frames(seconds: float) -> int:
-    return math.ceil(seconds * text_mod.FRAME_RATE)
-
-
-def _nothing_to_say(items) -> InputError:
-    if items:
+def _nothing_to_say(had_pauses: bool) -> InputError:
+    if had_pauses:
         return InputError("text has only pause marks and nothing to speak: put words between them.")
     return InputError("text is empty (or only whitespace): pass the words to speak.")
 
@@ -359,7 +353,7 @@ def generate_chunks(model, text, *, language=None, ref_audio=None, ref_text=None
         steps.append(s)
         marks.append(None)
     if not chunks:
-        raise _nothing_to_say(items)
+        raise _nothing_to_say(bool(items))
     t1 = time.perf_counter()
     wavs = [model.codec.decode(c) for c in codes]  # [C, T_k] -> [960 * T_k]
     t2 = time.perf_counter()
@@ -490,14 +484,14 @@ def _worker(shared: _Shared, model, plan: _Plan, decode_frames: int) -> None:
                 user_on_step(step, total)
             shared.check()
 
-        k, after_pause, pauses = 0, False, 0
+        k, after_pause, had_pauses = 0, False, False
         while True:
             chunk = _next_text(shared)
             if chunk is _END:
                 break
             if isinstance(chunk, text_mod.Pause):  # silence, in order, with its edges ramped
                 shared.put_audio(joiner, joiner.pause(plan.add_pause(chunk.seconds)))
-                after_pause, pauses = True, pauses + 1
+                after_pause = had_pauses = True
                 continue
             # A chunk, not a pause, follows the last one: its trailing quiet goes out now.
             shared.put_audio(joiner, joiner.keep_tail())
@@ -535,7 +529,7 @@ def _worker(shared: _Shared, model, plan: _Plan, decode_frames: int) -> None:
                 shared.marks.append(shared.emitted)
             k += 1
         if not joiner.chunk_starts:
-            raise _nothing_to_say([None] * pauses)
+            raise _nothing_to_say(had_pauses)
         shared.put_audio(joiner, joiner.finish())
         shared.out.put(("end",))
     except _Cancelled:

@@ -946,6 +946,11 @@ class Pause:
     at: int = 0
 
 
+def pause_frames_of(seconds: float, frame_rate: float = FRAME_RATE) -> int:
+    """Pause seconds in code frames, rounded up: what they count against a call's length limits."""
+    return math.ceil(seconds * frame_rate)
+
+
 def pause_samples(seconds: float, sr: int) -> int:
     """A pause's length in whole samples at ``sr`` (24 kHz: 1.5 s -> 36000, 500 ms -> 12000)."""
     return int(round(seconds * sr))
@@ -1271,7 +1276,7 @@ class SynthesisPlan:
     @property
     def pause_frames(self) -> int:
         """All pauses in frames (rounded up), for the limits on a call's output."""
-        return math.ceil(sum(self.pauses) * FRAME_RATE)
+        return pause_frames_of(sum(self.pauses))
 
 
 def plan_pace(text: str, ref_text: str | None, num_ref_frames: int | None, *,
@@ -1349,12 +1354,8 @@ def plan_synthesis(
     is planned exactly as before.
     """
     paused = text if isinstance(text, PausedText) else split_pauses(validate_text(text))
-    if paused.marked:
-        segments = tuple(validate_text(seg.strip()) for seg in paused.segments)
-        text = segments[0] if len(segments) == 1 else " ".join(segments)
-    else:
-        segments = (validate_text(paused.segments[0]),)
-        text = segments[0]
+    segments = tuple(validate_text(seg.strip() if paused.marked else seg) for seg in paused.segments)
+    text = paused.spoken
     speed = validate_speed(speed)
     duration = validate_duration(duration)
     chunk_duration = _real(chunk_duration, "chunk_duration")
@@ -1371,15 +1372,15 @@ def plan_synthesis(
         pace, frames = plan_pace(text, ref_text, num_ref_frames, speed=speed, duration=duration,
                                  frame_rate=frame_rate)
     else:  # the segments' own estimates add up to the speech (the short-output boost is not linear)
-        estimates = [estimate_target_frames(seg, ref_text, num_ref_frames) for seg in segments]
         if duration is not None:
             frames = max(1, int(duration * frame_rate))
-            pace = sum(estimates) / frames
+            pace = sum(estimate_target_frames(seg, ref_text, num_ref_frames) for seg in segments) / frames
         else:
             pace = 1.0 if speed is None else speed
-            frames = sum(estimate_target_frames(seg, ref_text, num_ref_frames, pace)
-                         for seg in segments)
-    pause_frames = math.ceil(sum(paused.pauses) * frame_rate)
+        seg_frames = [estimate_target_frames(seg, ref_text, num_ref_frames, pace) for seg in segments]
+        if duration is None:
+            frames = sum(seg_frames)
+    pause_frames = pause_frames_of(sum(paused.pauses), frame_rate)
     if frames + pause_frames > MAX_DURATION_S * frame_rate:
         pauses = f" and {sum(paused.pauses):g} s of pauses" if pause_frames else ""
         raise InputError(
@@ -1401,9 +1402,8 @@ def plan_synthesis(
     for i, segment in enumerate(segments):
         # Chunked like a text of its own: by its own estimate, against the voice prompt or the
         # default yardstick (chunk 0's codes do not exist yet when the plan is made).
-        seg_frames = estimate_target_frames(segment, ref_text, num_ref_frames, pace)
-        pieces = ([segment] if seg_frames <= int(chunk_threshold * frame_rate)
-                  else chunk_text(segment, seg_frames, chunk_duration, frame_rate))
+        pieces = ([segment] if seg_frames[i] <= int(chunk_threshold * frame_rate)
+                  else chunk_text(segment, seg_frames[i], chunk_duration, frame_rate))
         for piece in pieces:
             chunk = plan_chunk(piece, chunks[0] if chunks else None, ref_text, num_ref_frames,
                                pace, own_pace=i > 0)
