@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -50,7 +49,7 @@ def _write_jobs(folder: Path, items: int, seconds: float) -> Path:
 def child(a) -> None:
     """One configuration; prints its result as one JSON line."""
     sys.path.insert(0, str(ROOT))
-    from omnicore import cli
+    from omnicore import cli, cluster
 
     jobs, out = a.jobs, a.out
     flags = ["--model", a.model, "--steps", str(a.steps), "--greedy", "--seed", "1", "-q"]
@@ -59,34 +58,29 @@ def child(a) -> None:
         t0 = time.perf_counter()
         rc = cli.main(["batch", jobs, "--out-dir", out, *flags])
         result["wall_s"] = time.perf_counter() - t0
-        result["peak_rss"] = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]
+        result["peak_rss"] = [cluster._peak_rss_bytes()]
     else:
         import ray
-
-        from omnicore import cluster
 
         workers, threads = (int(x) for x in a.child.split("x"))
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
                  logging_level="ERROR")
-        args = cli.build_parser().parse_args(["batch", jobs, "--out-dir", out, "--ray", *flags])
-        parsed, problems = cli.parse_jobs(jobs)
-        base = cli._gen_kwargs(args)
+        args = cli.build_parser().parse_args(["batch", jobs, "--out-dir", out, "--ray", "--workers",
+                                              str(workers), "--threads-per-worker", str(threads), *flags])
         t0 = time.perf_counter()
-        summary = cluster.run(parsed, problems, cli.check_batch_outputs(args, parsed),
-                              model=a.model, workers=workers, threads=threads,
-                              job_kwargs=lambda job: cli.job_kwargs(args, base, job),
-                              target=cli.batch_target)
+        summary = cli.run_ray_batch(args)
         result["wall_s"] = time.perf_counter() - t0
         rc = 1 if summary["failed"] else 0
         result["peak_rss"] = [w["peak_rss"] for w in summary["workers"]]
         result["load_s"] = [round(w["load_s"], 1) for w in summary["workers"]]
-        result["driver_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        result["driver_rss"] = cluster._peak_rss_bytes()
         ray.shutdown()
     import soundfile as sf
 
     result["rc"] = rc
-    result["items"] = len(list(Path(out).glob("*.wav")))
-    result["audio_s"] = sum(sf.info(str(p)).duration for p in Path(out).glob("*.wav"))
+    wavs = list(Path(out).glob("*.wav"))
+    result["items"] = len(wavs)
+    result["audio_s"] = sum(sf.info(str(p)).duration for p in wavs)
     print(json.dumps(result), flush=True)
 
 

@@ -439,7 +439,9 @@ def check_batch_outputs(args, jobs: list[tuple[int, dict]]) -> Path:
             audio.check_output_path(batch_target(out_dir, job["id"]), InputError)
         except InputError as exc:
             raise InputError(f"{args.jsonl}:{n}: {exc}; nothing was run") from None
-    probe = batch_target(out_dir, jobs[0][1]["id"]) if jobs else out_dir / "manifest.jsonl"
+    from .cluster import MANIFEST
+
+    probe = batch_target(out_dir, jobs[0][1]["id"]) if jobs else out_dir / MANIFEST
     audio.AtomicOutput(probe, InputError).abort()  # takes new files?
     return out_dir
 
@@ -520,10 +522,9 @@ def cmd_batch(args) -> int:
     return 1 if failed else 0
 
 
-def _batch_ray(args) -> int:
-    """`batch --ray` (omnicore.cluster): the same lines, outputs and options as the local batch,
-    but a bad line fails alone and is recorded in OUT_DIR/manifest.jsonl, and a rerun skips
-    the jobs done."""
+def run_ray_batch(args, on_record=None) -> dict:
+    """`batch --ray` as parsed by `build_parser`, run on Ray (omnicore.cluster.run); returns its
+    summary. `on_record(rec)` sees every manifest record as it is written."""
     from . import cluster
     from .config import GenerationConfig, resolve_generation_config
 
@@ -536,16 +537,25 @@ def _batch_ray(args) -> int:
     base = _gen_kwargs(args)
     names = GenerationConfig.__dataclass_fields__  # bad options fail here, not on every job
     resolve_generation_config(None, {k: v for k, v in base.items() if k in names})
-    summary = cluster.run(
+    return cluster.run(
         jobs, problems, out_dir, model=args.model,
         job_kwargs=lambda job: job_kwargs(args, base, job), target=batch_target,
         workers=args.workers, threads=args.threads_per_worker or 1,
         address=args.ray or None, log=lambda msg: _log(args, msg),
-        report=lambda msg: _error(f"{args.jsonl}:{msg}"))
+        report=lambda msg: _error(f"{args.jsonl}:{msg}"), on_record=on_record)
+
+
+def _batch_ray(args) -> int:
+    """`batch --ray` (omnicore.cluster): the same lines, outputs and options as the local batch,
+    but a bad line fails alone and is recorded in OUT_DIR/manifest.jsonl, and a rerun skips
+    the jobs done."""
+    from .cluster import MANIFEST
+
+    summary = run_ray_batch(args)
     rss = ", ".join(f"{w['worker']} {w['peak_rss'] / 2**30:.2f} GiB" for w in summary["workers"])
     _log(args, f"{summary['ok']} written, {summary['failed']} failed, {summary['skipped']} "
                f"already done; {summary['audio_seconds']:.1f} s of audio in "
-               f"{summary['wall_seconds']:.1f} s; manifest {out_dir / cluster.MANIFEST}"
+               f"{summary['wall_seconds']:.1f} s; manifest {Path(args.out_dir) / MANIFEST}"
                + (f"; peak memory per worker: {rss}" if rss else ""))
     return 1 if summary["failed"] else 0
 

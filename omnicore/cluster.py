@@ -302,7 +302,6 @@ class _Slot:
 
     index: int
     handle: object = None
-    generation: int = 0
     restarts: int = 0
     state: str = "starting"  # starting (ready() pending) | live | gone
     name: str = ""
@@ -375,7 +374,7 @@ class _Driver:
     # -- workers --------------------------------------------------------------------------------
 
     def start(self, slot: _Slot) -> None:
-        slot.name = f"w{slot.index}" + (f".{slot.generation}" if slot.generation else "")
+        slot.name = f"w{slot.index}" + (f".{slot.restarts}" if slot.restarts else "")
         slot.handle = self.remote.options(name=f"omnicore-{self.run_id}-{slot.name}",
                                           **self.options).remote(self.model, self.threads,
                                                                  slot.name)
@@ -389,7 +388,6 @@ class _Driver:
         except Exception:  # already dead
             pass
         slot.restarts += 1
-        slot.generation += 1
         slot.voice = None
         if slot.restarts > MAX_RESTARTS:
             slot.state = "gone"
@@ -518,14 +516,14 @@ def run(jobs: list[tuple[int, dict]], problems: list, out_dir: Path, *, model: s
     try:
         from . import audio
 
-        names = [target(out_dir, job["id"]).name for _, job in jobs]
+        paths = [target(out_dir, job["id"]) for _, job in jobs]
+        names = [p.name for p in paths]
         # Holding the manifest's lock, no other run writes here: what a killed worker of an
         # earlier run left half-written goes.
         audio.remove_stale_temporaries(out_dir, names)
         previous = read_manifest(manifest.path)
         items, skipped = [], 0
-        for n, job in jobs:
-            path = target(out_dir, job["id"])
+        for (n, job), path in zip(jobs, paths):
             if is_done(previous.get(job["id"]), path):
                 skipped += 1
                 continue

@@ -12,7 +12,7 @@ import soundfile as sf
 
 from conftest import require_module
 from omnicore import audio, cluster
-from omnicore.cli import main, parse_jobs
+from omnicore.cli import main
 from omnicore.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,15 +70,11 @@ TORN = '{"id": "j11", "sta'
 
 def _run(ray, jobs_path, out, on_record=None) -> dict:
     """The driver as the CLI calls it, with a hook on each result."""
-    from omnicore.cli import (_gen_kwargs, batch_target, build_parser, check_batch_outputs,
-                              job_kwargs)
+    from omnicore.cli import build_parser, run_ray_batch
 
-    args = build_parser().parse_args(["batch", jobs_path, "--out-dir", str(out), "--ray", *FAST])
-    jobs, problems = parse_jobs(jobs_path)
-    base = _gen_kwargs(args)
-    return cluster.run(jobs, problems, check_batch_outputs(args, jobs), model=TINY, workers=2, threads=1,
-                       job_kwargs=lambda job: job_kwargs(args, base, job), target=batch_target,
-                       on_record=on_record)
+    args = build_parser().parse_args(["batch", jobs_path, "--out-dir", str(out), "--ray", "--workers", "2",
+                                      "--threads-per-worker", "1", *FAST])
+    return run_ray_batch(args, on_record=on_record)
 
 
 def _assert_complete(out, ids):
