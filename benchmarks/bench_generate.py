@@ -418,6 +418,7 @@ def main():
 
     cfg = OmniVoiceConfig.from_file(ARGS.model / "config.json")
     go, gr = gens[step_case]
+    from omnicore.codec import pad_to_hop
     from omnicore.text import forward_flops
 
     flops_o = forward_flops(cfg, go["rows"], [go["heads"]])
@@ -427,7 +428,7 @@ def main():
     roof_r = sgemm_roofline_seconds(omni.model.params, cfg, gr["rows"], gr["heads"])
     ccfg = omni.model.codec.cfg
     codec_gemms = {"decode": codec_decode_gemms(ccfg, codes10.shape[1]),
-                   "encode": codec_encode_gemms(ccfg, len(clip) + (-len(clip) % ccfg.hop_length))}
+                   "encode": codec_encode_gemms(ccfg, len(pad_to_hop(clip, ccfg.hop_length)))}
     codec_roof = {k: (gemm_flops(v), sgemm_seconds(v)) for k, v in codec_gemms.items()}
     peak = physical_peak(ARGS.threads)
 

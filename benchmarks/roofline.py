@@ -153,7 +153,9 @@ def codec_encode_gemms(cfg, samples):
 
     sm, ac = cfg.semantic_model_config, cfg.acoustic_model_config
     out = []
-    n16 = math.ceil(cfg.semantic_sample_rate * samples / cfg.sample_rate) + 320
+    from omnicore.codec import SEMANTIC_PAD
+
+    n16 = math.ceil(cfg.semantic_sample_rate * samples / cfg.sample_rate) + 2 * SEMANTIC_PAD
     cin = 1
     for cout, k, s in zip(sm.conv_dim, sm.conv_kernel, sm.conv_stride):
         n16 = (n16 - k) // s + 1

@@ -94,6 +94,7 @@ else:
 
 IS_NUMPY = xp is np
 IS_STRICT = BACKEND == "strict"
+IS_CUPY = BACKEND == "cupy"
 # CUDA graphs for `replay` on CuPy (OMNICORE_CUDA_GRAPHS=0: every call launches its kernels).
 GRAPHS = os.environ.get("OMNICORE_CUDA_GRAPHS", "1").strip() != "0"
 
@@ -355,4 +356,4 @@ class _Cublas:
         self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
 
 
-_CUBLAS = _Cublas() if BACKEND == "cupy" else None
+_CUBLAS = _Cublas() if IS_CUPY else None

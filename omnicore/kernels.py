@@ -30,10 +30,8 @@ import types
 
 import numpy as np
 
-from .backend import BACKEND, IS_NUMPY, xp
+from .backend import IS_CUPY, IS_NUMPY, xp
 from .errors import ConfigError
-
-IS_CUDA = BACKEND == "cupy"  # CuPy: the CUDA twins at the end of this module
 
 _THREADS = os.environ.get("OMNICORE_NUM_THREADS", "").strip()
 if _THREADS and not (_THREADS.isdigit() and int(_THREADS) > 0):
@@ -1251,7 +1249,7 @@ def _cuda_kernels():
 
 
 def _cuda_ok(*arrays) -> bool:
-    return IS_CUDA and all(a.dtype == _F32 and a.flags.c_contiguous for a in arrays)
+    return IS_CUPY and all(a.dtype == _F32 and a.flags.c_contiguous for a in arrays)
 
 
 def _cuda_norm(x, y, weight, eps, out):

@@ -11,8 +11,8 @@ backend, the same cases run again and the two are compared:
 * codes: token-exact with the reference fixtures, and with the numpy backend (seeded sampling
   included: the noise is drawn from the same generators in the same order);
 * audio: within DEVICE_REL of the numpy backend (relative to the peak). The device path runs
-  the plain float32 twins instead of the Numba kernels: Snake's sin in float32 (the kernel:
-  a float64 polynomial), GroupNorm statistics in float32 (the kernel: float64 accumulators),
+  the plain float32 twins instead of the Numba kernels: Snake with xp.sin (the kernel: its own
+  float32 polynomial), GroupNorm statistics in float32 (the kernel: float64 accumulators),
   erf-GELU and exp from xp, whole-array GEMMs instead of the kernels' fixed-size chunks;
 * transfers: at most MAX_TRANSFERS_PER_STEP per unmasking step, the same for one item or three
   and for short or long targets (the text rows' ids down and their embeddings up, plus one
@@ -52,14 +52,18 @@ MAX_TRANSFERS_PER_STEP = 3
 DEVICE_DTYPES = {"bool", "int64", "float32"}
 
 
+def _child_env(backend: str) -> dict:
+    """This process's environment for a child on `backend` that imports this checkout."""
+    return dict(os.environ, OMNICORE_BACKEND=backend,
+                PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+
+
 @pytest.fixture(scope="module")
 def device(tmp_path_factory):
     """What the pipeline made under the device backend (child process)."""
     out = tmp_path_factory.mktemp("device") / "out.npz"
-    env = dict(os.environ, OMNICORE_BACKEND=DEVICE_BACKEND,
-               PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "device_child.py"), str(out)],
-                          env=env, capture_output=True, text=True, timeout=900)
+                          env=_child_env(DEVICE_BACKEND), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-6000:]
     with np.load(out, allow_pickle=False) as z:
         arrays = {k: z[k] for k in z.files if k != "meta"}
@@ -74,11 +78,7 @@ def host():
     from omnicore import backend
 
     assert backend.BACKEND == "numpy", "run the suite itself on the numpy backend"
-    return device_child.produce(count_transfers=False)[0]
-
-
-def _rel(a, b):
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+    return device_child.produce(device_checks=False)[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,7 +94,7 @@ def test_generate_is_token_exact_with_the_reference(device, name):
     assert min(len(np.unique(row)) for row in z["codes"]) >= 5  # a fixture that can fail
     assert len(device[0][f"{name}/audio"]) == int(z["wave_len"])
     if "wave" in z.files:
-        assert _rel(device[0][f"{name}/audio"], z["wave"]) <= WAVE_TOL
+        assert device_child.rel(device[0][f"{name}/audio"], z["wave"]) <= WAVE_TOL
 
 
 def test_voice_prompt_codes_match_the_reference(device):
@@ -109,12 +109,12 @@ def test_codec_matches_the_reference(device):
     dec = np.load(REF / "codec_decode.npz")
     enc = np.load(REF / "codec_encode.npz")
     arrays = device[0]
-    assert _rel(arrays["decode/wav_50"], dec["wav_50"]) <= WAVE_TOL
-    assert _rel(arrays["decode/wav_batch"], dec["wav_batch"]) <= WAVE_TOL
-    assert _rel(arrays["decode/wav_chunked_50"], arrays["decode/wav_50"]) <= CHUNK_TOL
+    assert device_child.rel(arrays["decode/wav_50"], dec["wav_50"]) <= WAVE_TOL
+    assert device_child.rel(arrays["decode/wav_batch"], dec["wav_batch"]) <= WAVE_TOL
+    assert device_child.rel(arrays["decode/wav_chunked_50"], arrays["decode/wav_50"]) <= CHUNK_TOL
     np.testing.assert_array_equal(arrays["encode/codes"], enc["codes"])
     np.testing.assert_array_equal(arrays["encode/codes_api"], enc["codes"])
-    assert _rel(arrays["encode/fused"], enc["fused"]) <= 5e-6  # tests/test_codec.py's bound
+    assert device_child.rel(arrays["encode/fused"], enc["fused"]) <= 5e-6  # tests/test_codec.py's bound
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,11 +136,11 @@ def test_same_codes_as_the_numpy_backend(device, host):
 def test_audio_within_tolerance_of_the_numpy_backend(device, host):
     waves = [k for k in host if k.split("/")[1].startswith(("audio", "wav"))]
     assert {"batch/audio_0", "stream/audio", "decode/wav_50", "clone_s8/audio"} <= set(waves)
-    worst = {k: _rel(device[0][k], host[k]) for k in waves if device[0][k].shape == host[k].shape}
+    worst = {k: device_child.rel(device[0][k], host[k]) for k in waves if device[0][k].shape == host[k].shape}
     assert len(worst) == len(waves), "shapes differ"
     assert max(worst.values()) <= DEVICE_REL, worst
     np.testing.assert_array_equal(device[0]["stream/pieces"], host["stream/pieces"])
-    assert _rel(device[0]["encode/fused"], host["encode/fused"]) <= DEVICE_REL
+    assert device_child.rel(device[0]["encode/fused"], host["encode/fused"]) <= DEVICE_REL
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,9 +213,7 @@ for name, fn in {"fine": lambda: xp.multiply(a, 2, out=out),
         print(name, "refused")
 print(backend.to_numpy(backend.replay({}, 0, lambda: a + 1)).tolist())
 """
-    env = dict(os.environ, OMNICORE_BACKEND="strict",
-               PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], env=_child_env("strict"), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.split("\n")
     assert lines[:4] == ["fine ran", "scalar refused", "transfer refused", "sync refused"], proc.stdout
