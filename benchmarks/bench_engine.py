@@ -104,7 +104,7 @@ class IterationLog:
     """Each engine iteration's forward time, rows and scored positions, and its end time."""
 
     def __init__(self, model):
-        from omnicore import unmasking
+        from omnicore.model import unmasking
 
         self.model, self.um, self.orig = model, unmasking, unmasking.forward_rows
         self.forwards, self.ends = [], []
@@ -129,7 +129,7 @@ class IterationLog:
         the idle wait): GFLOP, median forward and iteration seconds, numpy's roofline seconds."""
         from roofline import sgemm_roofline_seconds
 
-        from omnicore.text import forward_flops
+        from omnicore.model.backbone import forward_flops
 
         its = [(f, e - p) for f, p, e in zip(self.forwards[1:], self.ends, self.ends[1:])]
         shape = statistics.mode((rows, heads) for (_, rows, heads), _ in its)
@@ -143,8 +143,8 @@ class IterationLog:
 
 
 def case_throughput(model, a) -> dict:
-    from omnicore import unmasking
-    from omnicore.config import GenerationConfig
+    from omnicore.model import unmasking
+    from omnicore.model.config import GenerationConfig
     from omnicore.engine import PassSpec
 
     steps, n = a.steps, 4
@@ -179,7 +179,7 @@ def case_longtext(model, a) -> dict:
     import numpy as np
 
     from omnicore import VoiceClonePrompt
-    from omnicore.config import GenerationConfig
+    from omnicore.model.config import GenerationConfig
     from omnicore.engine import PassSpec
 
     prompt = VoiceClonePrompt(np.random.default_rng(0).integers(0, 1024, (8, 125)),

@@ -141,7 +141,7 @@ class OmnicoreSide:
 
     def __init__(self, model_dir):
         from omnicore import OmniVoice
-        from omnicore import unmasking
+        from omnicore.model import unmasking
 
         with Timer() as t:
             self.model = OmniVoice.from_pretrained(str(model_dir))
@@ -414,12 +414,12 @@ def main():
     enc_agree = float((ca == cb).mean())
 
     # Roofline on the shapes of the step case
-    from omnicore.config import OmniVoiceConfig
+    from omnicore.model.config import OmniVoiceConfig
 
     cfg = OmniVoiceConfig.from_file(ARGS.model / "config.json")
     go, gr = gens[step_case]
-    from omnicore.codec import pad_to_hop
-    from omnicore.text import forward_flops
+    from omnicore.model.codec import pad_to_hop
+    from omnicore.model.backbone import forward_flops
 
     flops_o = forward_flops(cfg, go["rows"], [go["heads"]])
     flops_r = forward_flops(cfg, gr["rows"], [gr["heads"]])

@@ -46,8 +46,8 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from omnicore import codec, hubert  # noqa: E402
-from omnicore.kernels import (conv1d, conv_transpose1d, gelu, group_norm, grouped_conv1d,  # noqa: E402
+from omnicore.model import codec, hubert  # noqa: E402
+from omnicore.model.kernels import (conv1d, conv_transpose1d, gelu, group_norm, grouped_conv1d,  # noqa: E402
                               snake)
 
 
@@ -322,7 +322,7 @@ def table(title, runs_o, runs_r, total_o, total_r):
 def main():
     import soundfile as sf
 
-    from omnicore.codec import Codec
+    from omnicore.model.codec import Codec
 
     model_dir = ARGS.model
     cdc = Codec(model_dir)

@@ -45,10 +45,10 @@ except ImportError:  # a source checkout without `pip install -e .`: use the pac
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from omnicore import OmniVoice, VoiceClonePrompt
-from omnicore import text as limits
+from omnicore.text import limits
 from omnicore.errors import InputError, OmniCoreError
-from omnicore.audio import to_pcm16
-from omnicore.text import instruct_vocabulary, language_choices, resolve_instruct
+from omnicore.audio.writers import to_pcm16
+from omnicore.text.frontend import instruct_vocabulary, language_choices, resolve_instruct
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from visuals import render_unmasking, render_waveform  # noqa: E402

@@ -17,6 +17,6 @@ def __getattr__(name):
         from . import pipeline
         return getattr(pipeline, name)
     if name == "GenerationConfig":
-        from .config import GenerationConfig
+        from .model.config import GenerationConfig
         return GenerationConfig
     raise AttributeError(f"module 'omnicore' has no attribute {name!r}")

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import AudioError, InputError, OmniCoreError, VoicePromptError
+from .model.config import SAMPLE_RATE
 
 DEFAULT_MODEL = os.environ.get("OMNICORE_MODEL", "k2-fsa/OmniVoice")
 
@@ -91,16 +92,16 @@ def _check_output(path, inputs: dict, error=InputError, *, audio_file: bool = Fa
     """Refuse, before any work, an output that cannot be written (missing folder, a folder or
     device, an unknown audio extension) or that would replace one of the command's own inputs
     (`inputs`: what it is -> path or None)."""
-    from . import audio
+    from .audio import writers
 
     for what, src in inputs.items():
         if src and _same_file(path, src):
             raise InputError(f"output {os.fspath(path)!r} is the same file as {what} {os.fspath(src)!r}; "
                              "writing it would destroy the input: choose another output name")
-    audio.check_output_path(path, error)
+    writers.check_output_path(path, error)
     if audio_file:
-        audio.audio_format(path)
-    audio.AtomicOutput(path, error).abort()  # a folder that takes no new file (read-only, /proc)
+        writers.audio_format(path)
+    writers.AtomicOutput(path, error).abort()  # a folder that takes no new file (read-only, /proc)
 
 
 def _say_inputs(args) -> dict:
@@ -129,7 +130,8 @@ _REFERENCE_GEN_KEYS = ("t_shift", "layer_penalty_factor", "position_temperature"
 
 def _say_text(args) -> str:
     """The text to speak, checked (length, pause marks) before the (slow) model load."""
-    from .text import split_pauses, validate_text
+    from .text.planner import split_pauses
+    from .text.limits import validate_text
 
     text = validate_text(_read_text(args))
     split_pauses(text)
@@ -137,7 +139,7 @@ def _say_text(args) -> str:
 
 
 def cmd_say(args) -> int:
-    from . import audio
+    from .audio import writers
     from .pipeline import VoiceClonePrompt
 
     save_voice = getattr(args, "save_voice", None)
@@ -160,7 +162,7 @@ def cmd_say(args) -> int:
     result = model.synthesize(text, on_step=_progress(not args.quiet), **kw)[0]
     elapsed = time.perf_counter() - t0
     voice = result.as_voice() if save_voice else None  # refused (too long) before any write
-    audio.write_audio_atomic(args.output, result.audio, model.sampling_rate)
+    writers.write_audio_atomic(args.output, result.audio, model.sampling_rate)
     secs = len(result.audio) / model.sampling_rate
     _log(args, f"wrote {args.output}: {secs:.2f} s of audio in {elapsed:.1f} s "
                f"(RTF {elapsed / max(secs, 1e-9):.2f}, {result.codes.shape[1]} frames, "
@@ -204,7 +206,7 @@ def _stdin_fragments():
 
 def _say_stream(args) -> int:
     """`say --stream`: audio is written as each chunk is made (see omnicore.streaming)."""
-    from . import streaming
+    from .audio import writers
     from .pipeline import VoiceClonePrompt
 
     if args.text_file or (args.text is not None and args.text != "-"):
@@ -219,10 +221,10 @@ def _say_stream(args) -> int:
     kw = _gen_kwargs(args)
     _voice_kwargs(args, kw, VoiceClonePrompt)
     if to_stdout:
-        writer = streaming.RawPcmWriter(sys.stdout.buffer)
+        writer = writers.RawPcmWriter(sys.stdout.buffer)
     else:
         _check_output(args.output, _say_inputs(args), AudioError)
-        writer = streaming.AudioFileWriter(args.output, 24000, raw=args.raw)  # checks the path first
+        writer = writers.AudioFileWriter(args.output, SAMPLE_RATE, raw=args.raw)  # checks the path first
     try:
         model = _load_model(args)
         t0 = time.perf_counter()
@@ -301,8 +303,9 @@ def _id_problem(job_id) -> str | None:
 
 def _job_problem(job) -> str | None:
     """What is wrong with one parsed batch line (fields, types, values), or None."""
-    from .text import (resolve_instruct, split_pauses, validate_duration, validate_speed,
-                       validate_text)
+    from .text.frontend import resolve_instruct
+    from .text.planner import split_pauses
+    from .text.limits import validate_duration, validate_speed, validate_text
 
     if not isinstance(job, dict):
         return f"must be a JSON object, got {type(job).__name__}"
@@ -401,7 +404,7 @@ def check_batch_outputs(args, jobs: list[tuple[int, dict]]) -> Path:
     """Before any work: --out-dir is a folder (created if missing) that takes new files, no
     job's output would replace an input of the batch (the job file, a ref_audio) or a folder.
     Returns the folder; InputError naming the line otherwise."""
-    from . import audio
+    from .audio import writers
 
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
@@ -436,13 +439,13 @@ def check_batch_outputs(args, jobs: list[tuple[int, dict]]) -> Path:
         raise InputError(f"cannot create --out-dir {args.out_dir!r} ({exc.strerror or exc})") from None
     for n, job in jobs:  # e.g. a folder named <id>.wav in the way
         try:
-            audio.check_output_path(batch_target(out_dir, job["id"]), InputError)
+            writers.check_output_path(batch_target(out_dir, job["id"]), InputError)
         except InputError as exc:
             raise InputError(f"{args.jsonl}:{n}: {exc}; nothing was run") from None
     from .cluster import MANIFEST
 
     probe = batch_target(out_dir, jobs[0][1]["id"]) if jobs else out_dir / MANIFEST
-    audio.AtomicOutput(probe, InputError).abort()  # takes new files?
+    writers.AtomicOutput(probe, InputError).abort()  # takes new files?
     return out_dir
 
 
@@ -467,7 +470,7 @@ def cmd_batch(args) -> int:
     the jobs run, a few at once on the model's engine; a job that fails (e.g. unreadable ref_audio) is reported with its
     line number and the rest go on; the exit status is then 1. With --ray, omnicore.cluster
     runs them on Ray actors instead."""
-    from . import audio
+    from .audio import writers
 
     if getattr(args, "ray", None) is not None:
         return _batch_ray(args)
@@ -511,7 +514,7 @@ def cmd_batch(args) -> int:
         try:
             if "error" in slot:
                 raise slot.pop("error")
-            audio.write_audio_atomic(target, slot.pop("wav"), model.sampling_rate)
+            writers.write_audio_atomic(target, slot.pop("wav"), model.sampling_rate)
             _log(args, f"[{k}/{len(jobs)}] {target}")
         except (OmniCoreError, MemoryError) as exc:
             failed += 1
@@ -526,7 +529,7 @@ def run_ray_batch(args, on_record=None) -> dict:
     """`batch --ray` as parsed by `build_parser`, run on Ray (omnicore.cluster.run); returns its
     summary. `on_record(rec)` sees every manifest record as it is written."""
     from . import cluster
-    from .config import GenerationConfig, resolve_generation_config
+    from .model.config import GenerationConfig, resolve_generation_config
 
     cluster.import_ray()  # before any work: say how to install it
     cluster.check_sizes(args.workers, args.threads_per_worker)
@@ -622,7 +625,7 @@ def cmd_script(args) -> int:
 
 def _codec(args):
     from .pipeline import Codec
-    from .weights import resolve_codec_dir, resolve_model_dir
+    from .model.weights import resolve_codec_dir, resolve_model_dir
 
     path = resolve_model_dir(args.model)
     return Codec(path if (path / "model.safetensors").is_file() and not (path / "audio_tokenizer").is_dir()
@@ -630,11 +633,11 @@ def _codec(args):
 
 
 def cmd_codec_encode(args) -> int:
-    from . import audio
+    from .audio import loading
 
     _check_output(args.output, {"the input": args.input})
     codec = _codec(args)
-    wav = audio.load_audio(args.input, codec.sampling_rate)
+    wav = loading.load_audio(args.input, codec.sampling_rate)
     codes = codec.encode(wav, codec.sampling_rate)
     _save_npy(args.output, codes)
     _log(args, f"wrote {args.output}: codes {list(codes.shape)} ({codes.shape[1] / codec.frame_rate:.2f} s)")
@@ -642,9 +645,9 @@ def cmd_codec_encode(args) -> int:
 
 
 def _save_npy(path, arr) -> None:
-    from . import audio
+    from .audio import writers
 
-    audio.write_atomic(path, lambda fh: np.save(fh, arr), InputError)
+    writers.write_atomic(path, lambda fh: np.save(fh, arr), InputError)
 
 
 def _load_codes(path, num_codebooks: int, codebook_size: int) -> np.ndarray:
@@ -661,26 +664,26 @@ def _load_codes(path, num_codebooks: int, codebook_size: int) -> np.ndarray:
 
 
 def cmd_codec_decode(args) -> int:
-    from . import audio
+    from .audio import writers
 
     _check_output(args.output, {"the input": args.input}, AudioError, audio_file=True)
     codec = _codec(args)
     codes = _load_codes(args.input, codec.cfg.num_quantizers, codec.cfg.codebook_size)
     wav = codec.decode(codes)
-    audio.write_audio_atomic(args.output, wav, codec.sampling_rate)
+    writers.write_audio_atomic(args.output, wav, codec.sampling_rate)
     _log(args, f"wrote {args.output}: {len(wav) / codec.sampling_rate:.2f} s")
     return 0
 
 
 def cmd_codec_roundtrip(args) -> int:
-    from . import audio
+    from .audio import loading, writers
 
     _check_output(args.output, {"the input": args.input}, AudioError, audio_file=True)
     codec = _codec(args)
-    wav = audio.load_audio(args.input, codec.sampling_rate)
+    wav = loading.load_audio(args.input, codec.sampling_rate)
     codes = codec.encode(wav, codec.sampling_rate)
     out = codec.decode(codes)
-    audio.write_audio_atomic(args.output, out, codec.sampling_rate)
+    writers.write_audio_atomic(args.output, out, codec.sampling_rate)
     _log(args, f"wrote {args.output}: {codes.shape[1]} frames -> {len(out) / codec.sampling_rate:.2f} s")
     return 0
 
@@ -893,7 +896,7 @@ def _str2bool(value: str) -> bool:
 
 def _select_device(device: str | None) -> None:
     """--device (torch's names) -> omnicore's array backend: cpu -> numpy, cuda[:N] -> CuPy on
-    GPU N. The backend is fixed when omnicore.backend is first imported, so this runs first."""
+    GPU N. The backend is fixed when omnicore.model.backend is first imported, so this runs first."""
     if device is None:  # the reference auto-detects; omnicore keeps OMNICORE_BACKEND (numpy)
         return
     kind, _, index = device.strip().lower().partition(":")
@@ -907,14 +910,14 @@ def _select_device(device: str | None) -> None:
         if importlib.util.find_spec("cupy") is None:
             raise InputError(f"--device {device} runs omnicore on CuPy, which is not installed: "
                              "pip install 'omnicore[gpu]' (needs CUDA 12), or use --device cpu")
-    loaded = sys.modules.get("omnicore.backend")
+    loaded = sys.modules.get("omnicore.model.backend")
     if loaded is None:
         os.environ["OMNICORE_BACKEND"] = backend
     elif loaded.BACKEND != backend:
         raise InputError(f"--device {device}: this process already runs omnicore on "
                          f"{loaded.BACKEND}; set OMNICORE_BACKEND={backend} before starting it")
     if backend == "cupy" and index:
-        from .backend import xp
+        from .model.backend import xp
 
         xp.cuda.Device(int(index)).use()
 

@@ -8,7 +8,7 @@
       _Queue: items grouped by voice prompt; a worker      a voice prompt (ref_audio + ref_text) is
         keeps taking from its voice group                    encoded once per actor, then reused
       keep IN_FLIGHT calls per live actor; each result     write OUT_DIR/<id>.wav atomically
-        -> one manifest line (the driver is its only         (audio.write_audio_atomic), return
+        -> one manifest line (the driver is its only         (writers.write_audio_atomic), return
         writer), progress on stderr                          the record
       actor death -> its in-flight items go back to the
         queue (at most MAX_ATTEMPTS tries each), a new
@@ -72,7 +72,7 @@ class Worker:
     so that the driver can raise it as it is rather than as a dead actor."""
 
     def __init__(self, model: str, threads: int, name: str):
-        from . import kernels
+        from .model import kernels
 
         kernels.set_num_threads(threads)  # the pools' sizes also come from the actor's env
         self.name = f"{name}@{socket.gethostname()}:{os.getpid()}"
@@ -121,13 +121,13 @@ class Worker:
     def synthesize(self, item: dict) -> dict:
         """Make and write one item; its manifest record. A failing item is a failed record
         (its error message), never an exception: it fails alone."""
-        from . import audio
+        from .audio import writers
 
         t0 = time.perf_counter()
         rec = {"id": item["id"], "line": item["line"], "path": item["path"]}
         try:
             wav = self.model.generate(item["text"], **self._voice(item["kwargs"]))[0]
-            audio.write_audio_atomic(item["path"], wav, self.model.sampling_rate)
+            writers.write_audio_atomic(item["path"], wav, self.model.sampling_rate)
             rec.update(status="ok", seconds=len(wav) / self.model.sampling_rate,
                        samples=len(wav), error=None)
         except (OmniCoreError, MemoryError) as exc:
@@ -514,13 +514,13 @@ def run(jobs: list[tuple[int, dict]], problems: list, out_dir: Path, *, model: s
     started_ray = False
     d = None
     try:
-        from . import audio
+        from .audio import writers
 
         paths = [target(out_dir, job["id"]) for _, job in jobs]
         names = [p.name for p in paths]
         # Holding the manifest's lock, no other run writes here: what a killed worker of an
         # earlier run left half-written goes.
-        audio.remove_stale_temporaries(out_dir, names)
+        writers.remove_stale_temporaries(out_dir, names)
         previous = read_manifest(manifest.path)
         items, skipped = [], 0
         for (n, job), path in zip(jobs, paths):
@@ -565,7 +565,7 @@ def run(jobs: list[tuple[int, dict]], problems: list, out_dir: Path, *, model: s
                 + (f", {len(problems)} bad line(s)" if problems else ""))
             d.loop(on_record)
             # every call is back: what is left half-written is a dead actor's
-            audio.remove_stale_temporaries(out_dir, names)
+            writers.remove_stale_temporaries(out_dir, names)
             for slot in d.slots:
                 if slot.state == "live":
                     try:

@@ -52,9 +52,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import text as text_mod, tokenizer as tok_mod, unmasking
-from .config import GenerationConfig
 from .errors import CancelledError, InputError
+from .model import backbone, tokenizer as tok_mod, unmasking
+from .model.config import GenerationConfig, validate_sampling
 
 __all__ = ["PassSpec", "Request", "Engine", "EngineLoad", "default_token_budget", "pass_seed",
            "schedule"]
@@ -132,10 +132,10 @@ def schedule(costs: Sequence[float], work: Sequence[float], held: Sequence[float
 
 
 def default_token_budget(cfg) -> int:
-    """Packed tokens per iteration whose working memory stays within text.MAX_PASS_BYTES (the
+    """Packed tokens per iteration whose working memory stays within backbone.MAX_PASS_BYTES (the
     bound every single pass is held to), from the model's per-token cost in text.forward_bytes."""
-    per_token = text_mod.forward_bytes(cfg, [2], [0]) - text_mod.forward_bytes(cfg, [1], [0])
-    return max(1, text_mod.MAX_PASS_BYTES // per_token)
+    per_token = backbone.forward_bytes(cfg, [2], [0]) - backbone.forward_bytes(cfg, [1], [0])
+    return max(1, backbone.MAX_PASS_BYTES // per_token)
 
 
 class Request:
@@ -235,7 +235,7 @@ class Engine:
     One worker thread (started on first use, a daemon; it ends after IDLE_EXIT_S without work)
     owns the forward. `max_tokens` bounds the packed tokens of one iteration (default:
     `default_token_budget`) and text.forward_bytes of the pack stays within
-    text.MAX_PASS_BYTES; passes beyond either wait, first come first served. A pass alone is
+    backbone.MAX_PASS_BYTES; passes beyond either wait, first come first served. A pass alone is
     always admitted (its memory was checked at submit).
     `trace`, when set, is called on the engine thread after each iteration with the request ids
     of the passes it ran (for tests, benchmarks and metrics; `load()` then describes that
@@ -271,7 +271,7 @@ class Engine:
         the prepared rows of the passes that depend on no other (None for the others)."""
         prepared = []
         for spec in specs:
-            text_mod.validate_sampling(spec.gen)
+            validate_sampling(spec.gen)
             if spec.after is None:
                 item = self.prepare(spec)
             else:  # zeros of the reference pass's length stand in: the same row lengths
@@ -280,7 +280,7 @@ class Engine:
                 C = self.cfg.num_audio_codebook
                 item = self.prepare(spec, np.zeros((C, specs[spec.after].frames), np.int64))
             rows = [item.input_ids.shape[1]] + ([spec.frames] if spec.gen.guidance_scale else [])
-            text_mod.check_pass_memory(self.cfg, rows, [spec.frames] * len(rows),
+            backbone.check_pass_memory(self.cfg, rows, [spec.frames] * len(rows),
                                        spec.gen.class_temperature > 0)
             prepared.append(item if spec.after is None else None)
         return prepared
@@ -335,12 +335,12 @@ class Engine:
     # -- the worker -----------------------------------------------------------------------------
 
     def _fits(self, passes: list[_Pass]) -> bool:
-        """The pack of `passes` within the token budget and text.MAX_PASS_BYTES of memory."""
+        """The pack of `passes` within the token budget and backbone.MAX_PASS_BYTES of memory."""
         lengths = [ids.shape[1] for p in passes for ids, _ in p.state.rows]
         num_out = [n for p in passes for n in p.state.num_out]
         sampling = any(p.spec.gen.class_temperature > 0 for p in passes)
-        return (sum(lengths) <= self.max_tokens and text_mod.forward_bytes(
-            self.cfg, lengths, num_out, sampling) <= text_mod.MAX_PASS_BYTES)
+        return (sum(lengths) <= self.max_tokens and backbone.forward_bytes(
+            self.cfg, lengths, num_out, sampling) <= backbone.MAX_PASS_BYTES)
 
     def _admit(self) -> None:
         """Move ready waiting passes to the active set, FIFO, within the token budget."""
@@ -359,7 +359,7 @@ class Engine:
                     p.prepared = self.prepare(p.spec, req._results[p.spec.after][0])
                 if p.state is None:
                     p.state = unmasking.PassState(p.prepared, p.spec.gen, p.spec.seed, self.cfg)
-                    p.cost = text_mod.forward_flops(
+                    p.cost = backbone.forward_flops(
                         self.cfg, [ids.shape[1] for ids, _ in p.state.rows], p.state.num_out)
             except BaseException as exc:  # surfaces in the caller's result()
                 req._finish("error", exc)

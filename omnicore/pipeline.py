@@ -5,13 +5,13 @@
         tokenizer.json -> Tokenizer; audio_tokenizer/ -> Codec (encoder half loaded lazily)
     generate(text, ...)
         1. prepare    text.validate_text, resolve language / instruct, voice prompt from ref_audio
-                      (audio.prepare_reference_audio -> codec.encode), duration estimate -> T frames
+                      (postprocess.prepare_reference_audio -> codec.encode), duration estimate -> T frames
         2. unmask     the plan's passes -> engine.Engine (the model's one worker thread, 32 steps
                       of CFG unmasking, passes of every caller packed into shared forwards);
                       long text: text chunks, chunk 0 becomes the voice reference of the rest
         3. decode     codec.decode: [8, T] codes -> 960*T samples at 24 kHz
-        4. postprocess audio.postprocess_output: silence trim, loudness, fades, padding (with
-                      pause marks, audio.postprocess_paused: segments joined by exact silence)
+        4. postprocess postprocess.postprocess_output: silence trim, loudness, fades, padding (with
+                      pause marks, postprocess.postprocess_paused: segments joined by exact silence)
 
 Names and defaults follow the reference `omnivoice` package so that code ports by changing an
 import. Dimension legend: C = 8 codebooks, T = target frames (25 per second), R = reference
@@ -28,14 +28,16 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import audio, backbone, normalize, streaming, text as text_mod, tokenizer as tok_mod
-from .codec import Codec, check_clip_length  # noqa: F401 (public names)
-from .config import GenerationConfig, OmniVoiceConfig, read_json, resolve_generation_config
+from . import streaming
+from .audio import postprocess
+from .audio.loading import load_audio
 from .engine import Engine, PassSpec, pass_seed
-from .errors import AudioError, InputError, OmniCoreError, VoicePromptError
-from .voice import (PROMPT_CODEBOOK_SIZE, PROMPT_CODEBOOKS, VOICE_PROMPT_FORMAT,  # noqa: F401
-                    VOICE_PROMPT_VERSION, Synthesis, VoiceClonePrompt, check_voice_prompt)
-from .weights import ParamReader, resolve_codec_dir, resolve_model_dir
+from .errors import AudioError, InputError
+from .model import backbone, codec as codec_mod, tokenizer as tok_mod
+from .model.config import GenerationConfig, OmniVoiceConfig, resolve_generation_config, validate_seed
+from .model.weights import ParamReader, resolve_codec_dir, resolve_model_dir
+from .text import frontend, limits, normalize, planner
+from .voice import Synthesis, VoiceClonePrompt, check_voice_prompt
 
 # ---------------------------------------------------------------------------------------------
 # The model
@@ -67,7 +69,7 @@ class _Item:
     ref_codes: np.ndarray | None  # int64 [C, R]
     ref_rms: float | None
     speed: float | None = None
-    plan: text_mod.SynthesisPlan | None = None  # the passes of a whole text item
+    plan: planner.SynthesisPlan | None = None  # the passes of a whole text item
     seed: int | None = None
 
 
@@ -106,21 +108,21 @@ class OmniVoice:
             raise InputError(
                 "ref_text is required: pass the transcript of the reference audio. (The "
                 "reference package can transcribe it with Whisper; omnicore has no ASR built in.)")
-        text_mod.validate_ref_text(ref_text)
+        limits.validate_ref_text(ref_text)
         # Loudness boost, silence removal, whole codec frames only: exactly the reference's
         # clean-up. (It trims > 20 s clips only when it transcribes them itself; we never do.)
-        wav, ref_rms = audio.prepare_reference_audio(
+        wav, ref_rms = postprocess.prepare_reference_audio(
             ref_audio, preprocess_prompt, trim_long=False, sr=self.sampling_rate,
             hop_length=self.codec.hop_length)
-        check_clip_length(wav.shape[-1], self.sampling_rate)  # before the (costly) encode
+        limits.check_clip_length(wav.shape[-1], self.sampling_rate)  # before the (costly) encode
         if not ref_rms > 0:
             raise AudioError("the reference audio is digital silence; record or upload speech")
         codes = self.codec.encode(wav, self.sampling_rate)  # [L] -> [C, R]
         if preprocess_prompt:
-            ref_text = text_mod.add_punctuation(ref_text)
+            ref_text = frontend.add_punctuation(ref_text)
         # Loudness above 0.1 leaves the output as it is, so capping it at full scale (float
         # clips can exceed it) changes nothing and keeps every saved prompt loadable.
-        return VoiceClonePrompt(codes, ref_text, min(ref_rms, text_mod.MAX_REF_RMS))
+        return VoiceClonePrompt(codes, ref_text, min(ref_rms, limits.MAX_REF_RMS))
 
     # -- generation ---------------------------------------------------------------------------
 
@@ -152,7 +154,7 @@ class OmniVoice:
         child k of its text's seed (`SeedSequence(seed).spawn`, engine.pass_seed), so chunks
         get independent noise and a text gets the same result alone or in a batch.
         `normalize_text=True` first writes
-        numbers, dates, currency ... as words, as the reference does (omnicore.normalize; needs
+        numbers, dates, currency ... as words, as the reference does (omnicore.text.normalize; needs
         the `tn` extra).
         """
         gen = resolve_generation_config(generation_config, kwargs)
@@ -193,18 +195,18 @@ class OmniVoice:
                 t0 = time.perf_counter()
                 edges = dict(postprocess=gen.postprocess_output, pad_duration=gen.pad_duration,
                              fade_duration=gen.fade_duration, sr=self.sampling_rate)
-                if it.plan.paused:  # segments joined by exact silences (audio.postprocess_paused)
+                if it.plan.paused:  # segments joined by exact silences (postprocess.postprocess_paused)
                     segments = [[] for _ in it.plan.pauses[1:]]
                     for chunk, piece in zip(it.plan.chunks, pieces):
                         segments[chunk.segment].append(piece)
                     last = len(it.plan.pauses) - 1  # at the ends, 0 s is no pause at all
                     pauses = [None if i in (0, last) and p == 0 else
-                              text_mod.pause_samples(p, self.sampling_rate)
+                              planner.pause_samples(p, self.sampling_rate)
                               for i, p in enumerate(it.plan.pauses)]
-                    wav, spans = audio.postprocess_paused(segments, pauses, it.ref_rms, **edges)
+                    wav, spans = postprocess.postprocess_paused(segments, pauses, it.ref_rms, **edges)
                 else:
                     # Chunks are cross-faded, then silence trim / loudness / fades as the reference.
-                    wav = audio.postprocess_output(pieces if len(pieces) > 1 else pieces[0],
+                    wav = postprocess.postprocess_output(pieces if len(pieces) > 1 else pieces[0],
                                                    it.ref_rms, **edges)
                 timings["postprocess"] = time.perf_counter() - t0
             out.append(Synthesis(
@@ -235,28 +237,28 @@ class OmniVoice:
         texts = [text] if isinstance(text, str) else text
         if not isinstance(texts, (list, tuple)) or not texts:
             raise InputError("text must be a non-empty string or a non-empty list of strings")
-        texts = [text_mod.validate_text(t) for t in texts]
+        texts = [limits.validate_text(t) for t in texts]
         n = len(texts)
         # Pause marks ([pause:1.5s], <break time="2s"/>) split each text into spoken segments;
         # a bad mark is refused here, and normalisation only ever sees the spoken text.
-        paused = [text_mod.split_pauses(t) for t in texts]
-        text_mod.validate_edges(gen.pad_duration, gen.fade_duration)
-        seeds = text_mod.validate_seed(seed, n)
-        langs = [text_mod.resolve_language(x) for x in _as_list(language, n, "language")]
+        paused = [planner.split_pauses(t) for t in texts]
+        limits.validate_edges(gen.pad_duration, gen.fade_duration)
+        seeds = validate_seed(seed, n)
+        langs = [frontend.resolve_language(x) for x in _as_list(language, n, "language")]
         # As in the reference, normalisation is the first change to the text, so the instruct's
         # language, the length estimate and the chunking all see the spoken form (checked again:
         # words are longer than digits); ref_text is left alone (it must match its audio).
         if normalize.check_flag(normalize_text):
-            paused = [p.map(lambda seg, lang=lang: text_mod.validate_text(normalize.normalize_text(seg, lang)))
+            paused = [p.map(lambda seg, lang=lang: limits.validate_text(normalize.normalize_text(seg, lang)))
                       for p, lang in zip(paused, langs)]
         texts = [p.spoken for p in paused]
         instructs = []
         for t, ins in zip(texts, _as_list(instruct, n, "instruct")):
             # The target text decides the instruct's language (Chinese text -> Chinese items).
-            instructs.append(None if ins is None else text_mod.resolve_instruct(ins, t))
-        speeds = None if speed is None else [text_mod.validate_speed(v) for v in _as_list(speed, n, "speed")]
+            instructs.append(None if ins is None else frontend.resolve_instruct(ins, t))
+        speeds = None if speed is None else [limits.validate_speed(v) for v in _as_list(speed, n, "speed")]
         durations = (None if duration is None else
-                     [text_mod.validate_duration(v) for v in _as_list(duration, n, "duration")])
+                     [limits.validate_duration(v) for v in _as_list(duration, n, "duration")])
 
         encode_s = 0.0
         if voice_clone_prompt is None and ref_audio is not None:
@@ -266,7 +268,7 @@ class OmniVoice:
                 raise InputError("give one ref_text per ref_audio")
             for r in rtexts:
                 if r is not None:
-                    text_mod.validate_ref_text(r)
+                    limits.validate_ref_text(r)
             t0 = time.perf_counter()
             voice_clone_prompt = [self.create_voice_clone_prompt(a, r, gen.preprocess_prompt)
                                   for a, r in zip(audios, rtexts)]
@@ -277,7 +279,7 @@ class OmniVoice:
         items = []
         for i in range(n):
             p = prompts[i]
-            plan = text_mod.plan_synthesis(
+            plan = planner.plan_synthesis(
                 paused[i], p.ref_text if p else None, p.ref_audio_tokens.shape[1] if p else None,
                 speed=speeds[i] if speeds else None,
                 duration=durations[i] if durations else None,
@@ -286,7 +288,7 @@ class OmniVoice:
             items.append(_Item(texts[i], plan.frames, langs[i], instructs[i],
                                p.ref_text if p else None, p.ref_audio_tokens if p else None,
                                p.ref_rms if p else None, plan.speed, plan, seeds[i]))
-        text_mod.check_total_frames(sum(c.frames for it in items for c in it.plan.chunks)
+        limits.check_total_frames(sum(c.frames for it in items for c in it.plan.chunks)
                                     + sum(it.plan.pause_frames for it in items), self.frame_rate)
         return items, encode_s
 
@@ -318,3 +320,59 @@ class OmniVoice:
                                       ref_text, ref_codes, pass_seed(it.seed, k), gen, after))
                 owner.append(i)
         return specs, owner
+
+
+# ---------------------------------------------------------------------------------------------
+# The codec, with its encoder half loaded on first use
+# ---------------------------------------------------------------------------------------------
+
+
+class Codec:
+    """Higgs Audio V2 codec: `decode` codes -> 24 kHz audio, `encode` audio -> codes.
+
+    Only the decoder is read at load time; the encoder half (HuBERT + acoustic encoder) is
+    read the first time something is encoded, so plain TTS never pages it in.
+    """
+
+    def __init__(self, codec_dir: Path):
+        self.dir = Path(codec_dir)
+        self.cfg, self.params = codec_mod.load_codec(self.dir, encoder=False)
+        self.sampling_rate = self.cfg.sample_rate
+        self.frame_rate = self.cfg.frame_rate
+        self.hop_length = self.cfg.hop_length
+        self._lock = threading.Lock()
+
+    def decode(self, codes) -> np.ndarray:
+        """[C, T] -> float32 [960*T]; [B, C, T] -> float32 [B, 960*T].
+
+        Codes must be integers in [0, codebook_size) (InputError otherwise), at most
+        text.MAX_DURATION_S of audio in all. Up to text.MAX_PASS_FRAMES frames (the longest
+        unmasking pass) are decoded in one shot; longer arrays in windows of that length with
+        the decoder's receptive field of overlap, so memory stays bounded.
+        """
+        arr = codec_mod.check_codes(codes, self.cfg)  # shape, dtype and range -> InputError
+        batch = arr.shape[0] if arr.ndim == 3 else 1
+        frames = arr.shape[-1]
+        if batch * frames > limits.MAX_DURATION_S * self.frame_rate:
+            raise InputError(
+                f"codes of {batch} x {frames:,} frames would decode to "
+                f"{batch * frames / self.frame_rate / 60:.0f} minutes of audio; the limit is "
+                f"{limits.MAX_DURATION_S / 60:g} minutes per call: decode it in parts")
+        if arr.ndim == 3:
+            if batch == 0:
+                return np.zeros((0, self.hop_length * frames), np.float32)
+            return np.stack([self.decode(c) for c in arr])  # one item at a time: bounded memory
+        if frames > limits.MAX_PASS_FRAMES:
+            return codec_mod.decode_chunked(self.params, arr, self.cfg,
+                                            chunk_frames=limits.MAX_PASS_FRAMES)
+        return codec_mod.decode(self.params, arr, self.cfg)
+
+    def encode(self, waveform, sample_rate: int) -> np.ndarray:
+        """Audio [L] or [C, L] at any rate -> int64 codes [C, T] (mixed to mono, resampled to
+        24 kHz and right-padded to whole frames first). At most text.MAX_REF_S seconds: the
+        encoder's attention grows with the square of the clip (AudioError beyond)."""
+        wav = load_audio((waveform, sample_rate), self.sampling_rate)
+        limits.check_clip_length(wav.shape[-1], self.sampling_rate)
+        with self._lock:  # concurrent first uses (demo queue) load the encoder half once
+            self.params = codec_mod.ensure_encoder(self.params, self.cfg, self.dir)
+        return codec_mod.encode(self.params, wav, self.cfg)

@@ -34,20 +34,21 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 import numpy as np
 
-from . import audio, text as text_mod
+from .audio import writers
 from .errors import InputError, OmniCoreError
-from .voice import voice_from_synthesis  # noqa: F401 (its home was here: old imports work)
+from .model.config import FRAME_RATE, MAX_SEED, SAMPLE_RATE, validate_seed
+from .text import frontend, limits, planner
 
 # A script is one job, like one call: its spoken text shares text.MAX_TEXT_CHARS. Every turn is
 # at least one generation pass, so the number of turns is bounded too (1,000 turns are 20
 # characters each at the text limit); beyond that it is a wrongly piped file, not a dialogue.
 MAX_TURNS = 1000
 # The raw script (names, comments, blank lines included) that is read at all.
-MAX_SCRIPT_CHARS = 10 * text_mod.MAX_TEXT_CHARS
+MAX_SCRIPT_CHARS = 10 * limits.MAX_TEXT_CHARS
 # Speaker names: a word character first, then words, spaces, dots, apostrophes or hyphens
 # ("Dr. Smith", "O'Brien", "李雷"); long enough for any name, short enough to spot a sentence.
 MAX_NAME_CHARS = 64
@@ -115,7 +116,7 @@ def parse_script(script) -> list[Line]:
             raise InputError(f"script line {number}: {name} has nothing to say; write the text "
                              "after the colon or remove the line")
         try:
-            text_mod.split_pauses(text_mod.validate_text(spoken))  # [pause:1s] marks too
+            planner.split_pauses(limits.validate_text(spoken))  # [pause:1s] marks too
         except InputError as exc:
             raise InputError(f"script line {number} ({name}): {exc}") from None
         turns.append(Line(number, name, spoken))
@@ -125,10 +126,10 @@ def parse_script(script) -> list[Line]:
     if not turns:
         raise InputError("the script has no turns; write one 'speaker: text' line per turn")
     total = sum(len(t.text) for t in turns)
-    if total > text_mod.MAX_TEXT_CHARS:
+    if total > limits.MAX_TEXT_CHARS:
         raise InputError(
             f"the script's turns hold {total:,} characters of text in all; the limit is "
-            f"{text_mod.MAX_TEXT_CHARS:,} per script (as per call). Split it into several scripts.")
+            f"{limits.MAX_TEXT_CHARS:,} per script (as per call). Split it into several scripts.")
     return turns
 
 
@@ -241,7 +242,7 @@ def parse_voices(voices: Mapping, base_dir: str | os.PathLike | None = None) -> 
             ref_text = spec.get("ref_text")
             if ref_text is None:
                 raise InputError(f"{where}: ref_audio needs ref_text, the transcript of the clip")
-            ref_text = _checked(text_mod.validate_ref_text, ref_text, f"{where}['ref_text']")
+            ref_text = _checked(limits.validate_ref_text, ref_text, f"{where}['ref_text']")
         elif spec.get("instruct") is not None:
             instruct = spec["instruct"]
             if not isinstance(instruct, str) or not instruct.strip():
@@ -249,13 +250,13 @@ def parse_voices(voices: Mapping, base_dir: str | os.PathLike | None = None) -> 
                                  "'female, low pitch'")
         seed = spec.get("seed")
         if seed is not None:
-            seed = _checked(lambda s: text_mod.validate_seed(s)[0], seed, f"{where}['seed']")
+            seed = _checked(lambda s: validate_seed(s)[0], seed, f"{where}['seed']")
         language = spec.get("language")
         if language is not None:
-            _checked(text_mod.resolve_language, language, f"{where}['language']")
+            _checked(frontend.resolve_language, language, f"{where}['language']")
         speed = spec.get("speed")
         if speed is not None:
-            speed = _checked(text_mod.validate_speed, speed, f"{where}['speed']")
+            speed = _checked(limits.validate_speed, speed, f"{where}['speed']")
         out[name] = Speaker(name, prompt, ref_audio, ref_text, instruct, seed, language, speed)
     return out
 
@@ -338,7 +339,7 @@ class ScriptResult:
         }
 
 
-def check_gap(gap, num_turns: int = 2, sr: int = audio.SAMPLE_RATE) -> int:
+def check_gap(gap, num_turns: int = 2, sr: int = SAMPLE_RATE) -> int:
     """`gap` seconds as whole samples at `sr`; InputError outside 0 .. MAX_GAP_S, or when the
     gaps of `num_turns` turns alone would pass the output limit (text.MAX_DURATION_S)."""
     ok = isinstance(gap, numbers.Real) and not isinstance(gap, bool)
@@ -349,7 +350,7 @@ def check_gap(gap, num_turns: int = 2, sr: int = audio.SAMPLE_RATE) -> int:
     if not 0 <= g <= MAX_GAP_S:
         raise InputError(f"gap is {gap!r}; the silence between turns lies in 0 .. {MAX_GAP_S:g} "
                          "seconds")
-    text_mod.check_total_frames(int(g * max(num_turns - 1, 0) * text_mod.FRAME_RATE))
+    limits.check_total_frames(int(g * max(num_turns - 1, 0) * FRAME_RATE))
     return int(round(g * sr))
 
 
@@ -375,13 +376,13 @@ def check_script(script, voices: Mapping, voices_dir: str | os.PathLike | None =
         sp = speakers[name]
         if sp.instruct is not None:  # the instruct's language follows each turn's text
             for ln in own:
-                _checked(lambda t: text_mod.resolve_instruct(sp.instruct, t), ln.text,
+                _checked(lambda t: frontend.resolve_instruct(sp.instruct, t), ln.text,
                          f"script line {ln.line} ({name}), instruct")
-        if sp.kind in ("instruct", "auto") and len(own[0].text) > text_mod.MAX_REF_TEXT_CHARS:
+        if sp.kind in ("instruct", "auto") and len(own[0].text) > limits.MAX_REF_TEXT_CHARS:
             raise InputError(
                 f"script line {own[0].line} ({name}): a speaker without a voice is given one by "
                 f"its first turn, whose text becomes the voice's transcript; this one is "
-                f"{len(own[0].text):,} characters, the limit is {text_mod.MAX_REF_TEXT_CHARS:,}. "
+                f"{len(own[0].text):,} characters, the limit is {limits.MAX_REF_TEXT_CHARS:,}. "
                 "Put a shorter line first for this speaker, or give it a voice file.")
     return lines, speakers
 
@@ -411,10 +412,10 @@ def synthesize_script(model, script, voices: Mapping, *, gap: float = DEFAULT_GA
     lines, speakers = check_script(script, voices, voices_dir)
     sr = int(model.sampling_rate)
     gap_n = check_gap(gap, len(lines), sr)
-    base_seed = _checked(lambda s: text_mod.validate_seed(s)[0], seed, "seed")
-    default_speed = None if speed is None else _checked(text_mod.validate_speed, speed, "speed")
+    base_seed = _checked(lambda s: validate_seed(s)[0], seed, "seed")
+    default_speed = None if speed is None else _checked(limits.validate_speed, speed, "speed")
     if language is not None:
-        _checked(text_mod.resolve_language, language, "language")
+        _checked(frontend.resolve_language, language, "language")
     by_key = {name.casefold(): sp for name, sp in speakers.items()}
     spoken = {by_key[ln.speaker.casefold()].name for ln in lines}
 
@@ -437,7 +438,7 @@ def synthesize_script(model, script, voices: Mapping, *, gap: float = DEFAULT_GA
         if on_turn is not None:
             on_turn(k, len(lines), ln)
         turn_seed = sp.seed if sp.seed is not None else (
-            None if base_seed is None else (base_seed + k) % (text_mod.MAX_SEED + 1))
+            None if base_seed is None else (base_seed + k) % (MAX_SEED + 1))
         kw = dict(gen_kwargs, language=sp.language if sp.language is not None else language,
                   speed=sp.speed if sp.speed is not None else default_speed, seed=turn_seed,
                   instruct=sp.instruct, voice_clone_prompt=voice.get(sp.name))
@@ -471,6 +472,6 @@ def write_script_outputs(result: ScriptResult, output: str | os.PathLike,
     beside the audio, `timings_path_for`), each complete or untouched. Returns the JSON path."""
     timings = timings_path_for(output) if timings is None else os.fspath(timings)
     payload = json.dumps(result.timings(), ensure_ascii=False, indent=1).encode("utf-8") + b"\n"
-    audio.write_audio_atomic(output, result.audio, result.sample_rate)
-    audio.write_atomic(timings, lambda fh: fh.write(payload), InputError)
+    writers.write_audio_atomic(output, result.audio, result.sample_rate)
+    writers.write_atomic(timings, lambda fh: fh.write(payload), InputError)
     return timings

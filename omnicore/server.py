@@ -34,10 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import audio, text as text_mod
+from .audio import writers
 from .errors import AudioError, CancelledError, ConfigError, InputError, OmniCoreError, VoicePromptError
+from .model.config import FRAME_RATE, SAMPLE_RATE
+from .text import limits
 
-SAMPLE_RATE = 24000
 MAX_BODY_BYTES = 1 * 2**20       # a JSON speech request: text is capped at MAX_TEXT_CHARS anyway
 MAX_UPLOAD_BYTES = 20 * 2**20    # a reference clip (a 30 s 48 kHz stereo float WAV is ~11 MB)
 VOICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -92,9 +93,9 @@ def wav_stream_header(sr: int = SAMPLE_RATE) -> bytes:
 
 
 def encode_audio(wav: np.ndarray, fmt: str, sr: int = SAMPLE_RATE) -> bytes:
-    """Whole audio -> bytes of `fmt`; pcm is audio.to_pcm16's samples, the rest via libsndfile."""
+    """Whole audio -> bytes of `fmt`; pcm is writers.to_pcm16's samples, the rest via libsndfile."""
     if fmt == "pcm":
-        return audio.to_pcm16(wav).tobytes()
+        return writers.to_pcm16(wav).tobytes()
     import soundfile as sf
 
     container, subtype, _ = FORMATS[fmt]
@@ -226,7 +227,7 @@ class VoiceLibrary:
 def describe_voice(name: str, prompt) -> dict:
     codes = np.asarray(prompt.ref_audio_tokens)
     return {"id": name, "object": "voice", "name": name, "ref_text": prompt.ref_text,
-            "frames": int(codes.shape[1]), "seconds": codes.shape[1] / text_mod.FRAME_RATE,
+            "frames": int(codes.shape[1]), "seconds": codes.shape[1] / FRAME_RATE,
             "preset": PRESET_VOICES.get(name, (None,))[0]}
 
 
@@ -407,9 +408,9 @@ def parse_speech(body) -> dict:
     inp = body.get("input")
     if not isinstance(inp, str) or not inp.strip():
         raise HTTPError(400, "input must be a non-empty string", "input", "invalid_input")
-    if len(inp) > text_mod.MAX_TEXT_CHARS:
+    if len(inp) > limits.MAX_TEXT_CHARS:
         raise HTTPError(400, f"input is {len(inp):,} characters; the limit is "
-                             f"{text_mod.MAX_TEXT_CHARS:,}", "input", "input_too_long")
+                             f"{limits.MAX_TEXT_CHARS:,}", "input", "input_too_long")
     fmt = _field(body, "response_format", str, "mp3")
     if fmt == "aac":
         raise HTTPError(400, "response_format 'aac' is not available (no AAC encoder here); use "
@@ -620,7 +621,7 @@ def create_app(server: Server):
             if fmt == "wav":
                 yield wav_stream_header()
             async for x in pieces():
-                yield audio.to_pcm16(x).tobytes()
+                yield writers.to_pcm16(x).tobytes()
 
         async def audio_body():
             try:

@@ -88,17 +88,16 @@ from typing import Iterator
 
 import numpy as np
 
-from . import codec as codec_mod, normalize, text as text_mod
-from .config import GenerationConfig, resolve_generation_config
+from .audio.streamjoin import SilenceTrimmer, StreamJoiner, join_offline, peak_gain, rms_gain
 from .engine import PassSpec, pass_seed
 from .errors import AudioError, CancelledError, InputError
-from .audio import (AudioFileWriter, RawPcmWriter, SilenceTrimmer, StreamJoiner,  # noqa: F401
-                    join_offline, peak_gain, rms_gain, to_pcm16, trim_chunk)
-from .text import ChunkRule, TextChunker, split_text  # noqa: F401
+from .model import codec as codec_mod
+from .model.config import GenerationConfig, resolve_generation_config, validate_seed
+from .text import frontend, limits, normalize, planner
+from .text.planner import ChunkRule, TextChunker, split_text
 from .voice import Synthesis
 
-__all__ = ["ChunkRule", "TextChunker", "split_text", "SilenceTrimmer", "StreamJoiner",
-           "SpeechStream", "stream", "generate_chunks"]
+__all__ = ["SpeechStream", "stream", "generate_chunks"]
 
 # ---------------------------------------------------------------------------------------------
 # The plan: chunk texts -> codes, one voice throughout
@@ -131,17 +130,17 @@ class _Plan:
             if ref_text is None or (isinstance(ref_text, str) and not ref_text.strip()):
                 raise InputError("ref_text is required with ref_audio: pass the transcript of the "
                                  "reference audio")
-            text_mod.validate_ref_text(ref_text)
+            limits.validate_ref_text(ref_text)
         if on_step is not None and not callable(on_step):
             raise InputError(f"on_step must be a function (step, num_steps) or None, got "
                              f"{type(on_step).__name__}")
-        text_mod.validate_edges(self.gen.pad_duration, self.gen.fade_duration)
+        limits.validate_edges(self.gen.pad_duration, self.gen.fade_duration)
         self.model = model
-        self.language = text_mod.resolve_language(language)
+        self.language = frontend.resolve_language(language)
         self._instruct_raw = instruct
-        self.instruct = text_mod.resolve_instruct(instruct, None)  # validate now; re-resolved on chunk 0
-        self.speed = text_mod.validate_speed(speed)
-        self.duration = text_mod.validate_duration(duration)
+        self.instruct = frontend.resolve_instruct(instruct, None)  # validate now; re-resolved on chunk 0
+        self.speed = limits.validate_speed(speed)
+        self.duration = limits.validate_duration(duration)
         if self.duration is not None and whole_text is None:
             raise InputError("duration needs the whole text in advance; with streamed text input "
                              "use speed= instead")
@@ -149,11 +148,11 @@ class _Plan:
         # reads the text as written, so fragments and the whole string split alike).
         self._normalize = normalize.chunk_normalizer(normalize_text, self.language)
         self.whole_text = whole_text
-        self.seed, self.on_step = text_mod.validate_seed(seed, 1)[0], on_step
+        self.seed, self.on_step = validate_seed(seed, 1)[0], on_step
         self.prompt = voice_clone_prompt
         self._ref_audio, self._ref_text = ref_audio, ref_text
         self.pace = 1.0 if self.speed is None else self.speed
-        self.first: text_mod.ChunkPlan | None = None  # chunk 0's pass: the later chunks' voice
+        self.first: planner.ChunkPlan | None = None  # chunk 0's pass: the later chunks' voice
         self.ref0_codes: np.ndarray | None = None  # its codes, in auto / design mode
         self.encode_s = 0.0
         self.total_frames = 0  # frames generated and paused so far, against text.MAX_DURATION_S
@@ -167,7 +166,7 @@ class _Plan:
         """With `duration`, every chunk is spoken at estimate / requested frames."""
         if self.duration is not None:
             p = self.prompt
-            self.pace, _ = text_mod.plan_pace(
+            self.pace, _ = planner.plan_pace(
                 self._normalize(self.whole_text), p.ref_text if p else None,
                 p.ref_audio_tokens.shape[1] if p else None, duration=self.duration,
                 frame_rate=self.model.frame_rate)
@@ -175,7 +174,7 @@ class _Plan:
     def expect(self, chunks: list) -> None:
         """The whole text's chunks (and Pauses) are known: check every pass now (or, when a
         reference clip still has to be encoded, right after that)."""
-        self._chunks = [c if isinstance(c, text_mod.Pause) else self._normalize(c) for c in chunks]
+        self._chunks = [c if isinstance(c, planner.Pause) else self._normalize(c) for c in chunks]
         if not any(isinstance(c, str) for c in self._chunks):
             raise _nothing_to_say(bool(self._chunks))
         if self._voice_ready:
@@ -185,37 +184,37 @@ class _Plan:
         texts = [c for c in self._chunks if isinstance(c, str)]
         instruct = self.instruct
         if self._instruct_raw is not None and texts:  # as codes() resolves it on chunk 0
-            instruct = text_mod.resolve_instruct(self._instruct_raw, texts[0])
+            instruct = frontend.resolve_instruct(self._instruct_raw, texts[0])
         first, total, specs, paused = None, 0, [], False
         for item in self._chunks:
-            if isinstance(item, text_mod.Pause):
-                total = text_mod.check_total_frames(total + text_mod.pause_frames_of(item.seconds),
+            if isinstance(item, planner.Pause):
+                total = limits.check_total_frames(total + planner.pause_frames_of(item.seconds),
                                                     self.model.frame_rate)
                 paused = paused or first is not None
                 continue
             plan = self._chunk_plan(item, first, paused)
             first = first or plan
-            total = text_mod.check_total_frames(total + plan.frames, self.model.frame_rate)
+            total = limits.check_total_frames(total + plan.frames, self.model.frame_rate)
             specs.append(self._spec(plan, instruct, len(specs),
                                     after=0 if plan.reference == "chunk0" else None))
         self.model.engine.check(specs)  # every pass's rows and memory, before any runs
 
-    def _chunk_plan(self, chunk: str, first, own_pace: bool = False) -> text_mod.ChunkPlan:
+    def _chunk_plan(self, chunk: str, first, own_pace: bool = False) -> planner.ChunkPlan:
         p = self.prompt
-        plan = text_mod.plan_chunk(chunk, first, p.ref_text if p else None,
+        plan = planner.plan_chunk(chunk, first, p.ref_text if p else None,
                                    p.ref_audio_tokens.shape[1] if p else None, self.pace,
                                    own_pace=own_pace)
-        text_mod.check_pass_frames(plan.frames, chunk, self.model.frame_rate)
+        limits.check_pass_frames(plan.frames, chunk, self.model.frame_rate)
         return plan
 
     def add_pause(self, seconds: float) -> int:
         """A pause mark came: counted against the output limit; its length in samples."""
-        self.total_frames = text_mod.check_total_frames(
-            self.total_frames + text_mod.pause_frames_of(seconds), self.model.frame_rate)
+        self.total_frames = limits.check_total_frames(
+            self.total_frames + planner.pause_frames_of(seconds), self.model.frame_rate)
         self.paused = self.paused or self.first is not None
-        return text_mod.pause_samples(seconds, self.model.sampling_rate)
+        return planner.pause_samples(seconds, self.model.sampling_rate)
 
-    def _spec(self, plan: text_mod.ChunkPlan, instruct, k: int, after=None,
+    def _spec(self, plan: planner.ChunkPlan, instruct, k: int, after=None,
               ref_codes=None) -> PassSpec:
         """Chunk k's pass; it draws from child k of the seed (engine.pass_seed), as chunk k of
         the synchronous path does."""
@@ -241,13 +240,13 @@ class _Plan:
 
     def codes(self, k: int, chunk: str, on_step=None, shared=None) -> tuple[np.ndarray, np.ndarray]:
         """Unmask chunk k on the model's engine: codes [C, T_k] and fill steps [C, T_k]."""
-        chunk = text_mod.validate_text(self._normalize(text_mod.validate_text(chunk)))
+        chunk = limits.validate_text(self._normalize(limits.validate_text(chunk)))
         if k == 0 and self._instruct_raw is not None:
             # As generate() decides an instruct's language from its text, here from chunk 0's
             # (the only text known when a stream starts), for whole and fragmented input alike.
-            self.instruct = text_mod.resolve_instruct(self._instruct_raw, chunk)
+            self.instruct = frontend.resolve_instruct(self._instruct_raw, chunk)
         plan = self._chunk_plan(chunk, self.first, self.paused)
-        self.total_frames = text_mod.check_total_frames(self.total_frames + plan.frames,
+        self.total_frames = limits.check_total_frames(self.total_frames + plan.frames,
                                                         self.model.frame_rate)
         spec = self._spec(plan, self.instruct, k, ref_codes=self.ref0_codes)
         request = self.model.engine.submit([spec], on_step or self.on_step)
@@ -276,7 +275,7 @@ def _nothing_to_say(had_pauses: bool) -> InputError:
 def _text_source(text, rule: ChunkRule | None):
     """(whole text or None, iterator of fragments)."""
     if isinstance(text, str):
-        text_mod.validate_text(text)
+        limits.validate_text(text)
         return text, iter([text])
     if isinstance(text, (bytes, bytearray)):
         raise InputError("text must be str (decode bytes first), or an iterable of str fragments")
@@ -298,19 +297,9 @@ LATER_WINDOWS = 4  # windows after a chunk's first are this many times longer
 
 def decode_windows(codec, codes: np.ndarray, first: int) -> Iterator[np.ndarray]:
     """Decode codes [C, T] progressively: frames [0, first), then `LATER_WINDOWS * first` frames
-    at a time. Each window is decoded with the decoder's receptive field of context on both sides
-    (as `codec.decode_stream` does), so the pieces join into the one-shot `codec.decode` up to
-    float32 rounding. A short first window gives the chunk's first samples early; longer later
-    ones cut the overlap cost (1.8x the one-shot work at 25 frames, 1.2x at 100)."""
-    context = max(codec_mod.decoder_receptive_field(codec.cfg))
-    hop, t_ = codec.hop_length, codes.shape[1]
-    start = 0
-    while start < t_:
-        stop = min(t_, start + (first if start == 0 else LATER_WINDOWS * first))
-        lo, hi = max(0, start - context), min(t_, stop + context)
-        wav = codec_mod.decode(codec.params, codes[:, lo:hi], codec.cfg)  # [C, hi-lo] -> [hop*(hi-lo)]
-        yield wav[(start - lo) * hop:(stop - lo) * hop]  # -> [hop*(stop-start)]
-        start = stop
+    at a time, each with the decoder's receptive field of context (`codec.decode_stream`)."""
+    return codec_mod.decode_stream(codec.params, codes, codec.cfg, chunk_frames=first,
+                                   later_frames=LATER_WINDOWS * first)
 
 
 def _check_window(decode_frames) -> int:
@@ -344,7 +333,7 @@ def generate_chunks(model, text, *, language=None, ref_audio=None, ref_text=None
     marks: list[int | None] = [None]  # per chunk boundary: a pause's samples, or no mark
     items = list(_chunks_of(fragments, rule))
     for item in items:
-        if isinstance(item, text_mod.Pause):
+        if isinstance(item, planner.Pause):
             marks[-1] = (marks[-1] or 0) + plan.add_pause(item.seconds)
             continue
         c, s = plan.codes(len(chunks), item)
@@ -489,7 +478,7 @@ def _worker(shared: _Shared, model, plan: _Plan, decode_frames: int) -> None:
             chunk = _next_text(shared)
             if chunk is _END:
                 break
-            if isinstance(chunk, text_mod.Pause):  # silence, in order, with its edges ramped
+            if isinstance(chunk, planner.Pause):  # silence, in order, with its edges ramped
                 shared.put_audio(joiner, joiner.pause(plan.add_pause(chunk.seconds)))
                 after_pause = had_pauses = True
                 continue

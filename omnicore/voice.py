@@ -17,8 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import audio, text as text_mod
+from .audio import postprocess, writers
 from .errors import AudioError, InputError, VoicePromptError
+from .model.config import FRAME_RATE
+from .text import limits
 
 VOICE_PROMPT_FORMAT = "omnicore-voice-prompt"
 VOICE_PROMPT_VERSION = 1
@@ -66,12 +68,12 @@ def voice_from_synthesis(synthesis: Synthesis, text: str | None = None) -> "Voic
     if text is None:
         chunks = list(synthesis.text_chunks)
         text = chunks[0] if len(chunks) == 1 else " ".join(c.strip() for c in chunks)
-    text = text_mod.validate_ref_text(text.strip() if isinstance(text, str) else text,
+    text = limits.validate_ref_text(text.strip() if isinstance(text, str) else text,
                                       "the text of the kept voice")
-    if codes.shape[1] > text_mod.MAX_REF_FRAMES:
+    if codes.shape[1] > limits.MAX_REF_FRAMES:
         raise InputError(
-            f"the result is {codes.shape[1] / text_mod.FRAME_RATE:.1f} s long; a kept voice holds "
-            f"at most {text_mod.MAX_REF_S:g} s (every later pass re-reads it). Keep the voice of "
+            f"the result is {codes.shape[1] / FRAME_RATE:.1f} s long; a kept voice holds "
+            f"at most {limits.MAX_REF_S:g} s (every later pass re-reads it). Keep the voice of "
             "a shorter result (a sentence or two is plenty).")
     wav = np.asarray(synthesis.audio, np.float32)
     if synthesis.pauses:  # the loudness of the speech, not of the silences asked for
@@ -79,11 +81,11 @@ def voice_from_synthesis(synthesis: Synthesis, text: str | None = None) -> "Voic
         for start, n in synthesis.pauses:
             keep[start:start + n] = False
         wav = wav[keep]
-    rms = audio.reference_rms(wav) if wav.size else 0.0
+    rms = postprocess.reference_rms(wav) if wav.size else 0.0
     if not rms > 0:
         raise AudioError("the result is silent; there is no voice to keep")
     # Loudness above 0.1 leaves later outputs as they are, so the cap changes nothing.
-    return VoiceClonePrompt(codes, text, min(rms, text_mod.MAX_REF_RMS))
+    return VoiceClonePrompt(codes, text, min(rms, limits.MAX_REF_RMS))
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ class VoiceClonePrompt:
         tokens = np.asarray(self.ref_audio_tokens, np.int64)
         meta_bytes = np.frombuffer(json.dumps(meta).encode("utf-8"), np.uint8)
         # Complete or untouched, also with concurrent saves to one path (unique temp names).
-        audio.write_atomic(path, lambda fh: np.savez(fh, ref_audio_tokens=tokens, meta=meta_bytes),
+        writers.write_atomic(path, lambda fh: np.savez(fh, ref_audio_tokens=tokens, meta=meta_bytes),
                            VoicePromptError)
 
     @classmethod
@@ -133,11 +135,11 @@ class VoiceClonePrompt:
                 with np.load(path, allow_pickle=False) as z:
                     shape, dtype = _npz_member_shape(z, "ref_audio_tokens")
                     if (len(shape) != 2 or not 1 <= shape[0] <= 64
-                            or not 1 <= shape[1] <= text_mod.MAX_REF_FRAMES):
+                            or not 1 <= shape[1] <= limits.MAX_REF_FRAMES):
                         raise VoicePromptError(
                             f"{path}: the voice prompt's codes have shape {list(shape)}; expected "
-                            f"[{PROMPT_CODEBOOKS}, frames] with 1 to {text_mod.MAX_REF_FRAMES} frames "
-                            f"({text_mod.MAX_REF_S:g} s). Re-create it from a 3-10 s clip.")
+                            f"[{PROMPT_CODEBOOKS}, frames] with 1 to {limits.MAX_REF_FRAMES} frames "
+                            f"({limits.MAX_REF_S:g} s). Re-create it from a 3-10 s clip.")
                     if math.prod(_npz_member_shape(z, "meta")[0]) > _MAX_META_BYTES:
                         raise VoicePromptError(f"{path}: the voice prompt's metadata is over "
                                                f"{_MAX_META_BYTES:,} bytes; not an omnicore prompt")
@@ -209,13 +211,13 @@ def check_voice_prompt(prompt: "VoiceClonePrompt", num_codebooks: int = PROMPT_C
     if tokens.ndim != 2 or tokens.shape[0] != num_codebooks:
         raise InputError(f"voice prompt codes must have shape [{num_codebooks}, frames], "
                          f"got {list(tokens.shape)}")
-    text_mod.validate_ref_frames(tokens.shape[1], "the voice prompt's reference audio")
+    limits.validate_ref_frames(tokens.shape[1], "the voice prompt's reference audio")
     lo, hi = int(tokens.min()), int(tokens.max())
     if lo < 0 or hi >= codebook_size:
         raise InputError(f"voice prompt codes must lie in [0, {codebook_size - 1}], found "
                          f"{lo}..{hi}")
-    ref_text = text_mod.validate_ref_text(prompt.ref_text, "the voice prompt's ref_text")
-    ref_rms = text_mod.validate_ref_rms(prompt.ref_rms, "the voice prompt's ref_rms")
+    ref_text = limits.validate_ref_text(prompt.ref_text, "the voice prompt's ref_text")
+    ref_rms = limits.validate_ref_rms(prompt.ref_rms, "the voice prompt's ref_rms")
     if tokens.dtype == np.int64 and ref_rms == prompt.ref_rms and type(prompt.ref_rms) is float:
         return prompt
     return VoiceClonePrompt(tokens.astype(np.int64), ref_text, ref_rms)

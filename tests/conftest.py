@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from omnicore import backbone as bb
-from omnicore.config import OmniVoiceConfig
-from omnicore.weights import ParamReader, SafetensorsFile
+from omnicore.model import backbone as bb
+from omnicore.model.config import OmniVoiceConfig
+from omnicore.model.weights import ParamReader, SafetensorsFile
 
 TINY = Path(__file__).resolve().parents[1] / "weights" / "tiny-random"
 # CI installs every test dependency and ships every fixture, so there a missing one is a failure

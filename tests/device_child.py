@@ -67,7 +67,7 @@ def matmul_cases(rng):
 
 def rel(a, b) -> float:
     """max |a - b| / max |b| (either may be a device array)."""
-    from omnicore import backend
+    from omnicore.model import backend
 
     a, b = backend.to_numpy(a), backend.to_numpy(b)
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
@@ -76,7 +76,7 @@ def rel(a, b) -> float:
 def kernel_errors(rng) -> dict:
     """Each backbone kernel as dispatched on this backend (CuPy: the CUDA twins) against its
     plain xp twin, on fresh device inputs: max |diff| / max |twin| per kernel."""
-    from omnicore import backend, kernels
+    from omnicore.model import backend, kernels
 
     def d(*shape, scale=1.0):
         return backend.to_device((rng.standard_normal(shape) * scale).astype(np.float32))
@@ -113,8 +113,9 @@ def produce(device_checks: bool = True) -> tuple[dict, dict]:
     """Every output of the cases above as numpy arrays, and the meta dict. Runs under whatever
     backend this process has (the parent test calls it too, on the numpy backend, without the
     device checks: transfers per step, backend.matmul and the kernels against their twins)."""
-    from omnicore import OmniVoice, backend
-    from omnicore import codec as codec_mod
+    from omnicore import OmniVoice
+    from omnicore.model import backend
+    from omnicore.model import codec as codec_mod
 
     out, meta, timings = {}, {"backend": backend.BACKEND}, {}
     t0 = time.perf_counter()
@@ -193,7 +194,7 @@ def produce(device_checks: bool = True) -> tuple[dict, dict]:
         meta["kernel_rel_err"] = kernel_errors(rng)
         meta["graphs"] = backend.graph_stats()
     if backend.BACKEND == "strict":
-        from omnicore import strictxp
+        from omnicore.model import strictxp
 
         meta["device_dtypes"] = sorted(strictxp.seen_dtypes())
     meta["timings"] = timings

@@ -17,8 +17,8 @@ import pytest
 from conftest import free_port, stop_process, wait_until_serving
 
 from omnicore import OmniVoice, VoiceClonePrompt
-from omnicore import text as T
-from omnicore.config import GenerationConfig
+from omnicore.text import limits
+from omnicore.model.config import GenerationConfig
 from omnicore.errors import AudioError, InputError, VoicePromptError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +97,7 @@ def test_a_good_prompt_file_loads_and_generates(tmp_path, model):
     (GOOD_CODES + 2000, "Hi.", 0.05, "codes"),
     (GOOD_CODES[:4], "Hi.", 0.05, "codes"),
     (GOOD_CODES.tolist(), "Hi.", 0.05, "codes"),
-    (np.zeros((8, T.MAX_REF_FRAMES + 1), np.int64), "Hi.", 0.05, f"{T.MAX_REF_S:g} s"),
+    (np.zeros((8, limits.MAX_REF_FRAMES + 1), np.int64), "Hi.", 0.05, f"{limits.MAX_REF_S:g} s"),
 ])
 def test_bad_prompt_objects_passed_to_generate(model, tokens, ref_text, ref_rms, match):
     p = VoiceClonePrompt(tokens, ref_text, ref_rms)
@@ -113,9 +113,9 @@ def test_prompt_made_from_a_clip_is_always_loadable(tmp_path, model):
     rng = np.random.default_rng(1)
     loud = (3.0 * rng.standard_normal(24000 * 2)).astype(np.float32)
     p = model.create_voice_clone_prompt((loud, 24000), "Loud.", preprocess_prompt=False)
-    assert p.ref_rms == T.MAX_REF_RMS
+    assert p.ref_rms == limits.MAX_REF_RMS
     p.save(tmp_path / "loud.npz")
-    assert VoiceClonePrompt.load(tmp_path / "loud.npz").ref_rms == T.MAX_REF_RMS
+    assert VoiceClonePrompt.load(tmp_path / "loud.npz").ref_rms == limits.MAX_REF_RMS
     with pytest.raises(AudioError, match="silence"):
         model.create_voice_clone_prompt((np.zeros(24000, np.float32), 24000), "Nothing.",
                                         preprocess_prompt=False)
@@ -216,7 +216,7 @@ def test_long_codes_are_decoded_in_windows(model, monkeypatch):
     codec = model.codec
     codes = np.random.default_rng(4).integers(0, 1024, (8, 90))
     whole = codec.decode(codes)
-    monkeypatch.setattr(T, "MAX_PASS_FRAMES", 32)  # forces windows of 32 frames
+    monkeypatch.setattr(limits, "MAX_PASS_FRAMES", 32)  # forces windows of 32 frames
     windowed = codec.decode(codes)
     assert windowed.shape == whole.shape
     # the windows overlap by the decoder's receptive field: equal up to float rounding
@@ -261,8 +261,8 @@ def test_demo_refuses_what_the_api_refuses(demo_client, tmp_path):
     from gradio_client import handle_file
 
     msg = _demo_error(demo_client, text="Hi.", duration=600, num_step=2, api_name="/auto")
-    assert f"{T.MAX_PASS_S:g} s per pass" in msg
-    msg = _demo_error(demo_client, text="Hi.", duration=T.MAX_DURATION_S + 1, num_step=2,
+    assert f"{limits.MAX_PASS_S:g} s per pass" in msg
+    msg = _demo_error(demo_client, text="Hi.", duration=limits.MAX_DURATION_S + 1, num_step=2,
                       api_name="/auto")
     assert "maximum" in msg
     msg = _demo_error(demo_client, text="Hi.", seed=2**70, num_step=2, api_name="/auto")

@@ -14,7 +14,9 @@ import soundfile as sf
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from omnicore import audio
+from omnicore.audio import loading, postprocess, writers
+from omnicore.model.resample import resample
+from omnicore.model import resample as resample_mod
 from omnicore.errors import AudioError
 
 REF = Path(__file__).parent / "fixtures" / "reference"
@@ -52,7 +54,7 @@ def test_resample_matches_torchaudio():
         o, n = (int(v) for v in key.split("_")[:2])
         x, want = fx[key + "_in"], fx[key + "_out"]
         assert want.shape[-1] == math.ceil(n * x.shape[-1] / o)
-        got = audio.resample(x, o, n)
+        got = resample(x, o, n)
         _assert_same(got, want, 1e-6)
         worst = max(worst, float(np.abs(got - want).max()))
     assert float(np.abs(fx["24000_16000_long_out"]).std()) > 0.05  # the fixture is not trivial
@@ -63,24 +65,24 @@ def test_resample_dense_and_banded_agree():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 3001)).astype(np.float32)
     for o, n in [(24000, 16000), (44100, 24000), (8000, 24000)]:
-        dense = audio.resample(x, o, n)
-        old, audio._DENSE_MAX = audio._DENSE_MAX, 0
+        dense = resample(x, o, n)
+        old, resample_mod._DENSE_MAX = resample_mod._DENSE_MAX, 0
         try:
-            banded = audio.resample(x, o, n)
+            banded = resample(x, o, n)
         finally:
-            audio._DENSE_MAX = old
+            resample_mod._DENSE_MAX = old
         assert float(np.abs(dense - banded).max()) <= 1e-6
 
 
 def test_resample_shapes_and_identity():
     x = np.linspace(-1, 1, 480, dtype=np.float32)
-    same = audio.resample(x, SR, SR)
+    same = resample(x, SR, SR)
     assert same is not x and np.array_equal(same, x)
-    assert audio.resample(np.zeros((3, 2, 480), np.float32), 48000, 24000).shape == (3, 2, 240)
-    assert audio.resample(np.zeros(0, np.float32), 16000, 24000).shape == (0,)
+    assert resample(np.zeros((3, 2, 480), np.float32), 48000, 24000).shape == (3, 2, 240)
+    assert resample(np.zeros(0, np.float32), 16000, 24000).shape == (0,)
     for bad in (0, -1, 1.5, float("nan"), True, "24000", 10**7):
         with pytest.raises(AudioError):
-            audio.resample(x, bad, SR)
+            resample(x, bad, SR)
 
 
 @settings(max_examples=25, deadline=None)
@@ -92,7 +94,7 @@ def test_resample_shapes_and_identity():
 def test_resample_any_rates(orig, new, length):
     assume(length * new <= 2_000_000 * orig)  # keep outputs small
     x = np.random.default_rng(length).standard_normal(length).astype(np.float32)
-    y = audio.resample(x, orig, new)
+    y = resample(x, orig, new)
     assert y.dtype == np.float32
     assert y.shape == (math.ceil(new * length / orig),) if orig != new else y.shape == (length,)
     assert np.isfinite(y).all()
@@ -107,14 +109,14 @@ def test_silence_detection_matches_pydub():
     fx = _load("silence")
     for name in fx["names"]:
         x = fx[f"{name}_in"]
-        pcm = audio._pcm16(x)
-        assert audio._len_ms(len(pcm), SR) == int(fx[f"{name}_len_ms"])
-        assert audio.detect_leading_silence(pcm, SR, -50) == int(fx[f"{name}_lead_ms"])
-        assert audio.detect_leading_silence(pcm[::-1], SR, -50) == int(fx[f"{name}_trail_ms"])
+        pcm = postprocess._pcm16(x)
+        assert postprocess._len_ms(len(pcm), SR) == int(fx[f"{name}_len_ms"])
+        assert postprocess.detect_leading_silence(pcm, SR, -50) == int(fx[f"{name}_lead_ms"])
+        assert postprocess.detect_leading_silence(pcm[::-1], SR, -50) == int(fx[f"{name}_trail_ms"])
         for key in [k[: -len("_silent")] for k in fx.files if k.startswith(f"{name}_") and k.endswith("_silent")]:
             msl, thr, step = (int(v) for v in key[len(name) + 1:].split("_"))
-            sil = audio.detect_silence(pcm, SR, msl, -thr, step)
-            non = audio.detect_nonsilent(pcm, SR, msl, -thr, step)
+            sil = postprocess.detect_silence(pcm, SR, msl, -thr, step)
+            non = postprocess.detect_nonsilent(pcm, SR, msl, -thr, step)
             assert sil == fx[key + "_silent"].tolist(), key
             assert non == fx[key + "_nonsilent"].tolist(), key
 
@@ -126,7 +128,7 @@ def test_remove_silence_matches_reference():
         x = fx[f"{name}_in"]
         for tag, (mid, lead, trail) in zip(fx["settings"], fx["settings_values"]):
             want = fx[f"{name}_{tag}_out"]
-            got = audio.remove_silence(x, SR, mid_sil=int(mid), lead_sil=int(lead), trail_sil=int(trail))
+            got = postprocess.remove_silence(x, SR, mid_sil=int(mid), lead_sil=int(lead), trail_sil=int(trail))
             _assert_same(got, want, 1e-5)
             changed += want.shape != x.shape
     assert changed >= 10  # the crafted signals really lose silence
@@ -137,10 +139,10 @@ def test_trim_long_audio_matches_reference():
     for name in fx["names"]:
         x, want = fx[f"{name}_in"], fx[f"{name}_out"]
         assert len(want) < len(x)
-        _assert_same(audio.trim_long_audio(x, SR), want, 1e-5)
+        _assert_same(postprocess.trim_long_audio(x, SR), want, 1e-5)
     short = fx["pauses_in"][: 19 * SR]
-    assert audio.trim_long_audio(short, SR) is not None
-    assert np.array_equal(audio.trim_long_audio(short, SR), short)
+    assert postprocess.trim_long_audio(short, SR) is not None
+    assert np.array_equal(postprocess.trim_long_audio(short, SR), short)
 
 
 # ---------------------------------------------------------------------------
@@ -166,7 +168,7 @@ def test_prepare_reference_audio_matches_reference(tmp_path):
     fx = _load("prompt")
     for name in fx["names"]:
         src = _prompt_source(fx, name, tmp_path)
-        wav, rms = audio.prepare_reference_audio(
+        wav, rms = postprocess.prepare_reference_audio(
             src, bool(fx[f"{name}_preprocess"]), trim_long=bool(fx[f"{name}_trim_long"])
         )
         # Silence removal quantises to int16 by truncation; after a resample (float32 rounding
@@ -175,7 +177,7 @@ def test_prepare_reference_audio_matches_reference(tmp_path):
         resampled = (isinstance(src, str) and "24k" not in src) or (isinstance(src, tuple) and src[1] != SR)
         pre = bool(fx[f"{name}_preprocess"])
         _assert_same(wav, fx[f"{name}_out"], 1e-6 if resampled else 1e-5, flips=1e-3 if resampled and pre else 0)
-        assert len(wav) % audio.HOP_LENGTH == 0
+        assert len(wav) % postprocess.HOP_LENGTH == 0
         assert rms == pytest.approx(float(fx[f"{name}_ref_rms"]), rel=1e-6)
 
 
@@ -192,7 +194,7 @@ def test_postprocess_output_matches_reference():
         rms = float(fx[f"{name}_ref_rms"])
         pad, fade = (float(v) for v in fx[f"{name}_pad_fade"])
         src = waves if name.startswith("chunks") else waves[0][None, :]
-        got = audio.postprocess_output(
+        got = postprocess.postprocess_output(
             src, None if math.isnan(rms) else rms, postprocess=bool(fx[f"{name}_postprocess"]),
             pad_duration=pad, fade_duration=fade,
         )
@@ -202,38 +204,38 @@ def test_postprocess_output_matches_reference():
 def test_cross_fade_and_fade_match_reference():
     fx = _load("post")
     a, b, c = fx["wave1"], fx["wave2"], fx["wave3"]
-    _assert_same(audio.cross_fade_chunks([a, b, c], SR), fx["xfade_abc"], 1e-6)
-    _assert_same(audio.cross_fade_chunks([c, a], SR, silence_duration=0.5), fx["xfade_ca"], 1e-6)
+    _assert_same(postprocess.cross_fade_chunks([a, b, c], SR), fx["xfade_abc"], 1e-6)
+    _assert_same(postprocess.cross_fade_chunks([c, a], SR, silence_duration=0.5), fx["xfade_ca"], 1e-6)
     for i, (pad, fade, w) in enumerate(fx["fade_params"]):
-        got = audio.fade_and_pad(fx[f"wave{int(w)}"], pad, fade, SR)
+        got = postprocess.fade_and_pad(fx[f"wave{int(w)}"], pad, fade, SR)
         _assert_same(got, fx[f"fade{i}_out"], 1e-6)
 
 
 def test_volume_rules():
     quiet = np.full(1000, 0.01, np.float32)
-    boosted, rms = audio.normalize_reference_volume(quiet)
-    assert rms == pytest.approx(0.01, rel=1e-6) and audio.reference_rms(boosted) == pytest.approx(0.1, rel=1e-5)
+    boosted, rms = postprocess.normalize_reference_volume(quiet)
+    assert rms == pytest.approx(0.01, rel=1e-6) and postprocess.reference_rms(boosted) == pytest.approx(0.1, rel=1e-5)
     loud = np.full(1000, 0.5, np.float32)
-    assert np.array_equal(audio.normalize_reference_volume(loud)[0], loud)
+    assert np.array_equal(postprocess.normalize_reference_volume(loud)[0], loud)
     silent = np.zeros(10, np.float32)
-    assert audio.normalize_reference_volume(silent)[1] == 0.0
+    assert postprocess.normalize_reference_volume(silent)[1] == 0.0
     out = np.array([0.2, -0.4], np.float32)
-    assert np.allclose(audio.match_output_volume(out, 0.05), out * 0.5)
-    assert np.array_equal(audio.match_output_volume(out, 0.3), out)
-    assert np.abs(audio.match_output_volume(out, None)).max() == pytest.approx(0.5)
-    assert audio.peak_normalize(np.zeros(0, np.float32)).shape == (0,)
+    assert np.allclose(postprocess.match_output_volume(out, 0.05), out * 0.5)
+    assert np.array_equal(postprocess.match_output_volume(out, 0.3), out)
+    assert np.abs(postprocess.match_output_volume(out, None)).max() == pytest.approx(0.5)
+    assert postprocess.peak_normalize(np.zeros(0, np.float32)).shape == (0,)
 
 
 def test_all_silent_output_does_not_crash():
-    out = audio.postprocess_output(np.zeros(SR, np.float32), None)
+    out = postprocess.postprocess_output(np.zeros(SR, np.float32), None)
     assert out.shape == (0,)
 
 
 def test_prepare_reference_audio_errors():
     with pytest.raises(AudioError, match="silent"):
-        audio.prepare_reference_audio((np.zeros(SR, np.float32), SR))
+        postprocess.prepare_reference_audio((np.zeros(SR, np.float32), SR))
     with pytest.raises(AudioError, match="too short"):
-        audio.prepare_reference_audio((np.full(500, 0.3, np.float32), SR), preprocess_prompt=False)
+        postprocess.prepare_reference_audio((np.full(500, 0.3, np.float32), SR), preprocess_prompt=False)
 
 
 # ---------------------------------------------------------------------------
@@ -244,16 +246,16 @@ def test_prepare_reference_audio_errors():
 def test_load_audio_channels_and_int_scaling(tmp_path):
     rng = np.random.default_rng(5)
     stereo = rng.uniform(-0.5, 0.5, (2, 4410)).astype(np.float32)
-    want = audio.resample(np.mean(stereo, axis=0), 44100, SR)
-    _assert_same(audio.load_audio((stereo, 44100)), want, 0)
-    _assert_same(audio.load_audio((stereo.T, 44100)), want, 0)  # [L, C] is recognised
+    want = resample(np.mean(stereo, axis=0), 44100, SR)
+    _assert_same(loading.load_audio((stereo, 44100)), want, 0)
+    _assert_same(loading.load_audio((stereo.T, 44100)), want, 0)  # [L, C] is recognised
     pcm = (stereo.T * 32768).astype(np.int16)
     sf.write(tmp_path / "s.wav", pcm, 44100, subtype="PCM_16")
-    from_file = audio.load_audio(tmp_path / "s.wav")
-    from_ints = audio.load_audio((pcm, 44100))
+    from_file = loading.load_audio(tmp_path / "s.wav")
+    from_ints = loading.load_audio((pcm, 44100))
     _assert_same(from_ints, from_file, 1e-7)
-    assert audio.load_audio((np.zeros(10, np.uint8) + 128, SR)).max() == 0
-    assert audio.load_audio((np.full(10, -(2**31), np.int32), SR)).min() == -1
+    assert loading.load_audio((np.zeros(10, np.uint8) + 128, SR)).max() == 0
+    assert loading.load_audio((np.full(10, -(2**31), np.int32), SR)).min() == -1
 
 
 @pytest.mark.parametrize(
@@ -274,21 +276,21 @@ def test_load_audio_channels_and_int_scaling(tmp_path):
 )
 def test_load_audio_rejects_bad_input(src, message):
     with pytest.raises(AudioError, match=message):
-        audio.load_audio(src)
+        loading.load_audio(src)
 
 
 def test_load_audio_bad_files(tmp_path):
     bad = tmp_path / "bad.wav"
     bad.write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunkjunkjunk")
     with pytest.raises(AudioError, match="convert it"):
-        audio.load_audio(bad)
+        loading.load_audio(bad)
     with pytest.raises(AudioError, match="folder"):
-        audio.load_audio(tmp_path)
+        loading.load_audio(tmp_path)
     sf.write(tmp_path / "empty.wav", np.zeros(0, np.int16), SR, subtype="PCM_16")
     with pytest.raises(AudioError, match="empty"):
-        audio.load_audio(tmp_path / "empty.wav")
+        loading.load_audio(tmp_path / "empty.wav")
     with pytest.raises(AudioError, match="at least"):
-        audio.load_audio((np.ones(100, np.float32), SR), min_seconds=1.0)
+        loading.load_audio((np.ones(100, np.float32), SR), min_seconds=1.0)
 
 
 _arrays = st.one_of(
@@ -308,7 +310,7 @@ _rates = st.one_of(st.integers(-10, 200_000), st.floats(allow_nan=True, allow_in
 @given(samples=_arrays, sr=_rates)
 def test_load_audio_only_raises_audio_error(samples, sr):
     try:
-        out = audio.load_audio((samples, sr))
+        out = loading.load_audio((samples, sr))
     except AudioError as exc:
         assert str(exc)
         return
@@ -320,7 +322,7 @@ def test_load_audio_only_raises_audio_error(samples, sr):
 @given(samples=_arrays)
 def test_postprocess_only_raises_audio_error(samples):
     try:
-        out = audio.postprocess_output(samples, None)
+        out = postprocess.postprocess_output(samples, None)
     except AudioError:
         return
     assert out.dtype == np.float32 and out.ndim == 1
@@ -334,18 +336,18 @@ def test_postprocess_only_raises_audio_error(samples):
 def test_write_audio_atomic_roundtrip(tmp_path):
     wav = np.array([0.0, 0.5, -0.5, 2.0, -2.0], np.float32)
     path = tmp_path / "out.wav"
-    audio.write_audio_atomic(path, wav, SR)
+    writers.write_audio_atomic(path, wav, SR)
     back, sr = sf.read(path, dtype="int16")
     assert sr == SR and back.tolist() == [0, 16384, -16384, 32767, -32768]
     assert sf.info(str(path)).subtype == "PCM_16"
-    audio.write_audio_atomic(tmp_path / "out.flac", wav, SR)
+    writers.write_audio_atomic(tmp_path / "out.flac", wav, SR)
     assert sf.info(str(tmp_path / "out.flac")).format == "FLAC"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.flac", "out.wav"]
 
 
 def test_write_audio_atomic_leaves_nothing_on_failure(tmp_path, monkeypatch):
     path = tmp_path / "out.wav"
-    audio.write_audio_atomic(path, np.zeros(100, np.float32), SR)
+    writers.write_audio_atomic(path, np.zeros(100, np.float32), SR)
     before = path.read_bytes()
 
     def broken_write(fh, data, *a, **k):
@@ -354,9 +356,9 @@ def test_write_audio_atomic_leaves_nothing_on_failure(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sf, "write", broken_write)
     with pytest.raises(AudioError, match="could not write"):
-        audio.write_audio_atomic(path, np.ones(100, np.float32) * 0.1, SR)
+        writers.write_audio_atomic(path, np.ones(100, np.float32) * 0.1, SR)
     with pytest.raises(AudioError, match="could not write"):
-        audio.write_audio_atomic(tmp_path / "new.wav", np.ones(100, np.float32) * 0.1, SR)
+        writers.write_audio_atomic(tmp_path / "new.wav", np.ones(100, np.float32) * 0.1, SR)
     assert path.read_bytes() == before  # the old file is untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.wav"]  # no temp or partial file
 
@@ -374,5 +376,5 @@ def test_write_audio_atomic_leaves_nothing_on_failure(tmp_path, monkeypatch):
 )
 def test_write_audio_atomic_rejects(tmp_path, name, wav, message):
     with pytest.raises(AudioError, match=message):
-        audio.write_audio_atomic(tmp_path / name, wav, SR)
+        writers.write_audio_atomic(tmp_path / name, wav, SR)
     assert not os.path.exists(tmp_path / name)

@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import read_safetensors, require_file, require_module
-from omnicore import backbone as bb
+from omnicore.model import backbone as bb
 from omnicore.errors import WeightsError
-from omnicore.weights import ParamReader, RowTable
+from omnicore.model.weights import ParamReader, RowTable
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "weights" / "tiny-random"

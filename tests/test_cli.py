@@ -360,7 +360,8 @@ def test_full_stdout_is_one_error_line():
 
 
 def test_say_speaks_pauses_and_keeps_the_voice(tmp_path):
-    from omnicore import OmniVoice, VoiceClonePrompt, audio
+    from omnicore import OmniVoice, VoiceClonePrompt
+    from omnicore.audio import writers
 
     text = "Wait for it. [pause:1s] Here it is."
     out, voice = tmp_path / "p.wav", tmp_path / "kept.npz"
@@ -369,7 +370,7 @@ def test_say_speaks_pauses_and_keeps_the_voice(tmp_path):
     model = OmniVoice.from_pretrained(TINY)
     want = model.synthesize(text, instruct="female", seed=3, num_step=2)[0]
     got = _wav(out)
-    np.testing.assert_array_equal(got, audio.to_pcm16(want.audio) / np.float32(32768))
+    np.testing.assert_array_equal(got, writers.to_pcm16(want.audio) / np.float32(32768))
     (start, n), = want.pauses
     assert n == 24000 and not got[start:start + n].any()  # the second of silence, in the file
     kept = VoiceClonePrompt.load(voice)
@@ -379,7 +380,7 @@ def test_say_speaks_pauses_and_keeps_the_voice(tmp_path):
     again = tmp_path / "again.wav"
     assert main(["say", "And again.", "--voice", str(voice), "-o", str(again), "--greedy",
                  *FAST]) == 0
-    np.testing.assert_array_equal(_wav(again), audio.to_pcm16(model.generate(
+    np.testing.assert_array_equal(_wav(again), writers.to_pcm16(model.generate(
         "And again.", voice_clone_prompt=kept, num_step=2, position_temperature=0.0,
         class_temperature=0.0)[0]) / np.float32(32768))
 
@@ -408,7 +409,8 @@ def test_pause_and_save_voice_refusals_come_before_any_work(tmp_path, capsys, no
 
 
 def test_batch_and_script_speak_pauses(tmp_path):
-    from omnicore import OmniVoice, audio
+    from omnicore import OmniVoice
+    from omnicore.audio import writers
 
     model = OmniVoice.from_pretrained(TINY)
     rows = [{"id": "p", "text": "One. <break time=\"750ms\"/> Two."}]
@@ -418,11 +420,11 @@ def test_batch_and_script_speak_pauses(tmp_path):
     (start, n), = want.pauses
     got = _wav(tmp_path / "b" / "p.wav")
     assert n == 18000 and not got[start:start + n].any()
-    np.testing.assert_array_equal(got, audio.to_pcm16(want.audio) / np.float32(32768))
+    np.testing.assert_array_equal(got, writers.to_pcm16(want.audio) / np.float32(32768))
     script = tmp_path / "s.txt"
     script.write_text("alice: Hello. [pause:0.5s] Hi.\n", encoding="utf-8")
     out = tmp_path / "s.wav"
     assert main(["script", str(script), "-o", str(out), "--auto", "alice", "--seed", "4",
                  *FAST]) == 0
     want = model.synthesize("Hello. [pause:0.5s] Hi.", seed=4, num_step=2)[0]
-    np.testing.assert_array_equal(_wav(out), audio.to_pcm16(want.audio) / np.float32(32768))
+    np.testing.assert_array_equal(_wav(out), writers.to_pcm16(want.audio) / np.float32(32768))

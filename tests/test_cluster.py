@@ -11,7 +11,8 @@ import pytest
 import soundfile as sf
 
 from conftest import require_module
-from omnicore import audio, cluster
+from omnicore.audio import writers
+from omnicore import cluster
 from omnicore.cli import main
 from omnicore.errors import InputError
 
@@ -152,7 +153,7 @@ def test_interrupted_driver_rerun_does_only_the_missing_jobs(ray, tmp_path):
     with open(out / "manifest.jsonl", "a") as fh:
         fh.write(TORN)
     # temporary files of writers killed mid-write: this batch's go, others stay
-    killed_writer, other = audio.AtomicOutput(out / "j11.wav"), audio.AtomicOutput(out / "x.wav")
+    killed_writer, other = writers.AtomicOutput(out / "j11.wav"), writers.AtomicOutput(out / "x.wav")
     summary = _run(ray, jobs, out)
     assert summary["skipped"] == 4 and summary["ok"] == 8
     assert not Path(killed_writer._tmp).exists() and Path(other._tmp).exists()

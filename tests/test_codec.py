@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import read_safetensors, require_file, require_module
-from omnicore import codec, hubert, kernels
-from omnicore.audio import resample
-from omnicore.config import DacConfig, HiggsAudioV2TokenizerConfig, HubertConfig
+from omnicore.model import codec, hubert, kernels
+from omnicore.model.resample import resample
+from omnicore.model.config import DacConfig, HiggsAudioV2TokenizerConfig, HubertConfig
 from omnicore.errors import AudioError, ConfigError, InputError, WeightsError
-from omnicore.weights import ParamReader
+from omnicore.model.weights import ParamReader
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "weights" / "tiny-random" / "audio_tokenizer"

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from omnicore import OmniVoice
-from omnicore import codec as codec_mod
+from omnicore.model import codec as codec_mod
 
 TINY = Path(__file__).resolve().parents[1] / "weights" / "tiny-random"
 INT16_STEP = 2.0 ** -15

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from omnicore.config import GenerationConfig, OmniVoiceConfig, Qwen3Config, read_json
+from omnicore.model.config import GenerationConfig, OmniVoiceConfig, Qwen3Config, read_json
 from omnicore.errors import ConfigError, InputError
 
 REAL_LLM = {
@@ -199,7 +199,7 @@ TINY_CODEC = TINY / "audio_tokenizer"
     ("semantic_model_config", {"num_hidden_layers": True}, "num_hidden_layers must be an integer"),
 ])
 def test_codec_config_fields_are_type_checked(sub, patch, match):
-    from omnicore.config import HiggsAudioV2TokenizerConfig
+    from omnicore.model.config import HiggsAudioV2TokenizerConfig
 
     d = json.loads((TINY_CODEC / "config.json").read_text())
     (d[sub] if sub else d).update(patch)
@@ -244,10 +244,10 @@ def _floored_decoder_tensors(cfg, rng) -> dict:
 def test_decoder_width_not_divisible_by_the_block_count_is_floored_like_the_reference():
     import numpy as np
 
-    from omnicore import codec
-    from omnicore.config import HiggsAudioV2TokenizerConfig
+    from omnicore.model import codec
+    from omnicore.model.config import HiggsAudioV2TokenizerConfig
     from conftest import read_safetensors
-    from omnicore.weights import ParamReader
+    from omnicore.model.weights import ParamReader
 
     d = json.loads((TINY_CODEC / "config.json").read_text())
     d["acoustic_model_config"]["decoder_hidden_size"] = 48  # 48 -> 24, 12, 6, 3, 1

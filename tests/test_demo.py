@@ -333,7 +333,7 @@ def test_api_streaming_option(client):
 def test_api_normalize_text_option(client):
     """The 'Read numbers as words' setting: the audio of the text written out; without the tn
     extra, the typed message saying what to install."""
-    from omnicore import normalize
+    from omnicore.text import normalize
 
     ask = dict(num_step=STEPS, seed=7, language="en", api_name="/auto")
     if not normalize.available():

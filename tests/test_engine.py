@@ -12,8 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnicore import OmniVoice, VoiceClonePrompt, text as T, unmasking
-from omnicore.config import GenerationConfig
+from omnicore import OmniVoice, VoiceClonePrompt
+from omnicore.text import limits, planner
+from omnicore.model import backbone as backbone_mod, unmasking
+from omnicore.model.config import GenerationConfig
 from omnicore import engine as E
 from omnicore.engine import Engine, PassSpec
 from omnicore.errors import CancelledError, InputError
@@ -178,7 +180,7 @@ def test_long_text_with_a_voice_prompt_runs_its_chunks_packed(model, prompt):
     n = len(out.text_chunks)
     assert n >= 3 and packs == [n] * 3  # every chunk in every forward
     # each chunk equals its pass alone
-    plan = T.plan_synthesis(text, prompt.ref_text, prompt.ref_audio_tokens.shape[1],
+    plan = planner.plan_synthesis(text, prompt.ref_text, prompt.ref_audio_tokens.shape[1],
                             chunk_duration=4.0, chunk_threshold=5.0)
     gen = GenerationConfig(num_step=3)
     start = 0
@@ -260,7 +262,7 @@ def test_failures_reach_the_callers_and_the_engine_keeps_running(model, specs, a
 def test_submit_checks_inputs_in_the_callers_thread(model, specs):
     eng = _fresh(model)
     with pytest.raises(InputError, match="working memory|positions"):
-        eng.submit([replace(specs[0], frames=T.MAX_PASS_FRAMES, text="x " * 4000)])
+        eng.submit([replace(specs[0], frames=limits.MAX_PASS_FRAMES, text="x " * 4000)])
     with pytest.raises(InputError):
         eng.submit([])
     with pytest.raises(InputError):
@@ -289,7 +291,7 @@ def _cost(model, spec) -> int:
     """The engine's per-iteration cost of a one-pass request (text.forward_flops of its rows)."""
     item = Engine.prepare(model.engine, spec)
     rows = [item.input_ids.shape[1]] + ([spec.frames] if spec.gen.guidance_scale else [])
-    return T.forward_flops(model.config, rows, [spec.frames] * len(rows))
+    return backbone_mod.forward_flops(model.config, rows, [spec.frames] * len(rows))
 
 
 def test_a_short_request_overtakes_a_long_one(model):
@@ -368,7 +370,7 @@ def test_schedule_at_full_size_costs(model, long_s, steps, long_joins):
 
     def cost(seconds, text_tokens):
         T_ = seconds * 25
-        return T.forward_flops(cfg, [text_tokens + T_, T_], [T_, T_])
+        return backbone_mod.forward_flops(cfg, [text_tokens + T_, T_], [T_, T_])
 
     costs = [cost(long_s, 135), cost(2, 50)]
     left, held, packs = [steps - 2, steps], [0, 0], []  # the long one ran 2 steps alone

@@ -9,7 +9,7 @@ Targets (each a hypothesis test below, on the tiny checkpoint):
   * codes of any dtype, shape and value through `codec.decode`;
   * audio: in-memory arrays of any dtype / shape / value / sample rate through
     `create_voice_clone_prompt` and `codec.encode`; files of random or damaged bytes (truncated
-    or rewritten WAV headers) through `audio.load_audio` and `create_voice_clone_prompt`;
+    or rewritten WAV headers) through `loading.load_audio` and `create_voice_clone_prompt`;
   * voice prompts: mutated real .npz files through `VoiceClonePrompt.load`, then generation;
   * configs: mutated copies of the tiny checkpoint's two config.json files through the config
     classes, then through a full load, a short generation and an encode;
@@ -52,11 +52,12 @@ from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import read_safetensors
-from omnicore import OmniVoice, VoiceClonePrompt, audio
-from omnicore import backbone as bb
-from omnicore.config import GenerationConfig, HiggsAudioV2TokenizerConfig, OmniVoiceConfig, Qwen3Config
+from omnicore import OmniVoice, VoiceClonePrompt
+from omnicore.audio import loading
+from omnicore.model import backbone as bb
+from omnicore.model.config import GenerationConfig, HiggsAudioV2TokenizerConfig, OmniVoiceConfig, Qwen3Config
 from omnicore.errors import OmniCoreError, VoicePromptError
-from omnicore.weights import ParamReader
+from omnicore.model.weights import ParamReader
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "weights" / "tiny-random"
@@ -502,7 +503,7 @@ def audio_files(draw):
 def test_audio_files_of_any_bytes(model, tmp_path_factory, data):
     path = tmp_path_factory.mktemp("fuzz-audio") / "clip.wav"
     path.write_bytes(data)
-    wav = typed(audio.load_audio, path)
+    wav = typed(loading.load_audio, path)
     if wav is not None:
         assert wav.dtype == np.float32 and wav.ndim == 1 and wav.size > 0 and np.isfinite(wav).all()
     prompt = typed(model.create_voice_clone_prompt, str(path), ref_text="Hello there.")

@@ -1,5 +1,6 @@
-"""omnicore's modules import each other without a cycle (at module level or inside functions),
-and every module imports on its own."""
+"""omnicore's modules import each other without a cycle (at module level or inside functions,
+nested packages included), the model imports nothing of the product around it, and every
+module imports on its own."""
 
 from __future__ import annotations
 
@@ -10,32 +11,58 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "omnicore"
-MODULES = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+
+
+def _name(path: Path) -> str:
+    """omnicore/model/codec.py -> "model.codec"; a package's __init__ -> the package."""
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+FILES = {_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+MODULES = sorted(m for m in FILES if m)  # "" is omnicore/__init__.py itself
+# The leaves that model and product share: typed errors only.
+SHARED = {"errors"}
+
+
+def _resolve(target: str) -> str | None:
+    """The module (or package) of ours that a dotted import target names, if any."""
+    while target and target not in FILES:
+        target = target.rpartition(".")[0]
+    return target or None
 
 
 def _imports(module: str) -> set[str]:
     """The omnicore modules that `module` imports anywhere in its source."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text(encoding="utf-8"))
+    path = FILES[module]
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
     found = set()
     for node in ast.walk(tree):
+        targets = []
         if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level == 1 or base.startswith("omnicore"):
-                base = base.removeprefix("omnicore").lstrip(".")
-                if base:
-                    found.add(base.split(".")[0])
-                else:  # `from . import audio, text`: the names are modules
-                    found.update(a.name for a in node.names)
+            if node.level:
+                anchor = package[:len(package) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            elif (node.module or "").split(".")[0] == "omnicore":
+                base = node.module.removeprefix("omnicore").lstrip(".")
+            else:
+                continue
+            targets = [f"{base}.{a.name}" if base else a.name for a in node.names] + [base]
         elif isinstance(node, ast.Import):
-            for a in node.names:
-                if a.name.startswith("omnicore."):
-                    found.add(a.name.split(".")[1])
-    return found & set(MODULES)
+            targets = [a.name.removeprefix("omnicore.") for a in node.names
+                       if a.name.startswith("omnicore.")]
+        for t in targets:
+            hit = _resolve(t)
+            if hit and hit != module and not module.startswith(hit + "."):
+                found.add(hit)
+    return found
 
 
 def test_no_import_cycle():
     graph = {m: _imports(m) for m in MODULES}
     assert graph["engine"] and "pipeline" in graph  # the walk sees imports at all
+    assert "model.backbone" in graph["model.unmasking"]
     state: dict[str, str] = {}
 
     def visit(m: str, path: list[str]) -> None:
@@ -53,8 +80,16 @@ def test_no_import_cycle():
             visit(m, [m])
 
 
+def test_the_model_imports_nothing_of_the_product():
+    model = [m for m in MODULES if m == "model" or m.startswith("model.")]
+    assert len(model) > 8
+    for m in model:
+        outside = {d for d in _imports(m) if not d.startswith("model")} - SHARED
+        assert not outside, f"{m} imports {sorted(outside)}"
+
+
 def test_streaming_and_engine_do_not_import_the_api():
-    for m in ("streaming", "engine", "voice", "codec", "unmasking"):
+    for m in ("streaming", "engine", "voice", "model.codec", "model.unmasking"):
         assert "pipeline" not in _imports(m), m
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnicore import kernels as K
+from omnicore.model import kernels as K
 
 SETTINGS = settings(max_examples=25, deadline=None)
 
@@ -487,7 +487,7 @@ def test_omnicore_num_threads_sizes_the_pools():
     import subprocess
     import sys
 
-    code = ("from omnicore import kernels; import threading, numba; "
+    code = ("from omnicore.model import kernels; import threading, numba; "
             "out = [numba.get_num_threads()]; "
             "t = threading.Thread(target=lambda: out.append(numba.get_num_threads())); t.start(); t.join(); "
             "print(numba.config.NUMBA_NUM_THREADS, *out)")

@@ -19,8 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnicore import OmniVoice, text as T, tokenizer as tok, unmasking
-from omnicore.config import GenerationConfig, OmniVoiceConfig
+from omnicore import OmniVoice
+from omnicore.text import limits
+from omnicore.model import config as config_mod, backbone as backbone_mod, tokenizer as tok, unmasking
+from omnicore.model.config import FRAME_RATE, GenerationConfig, OmniVoiceConfig
 from omnicore.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +71,7 @@ def _refused(out: dict, *words: str, error: str = "InputError") -> None:
 def test_explicit_two_hour_duration_on_one_word():
     # Used to pass validation and ask for ~518 GiB of attention scores in one pass.
     out = _in_child("result = m.generate('Hello.', duration=7200)")
-    _refused(out, f"{T.MAX_PASS_S:g} s per pass", "punctuation")
+    _refused(out, f"{limits.MAX_PASS_S:g} s per pass", "punctuation")
 
 
 def test_demo_sized_duration_on_one_word():
@@ -81,13 +83,13 @@ def test_demo_sized_duration_on_one_word():
 def test_very_slow_speed_on_a_paragraph():
     # speed=1e-4 on a paragraph: about 1.2 TiB.
     out = _in_child(f"result = m.generate({PARAGRAPH!r}, speed=1e-4)")
-    _refused(out, "minutes", f"{T.MAX_DURATION_S / 60:g}")
+    _refused(out, "minutes", f"{limits.MAX_DURATION_S / 60:g}")
 
 
 def test_huge_pad_duration():
     # pad_duration=1e6: 89 GiB of zeros.
     out = _in_child("result = m.generate('Hello.', pad_duration=1e6, num_step=1)")
-    _refused(out, "pad_duration", f"{T.MAX_EDGE_S:g}")
+    _refused(out, "pad_duration", f"{limits.MAX_EDGE_S:g}")
     out = _in_child("result = m.generate('Hello.', fade_duration=float('inf'), num_step=1)")
     _refused(out, "fade_duration")
 
@@ -98,7 +100,7 @@ def test_huge_reference_transcript():
         p = VoiceClonePrompt(np.zeros((8, 75), np.int64), 'word ' * 20000, 0.05)
         result = m.generate('Hello.', voice_clone_prompt=p, num_step=1)
     """)
-    _refused(out, "ref_text", f"{T.MAX_REF_TEXT_CHARS:,}")
+    _refused(out, "ref_text", f"{limits.MAX_REF_TEXT_CHARS:,}")
     # with a clip to encode, the transcript is refused before the (costly) encode
     out = _in_child(f"""
         result = m.generate('Hello.', ref_audio={str(ROOT / 'tests/fixtures/audio/speech_24k.wav')!r},
@@ -119,7 +121,7 @@ def test_voice_prompt_with_fifteen_thousand_frames(tmp_path):
         p = VoiceClonePrompt(np.zeros((8, 15_000), np.int64), 'Hi.', 0.05)
         result = m.generate('Hello.', voice_clone_prompt=p, num_step=1)
     """)
-    _refused(out, "600.0 s", f"{T.MAX_REF_S:g} s")
+    _refused(out, "600.0 s", f"{limits.MAX_REF_S:g} s")
 
 
 def test_npz_declaring_a_giant_array_is_refused_from_its_header(tmp_path):
@@ -163,7 +165,7 @@ def test_codec_decode_and_encode_lengths():
     out = _in_child("result = m.codec.decode(np.zeros((8, 10**6), np.int64))")
     _refused(out, "minutes", "in parts")
     out = _in_child("result = m.codec.encode(np.zeros(24000 * 600, np.float32), 24000)")
-    _refused(out, "600.0 s", f"{T.MAX_REF_S:g} s", error="AudioError")
+    _refused(out, "600.0 s", f"{limits.MAX_REF_S:g} s", error="AudioError")
 
 
 def test_reference_clip_over_the_limit_is_refused_before_encoding(tmp_path):
@@ -194,15 +196,15 @@ def _released_config() -> OmniVoiceConfig:
 def test_budget_fits_normal_use_and_refuses_the_extremes():
     cfg = _released_config()
     # Default use: a 10 s clone reference, 30 s target, ~100 text tokens: well under 1 GB.
-    normal = T.forward_bytes(cfg, [100 + 250 + 750, 750], [750, 750])
+    normal = backbone_mod.forward_bytes(cfg, [100 + 250 + 750, 750], [750, 750])
     assert normal < 0.6e9
     # The longest pass with a 12 s reference fits the budget...
-    longest = T.MAX_PASS_FRAMES
-    assert T.check_pass_memory(cfg, [300 + 300 + longest, longest], [longest, longest])
+    longest = limits.MAX_PASS_FRAMES
+    assert backbone_mod.check_pass_memory(cfg, [300 + 300 + longest, longest], [longest, longest])
     # ...but not with the longest reference and its transcript on top.
     with pytest.raises(InputError, match="GiB of working memory"):
-        L = 1500 + T.MAX_REF_FRAMES + longest
-        T.check_pass_memory(cfg, [L, longest], [longest, longest])
+        L = 1500 + limits.MAX_REF_FRAMES + longest
+        backbone_mod.check_pass_memory(cfg, [L, longest], [longest, longest])
 
 
 @pytest.mark.parametrize("frames,ref,class_temperature,guidance", [
@@ -227,7 +229,7 @@ def test_memory_estimate_bounds_what_a_pass_allocates(frames, ref, class_tempera
         tracemalloc.stop()
     L = item.input_ids.shape[1]
     rows, outs = ([L, L, frames, frames], [frames] * 4) if guidance else ([L, L], [frames] * 2)
-    estimate = T.forward_bytes(m.config, rows, outs, class_temperature > 0)
+    estimate = backbone_mod.forward_bytes(m.config, rows, outs, class_temperature > 0)
     assert peak <= estimate <= 1.5 * peak, (peak, estimate)
 
 
@@ -251,43 +253,43 @@ def test_batches_are_split_to_fit_the_budget_without_changing_results(monkeypatc
     gen = GenerationConfig()
     items, _ = m._prepare(texts, None, None, None, None, None, None, None, gen)
     specs, _ = m._pass_specs(items, gen)
-    biggest = max(T.forward_bytes(m.config, [it.input_ids.shape[1], it.num_target],
+    biggest = max(backbone_mod.forward_bytes(m.config, [it.input_ids.shape[1], it.num_target],
                                   [it.num_target] * 2)
                   for it in (m.engine.prepare(s) for s in specs))
-    monkeypatch.setattr(T, "MAX_PASS_BYTES", int(biggest * 1.5))  # room for one item, not two
+    monkeypatch.setattr(backbone_mod, "MAX_PASS_BYTES", int(biggest * 1.5))  # room for one item, not two
     monkeypatch.setattr(m.engine, "trace", lambda ids: sizes.append(len(ids)))
     split = m.generate_codes(texts, **kw)
     assert sizes and max(sizes) < len(texts)
     for a, b in zip(together, split):
         assert np.array_equal(a, b)
-    monkeypatch.setattr(T, "MAX_PASS_BYTES", 1000)  # not even one item fits: a typed refusal
+    monkeypatch.setattr(backbone_mod, "MAX_PASS_BYTES", 1000)  # not even one item fits: a typed refusal
     with pytest.raises(InputError, match="working memory"):
         m.generate_codes(texts, **kw)
 
 
 def test_limits_are_consistent():
-    assert T.MAX_PASS_FRAMES == T.MAX_PASS_S * T.FRAME_RATE
-    assert T.MAX_REF_FRAMES == T.MAX_REF_S * T.FRAME_RATE
+    assert limits.MAX_PASS_FRAMES == limits.MAX_PASS_S * FRAME_RATE
+    assert limits.MAX_REF_FRAMES == limits.MAX_REF_S * FRAME_RATE
     # The reference's own plans (its chunking tests) stay within one pass.
     cases = json.loads((ROOT / "tests/fixtures/reference/text_cases.json").read_text("utf-8"))
     longest = max(c["frames"] for case in cases["plan"] for c in case["plan"]["chunks"])
-    assert longest <= T.MAX_PASS_FRAMES
+    assert longest <= limits.MAX_PASS_FRAMES
     # The whole output of a call is bounded: one call's text at the slowest speed allowed by it.
     with pytest.raises(InputError):
-        T.check_total_frames(int(T.MAX_DURATION_S * T.FRAME_RATE) + 1)
-    assert T.check_total_frames(int(T.MAX_DURATION_S * T.FRAME_RATE))
+        limits.check_total_frames(int(limits.MAX_DURATION_S * FRAME_RATE) + 1)
+    assert limits.check_total_frames(int(limits.MAX_DURATION_S * FRAME_RATE))
 
 
 def test_text_too_long_for_its_duration():
     # All of a 20,000-character text in one 2-frame pass: ~12k prompt tokens in one row, a
     # 2.3 GB attention buffer on the tiny model (quadratic in the text).
     out = _in_child("result = m.generate_codes('word ' * 4000, duration=0.08, num_step=1)")
-    _refused(out, f"{T.MAX_PASS_POSITIONS:,}", "longer duration")
+    _refused(out, f"{backbone_mod.MAX_PASS_POSITIONS:,}", "longer duration")
 
 
 @pytest.mark.parametrize("knob,value", [
     ("guidance_scale", 1e308), ("layer_penalty_factor", 1e308), ("position_temperature", 1e-40),
-    ("class_temperature", 1e-40), ("t_shift", 1e308), ("guidance_scale", T.MAX_GUIDANCE * 2)])
+    ("class_temperature", 1e-40), ("t_shift", 1e308), ("guidance_scale", config_mod.MAX_GUIDANCE * 2)])
 def test_sampling_knobs_past_float32_range(knob, value):
     # Past these bounds the float32 scoring overflowed: MASK cells left in the output, or a NaN
     # schedule.
@@ -303,10 +305,10 @@ def test_sampling_knobs_past_float32_range(knob, value):
 
 def test_knobs_at_their_bounds_give_real_codes():
     m = _model()
-    lo_t, hi_t = T.TEMPERATURE_RANGE
-    for knobs in (dict(guidance_scale=T.MAX_GUIDANCE, layer_penalty_factor=T.MAX_LAYER_PENALTY,
-                       position_temperature=lo_t, class_temperature=lo_t, t_shift=T.T_SHIFT_RANGE[1]),
-                  dict(position_temperature=hi_t, class_temperature=hi_t, t_shift=T.T_SHIFT_RANGE[0])):
+    lo_t, hi_t = config_mod.TEMPERATURE_RANGE
+    for knobs in (dict(guidance_scale=config_mod.MAX_GUIDANCE, layer_penalty_factor=config_mod.MAX_LAYER_PENALTY,
+                       position_temperature=lo_t, class_temperature=lo_t, t_shift=config_mod.T_SHIFT_RANGE[1]),
+                  dict(position_temperature=hi_t, class_temperature=hi_t, t_shift=config_mod.T_SHIFT_RANGE[0])):
         codes = m.generate_codes("Hello there.", duration=0.3, num_step=3, seed=0, **knobs)[0]
         assert codes.min() >= 0 and codes.max() < m.config.audio_mask_id, knobs
 

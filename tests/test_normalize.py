@@ -1,4 +1,4 @@
-"""Text normalisation (omnicore.normalize, `normalize_text=True`) against the reference.
+"""Text normalisation (omnicore.text.normalize, `normalize_text=True`) against the reference.
 
 The fixture (tests/fixtures/reference/normalize_cases.json, tools/reference/dump_normalize.py)
 holds the reference's `normalize_text` outputs for a few hundred inputs and, for a set of
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from conftest import missing
 
-from omnicore import normalize
+from omnicore.text import normalize
 from omnicore.errors import ConfigError, InputError
 from omnicore.pipeline import OmniVoice, VoiceClonePrompt, resolve_generation_config
 
@@ -126,6 +126,7 @@ def test_generate_speaks_the_normalised_text(model):
 def test_stream_normalises_chunk_by_chunk(model):
     """Whole string and fragments alike; the same codes as the text written out."""
     from omnicore import streaming
+    from omnicore.text import planner
 
     _require_tn()
     kw = dict(num_step=2, seed=5, language="en")
@@ -134,7 +135,7 @@ def test_stream_normalises_chunk_by_chunk(model):
     frags = streaming.generate_chunks(model, iter([text[:9], text[9:30], text[30:]]),
                                       normalize_text=True, **kw)
     assert np.array_equal(spoken.codes, frags.codes)
-    chunks = streaming.split_text(text)
+    chunks = planner.split_text(text)
     assert len(chunks) >= 2
     written = [normalize.normalize_text(c, "en") for c in chunks]
     assert written[0] != chunks[0]

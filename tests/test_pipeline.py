@@ -15,9 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from omnicore import OmniVoice, Synthesis, VoiceClonePrompt, audio
-from omnicore import text as T
-from omnicore import codec as codec_mod
+from omnicore import OmniVoice, Synthesis, VoiceClonePrompt
+from omnicore.audio import postprocess
+from omnicore.text import frontend
+from omnicore.model import codec as codec_mod
 from omnicore.errors import AudioError, InputError, OmniCoreError, VoicePromptError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,7 +123,7 @@ def test_voice_clone_prompt_matches_reference(model, name):
     # the other codeword of a near-tie (as tests/test_codec.py argues for the encoder): a frame
     # may differ only from a codebook whose two nearest codewords are within 1e-5 of a tie.
     # (clone_prompt has one such pick, 5e-6 from a tie; clone_prompt_16k_stereo none.)
-    wav, _ = audio.prepare_reference_audio(inp["ref_audio"], inp.get("preprocess_prompt", True),
+    wav, _ = postprocess.prepare_reference_audio(inp["ref_audio"], inp.get("preprocess_prompt", True),
                                            sr=model.sampling_rate, hop_length=model.codec.hop_length)
     codes, gaps = _tie_gaps(model, wav)
     np.testing.assert_array_equal(codes, p.ref_audio_tokens)  # the gaps are of these very picks
@@ -203,7 +204,7 @@ def test_chunks_of_a_seeded_text_draw_independent_noise(model):
     np.testing.assert_array_equal(a.codes, b.codes)
     assert (a.codes[:, :T] != a.codes[:, T:]).mean() > 0.5
     # chunk k is the pass seeded with child k of the seed (the same two passes, packed alike)
-    from omnicore.config import GenerationConfig
+    from omnicore.model.config import GenerationConfig
     from omnicore.engine import Engine, PassSpec, pass_seed
 
     gen = GenerationConfig(num_step=4, class_temperature=1.0)
@@ -302,19 +303,19 @@ def test_a_pause_is_exact_silence_between_segments_spoken_as_alone(model, made_u
     assert r.audio[start - 1] != 0 and r.audio[start + n] != 0  # the edges ramp, not to zero
     # Each side is its segment's audio as a text alone would have it, except that the edge at
     # the pause keeps none of its quiet; one loudness (the prompt's); fades and padding outside.
-    left, right = (audio.remove_silence(model.codec.decode(a.codes), sr, 500, lead_sil=lead,
+    left, right = (postprocess.remove_silence(model.codec.decode(a.codes), sr, 500, lead_sil=lead,
                                         trail_sil=trail)
                    for a, lead, trail in zip(alone, (100, 0), (0, 100)))
-    pad, fade, ramp = int(0.1 * sr), int(0.1 * sr), int(audio.PAUSE_FADE_S * sr)
+    pad, fade, ramp = int(0.1 * sr), int(0.1 * sr), int(postprocess.PAUSE_FADE_S * sr)
     assert start == pad + len(left) and len(r.audio) == start + n + len(right) + pad
 
     def gain(x):
-        return audio.match_output_volume(x, p.ref_rms)
+        return postprocess.match_output_volume(x, p.ref_rms)
 
     np.testing.assert_array_equal(r.audio[pad + fade:start - ramp], gain(left[fade:-ramp]))
     np.testing.assert_array_equal(r.audio[start + n + ramp:-pad - fade], gain(right[ramp:-fade]))
     np.testing.assert_array_equal(r.audio[start - ramp:start],
-                                  gain(left[-ramp:] * audio.pause_ramp(ramp)[::-1]))
+                                  gain(left[-ramp:] * postprocess.pause_ramp(ramp)[::-1]))
     # without post-processing nothing is trimmed: the segments' whole decoded audio
     raw = model.synthesize("Hello there. [pause:500ms] How are you today?",
                            voice_clone_prompt=p, postprocess_output=False, **GREEDY4)[0]
@@ -331,7 +332,7 @@ def test_design_mode_pause_keeps_the_first_segment_as_the_voice(model):
     # segment 1 is conditioned on segment 0's codes and text (as long-form chunks are), sized
     # at the text's own pace
     T1 = r.codes.shape[1] - T0
-    assert T1 == T.estimate_target_frames("How are you today?")
+    assert T1 == frontend.estimate_target_frames("How are you today?")
     kept = VoiceClonePrompt(first.codes, "Hello there.", 0.1)
     second = model.synthesize("How are you today?", voice_clone_prompt=kept,
                               duration=(T1 + 0.5) / 25, **design)[0]
@@ -367,14 +368,14 @@ def test_bad_pause_marks_are_refused_before_any_work(model, text, match):
 
 
 def test_kept_voice_of_a_design_conditions_the_next_call(model):
-    from omnicore import tokenizer as tok_mod
+    from omnicore.model import tokenizer as tok_mod
 
     design = dict(instruct="male, elderly", language="en", num_step=3, seed=4)
     first = model.synthesize("Keep this voice, please.", **design)[0]
     voice = first.as_voice()
     np.testing.assert_array_equal(voice.ref_audio_tokens, first.codes)
     assert voice.ref_text == "Keep this voice, please."
-    assert voice.ref_rms == pytest.approx(audio.reference_rms(first.audio))
+    assert voice.ref_rms == pytest.approx(postprocess.reference_rms(first.audio))
     # the next call's conditional row holds exactly those codes, after the kept text
     seen = []
     real = tok_mod.prepare_item
@@ -410,6 +411,6 @@ def test_kept_voice_of_a_paused_result_leaves_the_silence_out_of_its_loudness(mo
     keep = np.ones(len(r.audio), bool)
     (start, n), = r.pauses
     keep[start:start + n] = False
-    assert voice.ref_rms == pytest.approx(audio.reference_rms(r.audio[keep]))
-    assert voice.ref_rms > 1.3 * audio.reference_rms(r.audio)  # half of it is the pause
+    assert voice.ref_rms == pytest.approx(postprocess.reference_rms(r.audio[keep]))
+    assert voice.ref_rms > 1.3 * postprocess.reference_rms(r.audio)  # half of it is the pause
     assert voice.ref_text == "Loud words. More words."

@@ -18,11 +18,13 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from omnicore import OmniVoice, Synthesis, VoiceClonePrompt, audio, cli, text as text_mod
+from omnicore import OmniVoice, Synthesis, VoiceClonePrompt, cli
+from omnicore.audio import postprocess
+from omnicore.text import limits
 from omnicore.errors import AudioError, InputError, VoicePromptError
 from omnicore.script import (MAX_GAP_S, MAX_SCRIPT_CHARS, MAX_TURNS, check_gap, check_script,
-                             load_voices_file, parse_script, parse_voices, synthesize_script,
-                             voice_from_synthesis)
+                             load_voices_file, parse_script, parse_voices, synthesize_script)
+from omnicore.voice import voice_from_synthesis
 
 TINY = Path(__file__).resolve().parents[1] / "weights" / "tiny-random"
 STEPS = 4  # few unmasking steps: plumbing, not speech quality
@@ -83,7 +85,7 @@ def test_parse_skips_blank_and_comment_lines_and_counts_them():
     (": Hi.", r"script line 1: the speaker name is empty"),
     ("a" * 65 + ": Hi.", r"script line 1: .* is not a speaker name"),
     ("<b>: Hi.", r"script line 1: '<b>' is not a speaker name"),
-    ("alice: Hi.\nalice: " + "x" * (text_mod.MAX_TEXT_CHARS + 1), r"script line 2 \(alice\): text is"),
+    ("alice: Hi.\nalice: " + "x" * (limits.MAX_TEXT_CHARS + 1), r"script line 2 \(alice\): text is"),
     ("alice: " + "x" * 15_000 + "\nbob: " + "y" * 5_001, r"20,001 characters of text in all"),
     ("a: x\n" * (MAX_TURNS + 1), rf"script line {MAX_TURNS + 1}: more than 1,000 turns"),
     ("#" * (MAX_SCRIPT_CHARS + 1), r"characters long; the limit is 200,000"),
@@ -100,7 +102,7 @@ def test_malformed_scripts_are_input_errors(script, match):
     ("alice: Hi.\ncarol: Yo.", {"alice": {}, "bob": {}},
      r"script line 2: unknown speaker 'carol'; the voices given are: alice, bob"),
     ("alice: Hi.", {"alice": {"instruct": "purple"}}, r"script line 1 \(alice\), instruct: "),
-    ("alice: " + "x" * (text_mod.MAX_REF_TEXT_CHARS + 1), {"alice": {}},
+    ("alice: " + "x" * (limits.MAX_REF_TEXT_CHARS + 1), {"alice": {}},
      r"script line 1 \(alice\): a speaker without a voice is given one by its first turn"),
     ("alice: Hi.", {"alice": {"voice": "x.npz", "instruct": "male"}},
      r"voices\['alice'\]: give one of voice, ref_audio and instruct, not voice and instruct"),
@@ -167,7 +169,7 @@ def test_voice_from_synthesis_keeps_codes_text_and_loudness(model):
     assert np.array_equal(kept.ref_audio_tokens, result.codes) and kept.ref_audio_tokens.dtype == np.int64
     assert kept.ref_audio_tokens is not result.codes  # the prompt owns its codes
     assert kept.ref_text == "Keep this voice."
-    assert kept.ref_rms == pytest.approx(audio.reference_rms(result.audio))
+    assert kept.ref_rms == pytest.approx(postprocess.reference_rms(result.audio))
     # Reused, it is the prompt of the next call exactly (a saved and loaded copy too).
     again = model.synthesize("Later.", voice_clone_prompt=kept, seed=5, num_step=STEPS)[0]
     assert again.audio.size > 0
@@ -182,7 +184,7 @@ def test_voice_from_synthesis_refuses_what_cannot_be_a_voice():
     ok = voice_from_synthesis(fake(10, np.full(960, 0.1, np.float32)))
     assert ok.ref_text == "First part. Second part."
     with pytest.raises(InputError, match="a kept voice holds at most 60 s"):
-        voice_from_synthesis(fake(text_mod.MAX_REF_FRAMES + 1, np.full(960, 0.1, np.float32)))
+        voice_from_synthesis(fake(limits.MAX_REF_FRAMES + 1, np.full(960, 0.1, np.float32)))
     with pytest.raises(AudioError, match="silent"):
         voice_from_synthesis(fake(10, np.zeros(960, np.float32)))
     with pytest.raises(InputError, match="the text of the kept voice"):
@@ -242,7 +244,7 @@ def test_designed_and_auto_speakers_are_conditioned_on_their_first_turn(scene, m
         kept = later_kw["voice_clone_prompt"]
         assert np.array_equal(kept.ref_audio_tokens, first.codes)
         assert kept.ref_text == first_text
-        assert kept.ref_rms == pytest.approx(audio.reference_rms(first.audio))
+        assert kept.ref_rms == pytest.approx(postprocess.reference_rms(first.audio))
         assert result.voices[name] is kept
     assert kw_a1["instruct"] == kw_a2["instruct"] == "female, low pitch"  # design kept, as in chunks
     assert result.voices["dave"] is None  # never spoke

@@ -30,7 +30,7 @@ for _name in ("starlette", "uvicorn", "prometheus_client", "sse_starlette"):  # 
 UI = ("--ui",) if importlib.util.find_spec("gradio") is not None else ()
 
 from omnicore import OmniVoice, VoiceClonePrompt  # noqa: E402
-from omnicore.audio import to_pcm16  # noqa: E402
+from omnicore.audio.writers import to_pcm16  # noqa: E402
 from omnicore.server import encode_audio  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

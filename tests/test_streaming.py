@@ -17,7 +17,9 @@ import soundfile as sf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnicore import OmniVoice, audio, text as T
+from omnicore import OmniVoice
+from omnicore.audio import postprocess, streamjoin, writers
+from omnicore.text import planner
 from omnicore import streaming as S
 from omnicore.cli import main
 from omnicore.errors import AudioError, InputError
@@ -31,7 +33,7 @@ PARAGRAPH = ("Hello there, this is a small test of streaming speech. The second 
              "and it goes on for a while! Is this the third one? Finally, the fourth sentence ends "
              "the paragraph.")
 # Small chunks so that the tiny model makes three of them quickly.
-RULE = S.ChunkRule(first_seconds=1.0, seconds=2.0)
+RULE = planner.ChunkRule(first_seconds=1.0, seconds=2.0)
 FAST = dict(num_step=3, seed=7)
 # Stream vs synchronous generation: the same codes, but the stream decodes in overlapping windows,
 # and BLAS kernels such as OpenBLAS's Haswell sgemm round a GEMM row differently with the GEMM's
@@ -71,7 +73,7 @@ def test_default_rule_first_chunk_is_a_clause_then_sentences():
     text = ("Well, I think so. The meeting starts at 3.5 p.m. with Dr. Smith and the team, "
             "e.g. the new engineers. After that we will review the plan, talk about the budget, "
             "and decide what comes next for everyone involved. Thanks!")
-    chunks = S.split_text(text)
+    chunks = planner.split_text(text)
     # "Well," and "Well, I think so." are under 2 s of speech: chunk 0 runs on to the next clause.
     assert chunks[0] == "Well, I think so. The meeting starts at 3.5 p.m. with Dr. Smith and the team,"
     assert "3.5" in chunks[0] and "Dr. Smith" in chunks[0]  # no split inside numbers / after titles
@@ -84,14 +86,14 @@ def test_default_rule_first_chunk_is_a_clause_then_sentences():
 
 def test_chinese_full_width_marks_split_without_spaces():
     text = "你好，今天天气很好。我们一起去公园散步吧！然后回家吃饭，休息一下。"
-    chunks = S.split_text(text, S.ChunkRule(first_seconds=0.5, seconds=1.0))
+    chunks = planner.split_text(text, planner.ChunkRule(first_seconds=0.5, seconds=1.0))
     assert "".join(chunks) == text and len(chunks) >= 2
     assert chunks[0].endswith(("，", "。"))
 
 
 def test_unpunctuated_text_is_cut_at_word_breaks():
     text = " ".join(["word"] * 200)
-    chunks = S.split_text(text)
+    chunks = planner.split_text(text)
     assert len(chunks) > 3 and " ".join(chunks) == text
     assert len(chunks[0]) < len(chunks[1])  # chunk 0 at ~6 s, later ones at ~15 s
 
@@ -103,10 +105,10 @@ _TEXT_ALPHABET = st.sampled_from(list("abc de.,!?;:\"') 3…。，\n"))
 @given(st.text(_TEXT_ALPHABET, min_size=0, max_size=300), st.lists(st.integers(1, 9), max_size=80),
        st.floats(0.0, 3.0), st.floats(0.0, 6.0))
 def test_fragments_split_exactly_as_the_whole_text(text, cuts, first, later):
-    rule = S.ChunkRule(first_seconds=first, first_max_seconds=first * 3, seconds=later,
+    rule = planner.ChunkRule(first_seconds=first, first_max_seconds=first * 3, seconds=later,
                        clause_seconds=later * 2, max_seconds=later * 3)
-    whole = S.split_text(text, rule)
-    chunker, got, i = S.TextChunker(rule), [], 0
+    whole = planner.split_text(text, rule)
+    chunker, got, i = planner.TextChunker(rule), [], 0
     for n in cuts:
         got += chunker.feed(text[i:i + n])
         i += n
@@ -118,9 +120,9 @@ def test_fragments_split_exactly_as_the_whole_text(text, cuts, first, later):
 
 def test_chunker_rejects_non_text():
     with pytest.raises(InputError):
-        S.TextChunker().feed(b"bytes")
+        planner.TextChunker().feed(b"bytes")
     with pytest.raises(InputError):
-        S.ChunkRule(first_seconds=-1)
+        planner.ChunkRule(first_seconds=-1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,13 +142,13 @@ def _quiet(seconds):
 def test_silence_trimmer_rules():
     wav = np.concatenate([_quiet(0.5), _tone(0.4), _quiet(1.5), _tone(0.3, seed=1), _quiet(0.3),
                           _tone(0.2, seed=2), _quiet(0.8)])
-    out = S.trim_chunk(wav)
+    out = streamjoin.trim_chunk(wav)
     # lead 0.5 -> 0.1, pause 1.5 -> 2 x 0.5, pause 0.3 kept, tail 0.8 -> 0.1
     assert len(out) == int(SR * (0.1 + 0.4 + 1.0 + 0.3 + 0.3 + 0.2 + 0.1))
     assert np.array_equal(out[int(0.1 * SR):int(0.5 * SR)], wav[int(0.5 * SR):int(0.9 * SR)])
-    assert len(S.trim_chunk(_quiet(1.0))) == 0
+    assert len(streamjoin.trim_chunk(_quiet(1.0))) == 0
     loud = _tone(1.0)
-    assert np.array_equal(S.trim_chunk(loud), loud)
+    assert np.array_equal(streamjoin.trim_chunk(loud), loud)
 
 
 @settings(max_examples=40, deadline=None)
@@ -154,12 +156,12 @@ def test_silence_trimmer_rules():
        st.lists(st.integers(1, 9000), min_size=1, max_size=30))
 def test_silence_trimmer_is_independent_of_how_samples_arrive(segments, cuts):
     wav = np.concatenate([(_tone(n / 100, seed=n) if loud else _quiet(n / 100)) for loud, n in segments])
-    t, parts, i = S.SilenceTrimmer(SR), [], 0
+    t, parts, i = streamjoin.SilenceTrimmer(SR), [], 0
     for n in cuts:
         parts.append(t.push(wav[i:i + n]))
         i += n
     parts += [t.push(wav[i:]), t.end()]
-    assert np.array_equal(np.concatenate(parts), S.trim_chunk(wav))
+    assert np.array_equal(np.concatenate(parts), streamjoin.trim_chunk(wav))
 
 
 @settings(max_examples=60, deadline=None)
@@ -177,19 +179,19 @@ def test_joiner_equals_join_chunks_and_fade_and_pad(lengths, piece, postprocess,
     marks = marks[:len(chunks) + 1]  # per boundary: None, or the pauses of one or two marks
     gain = S.rms_gain(0.03) if with_rms else S.peak_gain(chunks[0][:piece])
     pauses = [None if m is None else sum(m) for m in marks]
-    want, spans = S.join_offline(chunks, gain, postprocess=postprocess, pad_duration=pad,
+    want, spans = streamjoin.join_offline(chunks, gain, postprocess=postprocess, pad_duration=pad,
                                  fade_duration=fade, pauses=pauses)
     if all(p is None for p in pauses):  # without marks: the reference's cross-fade
-        np.testing.assert_array_equal(want, S.join_offline(
+        np.testing.assert_array_equal(want, streamjoin.join_offline(
             chunks, gain, postprocess=postprocess, pad_duration=pad, fade_duration=fade)[0])
-    j, out = S.StreamJoiner(SR, pad, fade), []
+    j, out = streamjoin.StreamJoiner(SR, pad, fade), []
     j.set_gain(gain)
     for k, c in enumerate(chunks):
         for n in marks[k] or ():
             out.append(j.pause(n))
         out.append(j.keep_tail())
         j.start_chunk()
-        tr = S.SilenceTrimmer(SR, lead_ms=0 if marks[k] else 100) if postprocess else None
+        tr = streamjoin.SilenceTrimmer(SR, lead_ms=0 if marks[k] else 100) if postprocess else None
         for i in range(0, len(c), piece):
             x = c[i:i + piece]
             out.append(j.push(tr.push(x) if tr else x))
@@ -212,8 +214,8 @@ def test_joiner_equals_join_chunks_and_fade_and_pad(lengths, piece, postprocess,
 def test_join_offline_is_the_reference_post_processing_without_trim():
     a, b = _tone(0.5), _tone(0.7, seed=3)
     gain = S.rms_gain(0.05)
-    want = audio.postprocess_output([a, b], 0.05, postprocess=False)
-    assert np.array_equal(S.join_offline([a, b], gain, postprocess=False, pad_duration=0.1,
+    want = postprocess.postprocess_output([a, b], 0.05, postprocess=False)
+    assert np.array_equal(streamjoin.join_offline([a, b], gain, postprocess=False, pad_duration=0.1,
                                          fade_duration=0.1)[0], want)
 
 
@@ -248,7 +250,7 @@ def streamed(model):
 def test_stream_matches_synchronous_chunked_generation(streamed, offline):
     st_, pieces = streamed
     got = np.concatenate(pieces)
-    assert st_.text_chunks == offline.text_chunks == S.split_text(PARAGRAPH, RULE)
+    assert st_.text_chunks == offline.text_chunks == planner.split_text(PARAGRAPH, RULE)
     assert len(offline.text_chunks) == 3
     _close(got, offline.audio)
     assert np.std(got) > 1e-3 and len(np.unique(offline.codes[0])) > 5  # a non-trivial case
@@ -312,8 +314,8 @@ def test_pauses_in_a_stream_match_synchronous_generation(model):
     """Pause marks in streamed text come out as their exact silence, in order: the stream is
     the synchronous chunked generation with the same marks (to rounding), the same for text
     arriving in fragments that cut through the marks."""
-    items = S.split_text(PAUSED, RULE)
-    assert [round(x.seconds, 3) for x in items if isinstance(x, T.Pause)] == [0.7, 1.0]
+    items = planner.split_text(PAUSED, RULE)
+    assert [round(x.seconds, 3) for x in items if isinstance(x, planner.Pause)] == [0.7, 1.0]
     want = S.generate_chunks(model, PAUSED, rule=RULE, **FAST)
     assert want.text_chunks == [x for x in items if isinstance(x, str)]
     assert [n for _, n in want.pauses] == [16800, 24000]
@@ -466,7 +468,7 @@ def test_cli_stream_wav_raw_and_stdin(model, tmp_path, monkeypatch, capsysbinary
     wav16, sr = sf.read(out, dtype="int16")
     assert sr == SR and len(wav16) == len(want)
     # within STREAM_ATOL before quantising, so a sample can cross an int16 step, never two
-    assert np.abs(wav16.astype(np.int32) - S.to_pcm16(want)).max() <= 1
+    assert np.abs(wav16.astype(np.int32) - writers.to_pcm16(want)).max() <= 1
 
     capsysbinary.readouterr()
     assert main(["say", SAY, "--raw", *CLI]) == 0
@@ -492,15 +494,15 @@ def test_cli_stream_errors_leave_no_file(tmp_path, capsys):
 def test_file_writer_is_atomic(tmp_path):
     path = tmp_path / "a.wav"
     with pytest.raises(RuntimeError):
-        with S.AudioFileWriter(path) as w:
+        with writers.AudioFileWriter(path) as w:
             w.write(_tone(0.2))
             raise RuntimeError("interrupted")
     assert list(tmp_path.iterdir()) == []
-    with S.AudioFileWriter(path) as w:
+    with writers.AudioFileWriter(path) as w:
         w.write(_tone(0.2))
         w.write(_tone(0.1, seed=1))
     data, sr = sf.read(path, dtype="float32")
     assert sr == SR and len(data) == int(0.3 * SR)
     with pytest.raises(AudioError):
-        S.AudioFileWriter(tmp_path / "a.xyz")
+        writers.AudioFileWriter(tmp_path / "a.xyz")
     assert [p.name for p in tmp_path.iterdir()] == ["a.wav"]

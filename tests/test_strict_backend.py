@@ -75,7 +75,7 @@ def device(tmp_path_factory):
 @pytest.fixture(scope="module")
 def host():
     """The same cases on the numpy backend, in this process."""
-    from omnicore import backend
+    from omnicore.model import backend
 
     assert backend.BACKEND == "numpy", "run the suite itself on the numpy backend"
     return device_child.produce(device_checks=False)[0]
@@ -196,8 +196,8 @@ def test_replay_refuses_host_round_trips():
     makes a data-sized result is refused from the second call on (a graph could not hold it)."""
     code = """
 import numpy as np
-from omnicore import backend
-from omnicore.backend import xp
+from omnicore.model import backend
+from omnicore.model.backend import xp
 a = backend.to_device(np.arange(6, dtype=np.float32))
 out = backend.to_device(np.zeros(6, dtype=np.float32))
 for name, fn in {"fine": lambda: xp.multiply(a, 2, out=out),
@@ -233,7 +233,7 @@ def test_no_float64_on_the_device(device):
 
 
 def test_strict_arrays_refuse_what_cupy_refuses_and_float64():
-    from omnicore import strictxp
+    from omnicore.model import strictxp
 
     counts = []
     xp = strictxp.make_namespace(counts.append)

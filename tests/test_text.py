@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnicore import text as T
+from omnicore.text import frontend, limits, planner
 from omnicore.errors import InputError
-from omnicore.languages import LANGUAGES
+from omnicore.text.languages import LANGUAGES
 
 CASES = json.loads(
     (Path(__file__).parent / "fixtures" / "reference" / "text_cases.json").read_text("utf-8")
@@ -53,43 +53,43 @@ def test_fixture_is_not_trivial():
 def test_language_table_matches_reference():
     ours = sorted([lang_id, name.lower()] for lang_id, name in LANGUAGES)
     assert ours == CASES["languages"]
-    assert len(T.supported_language_ids()) == len(LANGUAGES) == 646
-    assert T.supported_language_names() == {name for _, name in CASES["languages"]}
+    assert len(frontend.supported_language_ids()) == len(LANGUAGES) == 646
+    assert frontend.supported_language_names() == {name for _, name in CASES["languages"]}
 
 
 @pytest.mark.parametrize("case", CASES["language"], ids=lambda c: repr(c["input"]))
 def test_resolve_language_matches_reference(case, caplog):
     with caplog.at_level(logging.WARNING, logger="omnicore.text"):
-        assert T.resolve_language(case["input"]) == case["output"]
+        assert frontend.resolve_language(case["input"]) == case["output"]
     assert bool(caplog.records) == case["warned"]
 
 
 def test_unknown_language_warning_says_what_to_do(caplog):
     with caplog.at_level(logging.WARNING, logger="omnicore.text"):
-        assert T.resolve_language("EN") is None  # ids are case-sensitive, as in the reference
-        assert T.resolve_language("Englsh") is None
+        assert frontend.resolve_language("EN") is None  # ids are case-sensitive, as in the reference
+        assert frontend.resolve_language("Englsh") is None
     first, second = (r.getMessage() for r in caplog.records)
     assert "did you mean 'en'" in first and "supported_language_ids()" in first
     assert "did you mean 'en'" in second
 
 
 def test_language_helpers():
-    choices = T.language_choices()
+    choices = frontend.language_choices()
     assert ("English (en)", "en") in choices and len(choices) == 646
     assert len({lang_id for _, lang_id in choices}) == 646
-    assert T.language_display_name("zh") == "Chinese"
+    assert frontend.language_display_name("zh") == "Chinese"
     with pytest.raises(InputError):
-        T.language_display_name("xx-unknown")
+        frontend.language_display_name("xx-unknown")
     with pytest.raises(InputError):
-        T.resolve_language(42)
+        frontend.resolve_language(42)
 
 
 @FAST
 @given(st.text(max_size=30))
 def test_resolve_language_total_and_idempotent(language):
-    lang_id = T.resolve_language(language)
-    assert lang_id is None or lang_id in T.supported_language_ids()
-    assert T.resolve_language(lang_id) == lang_id
+    lang_id = frontend.resolve_language(language)
+    assert lang_id is None or lang_id in frontend.supported_language_ids()
+    assert frontend.resolve_language(lang_id) == lang_id
 
 
 # ---------------------------------------------------------------------------
@@ -99,7 +99,7 @@ def test_resolve_language_total_and_idempotent(language):
 
 def test_instruct_vocabulary_matches_reference():
     ref = CASES["instruct_vocabulary"]
-    vocab = T.instruct_vocabulary()
+    vocab = frontend.instruct_vocabulary()
     assert list(vocab) == ["gender", "age", "pitch", "style", "accent", "dialect"]
     items = [i for group in vocab.values() for i in group]
     assert sorted(i.en for i in items if i.en) == ref["valid_en"]
@@ -112,10 +112,10 @@ def test_instruct_vocabulary_matches_reference():
 @pytest.mark.parametrize("case", CASES["instruct"], ids=lambda c: repr(c["instruct"]))
 def test_resolve_instruct_matches_reference(case):
     if "error" not in case:
-        assert T.resolve_instruct(case["instruct"], case["text"]) == case["output"]
+        assert frontend.resolve_instruct(case["instruct"], case["text"]) == case["output"]
         return
     with pytest.raises(InputError) as err:
-        T.resolve_instruct(case["instruct"], case["text"])
+        frontend.resolve_instruct(case["instruct"], case["text"])
     msg = str(err.value)
     if case["kind"] == "unknown":
         for raw, suggestion in case["unknown"]:
@@ -132,28 +132,28 @@ def test_resolve_instruct_matches_reference(case):
 
 def test_instruct_error_names_item_suggestion_and_category_choices():
     with pytest.raises(InputError) as err:
-        T.resolve_instruct("femal, britsh accent, robot")
+        frontend.resolve_instruct("femal, britsh accent, robot")
     msg = str(err.value)
     assert "'femal': did you mean 'female'? Choices for gender: male, female / 男，女" in msg
     assert "did you mean 'british accent'? Choices for accent (English speech only)" in msg
     assert "'robot': not a known item" in msg and "dialect (Chinese speech only):" in msg
     with pytest.raises(ValueError):  # InputError is a ValueError, like the reference's error
-        T.resolve_instruct("male, female")
+        frontend.resolve_instruct("male, female")
 
 
 def test_instruct_language_choice():
-    assert T.resolve_instruct("Male, Low Pitch") == "male, low pitch"
-    assert T.resolve_instruct("Male, Low Pitch", "你好") == "男，低音调"
-    assert T.resolve_instruct("male, low pitch", use_zh=True) == "男，低音调"
-    assert T.resolve_instruct("男，低音调", "你好", use_zh=False) == "male, low pitch"
-    assert T.resolve_instruct("女, british accent", "你好") == "female, british accent"
-    assert T.resolve_instruct("female, 四川话") == "女，四川话"
-    assert T.resolve_instruct(None) is None and T.resolve_instruct("  ") is None
+    assert frontend.resolve_instruct("Male, Low Pitch") == "male, low pitch"
+    assert frontend.resolve_instruct("Male, Low Pitch", "你好") == "男，低音调"
+    assert frontend.resolve_instruct("male, low pitch", use_zh=True) == "男，低音调"
+    assert frontend.resolve_instruct("男，低音调", "你好", use_zh=False) == "male, low pitch"
+    assert frontend.resolve_instruct("女, british accent", "你好") == "female, british accent"
+    assert frontend.resolve_instruct("female, 四川话") == "女，四川话"
+    assert frontend.resolve_instruct(None) is None and frontend.resolve_instruct("  ") is None
     with pytest.raises(InputError):
-        T.resolve_instruct(["male"])
+        frontend.resolve_instruct(["male"])
 
 
-FORMS = sorted({f for g in T.instruct_vocabulary().values() for i in g for f in (i.en, i.zh) if f})
+FORMS = sorted({f for g in frontend.instruct_vocabulary().values() for i in g for f in (i.en, i.zh) if f})
 
 
 @FAST
@@ -161,11 +161,11 @@ FORMS = sorted({f for g in T.instruct_vocabulary().values() for i in g for f in 
        st.booleans())
 def test_resolve_instruct_of_vocabulary_is_idempotent(items, sep, use_zh):
     try:
-        out = T.resolve_instruct(sep.join(items), use_zh=use_zh)
+        out = frontend.resolve_instruct(sep.join(items), use_zh=use_zh)
     except InputError:
         return
     if out:
-        assert T.resolve_instruct(out, use_zh=use_zh) == out
+        assert frontend.resolve_instruct(out, use_zh=use_zh) == out
         assert all(part in FORMS for part in out.replace("，", ", ").split(", "))
 
 
@@ -173,7 +173,7 @@ def test_resolve_instruct_of_vocabulary_is_idempotent(items, sep, use_zh):
 @given(st.text(max_size=40), st.one_of(st.none(), st.text(max_size=10)))
 def test_resolve_instruct_total(instruct, text):
     try:
-        out = T.resolve_instruct(instruct, text)
+        out = frontend.resolve_instruct(instruct, text)
     except InputError as e:
         assert str(e)
         return
@@ -187,14 +187,14 @@ def test_resolve_instruct_total(instruct, text):
 
 @pytest.mark.parametrize("case", CASES["punctuation"], ids=lambda c: repr(c["input"]))
 def test_add_punctuation_matches_reference(case):
-    assert T.add_punctuation(case["input"]) == case["output"]
+    assert frontend.add_punctuation(case["input"]) == case["output"]
 
 
 @FAST
 @given(st.text(max_size=40))
 def test_add_punctuation_idempotent(text):
-    once = T.add_punctuation(text)
-    assert T.add_punctuation(once) == once
+    once = frontend.add_punctuation(text)
+    assert frontend.add_punctuation(once) == once
 
 
 # ---------------------------------------------------------------------------
@@ -204,36 +204,36 @@ def test_add_punctuation_idempotent(text):
 
 def test_text_weight_matches_reference_bit_for_bit():
     for case in CASES["weight"]:
-        assert T.text_weight(case["text"]) == case["weight"], case["text"]
+        assert frontend.text_weight(case["text"]) == case["weight"], case["text"]
 
 
 @pytest.mark.parametrize("case", CASES["duration"], ids=lambda c: repr(c["text"][:20]))
 def test_estimate_target_frames_matches_reference(case):
-    got = T.estimate_target_frames(case["text"], case["ref_text"], case["num_ref_frames"],
+    got = frontend.estimate_target_frames(case["text"], case["ref_text"], case["num_ref_frames"],
                                    case["speed"])
     assert got == case["frames"]
 
 
 def test_estimate_yardstick_and_overrides():
     # "Nice to meet you." is 25 frames of weight; under 50 frames the cube-root boost applies.
-    assert T.estimate_target_frames("Nice to meet you.") == int(50 * 0.5 ** (1 / 3))
+    assert frontend.estimate_target_frames("Nice to meet you.") == int(50 * 0.5 ** (1 / 3))
     long = "Nice to meet you. " * 8
-    assert T.estimate_target_frames(long, "Nice to meet you.", 25) > 50
-    assert T.estimate_target_frames(long, speed=2.0) < T.estimate_target_frames(long)
+    assert frontend.estimate_target_frames(long, "Nice to meet you.", 25) > 50
+    assert frontend.estimate_target_frames(long, speed=2.0) < frontend.estimate_target_frames(long)
     for bad in (0, -1.0, float("nan"), float("inf"), "fast", True):
         with pytest.raises(InputError):
-            T.estimate_target_frames(long, speed=bad)
+            frontend.estimate_target_frames(long, speed=bad)
     with pytest.raises(InputError):
-        T.estimate_target_frames(long, speed=1e-320)
+        frontend.estimate_target_frames(long, speed=1e-320)
     with pytest.raises(InputError):
-        T.estimate_target_frames(long, "ref", 2.5)
+        frontend.estimate_target_frames(long, "ref", 2.5)
 
 
 @FAST
 @given(st.text(max_size=60), st.one_of(st.none(), st.text(max_size=20)),
        st.one_of(st.none(), st.integers(-5, 500)), st.floats(0.1, 10))
 def test_estimate_total(text, ref_text, num_ref_frames, speed):
-    frames = T.estimate_target_frames(text, ref_text, num_ref_frames, speed)
+    frames = frontend.estimate_target_frames(text, ref_text, num_ref_frames, speed)
     assert isinstance(frames, int) and frames >= 1
 
 
@@ -244,7 +244,7 @@ def test_estimate_total(text, ref_text, num_ref_frames, speed):
 
 @pytest.mark.parametrize("case", CASES["pack_sentences"], ids=lambda c: repr(c["text"][:20]))
 def test_pack_sentences_matches_reference(case):
-    got = T.pack_sentences(case["text"], case["chunk_len"], case["min_chunk_len"])
+    got = planner.pack_sentences(case["text"], case["chunk_len"], case["min_chunk_len"])
     assert got == case["chunks"]
 
 
@@ -257,7 +257,7 @@ def _plan_args(case):
 @pytest.mark.parametrize("case", CASES["plan"], ids=lambda c: repr(c["text"][:20]))
 def test_plan_synthesis_matches_reference(case):
     want = case["plan"]
-    plan = T.plan_synthesis(case["text"], case["ref_text"], case["num_ref_frames"],
+    plan = planner.plan_synthesis(case["text"], case["ref_text"], case["num_ref_frames"],
                             **_plan_args(case))
     assert (plan.frames, plan.speed, plan.chunked) == (want["frames"], want["speed"],
                                                        want["chunked"])
@@ -270,34 +270,34 @@ def test_plan_synthesis_matches_reference(case):
     assert got == want["chunks"]
     if want["chunked"]:
         frames = want["frames"]
-        assert T.chunk_text(case["text"], frames, _plan_args(case)["chunk_duration"]) == [
+        assert planner.chunk_text(case["text"], frames, _plan_args(case)["chunk_duration"]) == [
             c["text"] for c in want["chunks"]]
 
 
 def test_plan_modes():
     text = "The quick brown fox jumps over the lazy dog. " * 40
-    auto = T.plan_synthesis(text)
+    auto = planner.plan_synthesis(text)
     assert auto.chunked and len(auto.chunks) > 2
     assert auto.chunks[0].reference is None
     assert {c.reference for c in auto.chunks[1:]} == {"chunk0"}
     assert {c.ref_text for c in auto.chunks[1:]} == {auto.chunks[0].text}
-    clone = T.plan_synthesis(text, "A reference.", 40)
+    clone = planner.plan_synthesis(text, "A reference.", 40)
     assert {c.reference for c in clone.chunks} == {"prompt"}
-    short = T.plan_synthesis("Hello.", duration=2.0)
+    short = planner.plan_synthesis("Hello.", duration=2.0)
     assert (short.frames, short.chunked, short.chunks[0].text) == (50, False, "Hello.")
 
 
 def test_batch_items_are_planned_independently():
     batch = CASES["batch"]
     for i, text in enumerate(batch["texts"]):
-        plan = T.plan_synthesis(text, speed=batch["speed"][i], duration=batch["duration"][i])
+        plan = planner.plan_synthesis(text, speed=batch["speed"][i], duration=batch["duration"][i])
         assert plan.frames == batch["frames"][i] and plan.speed == batch["speeds"][i]
 
 
 @FAST
 @given(st.text(min_size=1, max_size=400), st.integers(1, 3000))
 def test_chunk_text_keeps_every_character(text, frames):
-    chunks = T.chunk_text(text, frames)
+    chunks = planner.chunk_text(text, frames)
     assert all(c and c == c.strip() for c in chunks)
     assert "".join("".join(chunks).split()) == "".join(text.split())
 
@@ -307,7 +307,7 @@ def test_chunk_text_keeps_every_character(text, frames):
        st.one_of(st.none(), st.floats(allow_nan=True)))
 def test_plan_synthesis_total(text, speed, duration):
     try:
-        plan = T.plan_synthesis(text, speed=speed, duration=duration, chunk_threshold=2.0,
+        plan = planner.plan_synthesis(text, speed=speed, duration=duration, chunk_threshold=2.0,
                                 chunk_duration=1.0)
     except InputError as e:
         assert str(e)
@@ -321,32 +321,32 @@ def test_plan_synthesis_total(text, speed, duration):
 
 
 def test_validate_text_limits():
-    assert T.validate_text(" hi ") == " hi "
-    assert T.validate_text("x" * T.MAX_TEXT_CHARS)
-    for bad in ("", " \n\t", "x" * (T.MAX_TEXT_CHARS + 1), "bad \ud800 surrogate", None, b"hi"):
+    assert limits.validate_text(" hi ") == " hi "
+    assert limits.validate_text("x" * limits.MAX_TEXT_CHARS)
+    for bad in ("", " \n\t", "x" * (limits.MAX_TEXT_CHARS + 1), "bad \ud800 surrogate", None, b"hi"):
         with pytest.raises(InputError):
-            T.validate_text(bad)
+            limits.validate_text(bad)
 
 
 def test_validate_speed_and_duration():
-    assert T.validate_speed(None) is None and T.validate_speed(2) == 2.0
-    assert T.validate_duration(None) is None and T.validate_duration(1.5) == 1.5
+    assert limits.validate_speed(None) is None and limits.validate_speed(2) == 2.0
+    assert limits.validate_duration(None) is None and limits.validate_duration(1.5) == 1.5
     for bad in (0, -1, float("nan"), float("inf"), "1", True):
         with pytest.raises(InputError):
-            T.validate_speed(bad)
+            limits.validate_speed(bad)
         with pytest.raises(InputError):
-            T.validate_duration(bad)
+            limits.validate_duration(bad)
     with pytest.raises(InputError):
-        T.validate_duration(T.MAX_DURATION_S + 1)
+        limits.validate_duration(limits.MAX_DURATION_S + 1)
     with pytest.raises(InputError):  # slow enough to exceed the output limit
-        T.plan_synthesis("你" * 19_000, speed=0.5)
+        planner.plan_synthesis("你" * 19_000, speed=0.5)
 
 
 @FAST
 @given(st.text(max_size=200))
 def test_validate_text_total(text):
     try:
-        assert T.validate_text(text) is text
+        assert limits.validate_text(text) is text
     except InputError as e:
         assert str(e)
 
@@ -357,32 +357,32 @@ def test_validate_text_total(text):
 
 
 def test_pause_marks_split_the_text():
-    p = T.split_pauses('One. [pause:1.5s] Two <break time="500ms"/>three [PAUSE: 250 MS ]'
+    p = planner.split_pauses('One. [pause:1.5s] Two <break time="500ms"/>three [PAUSE: 250 MS ]'
                        "[pause:1s] four. <break strength='strong' time='2s' />")
     assert p.marked and p.segments == ("One. ", " Two ", "three ", " four. ")
     assert p.pauses == (0.0, 1.5, 0.5, 1.25, 2.0)  # marks in a row add up; a trailing one
     assert p.spoken == "One. Two three four."
-    lead = T.split_pauses("  [pause:0.2s] Hello.")
+    lead = planner.split_pauses("  [pause:0.2s] Hello.")
     assert lead.segments == (" Hello.",) and lead.pauses == (0.2, 0.0)
-    assert T.pause_samples(1.5, 24000) == 36000 and T.pause_samples(0.5, 24000) == 12000
-    assert T.pause_samples(0.001, 24000) == 24
+    assert planner.pause_samples(1.5, 24000) == 36000 and planner.pause_samples(0.5, 24000) == 12000
+    assert planner.pause_samples(0.001, 24000) == 24
 
 
 @pytest.mark.parametrize("text", [
     "Ha [laughter] ha [B EY1 S] [pauses] [pause_2] <breakfast> <br> a < b [ c ] [pau",
     "No marks at all.", "[", "<break", "x [pause"])
 def test_other_brackets_are_text(text):
-    p = T.split_pauses(text)
+    p = planner.split_pauses(text)
     assert not p.marked and p.segments == (text,) and p.pauses == (0.0, 0.0)
-    assert T.plan_synthesis(text) == T.plan_synthesis(text)  # planned as any text
-    assert T.split_text(text) == [text.strip()]
+    assert planner.plan_synthesis(text) == planner.plan_synthesis(text)  # planned as any text
+    assert planner.split_text(text) == [text.strip()]
 
 
 def test_a_pause_of_nothing_is_removed():
-    p = T.split_pauses("Hello [pause:0s] there.")
+    p = planner.split_pauses("Hello [pause:0s] there.")
     assert p.marked and p.segments == ("Hello  there.",) and p.pauses == (0.0, 0.0)
-    assert not T.plan_synthesis("Hello [pause:0ms] there.").paused
-    assert T.split_text("Hello [pause:0s] there.") == ["Hello  there."]
+    assert not planner.plan_synthesis("Hello [pause:0ms] there.").paused
+    assert planner.split_text("Hello [pause:0s] there.") == ["Hello  there."]
 
 
 @pytest.mark.parametrize("text, at, why", [
@@ -405,54 +405,54 @@ def test_a_pause_of_nothing_is_removed():
 ])
 def test_malformed_pause_marks_name_their_place(text, at, why):
     with pytest.raises(InputError) as e:
-        T.split_pauses(text)
+        planner.split_pauses(text)
     assert f"at character {at}: {why}" in str(e.value), str(e.value)
     assert "[pause:1.5s]" in str(e.value)  # says how to write one
     with pytest.raises(InputError):  # the stream's chunker refuses it alike
-        T.split_text(text)
+        planner.split_text(text)
 
 
 @pytest.mark.parametrize("text", ["[pause:1s]", " [pause:1s] <break time='2s'/>\n"])
 def test_a_text_of_pauses_only_is_refused(text):
     with pytest.raises(InputError, match="only pause marks"):
-        T.split_pauses(text)
+        planner.split_pauses(text)
     with pytest.raises(InputError, match="only pause marks"):
-        T.plan_synthesis(text)
+        planner.plan_synthesis(text)
 
 
 def test_pauses_count_against_the_output_limit():
-    T.plan_synthesis("[pause:60s] a " * 100)  # 100 minutes of pauses: within the 2 hours
+    planner.plan_synthesis("[pause:60s] a " * 100)  # 100 minutes of pauses: within the 2 hours
     with pytest.raises(InputError, match="7260 s of pauses would last about 122 minutes; the "
                                          "limit is 120 minutes"):
-        T.plan_synthesis("[pause:60s] a " * 121)
+        planner.plan_synthesis("[pause:60s] a " * 121)
 
 
 def test_plan_of_a_paused_text():
     text = "Hello. [pause:1s] How are you doing today? [pause:250ms]"
-    plan = T.plan_synthesis(text)
+    plan = planner.plan_synthesis(text)
     assert plan.paused and plan.pauses == (0.0, 1.0, 0.25) and plan.pause_frames == 32
     first, second = plan.chunks
     assert (first.text, first.segment, first.reference) == ("Hello.", 0, None)
-    assert first.frames == T.estimate_target_frames("Hello.")
+    assert first.frames == frontend.estimate_target_frames("Hello.")
     # later segments: chunk 0's voice, but sized at the text's own pace: "Hello." alone is
     # stretched by the short-output boost, and would stretch them too
     assert (second.text, second.segment, second.reference, second.ref_text) == (
         "How are you doing today?", 1, "chunk0", "Hello.")
-    assert second.frames == T.estimate_target_frames("How are you doing today?")
-    assert second.frames < T.estimate_target_frames("How are you doing today?", "Hello.",
+    assert second.frames == frontend.estimate_target_frames("How are you doing today?")
+    assert second.frames < frontend.estimate_target_frames("How are you doing today?", "Hello.",
                                                     first.frames)
     # with a voice prompt every segment is a pass on the prompt
-    prompted = T.plan_synthesis(text, "A reference.", 60, speed=1.25)
+    prompted = planner.plan_synthesis(text, "A reference.", 60, speed=1.25)
     assert [(c.reference, c.frames) for c in prompted.chunks] == [
-        ("prompt", T.estimate_target_frames(s, "A reference.", 60, 1.25))
+        ("prompt", frontend.estimate_target_frames(s, "A reference.", 60, 1.25))
         for s in ("Hello.", "How are you doing today?")]
     # a long segment is chunked as a text of its own; chunk 0 stays the voice of all
     long = "Short start. [pause:0.5s] " + "A sentence of a long paragraph goes on. " * 40
-    plan = T.plan_synthesis(long, chunk_threshold=10, chunk_duration=5)
+    plan = planner.plan_synthesis(long, chunk_threshold=10, chunk_duration=5)
     assert [c.segment for c in plan.chunks][:2] == [0, 1] and len(plan.chunks) > 4
     assert all(c.reference == "chunk0" and c.ref_text == "Short start." for c in plan.chunks[1:])
     # duration: the spoken text lasts it, the pauses come on top
-    fixed = T.plan_synthesis("One two three. [pause:2s] Four five six.", duration=3.0)
+    fixed = planner.plan_synthesis("One two three. [pause:2s] Four five six.", duration=3.0)
     assert fixed.frames == 75 and abs(sum(c.frames for c in fixed.chunks) - 75) <= 2
 
 
@@ -465,7 +465,7 @@ def test_pauses_in_fragments_split_as_the_whole(parts, cuts):
     """The stream's chunker finds the same marks, chunks and pauses whatever the fragments."""
     text = "".join(parts)
     try:
-        whole = T.split_text(text)
+        whole = planner.split_text(text)
     except InputError:
         return
     frags, i = [], 0
@@ -473,18 +473,18 @@ def test_pauses_in_fragments_split_as_the_whole(parts, cuts):
         frags.append(text[i:c])
         i = max(i, c)
     frags.append(text[i:])
-    chunker = T.TextChunker()
+    chunker = planner.TextChunker()
     got = [x for f in frags for x in chunker.feed(f)] + chunker.flush()
     assert got == whole
-    pauses = [x for x in whole if isinstance(x, T.Pause)]
+    pauses = [x for x in whole if isinstance(x, planner.Pause)]
     assert all(text.startswith(("[", "<"), x.at) for x in pauses)
 
 
-@pytest.mark.parametrize("abbr", sorted(T._ABBREVIATIONS))
+@pytest.mark.parametrize("abbr", sorted(planner._ABBREVIATIONS))
 def test_the_stream_and_the_chunker_share_one_abbreviation_table(abbr):
     """A "." after any abbreviation the reference's chunker knows ends no streamed chunk either
     (in any case), while a plain sentence end does."""
-    rule = T.ChunkRule(first_seconds=0.0, seconds=0.0)
+    rule = planner.ChunkRule(first_seconds=0.0, seconds=0.0)
     for word in (abbr, abbr.lower(), abbr.upper()):
-        assert T.split_text(f"Ask {word} Smith now. Then go.", rule) == [
+        assert planner.split_text(f"Ask {word} Smith now. Then go.", rule) == [
             f"Ask {word} Smith now.", "Then go."]

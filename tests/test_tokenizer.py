@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnicore.config import OmniVoiceConfig
+from omnicore.model.config import OmniVoiceConfig
 from omnicore.errors import ConfigError, InputError, ModelNotFoundError, WeightsError
-from omnicore.tokenizer import (NONVERBAL_TAGS, SPECIAL_TOKENS, TextTokenizer, combine_text,
+from omnicore.model.tokenizer import (NONVERBAL_TAGS, SPECIAL_TOKENS, TextTokenizer, combine_text,
                                 load_tokenizer, prepare_item, tokenize_with_nonverbal_tags)
 
 ROOT = Path(__file__).resolve().parents[1]

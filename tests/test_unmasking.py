@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnicore import backbone as bb
-from omnicore import kernels
-from omnicore import unmasking as um
-from omnicore.config import GenerationConfig
+from omnicore.model import backbone as bb
+from omnicore.model import kernels
+from omnicore.model import unmasking as um
+from omnicore.model.config import GenerationConfig
 from omnicore.errors import InputError
-from omnicore.tokenizer import PreparedItem, load_tokenizer, prepare_item
+from omnicore.model.tokenizer import PreparedItem, load_tokenizer, prepare_item
 
 
 def guided_log_probs(cond_logits, uncond_logits, guidance_scale: float, mask_id: int):

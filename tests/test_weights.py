@@ -14,7 +14,7 @@ from safetensors.numpy import save_file
 
 from conftest import read_safetensors
 from omnicore.errors import ConfigError, ModelNotFoundError, OmniCoreError, WeightsError
-from omnicore.weights import ParamReader, resolve_model_dir
+from omnicore.model.weights import ParamReader, resolve_model_dir
 
 
 def _write_raw(path, header: dict, data: bytes, header_len: int | None = None):
@@ -188,7 +188,7 @@ def test_tiny_checkpoint_loads_with_every_key_used():
     raw = read_safetensors(TINY / "model.safetensors")
     assert model.params.embed_tokens.shape == raw["llm.embed_tokens.weight"].shape
     # the codec's full load (decoder + encoder) also audits every key of its file
-    from omnicore import codec
+    from omnicore.model import codec
     cfg, params = codec.load_codec(TINY, encoder=True)
     assert params.encoder is not None
 
@@ -334,7 +334,7 @@ def test_text_embedding_rows_are_checked_as_they_are_read(tmp_path):
 
 
 def test_all_finite_kernel_agrees_with_its_numpy_twin():
-    from omnicore.kernels import all_finite, all_finite_np
+    from omnicore.model.kernels import all_finite, all_finite_np
 
     rng = np.random.default_rng(0)
     n = (1 << 16) * 3 + 5  # several early-exit blocks and a ragged tail
@@ -354,7 +354,7 @@ def test_all_finite_kernel_agrees_with_its_numpy_twin():
 
 
 def test_row_table_indexes_like_the_array(tmp_path):
-    from omnicore.weights import RowTable, SafetensorsFile
+    from omnicore.model.weights import RowTable, SafetensorsFile
 
     rng = np.random.default_rng(0)
     table = rng.standard_normal((50, 6)).astype(np.float32)
@@ -385,7 +385,7 @@ def test_row_table_indexes_like_the_array(tmp_path):
 
 
 def test_weight_norm_over_an_all_zero_tap_is_a_weights_error(tmp_path):
-    from omnicore import codec
+    from omnicore.model import codec
 
     ckpt = _copy_tiny(tmp_path)
     key = "semantic_model.encoder.pos_conv_embed.conv.parametrizations.weight.original1"

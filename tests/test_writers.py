@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from omnicore import audio
-from omnicore import streaming as S
+from omnicore.audio import writers
 from omnicore.errors import AudioError, InputError, VoicePromptError
 from omnicore.pipeline import VoiceClonePrompt
-from omnicore.text import MAX_REF_FRAMES
+from omnicore.text.limits import MAX_REF_FRAMES
 
 SR = 24000
 
@@ -62,7 +61,7 @@ def test_concurrent_audio_writes_never_corrupt_the_file(tmp_path):
     path = tmp_path / "a.wav"
     waves = [np.full(SR * 2, v, np.float32) for v in (0.25, -0.5)]
     for _ in range(4):
-        threads = [threading.Thread(target=audio.write_audio_atomic, args=(path, w, SR)) for w in waves]
+        threads = [threading.Thread(target=writers.write_audio_atomic, args=(path, w, SR)) for w in waves]
         for t in threads:
             t.start()
         for t in threads:
@@ -87,13 +86,13 @@ def test_refused_targets_with_the_callers_typed_error(tmp_path):
     prompt = VoiceClonePrompt(np.zeros((8, 3), np.int64), "Hi.", 0.1)
     for target, word in _targets(tmp_path):
         with pytest.raises(AudioError, match=word):
-            audio.write_audio_atomic(target, np.zeros(10, np.float32), SR)
+            writers.write_audio_atomic(target, np.zeros(10, np.float32), SR)
         with pytest.raises(AudioError, match=word):
-            S.AudioFileWriter(target, SR)
+            writers.AudioFileWriter(target, SR)
         with pytest.raises(VoicePromptError, match=word):
             prompt.save(target)
         with pytest.raises(InputError, match=word):
-            audio.write_atomic(target, lambda fh: fh.write(b"x"), InputError)
+            writers.write_atomic(target, lambda fh: fh.write(b"x"), InputError)
     assert _names(tmp_path) == ["adir.wav", "afile", "fifo.wav"]
     assert list((tmp_path / "adir.wav").iterdir()) == [] and (tmp_path / "afile").read_bytes() == b"keep"
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
@@ -116,7 +115,7 @@ def test_temporary_file_removed_on_any_failure(tmp_path, exc):
 
     expected = KeyboardInterrupt if isinstance(exc, KeyboardInterrupt) else InputError
     with pytest.raises(expected):
-        audio.write_atomic(path, write, InputError)
+        writers.write_atomic(path, write, InputError)
     assert _names(tmp_path) == ["out.bin"] and path.read_bytes() == b"old"
 
 
@@ -126,19 +125,19 @@ def test_failed_rename_or_sync_leaves_nothing(tmp_path, monkeypatch):
         with monkeypatch.context() as m:
             m.setattr(os, name, lambda *a: (_ for _ in ()).throw(OSError(5, "Input/output error")))
             with pytest.raises(AudioError, match="could not write .*Input/output error"):
-                audio.write_atomic(path, lambda fh: fh.write(b"data"))
+                writers.write_atomic(path, lambda fh: fh.write(b"data"))
         assert _names(tmp_path) == []
 
 
 def test_stream_writer_removes_its_temporary_file_on_interrupt(tmp_path):
     path = tmp_path / "s.wav"
     with pytest.raises(KeyboardInterrupt):
-        with S.AudioFileWriter(path, SR) as w:
+        with writers.AudioFileWriter(path, SR) as w:
             w.write(np.zeros(1000, np.float32))
             assert len(_names(tmp_path)) == 1 and _names(tmp_path)[0].startswith(".s.wav.")
             raise KeyboardInterrupt
     assert _names(tmp_path) == []
-    w = S.AudioFileWriter(path, SR)
+    w = writers.AudioFileWriter(path, SR)
     with pytest.raises(AudioError, match="NaN"):
         w.write(np.array([np.nan], np.float32))
     assert _names(tmp_path) == []
@@ -150,8 +149,8 @@ def test_mode_follows_the_umask_and_the_umask_is_never_touched(tmp_path, monkeyp
 
     monkeypatch.setattr(os, "umask", no_umask)
     want = 0o666 & ~_umask_now()
-    audio.write_audio_atomic(tmp_path / "a.wav", np.zeros(10, np.float32), SR)
-    with S.AudioFileWriter(tmp_path / "b.raw", SR) as w:
+    writers.write_audio_atomic(tmp_path / "a.wav", np.zeros(10, np.float32), SR)
+    with writers.AudioFileWriter(tmp_path / "b.raw", SR) as w:
         w.write(np.zeros(10, np.float32))
     VoiceClonePrompt(np.zeros((8, 3), np.int64), "Hi.", 0.1).save(tmp_path / "c.npz")
     for name in ("a.wav", "b.raw", "c.npz"):
@@ -160,7 +159,7 @@ def test_mode_follows_the_umask_and_the_umask_is_never_touched(tmp_path, monkeyp
 
 def test_umask_is_read_at_import_without_changing_it():
     code = ("import os; os.umask(0o027); from omnicore import audio; "
-            "print(oct(audio._FILE_MODE), oct(os.umask(0o027)))")
+            "print(oct(writers._FILE_MODE), oct(os.umask(0o027)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["0o640", "0o27"]
@@ -168,15 +167,15 @@ def test_umask_is_read_at_import_without_changing_it():
 
 def test_symlink_target_is_replaced_and_the_link_kept(tmp_path):
     real = tmp_path / "real.wav"
-    audio.write_audio_atomic(real, np.zeros(10, np.float32), SR)
+    writers.write_audio_atomic(real, np.zeros(10, np.float32), SR)
     link = tmp_path / "link.wav"
     link.symlink_to(real)
-    audio.write_audio_atomic(link, np.full(20, 0.5, np.float32), SR)
+    writers.write_audio_atomic(link, np.full(20, 0.5, np.float32), SR)
     assert link.is_symlink() and len(sf.read(real)[0]) == 20
     assert _names(tmp_path) == ["link.wav", "real.wav"]
 
 
 def test_long_file_name_keeps_the_temporary_name_legal(tmp_path):
     path = tmp_path / ("n" * 240 + ".npy")
-    audio.write_atomic(path, lambda fh: np.save(fh, np.arange(3)))
+    writers.write_atomic(path, lambda fh: np.save(fh, np.arange(3)))
     assert np.load(path).tolist() == [0, 1, 2] and _names(tmp_path) == [path.name]

@@ -118,7 +118,7 @@ class Side:
 class OmnicoreSide(Side):
     def __init__(self, args):
         super().__init__(args)
-        from omnicore import backend
+        from omnicore.model import backend
 
         self.backend = backend
         self.res["backend"] = backend.BACKEND
@@ -150,7 +150,8 @@ class OmnicoreSide(Side):
             self._sync()
 
     def run(self):
-        from omnicore import OmniVoice, unmasking
+        from omnicore import OmniVoice
+        from omnicore.model import unmasking
 
         a = self.args
         t0 = time.perf_counter()

@@ -30,17 +30,16 @@ Dimension legend:
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from . import audio, hubert, text as text_mod
-from .audio import resample
+from ..errors import AudioError, InputError, WeightsError
+from . import hubert
 from .backend import f32, to_device, to_numpy, xp
 from .config import HiggsAudioV2TokenizerConfig
-from .errors import AudioError, InputError, WeightsError
+from .resample import resample
 from .kernels import (conv1d, conv_out_len, conv_transpose1d, conv_transpose_weight, conv_weight,
                       dac_res_unit, snake)
 
@@ -369,7 +368,7 @@ def _dac_res_unit(u: DacResUnit, x):
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_codes(codes, cfg: HiggsAudioV2TokenizerConfig) -> np.ndarray:
+def check_codes(codes, cfg: HiggsAudioV2TokenizerConfig) -> np.ndarray:
     try:
         arr = np.asarray(to_numpy(codes))
     except Exception as exc:
@@ -421,7 +420,7 @@ def decode(params: CodecParams, codes, cfg: HiggsAudioV2TokenizerConfig) -> np.n
     """Codes [Q, T] (or a batch [B, Q, T]) -> float32 waveform [hop*T] (or [B, hop*T]) at
     cfg.sample_rate. Q may be fewer than num_quantizers (the first Q codebooks are used).
     T = 0 gives an empty waveform. Returns a numpy array whatever the backend."""
-    arr = _check_codes(codes, cfg)
+    arr = check_codes(codes, cfg)
     single = arr.ndim == 2
     arr = arr[None] if single else arr  # -> [B, Q, T]
     b_, _, t_ = arr.shape
@@ -462,28 +461,34 @@ def decoder_receptive_field(cfg: HiggsAudioV2TokenizerConfig) -> tuple[int, int]
 
 
 def decode_stream(params: CodecParams, codes, cfg: HiggsAudioV2TokenizerConfig, *,
-                  chunk_frames: int = 50, overlap_frames: int | None = None):
-    """Yield the waveform of `codes` [Q, T] (or [B, Q, T]) piece by piece, `chunk_frames` frames
-    at a time. Each piece is decoded with `overlap_frames` extra frames of context on both sides
+                  chunk_frames: int = 50, overlap_frames: int | None = None,
+                  later_frames: int | None = None):
+    """Yield the waveform of `codes` [Q, T] (or [B, Q, T]) piece by piece: `chunk_frames` frames
+    first, then `later_frames` (default: `chunk_frames`) at a time; a short first window gives
+    a stream its first samples early, longer later ones cut the overlap's cost. Each piece is decoded with `overlap_frames` extra frames of context on both sides
     (default: the decoder's receptive field, 10 frames for the released config), so the pieces
     join into the one-shot decode up to float32 rounding (tested: max|diff| <= 2e-5 max|wave|):
     the windows are GEMMs of other row counts, and some BLAS kernels (OpenBLAS's Haswell sgemm)
     round a row differently with that count. With less overlap the seams differ far more (one
     frame short: ~1e-3). Pieces are [hop * n] (or [B, hop * n]) float32 arrays."""
-    arr = _check_codes(codes, cfg)
-    if isinstance(chunk_frames, bool) or not isinstance(chunk_frames, int) or chunk_frames < 1:
-        raise InputError(f"chunk_frames must be a positive integer, got {chunk_frames!r}")
+    arr = check_codes(codes, cfg)
+    later_frames = chunk_frames if later_frames is None else later_frames
+    for name, n in (("chunk_frames", chunk_frames), ("later_frames", later_frames)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InputError(f"{name} must be a positive integer, got {n!r}")
     if overlap_frames is None:
         overlap_frames = max(decoder_receptive_field(cfg))
     if isinstance(overlap_frames, bool) or not isinstance(overlap_frames, int) or overlap_frames < 0:
         raise InputError(f"overlap_frames must be a non-negative integer, got {overlap_frames!r}")
     hop = cfg.hop_length
     t_ = arr.shape[-1]
-    for start in range(0, t_, chunk_frames):
-        stop = min(t_, start + chunk_frames)
+    start = 0
+    while start < t_:
+        stop = min(t_, start + (chunk_frames if start == 0 else later_frames))
         lo, hi = max(0, start - overlap_frames), min(t_, stop + overlap_frames)
-        wav = decode(params, arr[..., lo:hi], cfg)
-        yield wav[..., (start - lo) * hop:(stop - lo) * hop]
+        wav = decode(params, arr[..., lo:hi], cfg)  # [.., Q, hi-lo] -> [.., hop*(hi-lo)]
+        yield wav[..., (start - lo) * hop:(stop - lo) * hop]  # -> [.., hop*(stop-start)]
+        start = stop
 
 
 def decode_chunked(params: CodecParams, codes, cfg: HiggsAudioV2TokenizerConfig, *,
@@ -510,7 +515,7 @@ def check_audio(waveform, sample_rate, cfg: HiggsAudioV2TokenizerConfig) -> np.n
         raise AudioError(f"sample rate must be a positive integer in Hz, got {sample_rate!r}")
     if sample_rate != cfg.sample_rate:
         raise AudioError(f"the codec takes {cfg.sample_rate} Hz audio, got {sample_rate} Hz; resample it "
-                         f"first, e.g. omnicore.audio.resample(x, {sample_rate}, {cfg.sample_rate})")
+                         f"first, e.g. omnicore.resample(x, {sample_rate}, {cfg.sample_rate})")
     try:
         arr = np.asarray(to_numpy(waveform))
     except Exception as exc:
@@ -670,69 +675,3 @@ def encode(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerConfig, *, s
     """
     feats = _encoder_forward(params, waveform, cfg, sample_rate, pad)
     return quantize(params, feats["fused"], cfg)
-
-
-# ---------------------------------------------------------------------------------------------
-# The codec, with its encoder half loaded on first use
-# ---------------------------------------------------------------------------------------------
-
-
-class Codec:
-    """Higgs Audio V2 codec: `decode` codes -> 24 kHz audio, `encode` audio -> codes.
-
-    Only the decoder is read at load time; the encoder half (HuBERT + acoustic encoder) is
-    read the first time something is encoded, so plain TTS never pages it in.
-    """
-
-    def __init__(self, codec_dir: Path):
-        self.dir = Path(codec_dir)
-        self.cfg, self.params = load_codec(self.dir, encoder=False)
-        self.sampling_rate = self.cfg.sample_rate
-        self.frame_rate = self.cfg.frame_rate
-        self.hop_length = self.cfg.hop_length
-        self._lock = threading.Lock()
-
-    def decode(self, codes) -> np.ndarray:
-        """[C, T] -> float32 [960*T]; [B, C, T] -> float32 [B, 960*T].
-
-        Codes must be integers in [0, codebook_size) (InputError otherwise), at most
-        text.MAX_DURATION_S of audio in all. Up to text.MAX_PASS_FRAMES frames (the longest
-        unmasking pass) are decoded in one shot; longer arrays in windows of that length with
-        the decoder's receptive field of overlap, so memory stays bounded.
-        """
-        arr = _check_codes(codes, self.cfg)  # shape, dtype and range -> InputError
-        batch = arr.shape[0] if arr.ndim == 3 else 1
-        frames = arr.shape[-1]
-        if batch * frames > text_mod.MAX_DURATION_S * self.frame_rate:
-            raise InputError(
-                f"codes of {batch} x {frames:,} frames would decode to "
-                f"{batch * frames / self.frame_rate / 60:.0f} minutes of audio; the limit is "
-                f"{text_mod.MAX_DURATION_S / 60:g} minutes per call: decode it in parts")
-        if arr.ndim == 3:
-            if batch == 0:
-                return np.zeros((0, self.hop_length * frames), np.float32)
-            return np.stack([self.decode(c) for c in arr])  # one item at a time: bounded memory
-        if frames > text_mod.MAX_PASS_FRAMES:
-            return decode_chunked(self.params, arr, self.cfg,
-                                            chunk_frames=text_mod.MAX_PASS_FRAMES)
-        return decode(self.params, arr, self.cfg)
-
-    def encode(self, waveform, sample_rate: int) -> np.ndarray:
-        """Audio [L] or [C, L] at any rate -> int64 codes [C, T] (mixed to mono, resampled to
-        24 kHz and right-padded to whole frames first). At most text.MAX_REF_S seconds: the
-        encoder's attention grows with the square of the clip (AudioError beyond)."""
-        wav = audio.load_audio((waveform, sample_rate), self.sampling_rate)
-        check_clip_length(wav.shape[-1], self.sampling_rate)
-        with self._lock:  # concurrent first uses (demo queue) load the encoder half once
-            self.params = ensure_encoder(self.params, self.cfg, self.dir)
-        return encode(self.params, wav, self.cfg)
-
-
-def check_clip_length(num_samples: int, sample_rate: int) -> None:
-    """AudioError when a clip to encode is longer than text.MAX_REF_S seconds."""
-    seconds = num_samples / sample_rate
-    if seconds > text_mod.MAX_REF_S:
-        raise AudioError(
-            f"the clip is {seconds:.1f} s long; at most {text_mod.MAX_REF_S:g} s are encoded in "
-            "one go (a voice reference works best with 3-10 s of speech). Cut the clip, or "
-            "encode a long recording in parts.")

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, InputError
-from .text import validate_sampling  # the front-end holds every input limit
+from ..errors import ConfigError, InputError
 
 
 # A config file is a few KB; anything far larger is not one (and must not be read whole).
@@ -218,7 +218,7 @@ class GenerationConfig:
     fade_duration: float = 0.1
 
     def __post_init__(self):
-        from .errors import InputError
+        from ..errors import InputError
 
         def finite(name):
             v = getattr(self, name)
@@ -448,6 +448,14 @@ class HiggsAudioV2TokenizerConfig:
         return int(self.hop_length / (self.sample_rate / self.semantic_sample_rate) / self.downsample_factor)
 
 
+# The released codec's rates (24 kHz, 960 samples per frame = 25 frames per second), for what has
+# no loaded codec at hand: input limits in seconds, the duration rule, defaults. A codec whose
+# config.json says otherwise is refused when it loads (omnicore.model.codec.load_codec).
+SAMPLE_RATE = 24000
+HOP_LENGTH = 960
+FRAME_RATE = SAMPLE_RATE // HOP_LENGTH
+
+
 def resolve_generation_config(generation_config, kwargs: dict) -> GenerationConfig:
     """The GenerationConfig of a call from `generation_config` (a GenerationConfig, a dict of
     its fields, or None) and keyword arguments naming its fields.
@@ -484,3 +492,68 @@ def resolve_generation_config(generation_config, kwargs: dict) -> GenerationConf
             f"{k}=...) makes a changed copy) or as a keyword argument")
     validate_sampling(base)
     return base
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounds of the sampling knobs
+# ---------------------------------------------------------------------------------------------
+
+# Seeds feed numpy's default_rng, which takes any non-negative integer; 64 bits is plenty.
+MAX_SEED = 2**64 - 1
+
+# Sampling knobs. Scoring runs in float32 (log-probabilities of a few hundred at most), so these
+# bounds keep every product and quotient finite: guidance c + g (c - u), the layer penalty times
+# a codebook index, a score divided by a temperature, and the shifted schedule. They are far
+# outside what changes the output meaningfully (reference defaults: 2, 5, 5, 0, t_shift 0.1).
+MAX_GUIDANCE = 100.0
+MAX_LAYER_PENALTY = 1000.0
+TEMPERATURE_RANGE = (1e-3, 1e3)  # or exactly 0 (greedy / pure confidence order)
+T_SHIFT_RANGE = (1e-3, 1e3)
+
+
+def real_number(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InputError(f"{what} must be a number, got {type(value).__name__}.")
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond the float range, e.g. 10**400
+        raise InputError(f"{what} must be a finite number, got an integer of "
+                         f"{int(value).bit_length()} bits.") from None
+    if not math.isfinite(value):
+        raise InputError(f"{what} must be a finite number, got {value}.")
+    return value
+
+
+def validate_seed(seed: object, n: int = 1) -> list[int | None]:
+    """One seed per item from ``seed``: ``None`` (fresh entropy), one integer in
+    [0, ``MAX_SEED``] for every item, or a list/tuple of ``n`` such integers (or ``None``)."""
+    def one(s):
+        if s is None:
+            return None
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral):
+            raise InputError(f"seed must be an integer >= 0 or None, got {type(s).__name__} {s!r}.")
+        if not 0 <= s <= MAX_SEED:
+            raise InputError(f"seed must lie in [0, 2**64 - 1], got {s}; use e.g. seed=42.")
+        return int(s)
+
+    if isinstance(seed, (list, tuple)):
+        if len(seed) != n:
+            raise InputError(f"got {len(seed)} seeds for {n} texts; pass one seed or one per text.")
+        return [one(s) for s in seed]
+    return [one(seed)] * n
+
+
+def validate_sampling(gen) -> None:
+    """The sampling knobs of a ``GenerationConfig`` within the bounds above, else
+    ``InputError`` (past them float32 scoring overflows and cells stay masked)."""
+    def within(name, lo, hi, zero_ok=False):
+        value = real_number(getattr(gen, name), name)
+        if not (lo <= value <= hi or (zero_ok and value == 0)):
+            zero = "0 or " if zero_ok else ""
+            raise InputError(f"{name} is {value:g}; it must be {zero}between {lo:g} and {hi:g}.")
+
+    within("guidance_scale", 0.0, MAX_GUIDANCE)
+    within("layer_penalty_factor", 0.0, MAX_LAYER_PENALTY)
+    within("position_temperature", *TEMPERATURE_RANGE, zero_ok=True)
+    within("class_temperature", *TEMPERATURE_RANGE, zero_ok=True)
+    within("t_shift", *T_SHIFT_RANGE)

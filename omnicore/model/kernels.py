@@ -31,7 +31,7 @@ import types
 import numpy as np
 
 from .backend import IS_CUPY, IS_NUMPY, xp
-from .errors import ConfigError
+from ..errors import ConfigError
 
 _THREADS = os.environ.get("OMNICORE_NUM_THREADS", "").strip()
 if _THREADS and not (_THREADS.isdigit() and int(_THREADS) > 0):

@@ -39,8 +39,8 @@ import re
 import threading
 from typing import Callable
 
-from .errors import ConfigError, InputError
-from .languages import LANGUAGES
+from ..errors import ConfigError, InputError
+from .frontend import ID_TO_NAME, NAME_TO_ID
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +53,6 @@ _PINYIN_TONE_RE = re.compile(r"[A-Z]+[1-5]")
 _CJK_RE = re.compile(r"[\u4e00-\u9fff]")
 _DIGITS_RE = re.compile(r"\d+")
 
-_IDS = frozenset(lang_id for lang_id, _ in LANGUAGES)
-_NAME_TO_ID = {name.lower(): lang_id for lang_id, name in LANGUAGES}
 
 
 def _missing(package: str, exc: ImportError) -> ConfigError:
@@ -127,9 +125,9 @@ def resolve_lang_code(language: str | None, text: str) -> str:
             raise InputError(f"language must be a string or None, got {type(language).__name__}")
         code = language.strip().lower()
         if code and code != "none":
-            if code in ("zh", "en") or code in _IDS:
+            if code in ("zh", "en") or code in ID_TO_NAME:
                 return code
-            return _NAME_TO_ID.get(code, code)
+            return NAME_TO_ID.get(code, code)
     return "zh" if _CJK_RE.search(text) else "en"
 
 

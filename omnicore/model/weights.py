@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ModelNotFoundError, OmniCoreError, WeightsError
+from ..errors import ModelNotFoundError, OmniCoreError, WeightsError
 from .kernels import all_finite
 
 HUB_REPO = "k2-fsa/OmniVoice"

@@ -1,6 +1,6 @@
 """A test backend that behaves like a GPU array library where ports usually break (numpy inside).
 
-`OMNICORE_BACKEND=strict` makes `omnicore.backend.xp` the namespace built here. Its arrays
+`OMNICORE_BACKEND=strict` makes `omnicore.model.backend.xp` the namespace built here. Its arrays
 (`StrictArray`) hold a numpy array and compute with numpy, so results are those of the numpy
 code paths run on the same inputs, but they refuse what CuPy refuses, and a little more, so
 that a CPU-only test run proves the model code is ready for the device:
@@ -91,11 +91,11 @@ class StrictArray:
     # --- the walls ---------------------------------------------------------------------
     def __array__(self, *args, **kwargs):
         raise TypeError("implicit conversion of a device array to a numpy array is not allowed "
-                        "(as with CuPy): use omnicore.backend.to_numpy")
+                        "(as with CuPy): use omnicore.model.backend.to_numpy")
 
     def __array_function__(self, func, types_, args, kwargs):
         raise TypeError(f"numpy.{func.__name__} called on a device array: use xp.{func.__name__} "
-                        "(or bring the data to the host with omnicore.backend.to_numpy)")
+                        "(or bring the data to the host with omnicore.model.backend.to_numpy)")
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         # `np.float32(2) * a` reaches numpy first and lands here: a scalar operand is fine.
@@ -108,7 +108,7 @@ class StrictArray:
         # names are never forwarded (numpy would find __array_interface__ and convert).
         if name.startswith("__") or name == "_a" or name in _BLOCKED_METHODS:
             raise AttributeError(f"StrictArray has no attribute {name!r}"
-                                 + (" (use omnicore.backend.to_numpy)" if name in _BLOCKED_METHODS else ""))
+                                 + (" (use omnicore.model.backend.to_numpy)" if name in _BLOCKED_METHODS else ""))
         attr = getattr(self._a, name)
         if not callable(attr):
             raise AttributeError(f"StrictArray does not expose ndarray.{name}")
@@ -145,7 +145,7 @@ class StrictArray:
     def __setitem__(self, key, value):
         if isinstance(value, list):
             raise TypeError("a Python list assigned into a device array is a hidden host-to-device "
-                            "copy: use omnicore.backend.to_device")
+                            "copy: use omnicore.model.backend.to_device")
         self._a[_unwrap_index(key)] = _unwrap(value, "an assigned value")
 
 
@@ -173,7 +173,7 @@ def _unwrap(x, what: str = "an argument"):
         return x._a
     if isinstance(x, np.ndarray):
         raise TypeError(f"a host numpy array {x.dtype}{list(x.shape)} passed as {what} of a device "
-                        "operation: move it with omnicore.backend.to_device")
+                        "operation: move it with omnicore.model.backend.to_device")
     if isinstance(x, (tuple, list)):
         return type(x)(_unwrap(v, what) for v in x)
     return x
@@ -182,7 +182,7 @@ def _unwrap(x, what: str = "an argument"):
 def _unwrap_index(key):
     if isinstance(key, list):
         raise TypeError("a Python list as a device array index is a hidden host-to-device copy: "
-                        "use omnicore.backend.to_device")
+                        "use omnicore.model.backend.to_device")
     if isinstance(key, tuple):
         return tuple(_unwrap_index(k) for k in key)
     return _unwrap(key, "an index")
@@ -200,13 +200,13 @@ def _binary(ufunc):
     def op(self, other):
         if isinstance(other, list):
             raise TypeError("a Python list as an operand of a device array is a hidden host-to-device "
-                            "copy: use omnicore.backend.to_device")
+                            "copy: use omnicore.model.backend.to_device")
         return _call(ufunc, (self, other), {})
 
     def rop(self, other):
         if isinstance(other, list):
             raise TypeError("a Python list as an operand of a device array is a hidden host-to-device "
-                            "copy: use omnicore.backend.to_device")
+                            "copy: use omnicore.model.backend.to_device")
         return _call(ufunc, (other, self), {})
 
     def iop(self, other):
@@ -242,7 +242,7 @@ def _refuse_host(name):
     def conv(a, *args, **kwargs):
         if not isinstance(a, StrictArray):
             raise TypeError(f"xp.{name} of host data ({type(a).__name__}) is a host-to-device copy: "
-                            "use omnicore.backend.to_device, which counts it")
+                            "use omnicore.model.backend.to_device, which counts it")
         return _call(getattr(np, name), (a,) + args, kwargs)
     return conv
 
@@ -265,7 +265,7 @@ class _UfuncProxy:
 class StrictNamespace(types.ModuleType):
     """numpy's namespace seen through the wall: functions take and return StrictArrays."""
 
-    def __init__(self, module, name="omnicore.strictxp.xp"):
+    def __init__(self, module, name="omnicore.model.strictxp.xp"):
         super().__init__(name)
         self._np = module
 
@@ -278,7 +278,7 @@ class StrictNamespace(types.ModuleType):
             # random: numpy's generators would hand out host arrays; omnicore draws on the host
             # with numpy and moves the draws with to_device
             raise AttributeError(f"xp.{name} is not part of the strict backend: move data with "
-                                 "omnicore.backend.to_numpy / to_device")
+                                 "omnicore.model.backend.to_numpy / to_device")
         elif name == "ndarray":
             fn = StrictArray
         elif name in _SIZE_FROM_DATA:

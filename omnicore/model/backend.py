@@ -1,11 +1,11 @@
 """The one place where omnicore chooses its array library.
 
-Model code does `from omnicore.backend import xp` and writes `xp.matmul(...)`, never `np.`
+Model code does `from omnicore.model.backend import xp` and writes `xp.matmul(...)`, never `np.`
 for arrays that live on the compute device. With the default backend `xp` *is* numpy, so the
 code reads exactly like plain numpy. Setting OMNICORE_BACKEND=cupy (with the `gpu` extra
 installed) swaps in CuPy, which mirrors the numpy API on an NVIDIA GPU.
 
-Numba kernels only accept numpy arrays; `omnicore.kernels` picks its plain-xp twins when the
+Numba kernels only accept numpy arrays; `omnicore.model.kernels` picks its plain-xp twins when the
 backend is not numpy (that choice, too, is made once, in kernels.py, from `IS_NUMPY`).
 
 OMNICORE_BACKEND=strict is a test backend, no faster than numpy: device arrays that are not
@@ -31,7 +31,7 @@ import weakref
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 BACKEND = os.environ.get("OMNICORE_BACKEND", "numpy").strip().lower() or "numpy"
 

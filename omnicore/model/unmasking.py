@@ -33,11 +33,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .backbone import BackboneParams, forward_rows, make_packing, make_workspace
-from . import kernels, text as text_mod
+from ..errors import InputError
+from . import kernels
+from .backbone import BackboneParams, check_pass_memory, forward_rows, make_packing, make_workspace
 from .backend import to_device, to_numpy, xp
-from .config import GenerationConfig, OmniVoiceConfig
-from .errors import InputError
+from .config import GenerationConfig, OmniVoiceConfig, validate_sampling, validate_seed
 from .tokenizer import PreparedItem
 
 CLASS_TOP_RATIO = 0.1  # class sampling keeps the best ceil(10 % of V) tokens of a cell
@@ -284,7 +284,7 @@ def iterate(params: BackboneParams, cfg: OmniVoiceConfig, states: Sequence[PassS
 def pass_seeds(seed, B: int) -> list:
     """One seed per item: an int seed gives every item the same seed (so an item's result does
     not depend on its place in the batch); a sequence gives one seed per item."""
-    return text_mod.validate_seed(seed, B)  # per item: None or an integer in range
+    return validate_seed(seed, B)  # per item: None or an integer in range
 
 
 def generate_codes(params: BackboneParams, cfg: OmniVoiceConfig, items: Sequence[PreparedItem],
@@ -302,10 +302,10 @@ def generate_codes(params: BackboneParams, cfg: OmniVoiceConfig, items: Sequence
     """
     if not items:
         return ([], []) if return_fill_steps else []
-    text_mod.validate_sampling(gen)  # past these bounds the float32 scoring overflows
+    validate_sampling(gen)  # past these bounds the float32 scoring overflows
     states = [PassState(it, gen, s, cfg) for it, s in zip(items, pass_seeds(seed, len(items)))]
     # Refuse a pass whose buffers would not fit, before any of them is allocated.
-    text_mod.check_pass_memory(cfg, [ids.shape[1] for s in states for ids, _ in s.rows],
+    check_pass_memory(cfg, [ids.shape[1] for s in states for ids, _ in s.rows],
                                [n for s in states for n in s.num_out], gen.class_temperature > 0)
     cache = PackCache()
     for step in range(gen.num_step):

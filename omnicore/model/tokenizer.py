@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import OmniVoiceConfig
-from .errors import ConfigError, InputError, ModelNotFoundError, WeightsError
+from ..errors import ConfigError, InputError, ModelNotFoundError, WeightsError
 from .weights import read_regular
 
 SPECIAL_TOKENS = ("<|denoise|>", "<|lang_start|>", "<|lang_end|>", "<|instruct_start|>",

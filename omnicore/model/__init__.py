@@ -1,0 +1,17 @@
+"""The model: what turns text and an optional voice into codes, and codes into a waveform.
+
+Read it top-down, in this order:
+    config.py      one frozen dataclass per stage, from the checkpoint's config.json
+    weights.py     safetensors -> arrays; every layout change done once, every key checked
+    tokenizer.py   text -> token ids; the prompt rows of one generation pass
+    backbone.py    fused embeddings -> bidirectional Qwen3 -> audio-head logits
+    unmasking.py   32 steps of guided, confidence-ordered unmasking -> codes [8, T]
+    codec.py       Higgs Audio V2: codes -> 24 kHz waveform, and a clip -> codes
+    hubert.py      the codec encoder's semantic branch
+    resample.py    the band-limited resampler both ends of the codec rely on
+    kernels.py     the Numba loops between the GEMMs, each beside its numpy twin
+    backend.py     the one numpy/CuPy switch (`xp`); strictxp.py checks device-path code on the CPU
+
+Nothing here imports the product around it (engine, API, streaming, server, CLI, ...); the
+shared vocabulary is `omnicore.errors`.
+"""
