@@ -217,10 +217,10 @@ early, while the canvas is nearly all MASK; most at the end.
 
 ## 8. The loop
 
-[`unmasking.generate_codes`](../omnicore/model/unmasking.py) repeats sections 4 to 6 {num_step}
-times ([`unmasking.iterate`](../omnicore/model/unmasking.py)): each step embeds the cells filled
-so far, runs the whole forward again, and fills its share of the still-masked cells; a filled
-cell is never revisited. (The server and `generate` run the same step in
+[`unmasking.generate_codes`](../omnicore/model/unmasking.py) runs sections 4 to 6 once per step,
+{num_step} steps in all ([`unmasking.iterate`](../omnicore/model/unmasking.py)): each step embeds
+the cells filled so far, runs the whole forward again, and fills its share of the still-masked
+cells; a filled cell is never revisited. (The server and `generate` run the same step in
 [`engine.Engine`](../omnicore/engine.py), packing the rows of concurrent requests together.)
 Cells filled per step and codebook:
 
@@ -247,7 +247,7 @@ survives). The first frames:
 
 [`codec.decode`](../omnicore/model/codec.py) turns codes back into sound.
 [`codec.dequantize`](../omnicore/model/codec.py) looks up each codebook's entry and projects it,
-summing the {C} codebooks into a latent **{latent_shape}** (batch × T × codec width); `fc2`
+summing the {C} codebooks into a latent **{latent_shape}** (batch × T × latent width); `fc2`
 maps it to {fc2_width} channels and a first convolution to {conv1_width}. Then one DAC block per
 upsampling ratio: Snake activation, a transposed convolution that makes `stride` samples of
 each input step, and three dilated residual units:
