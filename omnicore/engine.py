@@ -48,7 +48,7 @@ import queue
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -91,6 +91,13 @@ class PassSpec:
     seed: int | np.random.SeedSequence | None
     gen: GenerationConfig
     after: int | None = None
+
+
+class PassResult(NamedTuple):
+    """What one pass made: its codes and the step (from 0) at which each cell was filled."""
+
+    codes: np.ndarray       # int64 [C, T]
+    fill_steps: np.ndarray  # int64 [C, T]
 
 
 @dataclass(frozen=True)
@@ -150,7 +157,7 @@ class Request:
         self._events: queue.Queue = queue.Queue()
         self._cancel = threading.Event()
         self._finished = threading.Event()
-        self._results: list = [None] * len(self.specs)  # (codes [C, T], fill steps [C, T])
+        self._results: list[PassResult | None] = [None] * len(self.specs)
         self._left = len(self.specs)
         self._error: BaseException | None = None
         self._outcome: tuple | None = None  # the final event, once result() has seen it
@@ -170,8 +177,8 @@ class Request:
     def done(self) -> bool:
         return self._finished.is_set()
 
-    def result(self, timeout: float | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(codes int64 [C, T], fill steps int64 [C, T]) per pass, in submission order.
+    def result(self, timeout: float | None = None) -> list[PassResult]:
+        """A `PassResult` per pass, in submission order.
 
         Raises CancelledError when cancelled, the worker's exception when a pass failed, and
         TimeoutError after `timeout` seconds. An exception from the progress callback cancels
@@ -307,7 +314,7 @@ class Engine:
             self._cond.notify_all()
         return req
 
-    def run(self, specs: Sequence[PassSpec], on_step=None) -> list[tuple[np.ndarray, np.ndarray]]:
+    def run(self, specs: Sequence[PassSpec], on_step=None) -> list[PassResult]:
         """submit + result; a KeyboardInterrupt (or any exception) while waiting cancels it."""
         req = self.submit(specs, on_step)
         try:
@@ -445,7 +452,7 @@ class Engine:
                 if p.state.done and p in self._active:
                     self._active.remove(p)
                     req = p.request
-                    req._results[p.index] = (p.state.codes(), p.state.fill_step)
+                    req._results[p.index] = PassResult(p.state.codes(), p.state.fill_step)
                     p.state = None  # its buffers go now, not when the request is collected
                     req._left -= 1
                     if req._left == 0:

@@ -88,16 +88,16 @@ from typing import Iterator
 
 import numpy as np
 
-from .audio.streamjoin import SilenceTrimmer, StreamJoiner, join_offline, peak_gain, rms_gain
-from .engine import PassSpec, pass_seed
+from .audio.streamjoin import SilenceTrimmer, StreamJoiner, peak_gain, rms_gain
+from .engine import PassResult
 from .errors import AudioError, CancelledError, InputError
 from .model import codec as codec_mod
-from .model.config import GenerationConfig, resolve_generation_config, validate_seed
-from .text import frontend, limits, normalize, planner
+from .model.config import GenerationConfig
+from .request import build_requests
+from .text import limits, planner
 from .text.planner import ChunkRule, TextChunker, split_text
-from .voice import Synthesis
 
-__all__ = ["SpeechStream", "stream", "generate_chunks"]
+__all__ = ["SpeechStream", "stream"]
 
 # ---------------------------------------------------------------------------------------------
 # The plan: chunk texts -> codes, one voice throughout
@@ -105,18 +105,17 @@ __all__ = ["SpeechStream", "stream", "generate_chunks"]
 
 
 class _Plan:
-    """Everything resolved up front, plus chunk 0's result once it exists (the voice reference
-    in auto / design mode). Used by both the streamed and the synchronous path.
+    """One stream's request (request.build_requests: every argument checked once, as for
+    `generate`), plus what its chunks settle as they run: the pace, chunk 0's pass and, in
+    auto / design mode, chunk 0's codes (the later chunks' voice reference).
 
-    The limits of `generate` apply (text.py): pad/fade lengths, seeds, the voice prompt's
-    values, frames and memory of every pass (each chunk is one pass) and the output of the
-    whole call. With the whole text known they are checked before anything runs (`expect`);
-    text that arrives in fragments is checked chunk by chunk."""
+    The limits of `generate` apply: frames and memory of every pass (each chunk is one pass)
+    and the output of the whole call. With the whole text known they are checked before
+    anything runs (`expect`); text that arrives in fragments is checked chunk by chunk."""
 
     def __init__(self, model, *, language, ref_audio, ref_text, voice_clone_prompt, instruct,
                  duration, speed, seed, on_step, generation_config, gen_kwargs, whole_text,
                  normalize_text=False):
-        self.gen = resolve_generation_config(generation_config, gen_kwargs)
         for name, v in (("language", language), ("instruct", instruct), ("speed", speed),
                         ("duration", duration), ("voice_clone_prompt", voice_clone_prompt)):
             if isinstance(v, (list, tuple)):
@@ -124,86 +123,68 @@ class _Plan:
                                  "texts, call it once per text)")
         if isinstance(ref_audio, list):
             raise InputError("ref_audio: stream() speaks one text; give one reference clip")
-        if voice_clone_prompt is not None:
-            voice_clone_prompt = model.check_prompt(voice_clone_prompt)
-        elif ref_audio is not None:
-            if ref_text is None or (isinstance(ref_text, str) and not ref_text.strip()):
-                raise InputError("ref_text is required with ref_audio: pass the transcript of the "
-                                 "reference audio")
-            limits.validate_ref_text(ref_text)
-        if on_step is not None and not callable(on_step):
-            raise InputError(f"on_step must be a function (step, num_steps) or None, got "
-                             f"{type(on_step).__name__}")
-        limits.validate_edges(self.gen.pad_duration, self.gen.fade_duration)
-        self.model = model
-        self.language = frontend.resolve_language(language)
-        self._instruct_raw = instruct
-        self.instruct = frontend.resolve_instruct(instruct, None)  # validate now; re-resolved on chunk 0
-        self.speed = limits.validate_speed(speed)
-        self.duration = limits.validate_duration(duration)
-        if self.duration is not None and whole_text is None:
+        if duration is not None and whole_text is None:
             raise InputError("duration needs the whole text in advance; with streamed text input "
                              "use speed= instead")
-        # normalize_text: each chunk is normalised as it is checked and spoken (the chunker
-        # reads the text as written, so fragments and the whole string split alike).
-        self._normalize = normalize.chunk_normalizer(normalize_text, self.language)
-        self.whole_text = whole_text
-        self.seed, self.on_step = validate_seed(seed, 1)[0], on_step
-        self.prompt = voice_clone_prompt
-        self._ref_audio, self._ref_text = ref_audio, ref_text
-        self.pace = 1.0 if self.speed is None else self.speed
+        # encode=False: the clip is encoded on the worker thread (prepare_voice), not here.
+        self.request, = build_requests(
+            model, None, language=language, ref_audio=ref_audio, ref_text=ref_text,
+            voice_clone_prompt=voice_clone_prompt, instruct=instruct, duration=duration,
+            speed=speed, seed=seed, on_step=on_step, generation_config=generation_config,
+            normalize_text=normalize_text, gen_kwargs=gen_kwargs, encode=False)
+        self.gen = self.request.gen
+        self.model, self.on_step, self.whole_text = model, on_step, whole_text
+        self.instruct = self.request.instruct_for(None)  # re-resolved on chunk 0's text
+        self.pace = 1.0 if self.request.speed is None else self.request.speed
         self.first: planner.ChunkPlan | None = None  # chunk 0's pass: the later chunks' voice
         self.ref0_codes: np.ndarray | None = None  # its codes, in auto / design mode
-        self.encode_s = 0.0
-        self.total_frames = 0  # frames generated and paused so far, against text.MAX_DURATION_S
+        self.total_frames = 0  # frames generated and paused so far, against MAX_DURATION_S
         self.paused = False  # a pause mark came after a chunk: later chunks are sized own_pace
         self._chunks: list | None = None  # all chunks (and Pauses), when the whole text is known
-        self._voice_ready = self._ref_audio is None or self.prompt is not None
-        if self._voice_ready:
+        if self.request.voice_ready:
             self._fix_pace()
+
+    @property
+    def encode_s(self) -> float:
+        return self.request.encode_s
 
     def _fix_pace(self) -> None:
         """With `duration`, every chunk is spoken at estimate / requested frames."""
-        if self.duration is not None:
-            p = self.prompt
-            self.pace, _ = planner.plan_pace(
-                self._normalize(self.whole_text), p.ref_text if p else None,
-                p.ref_audio_tokens.shape[1] if p else None, duration=self.duration,
-                frame_rate=self.model.frame_rate)
+        r = self.request
+        if r.duration is not None:
+            self.pace, _ = planner.plan_pace(r.normalize(self.whole_text), r.ref_text, r.ref_frames,
+                                             duration=r.duration, frame_rate=self.model.frame_rate)
 
     def expect(self, chunks: list) -> None:
         """The whole text's chunks (and Pauses) are known: check every pass now (or, when a
         reference clip still has to be encoded, right after that)."""
-        self._chunks = [c if isinstance(c, planner.Pause) else self._normalize(c) for c in chunks]
+        self._chunks = [c if isinstance(c, planner.Pause) else self.request.normalize(c)
+                        for c in chunks]
         if not any(isinstance(c, str) for c in self._chunks):
             raise _nothing_to_say(bool(self._chunks))
-        if self._voice_ready:
+        if self.request.voice_ready:
             self._check_chunks()
 
     def _check_chunks(self) -> None:
         texts = [c for c in self._chunks if isinstance(c, str)]
-        instruct = self.instruct
-        if self._instruct_raw is not None and texts:  # as codes() resolves it on chunk 0
-            instruct = frontend.resolve_instruct(self._instruct_raw, texts[0])
+        instruct = self.request.instruct_for(texts[0]) if texts else self.instruct
         first, total, specs, paused = None, 0, [], False
         for item in self._chunks:
             if isinstance(item, planner.Pause):
                 total = limits.check_total_frames(total + planner.pause_frames_of(item.seconds),
-                                                    self.model.frame_rate)
+                                                  self.model.frame_rate)
                 paused = paused or first is not None
                 continue
             plan = self._chunk_plan(item, first, paused)
             first = first or plan
             total = limits.check_total_frames(total + plan.frames, self.model.frame_rate)
-            specs.append(self._spec(plan, instruct, len(specs),
-                                    after=0 if plan.reference == "chunk0" else None))
+            specs.append(self.request.spec(plan, len(specs), instruct, first=0))
         self.model.engine.check(specs)  # every pass's rows and memory, before any runs
 
     def _chunk_plan(self, chunk: str, first, own_pace: bool = False) -> planner.ChunkPlan:
-        p = self.prompt
-        plan = planner.plan_chunk(chunk, first, p.ref_text if p else None,
-                                   p.ref_audio_tokens.shape[1] if p else None, self.pace,
-                                   own_pace=own_pace)
+        r = self.request
+        plan = planner.plan_chunk(chunk, first, r.ref_text, r.ref_frames, self.pace,
+                                  own_pace=own_pace)
         limits.check_pass_frames(plan.frames, chunk, self.model.frame_rate)
         return plan
 
@@ -214,56 +195,44 @@ class _Plan:
         self.paused = self.paused or self.first is not None
         return planner.pause_samples(seconds, self.model.sampling_rate)
 
-    def _spec(self, plan: planner.ChunkPlan, instruct, k: int, after=None,
-              ref_codes=None) -> PassSpec:
-        """Chunk k's pass; it draws from child k of the seed (engine.pass_seed), as chunk k of
-        the synchronous path does."""
-        if plan.reference == "prompt":
-            ref_codes = self.prompt.ref_audio_tokens
-        return PassSpec(plan.text, plan.frames, self.language, instruct, plan.ref_text,
-                        ref_codes, pass_seed(self.seed, k), self.gen, after)
-
     def prepare_voice(self) -> None:
         """Encode the reference clip (slow: done in the worker) and fix the pace for duration."""
-        if not self._voice_ready:
-            t0 = time.perf_counter()
-            self.prompt = self.model.create_voice_clone_prompt(self._ref_audio, self._ref_text,
-                                                               self.gen.preprocess_prompt)
-            self.encode_s = time.perf_counter() - t0
-            self._voice_ready = True
+        if not self.request.voice_ready:
+            self.request.encode_voice(self.model)
             self._fix_pace()
             if self._chunks is not None:
                 self._check_chunks()
 
     def gain(self, first_window: np.ndarray):
-        return rms_gain(self.prompt.ref_rms) if self.prompt is not None else peak_gain(first_window)
+        prompt = self.request.prompt
+        return rms_gain(prompt.ref_rms) if prompt is not None else peak_gain(first_window)
 
-    def codes(self, k: int, chunk: str, on_step=None, shared=None) -> tuple[np.ndarray, np.ndarray]:
-        """Unmask chunk k on the model's engine: codes [C, T_k] and fill steps [C, T_k]."""
-        chunk = limits.validate_text(self._normalize(limits.validate_text(chunk)))
-        if k == 0 and self._instruct_raw is not None:
+    def codes(self, k: int, chunk: str, on_step=None, shared=None) -> PassResult:
+        """Unmask chunk k on the model's engine: its codes [C, T_k] and fill steps [C, T_k]."""
+        chunk = limits.validate_text(self.request.normalize(limits.validate_text(chunk)))
+        if k == 0:
             # As generate() decides an instruct's language from its text, here from chunk 0's
             # (the only text known when a stream starts), for whole and fragmented input alike.
-            self.instruct = frontend.resolve_instruct(self._instruct_raw, chunk)
+            self.instruct = self.request.instruct_for(chunk)
         plan = self._chunk_plan(chunk, self.first, self.paused)
         self.total_frames = limits.check_total_frames(self.total_frames + plan.frames,
-                                                        self.model.frame_rate)
-        spec = self._spec(plan, self.instruct, k, ref_codes=self.ref0_codes)
+                                                      self.model.frame_rate)
+        spec = self.request.spec(plan, k, self.instruct, chunk0_codes=self.ref0_codes)
         request = self.model.engine.submit([spec], on_step or self.on_step)
         if shared is not None:
             shared.request = request  # so that closing the stream cancels it at once
             if shared.cancel.is_set():
                 request.cancel()
         try:
-            (codes, steps), = request.result()
+            result, = request.result()
         except BaseException:
             request.cancel()
             raise
         if k == 0:
             self.first = plan
-            if self.prompt is None:
-                self.ref0_codes = codes
-        return codes, steps
+            if self.request.prompt is None:
+                self.ref0_codes = result.codes
+        return result
 
 
 def _nothing_to_say(had_pauses: bool) -> InputError:
@@ -308,59 +277,6 @@ def _check_window(decode_frames) -> int:
     return decode_frames
 
 
-def generate_chunks(model, text, *, language=None, ref_audio=None, ref_text=None,
-                    voice_clone_prompt=None, instruct=None, duration=None, speed=None, seed=None,
-                    on_step=None, generation_config: GenerationConfig | None = None,
-                    rule: ChunkRule | None = None, decode_frames: int = 25,
-                    normalize_text: bool = False, **gen_kwargs):
-    """The non-streamed twin of `stream`: the same chunks, the same per-chunk generation (chunk
-    k from child k of the seed, the same voice reference), run synchronously; each chunk decoded in ONE shot
-    (`codec.decode`), trimmed whole (`trim_chunk`), joined with `audio.cross_fade_chunks`, scaled
-    (fixed gain, see module docstring) and finished with `audio.fade_and_pad`.
-    `decode_frames` only sets the window whose peak fixes the gain. Returns a `Synthesis`.
-    """
-    decode_frames = _check_window(decode_frames)
-    whole, fragments = _text_source(text, rule)
-    plan = _Plan(model, language=language, ref_audio=ref_audio, ref_text=ref_text,
-                 voice_clone_prompt=voice_clone_prompt, instruct=instruct, duration=duration,
-                 speed=speed, seed=seed, on_step=on_step, generation_config=generation_config,
-                 gen_kwargs=gen_kwargs, whole_text=whole, normalize_text=normalize_text)
-    if whole is not None:
-        plan.expect(split_text(whole, rule))  # every pass checked before the first runs
-    t0 = time.perf_counter()
-    plan.prepare_voice()
-    chunks, codes, steps = [], [], []
-    marks: list[int | None] = [None]  # per chunk boundary: a pause's samples, or no mark
-    items = list(_chunks_of(fragments, rule))
-    for item in items:
-        if isinstance(item, planner.Pause):
-            marks[-1] = (marks[-1] or 0) + plan.add_pause(item.seconds)
-            continue
-        c, s = plan.codes(len(chunks), item)
-        chunks.append(item)
-        codes.append(c)
-        steps.append(s)
-        marks.append(None)
-    if not chunks:
-        raise _nothing_to_say(bool(items))
-    t1 = time.perf_counter()
-    wavs = [model.codec.decode(c) for c in codes]  # [C, T_k] -> [960 * T_k]
-    t2 = time.perf_counter()
-    gain = plan.gain(wavs[0][:decode_frames * model.codec.hop_length])
-    wav, spans = join_offline(wavs, gain, postprocess=plan.gen.postprocess_output,
-                              pad_duration=plan.gen.pad_duration,
-                              fade_duration=plan.gen.fade_duration, sr=model.sampling_rate,
-                              pauses=marks)
-    t3 = time.perf_counter()
-    timings = {"unmask": t1 - t0 - plan.encode_s, "decode": t2 - t1, "postprocess": t3 - t2}
-    if plan.encode_s:
-        timings["encode"] = plan.encode_s
-    return Synthesis(audio=np.ascontiguousarray(wav, np.float32), codes=np.concatenate(codes, axis=1),
-                     fill_steps=np.concatenate(steps, axis=1).astype(np.int16),
-                     num_steps=plan.gen.num_step, timings=timings, text_chunks=chunks,
-                     sample_rate=model.sampling_rate, pauses=tuple(spans))
-
-
 # ---------------------------------------------------------------------------------------------
 # The stream: a worker thread (and a text-reader thread for fragment input)
 # ---------------------------------------------------------------------------------------------
@@ -387,7 +303,8 @@ class _Shared:
         self.taken = 0                                # ... and taken by the consumer
         self.marks: list[int] = []                    # `emitted` after each chunk ended
         self.threads: list[threading.Thread] = []
-        self.stats: list[dict] = []                   # per chunk: text, frames, timings
+        self.stats: list[dict] = []                   # per chunk: text, frames, codes, timings
+        self.pauses: list[int | None] = [None]        # per chunk boundary: pause samples or None
         self.request = None                           # the engine request of the current chunk
 
     def check(self) -> None:
@@ -479,7 +396,9 @@ def _worker(shared: _Shared, model, plan: _Plan, decode_frames: int) -> None:
             if chunk is _END:
                 break
             if isinstance(chunk, planner.Pause):  # silence, in order, with its edges ramped
-                shared.put_audio(joiner, joiner.pause(plan.add_pause(chunk.seconds)))
+                n = plan.add_pause(chunk.seconds)
+                shared.pauses[-1] = (shared.pauses[-1] or 0) + n
+                shared.put_audio(joiner, joiner.pause(n))
                 after_pause = had_pauses = True
                 continue
             # A chunk, not a pause, follows the last one: its trailing quiet goes out now.
@@ -492,8 +411,8 @@ def _worker(shared: _Shared, model, plan: _Plan, decode_frames: int) -> None:
                 shared.check()  # closed by the consumer: unwind quietly
                 raise
             t1 = time.perf_counter()
-            stat = {"text": chunk, "frames": int(codes.shape[1]), "start_s": t0 - t_start,
-                    "unmask_s": t1 - t0}
+            stat = {"text": chunk, "frames": int(codes.shape[1]), "codes": codes,
+                    "start_s": t0 - t_start, "unmask_s": t1 - t0}
             shared.stats.append(stat)
             # an edge next to a pause keeps none of its quiet: the pause is the silence there
             trimmer = (SilenceTrimmer(model.sampling_rate, lead_ms=0 if after_pause else 100)
@@ -516,6 +435,7 @@ def _worker(shared: _Shared, model, plan: _Plan, decode_frames: int) -> None:
             stat["decode_s"] = time.perf_counter() - t1
             with shared.cond:
                 shared.marks.append(shared.emitted)
+            shared.pauses.append(None)
             k += 1
         if not joiner.chunk_starts:
             raise _nothing_to_say(had_pauses)
@@ -531,7 +451,8 @@ class SpeechStream:
     """Iterator of float32 audio pieces (24 kHz) of one utterance; see `stream`.
 
     Attributes filled as it runs: `text_chunks` (chunk texts started), `chunk_stats` (per chunk:
-    text, frames, unmask_s, decode_s, start_s from the stream's start), `first_audio_s`
+    text, frames, codes, unmask_s, decode_s, start_s from the stream's start), `pause_samples`,
+    `first_audio_s`
     (seconds from the call to the first piece handed out) and `chunk_first_s` (per chunk, seconds
     from the call to the first piece containing its audio). `close()` (or leaving a `with` block,
     or dropping the stream) stops the work.
@@ -553,6 +474,12 @@ class SpeechStream:
     @property
     def chunk_stats(self) -> list[dict]:
         return list(self._shared.stats)
+
+    @property
+    def pause_samples(self) -> list[int | None]:
+        """Per chunk boundary (before chunk 0, between chunks, after the last): the samples of
+        silence that pause marks put there, or None."""
+        return list(self._shared.pauses)
 
     def __iter__(self) -> "SpeechStream":
         return self
