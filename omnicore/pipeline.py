@@ -4,7 +4,7 @@
         config.json -> OmniVoiceConfig; model.safetensors -> backbone params (read into memory);
         tokenizer.json -> Tokenizer; audio_tokenizer/ -> Codec (encoder half loaded lazily)
     generate(text, ...)
-        1. prepare    text.validate_text, resolve language / instruct, voice prompt from ref_audio
+        1. prepare    limits.validate_text, resolve language / instruct, voice prompt from ref_audio
                       (postprocess.prepare_reference_audio -> codec.encode), duration estimate -> T frames
         2. unmask     the plan's passes -> engine.Engine (the model's one worker thread, 32 steps
                       of CFG unmasking, passes of every caller packed into shared forwards);
@@ -114,7 +114,7 @@ class OmniVoice:
                    normalize_text: bool = False, **kwargs) -> list[Synthesis]:
         """`generate` with the details: codes, per-cell fill steps, per-stage timings.
 
-        Every input is checked before any heavy work (text.py holds the limits: output length
+        Every input is checked before any heavy work (text/limits.py holds the limits: output length
         per call and per pass, reference length, memory of one pass); `generation_config` is a
         GenerationConfig or a dict of its fields, and a keyword argument may not contradict it.
         `seed` is None, an integer >= 0, or one per text; chunk k of a long text draws from
@@ -183,7 +183,7 @@ class OmniVoice:
     # -- internals ----------------------------------------------------------------------------
 
     def check_prompt(self, prompt) -> VoiceClonePrompt:
-        """`prompt` checked against this model (codebooks, code range) and text.py's limits;
+        """`prompt` checked against this model (codebooks, code range) and text/limits.py;
         InputError naming what is wrong."""
         size = min(self.codec.cfg.codebook_size, self.config.audio_mask_id)
         try:
@@ -249,7 +249,7 @@ class Codec:
         """[C, T] -> float32 [960*T]; [B, C, T] -> float32 [B, 960*T].
 
         Codes must be integers in [0, codebook_size) (InputError otherwise), at most
-        text.MAX_DURATION_S of audio in all. Up to text.MAX_PASS_FRAMES frames (the longest
+        limits.MAX_DURATION_S of audio in all. Up to limits.MAX_PASS_FRAMES frames (the longest
         unmasking pass) are decoded in one shot; longer arrays in windows of that length with
         the decoder's receptive field of overlap, so memory stays bounded.
         """
@@ -272,7 +272,7 @@ class Codec:
 
     def encode(self, waveform, sample_rate: int) -> np.ndarray:
         """Audio [L] or [C, L] at any rate -> int64 codes [C, T] (mixed to mono, resampled to
-        24 kHz and right-padded to whole frames first). At most text.MAX_REF_S seconds: the
+        24 kHz and right-padded to whole frames first). At most limits.MAX_REF_S seconds: the
         encoder's attention grows with the square of the clip (AudioError beyond)."""
         wav = load_audio((waveform, sample_rate), self.sampling_rate)
         limits.check_clip_length(wav.shape[-1], self.sampling_rate)

@@ -1,81 +1,31 @@
 """Streaming synthesis: audio starts after the first clause, the rest is made while it plays.
 
-This module is the streaming sink: a reader thread (text fragments -> chunks), a worker thread
-that submits each chunk's pass to the model's engine (`engine.Engine`, shared with every other
-caller) and decodes it progressively. The pieces it uses live with their kind: the chunking rule
-(`text.TextChunker`, `text.plan_chunk`), the incremental post-processing and the writers
-(`audio.SilenceTrimmer`, `audio.StreamJoiner`, `audio.AudioFileWriter`); they are re-exported
-here.
+OmniVoice writes a whole utterance at once (no autoregression), so one pass's audio cannot
+start before the pass ends; the way to an early first audio is to cut the text and pipeline the
+pieces:
 
-OmniVoice is non-autoregressive: it writes a whole utterance at once, so the audio of one
-generation pass cannot start before that pass is over. The way to a short time-to-first-audio
-is to split the text and pipeline the pieces:
+    text (a string, or fragments as they arrive)
+      -> planner.TextChunker   a short first chunk, then sentence-sized ones
+      -> worker thread         chunk k: a pass on the model's engine -> codes [C, T_k] -> windowed
+                               decode (W frames, then 4 W at a time) -> per-chunk silence trim ->
+                               the incremental join (audio/streamjoin.py)
+      -> consumer              iterates float32 pieces while the worker makes chunk k+1
 
-    text (string, or fragments as they arrive)
-      -> TextChunker         short first chunk, then sentence-sized chunks (the rule below)
-      -> worker thread       chunk k: unmask -> codes [C, T_k] -> windowed decode (W frames, then
-                             4 W at a time, with overlap, so the first samples come before the
-                             chunk is decoded) -> per-chunk silence trim -> incremental join
-      -> consumer            iterates float32 pieces at 24 kHz while the worker makes chunk k+1
+Each call is checked and resolved like `generate` (request.build_requests); the voice follows
+the long-form rule (a voice prompt conditions every chunk, else chunk 0's codes are the later
+chunks' reference) and chunk k draws from child k of the seed. The pieces joined equal the
+offline composition of the same passes (one-shot decodes, `streamjoin.join_offline`) up to
+float32 rounding; text in fragments gives the same audio as the whole string, bit for bit.
+The chunking rule, the post-processing a stream can and cannot do like `generate`, and what it
+holds back are in docs/streaming.md.
 
-The concatenated pieces equal `generate_chunks(...)` (the same plan run synchronously, each
-chunk decoded in one shot and joined with `audio.cross_fade_chunks` / `audio.fade_and_pad`) up
-to float32 rounding: the same codes and post-processing, but the windows' decode GEMMs have
-other row counts, which some BLAS kernels (OpenBLAS's Haswell sgemm) round differently. The
-tests check every sample within 1e-5 (a third of an int16 step, so 16-bit output is within one
-step; a 10 ms block within rounding of the trimmer's -50 dBFS threshold could still be cut
-differently). Text arriving in fragments gives the same audio as the whole string, bit for bit.
-
-Chunking rule (`ChunkRule`), measured in seconds of speech estimated the way the model sizes
-its output (the reference's character weights, "Nice to meet you." = 1 s):
-    chunk 0   ends at the first sentence OR clause end (. ! ? ; , : ... and full-width forms)
-              once it holds >= 2 s of speech (or at a word break once >= 6 s: unpunctuated text)
-    chunk k   ends at the first sentence end once >= 5 s, at a clause end once >= 10 s, or at a
-              word break once >= 15 s (the reference's long-form chunk size)
-A mark ends a sentence only when whitespace follows it (so "3.5", "a,b", "Dr." and "p.m." do
-not) or, for full-width marks, when any character follows; the end of the input ends the last
-chunk.
-Each decision needs only the text read so far, which is why text arriving in fragments (LLM
-tokens) splits exactly as the whole string does.
-A first chunk under ~2 s would sound choppy and, in auto / design mode, make a poor voice
-reference for the rest (why these sizes: benchmarks/README.md, design notes).
-
-Voice: with a voice prompt (ref_audio / voice_clone_prompt) every chunk is conditioned on it;
-otherwise chunk 0 is generated freely and its codes + text are the reference of later chunks,
-as the long-form path does. Chunk k is unmasked with child k of `seed` (`engine.pass_seed`),
-as chunk k of `generate_chunks` is: chunks draw independent noise, reproducibly.
-
-Post-processing (the reference normalises the whole utterance, which a stream cannot see):
-    silence   (postprocess_output) per chunk, by `SilenceTrimmer`: 10 ms blocks under -50 dBFS;
-              leading / trailing quiet kept to 100 ms, inner pauses to 500 ms on each side of the
-              cut (a pause of up to 1 s is kept whole). Same thresholds as the reference's
-              `remove_silence`, but decidable as samples arrive and on float samples, not pydub's
-              int16 1-ms grid.
-    joins     `audio.cross_fade_chunks` semantics: 100 ms fade-out, 100 ms of zeros, 100 ms fade-in.
-    loudness  with a voice prompt: the reference's fixed `ref_rms` scale (exact). Without one:
-              the peak of the FIRST decoded window (the first W frames of chunk 0, before
-              trimming) is scaled to 0.5 and that gain is kept for the whole stream, so later
-              louder passages may exceed 0.5 (headroom to 1.0: 6 dB); writers clip at 1.0.
-    edges     `audio.fade_and_pad`: fade in / out and 0.1 s of zeros at both ends.
-    pauses    a pause mark ([pause:1.5s], <break time="500ms"/>; `text.PauseScanner`) ends the
-              chunk before it and comes out, in order, as exactly its zeros (`StreamJoiner.pause`):
-              the edges next to it keep none of their quiet and ramp over 10 ms instead of the
-              cross-fade (`audio.join_chunks`), as `generate` does for the same marks. Chunks
-              after a pause are sized at the text's own pace (`text.plan_chunk`, own_pace).
-The stream holds back only what these rules leave undecided: a chunk's quiet tail (until sound
-resumes or the chunk ends), the last 100 ms of the utterance (the next join or the final fade
-touches them) and, at the very start, the first 0.2 s (the fade-in is min(0.1 s, half the
-length) long); and a chunk's trailing quiet (at most 100 ms) until the next piece of text says
-whether a pause mark follows it (whole text: at once; text in fragments: when the next chunk
-or mark is complete).
-
-Cancellation: leaving the loop (break, `close()`, the stream being garbage-collected) stops the
-worker within one unmasking step or decode window and joins it. Exceptions in the worker (or in
-the text source) are re-raised by the consumer's `next()` as the same object.
+Cancellation: leaving the loop (break, `close()`, the stream being collected) stops the worker
+within one unmasking step or decode window and joins it. Errors in the worker or the text source
+are re-raised by the consumer's `next()` as the same object.
 
 Dimension legend:
     C  codebooks (8)    T  frames of one chunk (25 per second)    W  frames of a first decode window
-    L  samples (24 000 per second)                                 B  samples per 10 ms block
+    L  samples (24 000 per second)
 """
 
 from __future__ import annotations

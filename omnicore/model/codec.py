@@ -15,7 +15,7 @@ Public API (pure functions over params, arrays and the config):
     decode(params, codes, cfg) -> float32 waveform [hop*T] (or [B, hop*T] for codes [B, Q, T])
     decode_stream(params, codes, cfg, chunk_frames=50, overlap_frames=None) -> waveform pieces
     decode_chunked(...) -> the joined pieces (`decode` to rounding); decoder_receptive_field(cfg)
-    encode(params, waveform, cfg, sample_rate=24000, pad=True) -> int64 codes [Q, T]
+    encode(params, waveform, cfg, pad=True) -> int64 codes [Q, T]   (waveform at cfg.sample_rate)
     encode_features(...) -> the encoder's intermediate tensors; quantize(params, latent, cfg)
 
 Dimension legend:
@@ -623,12 +623,12 @@ def quantize(params: CodecParams, latent, cfg: HiggsAudioV2TokenizerConfig, *,
     return codes
 
 
-def _encoder_forward(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerConfig, sample_rate: int,
+def _encoder_forward(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerConfig, sample_rate: int | None,
                      pad: bool) -> dict:
     if params.encoder is None:
         raise InputError("the codec was loaded without its encoder half; load it with "
                          "load_params(..., encoder=True) or ensure_encoder(...) before encoding")
-    wav = check_audio(waveform, sample_rate, cfg)
+    wav = check_audio(waveform, cfg.sample_rate if sample_rate is None else sample_rate, cfg)
     if pad:
         wav = pad_to_hop(wav, cfg.hop_length)
     enc = params.encoder
@@ -652,7 +652,7 @@ def _encoder_forward(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerCo
     return {"input": wav, "semantic_hubert": hub, "semantic": sem[0], "acoustic": ac[0], "fused": fused}
 
 
-def encode_features(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerConfig, *, sample_rate: int = 24000,
+def encode_features(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerConfig, *, sample_rate: int | None = None,
                     pad: bool = True) -> dict:
     """The encoder's intermediate tensors as numpy arrays: `input` [L'] (the waveform after the
     padding rule), `semantic_hubert` [T, Ds] (mean of all HuBERT states, every second frame),
@@ -662,9 +662,10 @@ def encode_features(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerCon
     return {k: to_numpy(v) for k, v in _encoder_forward(params, waveform, cfg, sample_rate, pad).items()}
 
 
-def encode(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerConfig, *, sample_rate: int = 24000,
+def encode(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerConfig, *, sample_rate: int | None = None,
            pad: bool = True) -> np.ndarray:
-    """Mono float waveform [L] at cfg.sample_rate -> int64 codes [num_quantizers, T].
+    """Mono float waveform [L] at cfg.sample_rate -> int64 codes [num_quantizers, T]
+    (`sample_rate`, when given, must be that rate: a check, not a conversion).
 
     pad=True (default) applies the feature extractor's rule, right zero-padding to a multiple of
     the hop, so T = ceil(L / hop). pad=False feeds the samples as they are, like calling the
