@@ -12,6 +12,7 @@ Read it top-down, in this order:
     kernels.py     the Numba loops between the GEMMs, each beside its numpy twin
     backend.py     the one numpy/CuPy switch (`xp`); strictxp.py checks device-path code on the CPU
 
+docs/walkthrough.md follows one sentence through these stages with real shapes and values.
 Nothing here imports the product around it (engine, API, streaming, server, CLI, ...); the
 shared vocabulary is `omnicore.errors`.
 """
