@@ -3,6 +3,7 @@ parallel, agrees with its plain-array twin and a float64 definition (the codec's
 test_conv_kernels.py)."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -188,12 +189,13 @@ def test_guided_scores_ties_take_the_first_index():
         assert (tokens == 2).all()
 
 
-def test_omnicore_num_threads_sizes_the_pools():
+@pytest.mark.parametrize("module", ["kernels", "conv_kernels"])  # whichever kernel module loads first
+def test_omnicore_num_threads_sizes_the_pools(module):
     import os
     import subprocess
     import sys
 
-    code = ("from omnicore.model import kernels; import threading, numba; "
+    code = (f"from omnicore.model import {module}; import threading, numba; "
             "out = [numba.get_num_threads()]; "
             "t = threading.Thread(target=lambda: out.append(numba.get_num_threads())); t.start(); t.join(); "
             "print(numba.config.NUMBA_NUM_THREADS, *out)")

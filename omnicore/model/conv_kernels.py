@@ -27,11 +27,12 @@ from __future__ import annotations
 import math
 import os
 
-import numba as nb
 import numpy as np
 
 from .backend import IS_NUMPY, xp
-from .kernels import _exp_nonpos, _pick, _twice
+from .kernels import _exp_nonpos, _pick, _twice  # first: kernels sizes Numba's pool before Numba loads
+
+import numba as nb  # noqa: E402
 
 _F32 = np.float32
 
