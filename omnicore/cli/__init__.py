@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import AudioError, InputError, OmniCoreError, VoicePromptError
-from .model.config import SAMPLE_RATE
+from ..errors import AudioError, InputError, OmniCoreError, VoicePromptError
+from ..model.config import SAMPLE_RATE
 
 DEFAULT_MODEL = os.environ.get("OMNICORE_MODEL", "k2-fsa/OmniVoice")
 
@@ -65,7 +65,7 @@ def _read_text(args) -> str:
 
 
 def _load_model(args):
-    from .pipeline import OmniVoice
+    from ..pipeline import OmniVoice
 
     t0 = time.perf_counter()
     model = OmniVoice.from_pretrained(args.model)
@@ -92,7 +92,7 @@ def _check_output(path, inputs: dict, error=InputError, *, audio_file: bool = Fa
     """Refuse, before any work, an output that cannot be written (missing folder, a folder or
     device, an unknown audio extension) or that would replace one of the command's own inputs
     (`inputs`: what it is -> path or None)."""
-    from .audio import writers
+    from ..audio import writers
 
     for what, src in inputs.items():
         if src and _same_file(path, src):
@@ -130,8 +130,8 @@ _REFERENCE_GEN_KEYS = ("t_shift", "layer_penalty_factor", "position_temperature"
 
 def _say_text(args) -> str:
     """The text to speak, checked (length, pause marks) before the (slow) model load."""
-    from .text.planner import split_pauses
-    from .text.limits import validate_text
+    from ..text.planner import split_pauses
+    from ..text.limits import validate_text
 
     text = validate_text(_read_text(args))
     split_pauses(text)
@@ -139,8 +139,8 @@ def _say_text(args) -> str:
 
 
 def cmd_say(args) -> int:
-    from .audio import writers
-    from .pipeline import VoiceClonePrompt
+    from ..audio import writers
+    from ..pipeline import VoiceClonePrompt
 
     save_voice = getattr(args, "save_voice", None)
     if save_voice and (args.raw or args.stream):
@@ -206,8 +206,8 @@ def _stdin_fragments():
 
 def _say_stream(args) -> int:
     """`say --stream`: audio is written as each chunk is made (see omnicore.streaming)."""
-    from .audio import writers
-    from .pipeline import VoiceClonePrompt
+    from ..audio import writers
+    from ..pipeline import VoiceClonePrompt
 
     if args.text_file or (args.text is not None and args.text != "-"):
         source = _say_text(args)  # fail before the (slow) model load
@@ -303,9 +303,9 @@ def _id_problem(job_id) -> str | None:
 
 def _job_problem(job) -> str | None:
     """What is wrong with one parsed batch line (fields, types, values), or None."""
-    from .text.frontend import resolve_instruct
-    from .text.planner import split_pauses
-    from .text.limits import validate_duration, validate_speed, validate_text
+    from ..text.frontend import resolve_instruct
+    from ..text.planner import split_pauses
+    from ..text.limits import validate_duration, validate_speed, validate_text
 
     if not isinstance(job, dict):
         return f"must be a JSON object, got {type(job).__name__}"
@@ -404,7 +404,7 @@ def check_batch_outputs(args, jobs: list[tuple[int, dict]]) -> Path:
     """Before any work: --out-dir is a folder (created if missing) that takes new files, no
     job's output would replace an input of the batch (the job file, a ref_audio) or a folder.
     Returns the folder; InputError naming the line otherwise."""
-    from .audio import writers
+    from ..audio import writers
 
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
@@ -442,7 +442,7 @@ def check_batch_outputs(args, jobs: list[tuple[int, dict]]) -> Path:
             writers.check_output_path(batch_target(out_dir, job["id"]), InputError)
         except InputError as exc:
             raise InputError(f"{args.jsonl}:{n}: {exc}; nothing was run") from None
-    from .cluster import MANIFEST
+    from ..cluster import MANIFEST
 
     probe = batch_target(out_dir, jobs[0][1]["id"]) if jobs else out_dir / MANIFEST
     writers.AtomicOutput(probe, InputError).abort()  # takes new files?
@@ -470,7 +470,7 @@ def cmd_batch(args) -> int:
     the jobs run, a few at once on the model's engine; a job that fails (e.g. unreadable ref_audio) is reported with its
     line number and the rest go on; the exit status is then 1. With --ray, omnicore.cluster
     runs them on Ray actors instead."""
-    from .audio import writers
+    from ..audio import writers
 
     if getattr(args, "ray", None) is not None:
         return _batch_ray(args)
@@ -528,8 +528,8 @@ def cmd_batch(args) -> int:
 def run_ray_batch(args, on_record=None) -> dict:
     """`batch --ray` as parsed by `build_parser`, run on Ray (omnicore.cluster.run); returns its
     summary. `on_record(rec)` sees every manifest record as it is written."""
-    from . import cluster
-    from .model.config import GenerationConfig, resolve_generation_config
+    from .. import cluster
+    from ..model.config import GenerationConfig, resolve_generation_config
 
     cluster.import_ray()  # before any work: say how to install it
     cluster.check_sizes(args.workers, args.threads_per_worker)
@@ -552,7 +552,7 @@ def _batch_ray(args) -> int:
     """`batch --ray` (omnicore.cluster): the same lines, outputs and options as the local batch,
     but a bad line fails alone and is recorded in OUT_DIR/manifest.jsonl, and a rerun skips
     the jobs done."""
-    from .cluster import MANIFEST
+    from ..cluster import MANIFEST
 
     summary = run_ray_batch(args)
     rss = ", ".join(f"{w['worker']} {w['peak_rss'] / 2**30:.2f} GiB" for w in summary["workers"])
@@ -575,7 +575,7 @@ def _named(values, flag: str) -> list[tuple[str, str]]:
 
 
 def cmd_script(args) -> int:
-    from . import script
+    from .. import script
 
     if args.duration is not None:
         raise InputError("script: --duration would give every turn the same length; use --speed "
@@ -624,8 +624,8 @@ def cmd_script(args) -> int:
 
 
 def _codec(args):
-    from .pipeline import Codec
-    from .model.weights import resolve_codec_dir, resolve_model_dir
+    from ..pipeline import Codec
+    from ..model.weights import resolve_codec_dir, resolve_model_dir
 
     path = resolve_model_dir(args.model)
     return Codec(path if (path / "model.safetensors").is_file() and not (path / "audio_tokenizer").is_dir()
@@ -633,7 +633,7 @@ def _codec(args):
 
 
 def cmd_codec_encode(args) -> int:
-    from .audio import loading
+    from ..audio import loading
 
     _check_output(args.output, {"the input": args.input})
     codec = _codec(args)
@@ -645,7 +645,7 @@ def cmd_codec_encode(args) -> int:
 
 
 def _save_npy(path, arr) -> None:
-    from .audio import writers
+    from ..audio import writers
 
     writers.write_atomic(path, lambda fh: np.save(fh, arr), InputError)
 
@@ -664,7 +664,7 @@ def _load_codes(path, num_codebooks: int, codebook_size: int) -> np.ndarray:
 
 
 def cmd_codec_decode(args) -> int:
-    from .audio import writers
+    from ..audio import writers
 
     _check_output(args.output, {"the input": args.input}, AudioError, audio_file=True)
     codec = _codec(args)
@@ -676,7 +676,7 @@ def cmd_codec_decode(args) -> int:
 
 
 def cmd_codec_roundtrip(args) -> int:
-    from .audio import loading, writers
+    from ..audio import loading, writers
 
     _check_output(args.output, {"the input": args.input}, AudioError, audio_file=True)
     codec = _codec(args)
@@ -697,7 +697,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def cmd_serve(args) -> int:
-    from . import server
+    from .. import server
 
     if args.max_queue < 1:
         raise InputError(f"--max-queue must be at least 1, got {args.max_queue}")
@@ -917,7 +917,7 @@ def _select_device(device: str | None) -> None:
         raise InputError(f"--device {device}: this process already runs omnicore on "
                          f"{loaded.BACKEND}; set OMNICORE_BACKEND={backend} before starting it")
     if backend == "cupy" and index:
-        from .model.backend import xp
+        from ..model.backend import xp
 
         xp.cuda.Device(int(index)).use()
 
