@@ -160,13 +160,13 @@ def _one_error_line(err: str, match: str = "") -> str:
 @pytest.fixture
 def no_model(monkeypatch):
     """Refusals must come before the (slow) model load: loading is a test failure here."""
-    import omnicore.cli as cli
+    from omnicore.cli import codec, common
 
     def refuse(*a, **k):
         raise AssertionError("the model was loaded before the refusal")
 
-    monkeypatch.setattr(cli, "_load_model", refuse)
-    monkeypatch.setattr(cli, "_codec", refuse)
+    monkeypatch.setattr(common, "load_model", refuse)
+    monkeypatch.setattr(codec, "_codec", refuse)
 
 
 def test_output_that_is_an_input_is_refused(tmp_path, capsys, no_model):
@@ -237,6 +237,7 @@ def test_interrupts_and_os_errors_are_one_line(tmp_path, capsys, monkeypatch):
     import signal
 
     import omnicore.cli as cli
+    from omnicore.cli import common
 
     out = str(tmp_path / "x.wav")
     for exc, code, match in ((KeyboardInterrupt(), 130, "interrupted"),
@@ -247,7 +248,7 @@ def test_interrupts_and_os_errors_are_one_line(tmp_path, capsys, monkeypatch):
         def load(args, exc=exc):
             raise exc
 
-        monkeypatch.setattr(cli, "_load_model", load)
+        monkeypatch.setattr(common, "load_model", load)
         before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
         assert main(["say", "Hi.", "-o", out, *FAST]) == code
         assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == before  # put back
