@@ -222,6 +222,25 @@ def test_unwritable_outputs_are_one_error_line(tmp_path, capsys, no_model):
     assert (tmp_path / "afile").read_text() == "keep"
 
 
+def test_generation_options_come_from_generation_config():
+    """One description per GenerationConfig field; every option named after a field (say's
+    --steps, infer-batch's --num_step, ...) has the field's default."""
+    from dataclasses import fields
+
+    from omnicore import GenerationConfig
+    from omnicore.cli.options import FIELD_HELP
+
+    names = [f.name for f in fields(GenerationConfig)]
+    assert sorted(FIELD_HELP) == sorted(names)
+    p = build_parser()
+    for argv in (["say", "x", "-o", "x.wav"], ["clone-prompt", "a.wav", "--ref-text", "t", "-o", "v.npz"],
+                 ["infer-batch", "--test_list", "t", "--res_dir", "r"]):
+        args = p.parse_args(argv)
+        given = [n for n in names if hasattr(args, n)]
+        assert given, argv
+        assert all(getattr(args, n) == getattr(GenerationConfig(), n) for n in given), argv
+
+
 def test_usage_errors_are_one_line(capsys):
     for argv, match in ((["say", "hi", "--seed", "-1"], "--seed: must be a whole number >= 0, got -1"),
                         (["say", "hi", "--seed", "1.5"], "--seed: must be"),

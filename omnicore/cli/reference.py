@@ -11,17 +11,8 @@ import sys
 from ..errors import InputError
 from . import common
 from .batch import cmd_batch
+from .options import add_reference_options
 from .say import cmd_say
-
-
-def _str2bool(value: str) -> bool:
-    """The reference's boolean flags: `--denoise False`, `--postprocess_output no`, ..."""
-    v = value.lower()
-    if v in ("yes", "true", "t", "y", "1"):
-        return True
-    if v in ("no", "false", "f", "n", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"Boolean value expected (true/false, yes/no, 1/0), got {value!r}")
 
 
 def _select_device(device: str | None) -> None:
@@ -53,18 +44,12 @@ def _select_device(device: str | None) -> None:
 
 
 def cmd_infer(args) -> int:
-    """`omnivoice-infer` -> `say` with the same values."""
+    """`omnivoice-infer` -> `say` with the same values. Every infer flag lands where say's own
+    option does (args.<name>, the generation knobs under their GenerationConfig names); the
+    say options infer lacks are off."""
     _select_device(args.device)
-    say = argparse.Namespace(
-        text=args.text, output=args.output, text_file=None, ref_audio=args.ref_audio,
-        ref_text=args.ref_text, voice=None, stream=False, raw=False, model=args.model,
-        quiet=args.quiet, language=args.language, instruct=args.instruct,
-        duration=args.duration, speed=args.speed, steps=args.num_step,
-        guidance=args.guidance_scale, seed=None, greedy=False, no_denoise=not args.denoise,
-        no_postprocess=not args.postprocess_output, t_shift=args.t_shift,
-        layer_penalty_factor=args.layer_penalty_factor,
-        position_temperature=args.position_temperature,
-        class_temperature=args.class_temperature)
+    say = argparse.Namespace(**vars(args), text_file=None, voice=None, stream=False, raw=False,
+                             seed=None, greedy=False)
     return cmd_say(say)
 
 
@@ -81,32 +66,20 @@ def cmd_infer_batch(args) -> int:
         common.log(args, f"note: {', '.join(ignored)} ignored: they schedule GPU worker processes; "
                          "omnicore runs the jobs one after another in this process")
     batch = argparse.Namespace(
-        jsonl=args.test_list, out_dir=args.res_dir, model=args.model, quiet=args.quiet,
-        language=args.lang_id, instruct=None, duration=None, speed=None, steps=args.num_step,
-        guidance=args.guidance_scale, seed=None, greedy=False, no_denoise=not args.denoise,
-        no_postprocess=not args.postprocess_output, t_shift=args.t_shift,
-        layer_penalty_factor=args.layer_penalty_factor,
-        position_temperature=args.position_temperature,
-        class_temperature=args.class_temperature,
-        audio_chunk_duration=args.audio_chunk_duration,
-        audio_chunk_threshold=args.audio_chunk_threshold,
-        preprocess_prompt=args.preprocess_prompt,
+        **vars(args), jsonl=args.test_list, out_dir=args.res_dir, language=args.lang_id,
+        instruct=None, duration=None, speed=None, seed=None, greedy=False,
         job_overrides={} if args.lang_id is None else {"language": args.lang_id})
     return cmd_batch(batch)
 
 
+# The GenerationConfig fields each reference command takes as `--<field>`, in its order.
+_KNOBS = ("num_step", "guidance_scale", "t_shift", "denoise", "postprocess_output",
+          "layer_penalty_factor", "position_temperature", "class_temperature")
+_BATCH_KNOBS = ("audio_chunk_duration", "audio_chunk_threshold", "preprocess_prompt")
+
+
 def add_parsers(sub) -> None:
     """`infer` and `infer-batch`: the reference's flag names, types and defaults."""
-    def knobs(sp):
-        sp.add_argument("--num_step", type=int, default=32)
-        sp.add_argument("--guidance_scale", type=float, default=2.0)
-        sp.add_argument("--t_shift", type=float, default=0.1)
-        sp.add_argument("--denoise", type=_str2bool, default=True, metavar="BOOL")
-        sp.add_argument("--postprocess_output", type=_str2bool, default=True, metavar="BOOL")
-        sp.add_argument("--layer_penalty_factor", type=float, default=5.0)
-        sp.add_argument("--position_temperature", type=float, default=5.0)
-        sp.add_argument("--class_temperature", type=float, default=0.0)
-
     fmt = argparse.ArgumentDefaultsHelpFormatter
     i = sub.add_parser("infer", help="omnivoice-infer's flags, verbatim (runs `say`)",
                        formatter_class=fmt,
@@ -123,7 +96,7 @@ def add_parsers(sub) -> None:
     i.add_argument("--speed", type=float, default=1.0)
     i.add_argument("--duration", type=float, default=None,
                    help="Fixed output duration in seconds (overrides --speed).")
-    knobs(i)
+    add_reference_options(i, _KNOBS)
     i.add_argument("--device", default=None,
                    help="cpu (numpy) or cuda / cuda:N (CuPy, the gpu extra); default: "
                         "OMNICORE_BACKEND, else numpy")
@@ -139,10 +112,7 @@ def add_parsers(sub) -> None:
     b.add_argument("--test_list", required=True, help="JSONL test list (id, text, ref_audio, "
                    "ref_text, instruct, language_id, duration, speed).")
     b.add_argument("--res_dir", required=True, help="Directory to save the generated audio files.")
-    knobs(b)
-    b.add_argument("--audio_chunk_duration", type=float, default=15.0)
-    b.add_argument("--audio_chunk_threshold", type=float, default=30.0)
-    b.add_argument("--preprocess_prompt", type=_str2bool, default=True, metavar="BOOL")
+    add_reference_options(b, _KNOBS + _BATCH_KNOBS)
     b.add_argument("--lang_id", default=None,
                    help="Language id for every line (replaces the lines' language_id).")
     for name, default in _GPU_ONLY.items():

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import AudioError, InputError, VoicePromptError
 from ..model.config import SAMPLE_RATE
 from . import common
-from .options import add_generation_options, gen_kwargs
+from .options import add_field_option, add_generation_options, gen_kwargs
 
 
 def _read_text(args) -> str:
@@ -172,7 +172,7 @@ def cmd_clone_prompt(args) -> int:
     common.check_output(args.output, {"the reference clip": args.ref_audio}, VoicePromptError)
     model = common.load_model(args)
     prompt = model.create_voice_clone_prompt(args.ref_audio, ref_text=args.ref_text,
-                                             preprocess_prompt=not args.no_preprocess)
+                                             preprocess_prompt=args.preprocess_prompt)
     prompt.save(args.output)
     common.log(args, f"wrote {args.output}: {prompt.ref_audio_tokens.shape[1]} frames, "
                      f"text {prompt.ref_text!r}")
@@ -210,6 +210,6 @@ def add_parsers(sub) -> None:
     c.add_argument("ref_audio", help="reference clip (any format soundfile reads)")
     c.add_argument("--ref-text", required=True, help="transcript of the clip")
     c.add_argument("-o", "--output", required=True, help="output .npz voice prompt")
-    c.add_argument("--no-preprocess", action="store_true", help="skip silence removal and punctuation")
+    add_field_option(c, "preprocess_prompt", "--no-preprocess")
     common.add_model_options(c)
     c.set_defaults(func=cmd_clone_prompt)
