@@ -208,9 +208,9 @@ def job_kwargs(args, base: dict, job: dict) -> dict:
 
 def cmd_batch(args) -> int:
     """Lines are all checked first: any bad line refuses the whole batch before any work. Then
-    the jobs run, a few at once on the model's engine; a job that fails (e.g. unreadable ref_audio) is reported with its
-    line number and the rest go on; the exit status is then 1. With --ray, omnicore.cluster
-    runs them on Ray actors instead."""
+    the jobs run, a few at once on the model's engine; a job that fails (e.g. unreadable
+    ref_audio) is reported with its line number and the rest go on; the exit status is then 1.
+    With --ray, omnicore.cluster runs them on Ray actors instead."""
     from ..audio import writers
 
     if getattr(args, "ray", None) is not None:
