@@ -1,0 +1,43 @@
+"""`omnicore serve`: the OpenAI-compatible speech server (omnicore.server) from one model."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import InputError
+from . import common
+
+
+def cmd_serve(args) -> int:
+    from .. import server
+
+    if args.max_queue < 1:
+        raise InputError(f"--max-queue must be at least 1, got {args.max_queue}")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise InputError(f"--max-concurrency must be at least 1, got {args.max_concurrency}")
+    server.serve(args.model, args.host, args.port, args.voices_dir, args.api_key, args.max_queue,
+                 log_level="warning" if args.quiet else "info",
+                 max_concurrency=args.max_concurrency, ui=args.ui)
+    return 0
+
+
+def add_parser(sub) -> None:
+    sv = sub.add_parser("serve", help="an OpenAI-compatible speech server (pip install 'omnicore[server]')",
+                        description="Serve POST /v1/audio/speech (OpenAI's API), a voice library, "
+                                    "/v1/models, /health and /metrics (and with --ui the demo at "
+                                    "/ui) from one model.")
+    common.add_model_options(sv)
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    sv.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+    sv.add_argument("--voices-dir", help="folder of saved voices (.npz), loaded at start")
+    sv.add_argument("--api-key", default=os.environ.get("OMNICORE_API_KEY"),
+                    help="require 'Authorization: Bearer KEY' (env OMNICORE_API_KEY)")
+    sv.add_argument("--max-queue", type=int, default=16,
+                    help="speech requests in flight before 429 (default: %(default)s)")
+    sv.add_argument("--max-concurrency", type=int,
+                    help="requests synthesising at once, the others wait (default: all admitted; "
+                         "the engine batches them)")
+    sv.add_argument("--ui", action="store_true",
+                    help="also serve the Gradio demo at /ui, on the same model (needs a source "
+                         "checkout and the demo extra)")
+    sv.set_defaults(func=cmd_serve)
