@@ -127,7 +127,7 @@ def test_missing_model_is_a_clear_offline_message(tmp_path, capsys, monkeypatch)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     assert main(["say", "hi", "-o", str(tmp_path / "x.wav"), "--model", "k2-fsa/OmniVoice"]) == 2
     err = capsys.readouterr().err
-    assert "huggingface-cli download k2-fsa/OmniVoice" in err and "tiny-random" in err
+    assert "hf download k2-fsa/OmniVoice" in err and "tiny-random" in err
     assert not (tmp_path / "x.wav").exists()
 
 

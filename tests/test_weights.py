@@ -159,8 +159,50 @@ def test_resolve_model_dir_local_and_errors(tmp_path, monkeypatch):
     # Offline with an empty cache: a fast, explicit message that says what to download.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    with pytest.raises(ModelNotFoundError, match="huggingface-cli download k2-fsa/OmniVoice"):
+    with pytest.raises(ModelNotFoundError, match="hf download k2-fsa/OmniVoice"):
         resolve_model_dir("k2-fsa/OmniVoice")
+
+
+def _hub_cache(home: Path, repo: str, source: Path) -> Path:
+    """A Hugging Face cache under `home` holding `source`'s files as the snapshot of `repo`
+    (the layout huggingface_hub writes: refs/main names the snapshot's commit)."""
+    commit = "0" * 40
+    folder = home / "hub" / f"models--{repo.replace('/', '--')}"
+    shutil.copytree(source, folder / "snapshots" / commit)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(commit)
+    return folder / "snapshots" / commit
+
+
+def test_the_offline_message_names_a_command_that_runs(tmp_path, monkeypatch):
+    """The command the message prints, run as printed by huggingface_hub's real `hf` (offline,
+    from a cache that holds the files), fetches the files the message names."""
+    import shlex
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(ModelNotFoundError) as info:
+        resolve_model_dir("k2-fsa/OmniVoice")
+    command = next(line.strip() for line in str(info.value).splitlines()
+                   if line.strip().startswith("hf "))
+    argv = shlex.split(command)
+    assert argv[:3] == ["hf", "download", "k2-fsa/OmniVoice"] and "model.safetensors" in argv
+    hf = Path(sys.executable).with_name("hf")
+    hf = str(hf) if hf.is_file() else shutil.which("hf")
+    if hf is None:
+        pytest.fail("huggingface_hub's `hf` command is not installed beside this Python")
+    snapshot = _hub_cache(tmp_path / "hf", "k2-fsa/OmniVoice", TINY)
+    done = subprocess.run([hf, *argv[1:]], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert Path(done.stdout.split()[-1]) == snapshot  # hf prints where the files are
+    assert all((snapshot / name).is_file() for name in argv[3:])
+    # and omnicore finds them there (a new process: huggingface_hub reads HF_HOME at import)
+    found = subprocess.run([sys.executable, "-c", "from omnicore.model.weights import "
+                            "resolve_model_dir as r; print(r('k2-fsa/OmniVoice'))"],
+                           capture_output=True, text=True, timeout=120, check=True)
+    assert Path(found.stdout.strip()) == snapshot
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ OUT_DIR may be new, empty, or a clone of the Space's git repository (`.git`, `.g
 and the files of an earlier build are replaced or kept; anything else there is refused, so
 nothing of yours is deleted). The new files are written beside OUT_DIR first and moved in at the
 end, so a failed build leaves OUT_DIR as it was. Then: `cd OUT_DIR && git add -A && git commit
-&& git push` (or `huggingface-cli upload user/space OUT_DIR . --repo-type space`).
+&& git push` (or `hf upload user/space OUT_DIR . --repo-type space`).
 
 A script in tools/ rather than an `omnicore` sub-command: it reads demo/ and pyproject.toml,
 which only a checkout has (the installed package has neither). Exit status 0 done, 2 refused.

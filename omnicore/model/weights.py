@@ -95,8 +95,8 @@ def resolve_model_dir(name_or_path: str | os.PathLike, files: list[str] = MODEL_
         reason = "HF_HUB_OFFLINE is set and the files are not in the local Hugging Face cache"
     raise ModelNotFoundError(
         f"Could not get the checkpoint '{name}' from the Hugging Face hub ({reason}).\n"
-        f"On a machine with network access, download it once with\n"
-        f"    huggingface-cli download {name} {' '.join(files)}\n"
+        f"On a machine with network access, download it once with huggingface_hub's command\n"
+        f"    hf download {name} {' '.join(files)}\n"
         f"(it then lives in the HF cache, ~/.cache/huggingface, and works offline), or pass a "
         f"local directory that holds those files. For an offline smoke test use the tiny "
         f"random checkpoint shipped in weights/tiny-random (its audio is noise).")
