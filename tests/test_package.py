@@ -1,6 +1,8 @@
-"""Packaging promises: omnicore imports without the reference stack, and exposes its API."""
+"""Packaging promises: omnicore imports without the reference stack, exposes its API, and ships
+its licence."""
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,3 +31,47 @@ def test_import_loads_nothing_heavy_and_every_stage_imports_cleanly():
 def test_console_script_is_declared():
     text = (ROOT / "pyproject.toml").read_text("utf-8")
     assert 'omnicore = "omnicore.cli:main"' in text
+
+
+def test_the_licence_ships_in_the_wheel_and_the_sdist(tmp_path):
+    """LICENSE is the full Apache-2.0 text, and both distributions carry it: built as a user
+    builds them (`python -m build`: the sdist, then the wheel from the sdist) from a copy of
+    what the build reads, so the checkout gets no build folders."""
+    import tarfile
+    import zipfile
+
+    from conftest import require_module
+
+    require_module("build")
+    text = (ROOT / "LICENSE").read_text("utf-8")
+    for part in ("Apache License\n                           Version 2.0, January 2004",
+                 "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION",
+                 "9. Accepting Warranty or Additional Liability", "END OF TERMS AND CONDITIONS"):
+        assert part in text, part
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"):
+        if (ROOT / name).is_file():
+            (src / name).write_bytes((ROOT / name).read_bytes())
+    shutil.copytree(ROOT / "omnicore", src / "omnicore",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.nbi", "*.nbc"))
+    done = subprocess.run([sys.executable, "-m", "build", "--outdir", str(tmp_path / "dist"),
+                           str(src)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (sdist,) = (tmp_path / "dist").glob("omnicore-*.tar.gz")
+    (wheel,) = (tmp_path / "dist").glob("omnicore-*.whl")
+    licence = (ROOT / "LICENSE").read_bytes()
+    with tarfile.open(sdist) as tar:
+        top = tar.getnames()[0].split("/")[0]
+        assert tar.extractfile(f"{top}/LICENSE").read() == licence
+    with zipfile.ZipFile(wheel) as whl:
+        info = next(n.split("/")[0] for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
+        assert whl.read(f"{info}/licenses/LICENSE") == licence
+        meta = whl.read(f"{info}/METADATA").decode()
+    assert "License-Expression: Apache-2.0" in meta and "License-File: LICENSE" in meta
+
+
+def test_the_readme_separates_the_codes_licence_from_the_weights():
+    readme = (ROOT / "README.md").read_text("utf-8")
+    assert "[LICENSE](LICENSE)" in readme and "Apache-2.0" in readme
+    assert "CC-BY-NC" in readme and "Boson AI" in readme  # the weights' own licences
