@@ -1,11 +1,14 @@
 """Fixtures shared by several test modules: the tiny checkpoint's backbone config and params;
-the rule for test inputs that may be missing (`missing`, `require_file`, `require_module`); and
-servers started as child processes (`free_port`, `wait_until_serving`, `stop_process`)."""
+the rule for test inputs that may be missing (`missing`, `require_file`, `require_module`);
+servers started as child processes (`free_port`, `wait_until_serving`, `stop_process`); and a
+virtual environment that sees the running interpreter's packages (`make_venv`)."""
 
 import importlib
 import os
+import site
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -50,6 +53,27 @@ def require_module(name: str, extra: str = "test"):
         return importlib.import_module(name)
     except ImportError as e:
         missing(f"the Python module {name!r}", f"{e}; pip install -e '.[{extra}]'")
+
+
+def make_venv(path: Path) -> Path:
+    """A new virtual environment at `path` (without pip of its own) that sees the packages of
+    the interpreter running the tests; returns its python.
+
+    `--system-site-packages` is not that: it exposes the *base* Python's site-packages, so
+    when the tests run inside a virtualenv (as newcomers run them) the new environment would
+    miss that virtualenv's packages. Instead a .pth file in the new environment adds the
+    running interpreter's site folders with `site.addsitedir` (which also runs their .pth
+    files, e.g. editable installs). They come after the environment's own folder, so what is
+    installed into it wins, as with `--system-site-packages`."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True,
+                   timeout=60)
+    python = path / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+    folders = site.getsitepackages() + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
+    lines = [f"import site; site.addsitedir({d!r})" for d in folders if os.path.isdir(d)]
+    Path(purelib, "_tests_outer_site.pth").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return python
 
 
 def free_port() -> int:

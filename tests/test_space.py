@@ -8,10 +8,11 @@ environment from its own requirements.txt and its app is started on the tiny che
 the folder alone: the app must import the package copied beside it (not the repository's), answer
 over HTTP and synthesise through gradio_client.
 
-The venv is made with --system-site-packages and pip runs with --no-index: the requirements are
-then resolved against what this machine already has, so the test needs no network and takes
-seconds; what it proves is that the folder's requirements.txt is installable and complete for
-its app, and that the app runs from that folder.
+The venv sees the packages of the Python running the tests (conftest.make_venv: also when that
+Python is itself a virtualenv) and pip runs with --no-index: the requirements are then resolved
+against what this machine already has, so the test needs no network and takes seconds; what it
+proves is that the folder's requirements.txt is installable and complete for its app, and that
+the app runs from that folder.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import free_port, missing, stop_process, wait_until_serving
+from conftest import free_port, make_venv, missing, stop_process, wait_until_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "build_space.py"
@@ -145,9 +146,7 @@ def test_the_space_runs_from_its_folder_alone(tmp_path):
         missing("gradio_client", "pip install -e '.[demo]'")
     assert (CKPT / "config.json").is_file(), f"tiny checkpoint missing at {CKPT}"
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
-                    str(venv)], check=True, timeout=60)
-    python = venv / "bin" / "python"
+    python = make_venv(venv)
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONDONTWRITEBYTECODE", "PYTHONSAFEPATH",
                         "GRADIO_SERVER_NAME", "OMNICORE_MODEL")}
