@@ -101,12 +101,17 @@ class VoiceClonePrompt:
     ref_rms: float
 
     def save(self, path: str | Path) -> None:
-        """Write the prompt to `path` (an npz file; `path` is complete or untouched); a path
-        that cannot be written (missing folder, a folder or device, no space) is a
-        VoicePromptError."""
+        """Write the prompt to `path` (an npz file; `path` is complete or untouched). Its values
+        go through the check `load` makes (`check_voice_prompt`), so a file `save` writes is
+        one `load` reads: a prompt that fails it, or a path that cannot be written (missing
+        folder, a folder or device, no space), is a VoicePromptError and nothing is written."""
+        try:
+            prompt = check_voice_prompt(self)
+        except InputError as exc:
+            raise VoicePromptError(f"{path}: not saved: {exc}") from None
         meta = {"format": VOICE_PROMPT_FORMAT, "version": VOICE_PROMPT_VERSION,
-                "ref_text": self.ref_text, "ref_rms": float(self.ref_rms)}
-        tokens = np.asarray(self.ref_audio_tokens, np.int64)
+                "ref_text": prompt.ref_text, "ref_rms": prompt.ref_rms}
+        tokens = prompt.ref_audio_tokens
         meta_bytes = np.frombuffer(json.dumps(meta).encode("utf-8"), np.uint8)
         # Complete or untouched, also with concurrent saves to one path (unique temp names).
         writers.write_atomic(path, lambda fh: np.savez(fh, ref_audio_tokens=tokens, meta=meta_bytes),

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from conftest import free_port, stop_process, wait_until_serving
 
 from omnicore import OmniVoice, VoiceClonePrompt
@@ -49,7 +51,7 @@ GOOD_CODES = np.random.default_rng(0).integers(0, 1024, (8, 40))
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("meta,tokens,match", [
+BAD_PROMPT_VALUES = [
     ({"ref_rms": -0.05}, GOOD_CODES, "ref_rms"),
     ({"ref_rms": float("nan")}, GOOD_CODES, "ref_rms"),
     ({"ref_rms": 1e38}, GOOD_CODES, "ref_rms"),
@@ -66,12 +68,72 @@ GOOD_CODES = np.random.default_rng(0).integers(0, 1024, (8, 40))
     ({}, GOOD_CODES[:, :0], "frames"),
     ({}, GOOD_CODES.astype(np.float32), "codes"),
     ({}, GOOD_CODES[0], "shape"),
-])
+]
+
+
+@pytest.mark.parametrize("meta,tokens,match", BAD_PROMPT_VALUES)
 def test_bad_values_in_a_prompt_file(tmp_path, model, meta, tokens, match):
     path = _write_prompt(tmp_path / "v.npz", tokens, meta)
     with pytest.raises(VoicePromptError, match=match) as err:
         VoiceClonePrompt.load(path)
     assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("meta,tokens,match", BAD_PROMPT_VALUES)
+def test_save_refuses_what_load_refuses(tmp_path, meta, tokens, match):
+    """One check: a prompt whose file `load` would refuse is not written by `save`."""
+    values = {"ref_text": "Hello there.", "ref_rms": 0.05, **meta}
+    prompt = VoiceClonePrompt(tokens, values["ref_text"], values["ref_rms"])
+    path = tmp_path / "v.npz"
+    with pytest.raises(VoicePromptError, match=match) as err:
+        prompt.save(path)
+    assert str(path) in str(err.value) and "not saved" in str(err.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+# Each part is a valid one in about half of the draws, so that both outcomes are common.
+_TOKENS = st.one_of(
+    st.tuples(st.sampled_from(["int64", "int32", "int16", "uint16"]), st.sampled_from([(8, 1), (8, 40)]),
+              st.sampled_from([0, 1023]), st.integers(0, 2**16)),
+    st.tuples(st.sampled_from(["int64", "float32", "bool"]),
+              st.sampled_from([(8, 40), (8, 0), (7, 20), (20,), (1, 8, 20), (8, limits.MAX_REF_FRAMES + 1)]),
+              st.sampled_from([0, 1024, -1]), st.integers(0, 2**16)))
+_REF_TEXT = st.one_of(st.text(min_size=1, max_size=30),
+                      st.sampled_from(["", "  ", "a\ud800b", "w" * 2001, 5, None]))
+_REF_RMS = st.one_of(st.floats(1e-6, 1.0),
+                     st.one_of(st.floats(), st.sampled_from([-1, 0, 1, 2, True, "0.05", None])))
+
+
+def _tokens(dtype, shape, extreme, seed):
+    codes = np.random.default_rng(seed).integers(0, 1024, shape)
+    if codes.size:
+        codes.flat[seed % codes.size] = extreme
+    return codes.astype(dtype)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tokens=_TOKENS, ref_text=_REF_TEXT, ref_rms=_REF_RMS)
+def test_save_and_load_agree_on_every_prompt(tmp_path, tokens, ref_text, ref_rms):
+    """Any prompt: `save` writes it exactly when `load` would read the same values from a file,
+    and what it writes loads back as the same voice."""
+    codes = _tokens(*tokens)
+    raw = _write_prompt(tmp_path / "raw.npz", codes, {"ref_text": ref_text, "ref_rms": ref_rms})
+    try:
+        VoiceClonePrompt.load(raw)
+        loads = True
+    except VoicePromptError:
+        loads = False
+    saved = tmp_path / "saved.npz"
+    saved.unlink(missing_ok=True)
+    try:
+        VoiceClonePrompt(codes, ref_text, ref_rms).save(saved)
+    except VoicePromptError:
+        assert not loads and not saved.exists()
+        return
+    assert loads
+    back = VoiceClonePrompt.load(saved)
+    np.testing.assert_array_equal(back.ref_audio_tokens, codes)
+    assert back.ref_text == ref_text and back.ref_rms == ref_rms
 
 
 def test_unreadable_meta_is_a_voice_prompt_error(tmp_path):
