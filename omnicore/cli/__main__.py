@@ -4,4 +4,5 @@ import sys
 
 from . import main
 
-sys.exit(main())
+if __name__ == "__main__":  # run as a program, not when imported (e.g. by the import tests)
+    sys.exit(main())
