@@ -1,7 +1,8 @@
 """Typed errors: everything omnicore raises on purpose derives from OmniCoreError.
 
 Callers (the CLI, the demo, apps) catch OmniCoreError and show its message; anything else
-escaping omnicore is a bug. Each message says what went wrong *and* what to do about it.
+escaping omnicore is a bug. Each message says what went wrong *and* what to do about it. The one
+warning omnicore issues, RefTextMismatchWarning, is here too.
 """
 
 
@@ -38,3 +39,9 @@ class VoicePromptError(OmniCoreError):
 
 class CancelledError(OmniCoreError):
     """The request was cancelled (`cancel()` on its handle, or its caller stopped listening)."""
+
+
+class RefTextMismatchWarning(UserWarning):
+    """A voice reference's transcript cannot be what its clip says: the speaking rate they imply
+    is not speech (text/frontend.py: reference_pace_problem). The voice still works, but every
+    length estimated from it is off by as much: outputs too long, or with their ends cut."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -31,7 +32,7 @@ from . import streaming
 from .audio import postprocess
 from .audio.loading import load_audio
 from .engine import Engine, PassSpec
-from .errors import AudioError, InputError
+from .errors import AudioError, InputError, RefTextMismatchWarning
 from .model import backbone, codec as codec_mod, tokenizer as tok_mod
 from .model.config import GenerationConfig, OmniVoiceConfig
 from .model.weights import ParamReader, resolve_codec_dir, resolve_model_dir
@@ -74,7 +75,9 @@ class OmniVoice:
 
     def create_voice_clone_prompt(self, ref_audio, ref_text: str | None = None,
                                   preprocess_prompt: bool = True) -> VoiceClonePrompt:
-        """Encode a reference clip (path or (array, sample_rate)) into a reusable voice."""
+        """Encode a reference clip (path or (array, sample_rate)) into a reusable voice. Warns
+        (RefTextMismatchWarning) when `ref_text` cannot be what the clip says: the pace they
+        imply is not speech (`VoiceClonePrompt.pace_problem`)."""
         limits.require_ref_text(ref_text)
         # Loudness boost, silence removal, whole codec frames only: exactly the reference's
         # clean-up. (It trims > 20 s clips only when it transcribes them itself; we never do.)
@@ -89,7 +92,11 @@ class OmniVoice:
             ref_text = frontend.add_punctuation(ref_text)
         # Loudness above 0.1 leaves the output as it is, so capping it at full scale (float
         # clips can exceed it) changes nothing and keeps every saved prompt loadable.
-        return VoiceClonePrompt(codes, ref_text, min(ref_rms, limits.MAX_REF_RMS))
+        prompt = VoiceClonePrompt(codes, ref_text, min(ref_rms, limits.MAX_REF_RMS))
+        problem = prompt.pace_problem()  # a wrong transcript sets the pace of every output
+        if problem:
+            warnings.warn(problem, RefTextMismatchWarning, stacklevel=2)
+        return prompt
 
     # -- generation ---------------------------------------------------------------------------
 

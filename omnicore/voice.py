@@ -20,7 +20,7 @@ import numpy as np
 from .audio import postprocess, writers
 from .errors import AudioError, InputError, VoicePromptError
 from .model.config import FRAME_RATE, SAMPLE_RATE
-from .text import limits
+from .text import frontend, limits
 
 VOICE_PROMPT_FORMAT = "omnicore-voice-prompt"
 VOICE_PROMPT_VERSION = 1
@@ -99,6 +99,14 @@ class VoiceClonePrompt:
     ref_audio_tokens: np.ndarray  # int64 [C, R]
     ref_text: str
     ref_rms: float
+
+    def pace_problem(self) -> str | None:
+        """Why this voice's transcript cannot be what its clip says (the speaking rate they
+        imply is not speech: frontend.reference_pace_problem), or None. The API warns with it
+        (RefTextMismatchWarning) when a clip becomes a voice; one line of ASCII, so a server
+        can put it in a header."""
+        frames = np.shape(self.ref_audio_tokens)[-1]
+        return frontend.reference_pace_problem(self.ref_text, frames / FRAME_RATE)
 
     def save(self, path: str | Path) -> None:
         """Write the prompt to `path` (an npz file; `path` is complete or untouched). Its values

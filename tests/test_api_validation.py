@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from conftest import free_port, stop_process, wait_until_serving
 from omnicore import OmniVoice, VoiceClonePrompt
 from omnicore.text import limits
 from omnicore.model.config import GenerationConfig
-from omnicore.errors import AudioError, InputError, VoicePromptError
+from omnicore.errors import AudioError, InputError, RefTextMismatchWarning, VoicePromptError
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "weights" / "tiny-random"
@@ -247,6 +248,29 @@ def test_bad_reference_transcripts(model, ref_text, match):
         model.generate("Hello.", ref_audio=str(CLIP), ref_text=ref_text, **FAST)
     with pytest.raises(InputError, match=match):
         model.create_voice_clone_prompt(str(CLIP), ref_text)
+
+
+def _pace_warnings(call) -> list[warnings.WarningMessage]:
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        call()
+    return [w for w in seen if issubclass(w.category, RefTextMismatchWarning)]
+
+
+def test_a_transcript_that_cannot_be_the_clips_is_warned_about(model):
+    """The clip says "The quick brown fox jumps over the lazy dog." in 3.5 s: that transcript
+    passes; one word, or the sentence four times, is not what a clip of that length can say.
+    The warning is the prompt's pace_problem(), and the voice still works."""
+    right = (ROOT / "tests" / "fixtures" / "audio" / "speech.txt").read_text().strip()
+    assert _pace_warnings(lambda: model.create_voice_clone_prompt(str(CLIP), right)) == []
+    for wrong, says in (("Hi.", "too long"), (" ".join([right] * 4), "too short")):
+        made = []
+        (w,) = _pace_warnings(lambda: made.append(model.create_voice_clone_prompt(str(CLIP), wrong)))
+        assert str(w.message) == made[0].pace_problem() and says in str(w.message)
+        assert "a normal speaking rate" in str(w.message)
+        assert Path(w.filename).resolve() == Path(__file__).resolve()  # points at the caller
+    (w,) = _pace_warnings(lambda: model.generate("Hello.", ref_audio=str(CLIP), ref_text="Hi.", **FAST))
+    assert "too long" in str(w.message)
 
 
 def test_on_step_must_be_callable(model):

@@ -238,6 +238,53 @@ def test_estimate_total(text, ref_text, num_ref_frames, speed):
 
 
 # ---------------------------------------------------------------------------
+# Reference pace: a transcript that cannot be what its clip says
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ref_text, seconds", [
+    ("The quick brown fox jumps over the lazy dog.", 3.5),  # the fixture clip and its words
+    ("Nice to meet you.", 1.0),  # the yardstick itself
+    ("你好，很高兴认识你。", 2.5),  # one syllable an ideograph
+    ("こんにちは、お元気ですか。", 2.0),
+    ("안녕하세요, 만나서 반갑습니다.", 2.5),
+    ("Call 555 0199 now.", 3.0),  # digits are read as words
+    ("Hi.", 0.6), ("Yes.", 1.5),  # short: a second of quiet at the ends is allowed
+])
+def test_transcripts_that_fit_their_clips_pass(ref_text, seconds):
+    assert frontend.reference_pace_problem(ref_text, seconds) is None
+
+
+@pytest.mark.parametrize("ref_text, seconds, pace, says", [
+    ("The quick brown fox jumps over the lazy dog. " * 4, 3.5, "3x", "too short, their ends cut"),
+    ("你好，很高兴认识你。" * 5, 2.5, "3.5x", "too short"),
+    ("Hi.", 3.0, "0.059x", "too long and drawn out"),
+    ("The quick brown fox.", 10.0, "0.12x", "holds every word spoken in the clip"),
+])
+def test_transcripts_that_cannot_be_their_clips_are_named(ref_text, seconds, pace, says):
+    problem = frontend.reference_pace_problem(ref_text, seconds)
+    assert f"{pace} a normal speaking rate" in problem and says in problem
+    assert f"the clip is {seconds:.1f} s of audio" in problem and "Check that ref_text" in problem
+    assert problem.isascii() and "\n" not in problem  # fit for a log line and an HTTP header
+
+
+@FAST
+@given(st.text(min_size=1, max_size=80), st.floats(0.5, 1.5))
+def test_the_bounds_are_a_factor_of_three_around_a_normal_pace(ref_text, pace):
+    """At up to PACE_FACTOR from a normal pace nothing is said; beyond it, the side it is on."""
+    expected = frontend.text_weight(ref_text) / frontend.NORMAL_PACE  # seconds at a normal pace
+    if expected <= 0:
+        assert frontend.reference_pace_problem(ref_text, 5.0) is None
+        return
+    assert frontend.reference_pace_problem(ref_text, expected / pace) is None
+    fast = frontend.reference_pace_problem(ref_text, expected / (frontend.PACE_FACTOR * 1.01))
+    assert fast is not None and "too short" in fast
+    slow_s = expected * frontend.PACE_FACTOR * 1.01 + frontend.PACE_EDGE_S
+    slow = frontend.reference_pace_problem(ref_text, slow_s)
+    assert slow is not None and "too long" in slow
+
+
+# ---------------------------------------------------------------------------
 # Chunking and the generation plan
 # ---------------------------------------------------------------------------
 

@@ -13,6 +13,8 @@ Per text item, ``generate()`` asks:
     instruct  -> resolve_instruct          normalised voice-design items or None
     ref_text  -> add_punctuation           when a voice prompt is built with preprocessing
     length    -> estimate_target_frames    target frames (or ``duration`` * 25)
+and of a voice reference, ``reference_pace_problem`` says when its transcript cannot be what
+its clip says (the pace they imply is not speech).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..errors import InputError
+from ..model.config import FRAME_RATE
 from .languages import LANGUAGES
 from .limits import validate_speed
 
@@ -514,8 +517,39 @@ def estimate_target_frames(
 
 
 # ---------------------------------------------------------------------------
-# Pauses: [pause:1.5s], [pause:500ms], <break time="500ms"/>
+# Reference pace: does a transcript fit its clip?
 # ---------------------------------------------------------------------------
 
-# The longest silence of one mark. A minute is far beyond any pause in speech, so more is a typo
-# (500s for 500ms); all pauses of a call also count against MAX_DURATION_S with its speech.
+# The weights above measure speaking time in one unit for every script (an ideograph weighs what
+# the letters of a syllable weigh), which is why the estimate can carry a clip's pace over to any
+# text. The yardstick, "Nice to meet you." in one second, is a normal pace: about 14 units a
+# second, some 170 English words a minute. Speech stays well within a factor of 3 of it either
+# way (60 to 500 words a minute); a transcript further off is not this clip's (wrong, partial or
+# extra words), and every length estimated from it is off by as much.
+NORMAL_PACE = text_weight(_DEFAULT_REF_TEXT) / (_DEFAULT_REF_FRAMES / FRAME_RATE)  # units/s
+PACE_FACTOR = 3.0
+# A clip may keep up to a second of quiet at its ends; the slow side is judged without it.
+PACE_EDGE_S = 1.0
+
+
+def reference_pace_problem(ref_text: str, seconds: float) -> str | None:
+    """What is wrong when ``ref_text`` cannot be what is said in ``seconds`` of a voice
+    reference (its pace, by the character weights, is more than ``PACE_FACTOR`` from
+    ``NORMAL_PACE``), else None. One line of ASCII, naming the pace and what to check."""
+    weight = text_weight(ref_text)
+    if seconds <= 0 or weight <= 0:
+        return None
+    expected = weight / NORMAL_PACE  # seconds the transcript takes at a normal pace
+    pace = expected / seconds  # 1.0: a normal pace
+    if pace > PACE_FACTOR:
+        fix = ("is the transcript of this clip alone, with no words that are not spoken in it; "
+               "outputs in this voice would be too short, their ends cut")
+    elif expected * PACE_FACTOR < seconds - PACE_EDGE_S:
+        fix = ("holds every word spoken in the clip (or cut the clip to the words); outputs in "
+               "this voice would be too long and drawn out")
+    else:
+        return None
+    return (f"ref_text does not fit its clip: {len(ref_text)} characters take about "
+            f"{expected:.1f} s at a normal pace, but the clip is {seconds:.1f} s of audio, "
+            f"{pace:.2g}x a normal speaking rate (speech stays within {1 / PACE_FACTOR:.2g}x to "
+            f"{PACE_FACTOR:g}x). Check that ref_text {fix}.")

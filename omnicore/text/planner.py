@@ -24,6 +24,8 @@ from .frontend import char_weight, estimate_target_frames, shorten, text_weight
 from .limits import (MAX_DURATION_S, check_pass_frames, validate_duration, validate_ref_frames,
                      validate_speed, validate_text)
 
+# The longest silence of one mark. A minute is far beyond any pause in speech, so more is a typo
+# (500s for 500ms); all pauses of a call also count against MAX_DURATION_S with its speech.
 MAX_PAUSE_S = 60.0
 # A mark is at most this many characters from its "[" / "<" to its "]" / ">"; longer, it is
 # unclosed (and a stream must not hold text back for a closer that never comes).
