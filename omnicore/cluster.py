@@ -311,7 +311,8 @@ class _Slot:
     info: dict = field(default_factory=dict)
 
 
-def _fmt_eta(seconds: float) -> str:
+def format_eta(seconds: float) -> str:
+    """h:mm:ss (also the CLI's progress lines)."""
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
@@ -359,7 +360,7 @@ class _Driver:
             self.report(f"{rec['line']}: " + (f"id {rec['id']!r}: " if rec["id"] else "")
                         + rec["error"])
         ran = done - self.bad_lines  # jobs that ran: what the ETA is made from
-        eta = (_fmt_eta((time.perf_counter() - self.t0) / ran * (self.total - done))
+        eta = (format_eta((time.perf_counter() - self.t0) / ran * (self.total - done))
                if ran > 0 else "?")
         self.log(f"[{done}/{self.total}] {rec['id'] or '(line %d)' % rec['line']} "
                  f"{rec['status']} | {self.audio_s:.1f} s of audio | ETA {eta}")

@@ -118,7 +118,9 @@ class OmniVoice:
                    voice_clone_prompt=None, instruct=None, duration=None, speed=None,
                    seed: int | None = None, on_step: Callable[[int, int], None] | None = None,
                    generation_config: GenerationConfig | None = None, _decode: bool = True,
-                   normalize_text: bool = False, **kwargs) -> list[Synthesis]:
+                   normalize_text: bool = False,
+                   _on_passes: Callable[[list[PassSpec]], None] | None = None,
+                   **kwargs) -> list[Synthesis]:
         """`generate` with the details: codes, per-cell fill steps, per-stage timings.
 
         Every input is checked before any heavy work (text/limits.py holds the limits: output length
@@ -137,6 +139,8 @@ class OmniVoice:
             voice_clone_prompt=voice_clone_prompt, instruct=instruct, duration=duration,
             speed=speed, seed=seed, on_step=on_step, generation_config=generation_config,
             normalize_text=normalize_text, gen_kwargs=kwargs)
+        if _on_passes is not None:  # the CLI's progress: which passes, and what waits for what
+            _on_passes(specs)
         gen = requests[0].gen
         encode_s = sum(r.encode_s for r in requests)
         prepare_s = time.perf_counter() - t0 - encode_s  # the clip's encode is timed on its own

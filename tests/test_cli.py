@@ -448,3 +448,117 @@ def test_batch_and_script_speak_pauses(tmp_path):
                  *FAST]) == 0
     want = model.synthesize("Hello. [pause:0.5s] Hi.", seed=4, num_step=2)[0]
     np.testing.assert_array_equal(_wav(out), writers.to_pcm16(want.audio) / np.float32(32768))
+
+
+# ---------------------------------------------------------------------------------------------
+# What a first user meets: --version, progress on a terminal, warnings
+# ---------------------------------------------------------------------------------------------
+
+
+def _on_a_terminal(argv, status: int = 0) -> str:
+    """Run `argv` (to exit status `status`) with stdout and stderr on a pseudo-terminal, as in
+    a user's shell; what it wrote there."""
+    import os
+    import pty
+    import subprocess
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    out = b""
+    try:
+        while True:
+            try:
+                data = os.read(master, 1 << 16)
+            except OSError:  # the terminal closed with the process
+                break
+            if not data:
+                break
+            out += data
+        assert proc.wait(timeout=300) == status, out.decode(errors="replace")
+    finally:
+        os.close(master)
+        proc.kill()
+    return out.decode("utf-8", errors="replace").replace("\x1b[0m", "")  # a library's colour reset
+
+
+def test_version():
+    import subprocess
+    import tomllib
+
+    import omnicore
+
+    out = subprocess.run([sys.executable, "-m", "omnicore.cli", "--version"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert out == f"omnicore {version}\n" and omnicore.__version__ == version
+
+
+LONG = " ".join(f"This is sentence number {i} of a story told in three parts." for i in range(9))
+
+
+def test_say_shows_chunks_steps_and_eta_on_a_terminal_only(tmp_path):
+    import re
+    import subprocess
+
+    argv = _cli("say", LONG, "-o", str(tmp_path / "a.wav"), "--seed", "1")
+    shown = _on_a_terminal(argv)
+    lines = [ln for ln in re.split(r"\r\n|\r|\x1b\[K", shown) if ln.strip()]
+    steps = [ln for ln in lines if "| step" in ln]
+    assert steps[0].startswith("  chunk 1/3 | step 1/2 | ETA ")  # chunk 0 first: the voice
+    assert any(ln.startswith("  chunks 2-3/3 | step 2/2 | ETA ") for ln in steps), steps  # then both
+    assert all(re.fullmatch(r"  chunks? [\d-]+/3 \| step [12]/2 \| ETA (\d:\d\d:\d\d|\?)", ln)
+               for ln in steps), steps
+    assert "\r\x1b[Kwrote " in shown and "3 chunk(s)" in lines[-1]  # the status line is cleared
+    # in a log (stderr not a terminal) only the lines that stay; with -q, nothing at all
+    logged = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300).stderr
+    assert "\r" not in logged and "| step" not in logged and "3 chunk(s)" in logged
+    assert _on_a_terminal([*argv, "-q"]).strip() == ""
+
+
+def test_batch_shows_jobs_steps_eta_and_a_summary(tmp_path):
+    import re
+    import subprocess
+
+    jobs = _batch_file(tmp_path, [{"id": f"j{i}", "text": f"Hello number {i}."} for i in range(5)]
+                       + [{"id": "gone", "text": "Hi.", "ref_audio": "gone.wav", "ref_text": "Hi."}])
+    argv = _cli("batch", jobs, "--out-dir", str(tmp_path / "out"))
+    shown = _on_a_terminal(argv, status=1)  # a job failed
+    lines = [ln for ln in re.split(r"\r\n|\r|\x1b\[K", shown) if ln.strip()]
+    assert any(re.fullmatch(r"  jobs 1-\d/6 \| step 1/2 \| ETA .*", ln) for ln in lines), lines
+    written = [ln for ln in lines if ln.startswith("[")]
+    assert [ln.split("]")[0] for ln in written] == [f"[{k}/6" for k in range(1, 7)]
+    assert re.fullmatch(r"\[1/6\] .*j0\.wav \| \d+\.\d s of audio \| ETA \d:\d\d:\d\d", written[0])
+    assert written[-1].startswith("[6/6] id 'gone' failed |")
+    assert re.fullmatch(r"5 of 6 jobs written to .*, 1 failed; \d+\.\d s of audio in \d+\.\d s",
+                        lines[-1])
+    logged = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300).stderr
+    assert "\r" not in logged and "| step" not in logged
+    assert [ln.split("]")[0] for ln in logged.splitlines() if ln.startswith("[")] == \
+        [f"[{k}/6" for k in range(1, 7)]
+
+
+def test_a_transcript_that_cannot_be_the_clips_is_one_warning_line(tmp_path):
+    """The warning reaches a command's user as one line on stderr (also with -q), naming the
+    voice file or the batch line it is about; the command still does its work."""
+    import subprocess
+
+    def run(*argv):
+        argv = [sys.executable, "-m", "omnicore.cli", *argv, "--model", TINY, "-q"]
+        if argv[3] != "clone-prompt":
+            argv += ["--steps", "2"]
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stderr.splitlines()
+
+    voice = tmp_path / "v.npz"
+    (line,) = run("clone-prompt", SPEECH, "--ref-text", "Hi.", "-o", str(voice))
+    assert line.startswith("omnicore: warning: ref_text does not fit its clip: 3 characters")
+    assert "a normal speaking rate" in line and voice.is_file()
+    (line,) = run("say", "Hello.", "--voice", str(voice), "-o", str(tmp_path / "a.wav"))
+    assert line.startswith(f"omnicore: warning: {voice}: ref_text does not fit its clip")
+    jobs = _batch_file(tmp_path, [{"id": "a", "text": "Hello.", "ref_audio": SPEECH, "ref_text": "Hi."},
+                                  {"id": "b", "text": "Hello.", "ref_audio": SPEECH,
+                                   "ref_text": "The quick brown fox jumps over the lazy dog."}])
+    (line,) = run("batch", jobs, "--out-dir", str(tmp_path / "out"))
+    assert line.startswith(f"omnicore: warning: {jobs}:1: id 'a': ref_text does not fit")

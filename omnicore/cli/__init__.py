@@ -25,7 +25,9 @@ One module per family of commands, each with its parser next to what it runs:
     serve.py      serve (the HTTP server)
     reference.py  infer / infer-batch: the reference's command lines, verbatim
     options.py    the voice and generation options, and what they mean to generate()
-    common.py     what they share: --model, loading the model, stderr lines, output checks
+    progress.py   progress on a terminal: chunk or job i/n, step, ETA
+    common.py     what they share: --model, loading the model, stderr lines (and warnings),
+                  output checks
 This file wires them into one parser and runs a command (`main`).
 """
 
@@ -35,9 +37,10 @@ import argparse
 import signal
 import threading
 
+from .. import __version__
 from ..errors import OmniCoreError
 from . import batch, codec, reference, say, script, serve
-from .common import error
+from .common import error, warnings_as_lines
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "running on numpy: no torch needed.",
         epilog="The first run downloads k2-fsa/OmniVoice (~3.3 GB) into the Hugging Face cache. "
                "Offline smoke test: --model weights/tiny-random (random weights: noise).")
+    p.add_argument("--version", action="version", version=f"omnicore {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     say.add_parsers(sub)  # say, clone-prompt
     batch.add_parser(sub)
@@ -95,7 +99,8 @@ def main(argv=None) -> int:
                 previous[sig] = signal.signal(sig, _on_signal)
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        with warnings_as_lines():
+            return args.func(args)
     except OmniCoreError as exc:
         error(exc)
         return 2

@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import unicodedata
 from pathlib import Path
 
 from ..errors import InputError, OmniCoreError
 from . import common
 from .options import add_generation_options, gen_kwargs
+from .progress import BatchProgress, StatusLine
 
 # The reference's batch format (omnivoice-infer-batch): "id" and "text" required, the rest
 # optional, null meaning absent; "language_name" is read only by its evaluation scripts.
@@ -222,10 +224,14 @@ def cmd_batch(args) -> int:
     out_dir = check_batch_outputs(args, jobs)
     model = common.load_model(args)
     base = gen_kwargs(args)
+    status = StatusLine(args)
+    progress = BatchProgress(status, len(jobs))
 
-    def run(slot: dict, job) -> None:
+    def run(slot: dict, k: int, n: int, job) -> None:
         try:
-            slot["wav"] = model.generate(job["text"], **job_kwargs(args, base, job))[0]
+            with common.working_on(f"{args.jsonl}:{n}: id {job['id']!r}"):  # names its warnings
+                slot["wav"] = model.generate(job["text"], **job_kwargs(args, base, job),
+                                             on_step=progress.on_step(k) if status.live else None)[0]
         except BaseException as exc:  # handed to the main thread, in job order
             slot["error"] = exc
         finally:
@@ -239,30 +245,38 @@ def cmd_batch(args) -> int:
     def start(i: int) -> None:
         slot = {"done": threading.Event()}
         slots.append(slot)
-        threading.Thread(target=run, args=(slot, jobs[i][1]), name="omnicore-batch-job",
+        n, job = jobs[i]
+        threading.Thread(target=run, args=(slot, i + 1, n, job), name="omnicore-batch-job",
                          daemon=True).start()
 
     for i in range(min(BATCH_IN_FLIGHT, len(jobs))):
         start(i)
     failed = 0
-    for k, (n, job) in enumerate(jobs, 1):
-        slot = slots[k - 1]
-        while not slot["done"].wait(0.5):  # a timed wait lets Ctrl-C through at once
-            pass
-        if len(slots) < len(jobs):
-            start(len(slots))
-        target = batch_target(out_dir, job["id"])
-        try:
-            if "error" in slot:
-                raise slot.pop("error")
-            writers.write_audio_atomic(target, slot.pop("wav"), model.sampling_rate)
-            common.log(args, f"[{k}/{len(jobs)}] {target}")
-        except (OmniCoreError, MemoryError) as exc:
-            failed += 1
-            reason = exc if isinstance(exc, OmniCoreError) else "out of memory"
-            common.error(f"{args.jsonl}:{n}: id {job['id']!r}: {reason}")
-    if failed:
-        common.log(args, f"{len(jobs) - failed} of {len(jobs)} jobs written to {out_dir}, {failed} failed")
+    try:
+        for k, (n, job) in enumerate(jobs, 1):
+            slot = slots[k - 1]
+            while not slot["done"].wait(0.5):  # a timed wait lets Ctrl-C through at once
+                pass
+            if len(slots) < len(jobs):
+                start(len(slots))
+            target = batch_target(out_dir, job["id"])
+            try:
+                if "error" in slot:
+                    raise slot.pop("error")
+                wav = slot.pop("wav")
+                writers.write_audio_atomic(target, wav, model.sampling_rate)
+                progress.finished(k, str(target), len(wav) / model.sampling_rate)
+            except (OmniCoreError, MemoryError) as exc:
+                failed += 1
+                reason = exc if isinstance(exc, OmniCoreError) else "out of memory"
+                status.error(f"{args.jsonl}:{n}: id {job['id']!r}: {reason}")
+                progress.finished(k, f"id {job['id']!r}", None)
+    finally:
+        status.close()
+    common.log(args, f"{len(jobs) - failed} of {len(jobs)} jobs written to {out_dir}"
+                     + (f", {failed} failed" if failed else "")
+                     + f"; {progress.audio_s:.1f} s of audio in "
+                       f"{time.perf_counter() - progress.started:.1f} s")
     return 1 if failed else 0
 
 

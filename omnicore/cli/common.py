@@ -1,5 +1,5 @@
-"""What every command shares: the model options, loading the model, stderr lines, and the
-output checks made before any work.
+"""What every command shares: the model options, loading the model, stderr lines (omnicore's
+warnings among them), and the output checks made before any work.
 
 The commands call `load_model` through this module (`common.load_model`), so that a test can
 replace it in one place.
@@ -7,11 +7,14 @@ replace it in one place.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
 import time
+import warnings
 
-from ..errors import InputError
+from ..errors import InputError, RefTextMismatchWarning
 
 DEFAULT_MODEL = os.environ.get("OMNICORE_MODEL", "k2-fsa/OmniVoice")
 
@@ -32,17 +35,42 @@ def error(msg) -> None:
     print(f"omnicore: error: {msg}", file=sys.stderr)
 
 
-def progress(enabled: bool):
-    """A one-line step counter on stderr; only on a terminal, so logs don't fill with \r lines."""
-    if not enabled or not sys.stderr.isatty():
-        return None
+def warn(msg) -> None:
+    # On a terminal, over a progress line that may be there (it is drawn again at the next step)
+    clear = "\r\033[K" if sys.stderr.isatty() else ""
+    print(f"{clear}omnicore: warning: {msg}", file=sys.stderr)
 
-    def on_step(step: int, total: int) -> None:  # step counts from 1
-        sys.stderr.write(f"\r  unmasking step {step}/{total}")
-        if step == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-    return on_step
+
+_subject = threading.local()  # what the current thread works on, e.g. one batch line
+
+
+@contextlib.contextmanager
+def working_on(what: str):
+    """Warnings issued in this thread meanwhile name `what` (e.g. `jobs.jsonl:3: id 'a'`)."""
+    _subject.what = what
+    try:
+        yield
+    finally:
+        _subject.what = None
+
+
+@contextlib.contextmanager
+def warnings_as_lines():
+    """omnicore's warnings (RefTextMismatchWarning) as `omnicore: warning:` lines on stderr,
+    every time, from any thread (a stream's worker too); other warnings as Python shows them.
+    Not silenced by --quiet: a warning is neither progress nor summary."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", RefTextMismatchWarning)
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if not issubclass(category, RefTextMismatchWarning):
+                return shown(message, category, filename, lineno, file, line)
+            what = getattr(_subject, "what", None)
+            warn(f"{what}: {message}" if what else message)
+
+        warnings.showwarning = show
+        yield
 
 
 def load_model(args):

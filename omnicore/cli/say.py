@@ -12,6 +12,7 @@ from ..errors import AudioError, InputError, VoicePromptError
 from ..model.config import SAMPLE_RATE
 from . import common
 from .options import add_field_option, add_generation_options, gen_kwargs
+from .progress import StatusLine, SynthesisProgress
 
 
 def _read_text(args) -> str:
@@ -61,8 +62,14 @@ def cmd_say(args) -> int:
     model = common.load_model(args)
     kw = gen_kwargs(args)
     _voice_kwargs(args, kw, VoiceClonePrompt)
+    status = StatusLine(args)
+    progress = SynthesisProgress(status)
     t0 = time.perf_counter()
-    result = model.synthesize(text, on_step=common.progress(not args.quiet), **kw)[0]
+    try:
+        result = model.synthesize(text, on_step=progress.on_step if status.live else None,
+                                  _on_passes=progress.plan, **kw)[0]
+    finally:
+        status.close()
     elapsed = time.perf_counter() - t0
     voice = result.as_voice() if save_voice else None  # refused (too long) before any write
     writers.write_audio_atomic(args.output, result.audio, model.sampling_rate)
@@ -79,7 +86,11 @@ def cmd_say(args) -> int:
 
 def _voice_kwargs(args, kw: dict, prompt_cls) -> None:
     if args.voice:
-        kw["voice_clone_prompt"] = prompt_cls.load(args.voice)
+        prompt = prompt_cls.load(args.voice)
+        problem = prompt.pace_problem()  # e.g. a reference .pt, made without this check
+        if problem:
+            common.warn(f"{args.voice}: {problem}")
+        kw["voice_clone_prompt"] = prompt
     elif args.ref_audio:
         kw.update(ref_audio=args.ref_audio, ref_text=args.ref_text)
     elif args.ref_text:
