@@ -3,9 +3,11 @@ driven by the official `openai` client (and httpx for the voice routes, gradio_c
 demo at /ui). Every body is decoded and compared with the same greedy request made in this
 process through the public API."""
 
+import asyncio
 import base64
 import importlib.util
 import io
+import itertools
 import json
 import os
 import shutil
@@ -15,6 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -30,6 +33,7 @@ for _name in ("starlette", "uvicorn", "prometheus_client", "sse_starlette"):  # 
 UI = ("--ui",) if importlib.util.find_spec("gradio") is not None else ()
 
 from omnicore import OmniVoice, VoiceClonePrompt  # noqa: E402
+from omnicore.errors import OmniCoreError  # noqa: E402
 from omnicore.audio.writers import to_pcm16  # noqa: E402
 from omnicore.server import encode_audio  # noqa: E402
 
@@ -460,6 +464,26 @@ def test_restart_auth_queue_and_disconnect(voices_dir, clip_voice):
         stop_process(proc, 10)
 
 
+def test_speech_body_takes_every_generation_field():
+    """The speech body's generation fields are GenerationConfig's, typed by its declaration (a
+    float field takes an integer; JSON true is not a number, 1 is not a bool); absent ones
+    are left to its defaults."""
+    from dataclasses import fields
+
+    from omnicore.model.config import GenerationConfig
+    from omnicore.server.protocol import HTTPError, parse_speech
+
+    defaults = {f.name: f.default for f in fields(GenerationConfig)}
+    assert parse_speech({"input": "Hi.", **defaults})["gen"] == defaults
+    assert parse_speech({"input": "Hi."})["gen"] == {}
+    assert parse_speech({"input": "Hi.", "guidance_scale": 2})["gen"] == {"guidance_scale": 2}
+    for name, value in defaults.items():
+        for bad in ("1", 1 if isinstance(value, bool) else True):
+            with pytest.raises(HTTPError) as exc:
+                parse_speech({"input": "Hi.", name: bad})
+            assert exc.value.status == 400 and exc.value.param == name, (name, bad)
+
+
 def test_serve_flags_checked_before_the_model_loads(capsys):
     from omnicore.cli import main
 
@@ -484,3 +508,195 @@ def test_voice_library_loads_reference_pt_prompts(tmp_path):
     np.testing.assert_array_equal(lib.get("refvoice").ref_audio_tokens, want.ref_audio_tokens)
     assert lib.get("both").ref_text == "Omnicore's own."
     assert lib.delete("refvoice") and not (tmp_path / "refvoice.pt").exists()
+
+
+def _slot_free(server) -> bool:
+    """Nothing admitted, nothing queued, the gauge at 0 and the run slot free."""
+    ld = server.load()
+    return (ld["in_flight"], ld["queued"], server.registry.get_sample_value(
+        "omnicore_requests_in_flight"), server.run_slots.locked()) == (0, 0, 0.0, False)
+
+
+def test_slot_is_given_back_on_every_exit_path():
+    """`async with server.slot(gone)`: the place and the run slot come back when the block ends,
+    raises or is cancelled, when its client leaves (or its task is cancelled) while it waits for
+    the run slot, and, once handed over, when the holder releases it (once); a full server
+    refuses with 429."""
+    from omnicore.engine import EngineLoad
+    from omnicore.errors import CancelledError
+    from omnicore.server.protocol import HTTPError
+    from omnicore.server.state import ServerState
+
+    class IdleEngine:
+        trace = None
+
+        def load(self):
+            return EngineLoad(0, 0, 0, 0, 0, 0)
+
+    async def hold(server, gone, inside: asyncio.Event):
+        async with server.slot(gone):
+            inside.set()
+            await asyncio.sleep(3600)
+
+    async def until_queued(server):
+        for _ in range(1000):
+            if server.load()["queued"]:
+                return
+            await asyncio.sleep(0)
+        raise AssertionError("the request never queued for the run slot")
+
+    async def main():
+        server = ServerState(SimpleNamespace(engine=IdleEngine()), max_queue=2, max_concurrency=1)
+        stays = asyncio.get_running_loop().create_future()  # a client that never leaves
+        async with server.slot(stays):
+            assert server.load()["in_flight"] == 1 and server.run_slots.locked()
+        assert _slot_free(server)
+
+        with pytest.raises(RuntimeError):
+            async with server.slot(stays):
+                raise RuntimeError("an error mid-synthesis")
+        assert _slot_free(server)
+
+        inside = asyncio.Event()
+        task = asyncio.create_task(hold(server, stays, inside))
+        await inside.wait()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert _slot_free(server)
+
+        async with server.slot(stays):  # holds the one run slot
+            leaves = asyncio.get_running_loop().create_future()
+            inside = asyncio.Event()
+            waiter = asyncio.create_task(hold(server, leaves, inside))
+            await until_queued(server)
+            with pytest.raises(HTTPError) as full:
+                async with server.slot(stays):
+                    pass
+            assert full.value.status == 429
+            leaves.set_result(None)  # the waiting client leaves: it never runs
+            with pytest.raises(CancelledError):
+                await waiter
+            assert not inside.is_set() and server.load()["in_flight"] == 1
+            waiter = asyncio.create_task(hold(server, stays, inside))
+            await until_queued(server)
+            waiter.cancel()  # e.g. the server shutting down
+            await asyncio.gather(waiter, return_exceptions=True)
+            assert not inside.is_set() and server.load()["in_flight"] == 1
+        assert _slot_free(server)
+
+        async with server.slot(stays) as slot:
+            slot.hand_over()  # a stream's body now holds it
+        assert server.load()["in_flight"] == 1 and server.run_slots.locked()
+        slot.release()
+        slot.release()
+        assert _slot_free(server)
+        server.pool.shutdown()
+
+    asyncio.run(main())
+
+
+class _FailingModel:
+    """The tiny model, except that a text starting with "Fail" raises part-way: at its second
+    step, or, streamed, at the first step of its second chunk (after its first audio)."""
+
+    def __init__(self, model):
+        self._model, self.engine = model, model.engine
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    @staticmethod
+    def _failing(text, on_step, steps_before):
+        calls = itertools.count(1)
+
+        def step(i, n):
+            if on_step is not None:
+                on_step(i, n)
+            if text.startswith("Fail") and next(calls) > steps_before:
+                raise OmniCoreError("a failure mid-synthesis")
+        return step
+
+    def synthesize(self, text, on_step=None, **kw):
+        return self._model.synthesize(text, on_step=self._failing(text, on_step, 1), **kw)
+
+    def stream(self, text, on_step=None, **kw):
+        steps = kw.get("num_step", GREEDY["num_step"])
+        return self._model.stream(text, on_step=self._failing(text, on_step, steps), **kw)
+
+
+@pytest.fixture(scope="module")
+def failing_server():
+    """An in-process server (one run slot) on a model whose "Fail..." texts fail mid-way."""
+    import uvicorn
+
+    from omnicore.server.app import create_app
+    from omnicore.server.state import ServerState
+
+    state = ServerState(_FailingModel(OmniVoice.from_pretrained(TINY)), max_queue=2,
+                        max_concurrency=1)
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port,
+                                        log_level="critical"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert srv.started
+    yield f"http://127.0.0.1:{port}", state
+    srv.should_exit = True
+    thread.join(10)
+    state.pool.shutdown(cancel_futures=True)
+
+
+def test_failures_and_disconnects_give_the_slot_back(failing_server):
+    """Every way a request can end early gives its place and its run slot back: /health and the
+    in-flight gauge return to 0, and the next request runs (a kept run slot would block it)."""
+    url, state = failing_server
+    story = ("The first sentence is short. The second sentence comes after it and is longer. "
+             "A third sentence closes the little story.")
+
+    def speech(**body):
+        return httpx.post(url + "/v1/audio/speech", timeout=60, json={**GREEDY, **body})
+
+    def given_back():
+        h = _health_until(url, lambda h: h["in_flight"] == 0 and h["engine_passes"] == 0)
+        assert h["in_flight"] == h["queued"] == h["engine_passes"] == 0, h
+        assert _slot_free(state)
+        assert speech(input="Hi.", response_format="pcm").status_code == 200
+
+    r = speech(input="Fail, whole file.", response_format="wav")  # an error mid-synthesis
+    assert r.status_code == 500 and r.json()["error"]["message"] == "a failure mid-synthesis"
+    given_back()
+    r = speech(input="Hi.", voice="nobody")  # an error after admission, before synthesis
+    assert r.status_code == 404
+    given_back()
+    r = httpx.post(url + "/v1/voices", timeout=60, json={
+        "name": "broken", "instruct": "male", "num_step": 4, "text": "Fail, designing a voice."})
+    assert r.status_code == 500 and "broken" not in httpx.get(url + "/v1/voices").text
+    given_back()
+
+    cancelled = state.registry.get_sample_value("omnicore_streams_cancelled_total")
+    with pytest.raises(httpx.HTTPError):  # the 200 has left: the stream is cut short
+        with httpx.stream("POST", url + "/v1/audio/speech", timeout=60, json={
+                **GREEDY, "input": "Fail. " + story, "response_format": "pcm",
+                "stream_format": "audio"}) as r:
+            assert r.status_code == 200
+            for _ in r.iter_bytes():
+                pass
+    given_back()
+    with httpx.stream("POST", url + "/v1/audio/speech", timeout=60, json={
+            **GREEDY, "input": "Fail. " + story, "response_format": "pcm",
+            "stream_format": "sse"}) as r:
+        raw = b"".join(r.iter_bytes()).decode()
+    assert "event: error" in raw and "a failure mid-synthesis" in raw
+    given_back()
+    long_text = " ".join(f"Sentence {i} of a long story." for i in range(12))
+    with httpx.stream("POST", url + "/v1/audio/speech", timeout=60, json={
+            "input": long_text, "response_format": "pcm", "stream_format": "audio",
+            "num_step": 64}) as r:
+        parts = r.iter_bytes()  # kept: dropping the iterator would close the response
+        assert next(parts)  # first audio is out; the client leaves mid-stream
+        _leaves_within_steps(url, r.close)
+    given_back()
+    assert state.registry.get_sample_value("omnicore_streams_cancelled_total") == cancelled + 3
