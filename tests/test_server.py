@@ -33,6 +33,7 @@ for _name in ("starlette", "uvicorn", "prometheus_client", "sse_starlette"):  # 
 UI = ("--ui",) if importlib.util.find_spec("gradio") is not None else ()
 
 from omnicore import OmniVoice, VoiceClonePrompt  # noqa: E402
+from openai import NOT_GIVEN  # noqa: E402
 from omnicore.errors import OmniCoreError  # noqa: E402
 from omnicore.audio.writers import to_pcm16  # noqa: E402
 from omnicore.server import encode_audio  # noqa: E402
@@ -43,6 +44,8 @@ TINY = ROOT / "weights" / "tiny-random"
 GREEDY = {"num_step": 4, "position_temperature": 0.0}
 KEY = "test-key-123"
 CLIENTS = 20  # concurrent clients; the module's server admits exactly that many
+STORY = ("The first sentence is short. The second sentence comes after it and is longer. "
+         "A third sentence closes the little story.")  # streamed as several chunks
 
 
 def _start(voices_dir, *extra):
@@ -107,9 +110,18 @@ def _close(a, b) -> None:
     assert np.abs(a - b).max(initial=0) <= 1
 
 
+def _streamed(model, text, prompt) -> np.ndarray:
+    """What the server streams for `text` (wav, pcm and opus, unless asked otherwise): the
+    pieces of `model.stream` as int16 [N]."""
+    return np.concatenate([to_pcm16(x) for x in model.stream(text, voice_clone_prompt=prompt, **GREEDY)])
+
+
 def test_formats_match_generate(client, clip_voice, model):
+    """wav and pcm are streamed (OpenAI's default): the pieces of `model.stream`; flac is a
+    whole file: `generate`'s audio."""
     text = "Hello from the server."
     want = to_pcm16(model.generate(text, voice_clone_prompt=clip_voice, **GREEDY)[0])
+    streamed = _streamed(model, text, clip_voice)
     bodies = {}
     for fmt in ("wav", "flac", "mp3", "opus", "pcm"):
         resp = client.audio.speech.create(model="omnivoice", voice="clip", input=text,
@@ -117,11 +129,11 @@ def test_formats_match_generate(client, clip_voice, model):
         bodies[fmt] = resp.content
     assert bodies["wav"][:4] == b"RIFF" and bodies["flac"][:4] == b"fLaC"
     assert bodies["opus"][:4] == b"OggS"
-    _close(np.frombuffer(bodies["pcm"], "<i2"), want)
-    for fmt in ("wav", "flac"):
+    _close(np.frombuffer(bodies["pcm"], "<i2"), streamed)
+    for fmt, audio in (("wav", streamed), ("flac", want)):
         got, sr = sf.read(io.BytesIO(bodies[fmt]), dtype="int16")
         assert sr == 24000
-        _close(got, want)
+        _close(got, audio)
     for fmt in ("mp3", "opus"):  # lossy: decodes, about the same length
         got, sr = sf.read(io.BytesIO(bodies[fmt]), dtype="float32")
         assert abs(len(got) / sr - len(want) / 24000) < 0.15, fmt
@@ -155,32 +167,37 @@ def test_aac_and_bad_requests_are_json_4xx(client, server, clip_voice):
     assert "Traceback" not in r.text
 
 
-def _timed_stream(client, text, fmt):
+def _timed_stream(client, text, fmt, **kw):
     """A raw audio stream of the clip voice: ([(seconds since the request, bytes so far)], body,
-    seconds until the last byte)."""
+    seconds until the last byte). `kw`: more of the request (default: stream_format="audio")."""
+    kw = {"model": "omnivoice", "stream_format": "audio", **kw}
     t0 = time.perf_counter()
     arrivals, body = [], b""
     with client.audio.speech.with_streaming_response.create(
-            model="omnivoice", voice="clip", input=text, response_format=fmt,
-            stream_format="audio", extra_body=GREEDY) as resp:
+            voice="clip", input=text, response_format=fmt, extra_body=GREEDY, **kw) as resp:
         for part in resp.iter_bytes():
             arrivals.append((time.perf_counter() - t0, len(body) + len(part)))
             body += part
     return arrivals, body, time.perf_counter() - t0
 
 
-def test_streaming_first_bytes_early_and_same_audio(client, clip_voice, model):
-    text = ("The first sentence is short. The second sentence comes after it and is longer. "
-            "A third sentence closes the little story.")
+def _made_here(model, text, prompt):
+    """`text` streamed in this process: (its pieces, `later`). `later` is half what the later
+    chunks take to make on this machine: streamed audio must start at least that long before
+    the response ends (half, for timing noise)."""
     t0, pieces, made = time.perf_counter(), [], []
-    for x in model.stream(text, voice_clone_prompt=clip_voice, **GREEDY):
+    for x in model.stream(text, voice_clone_prompt=prompt, **GREEDY):
         pieces.append(x)
         made.append(time.perf_counter() - t0)
-    want = np.concatenate([to_pcm16(x) for x in pieces])
-    # What the later chunks take to make on this machine: streamed audio must start at least
-    # about that long before the response ends (half of it, for timing noise).
     later = (made[-1] - made[0]) / 2
     assert len(pieces) >= 2 and later > 0
+    return pieces, later
+
+
+def test_streaming_first_bytes_early_and_same_audio(client, clip_voice, model):
+    text = STORY
+    pieces, later = _made_here(model, text, clip_voice)
+    want = np.concatenate([to_pcm16(x) for x in pieces])
     arrivals, body, total = _timed_stream(client, text, "wav")
     # The WAV header (unknown sizes) and the first chunk's audio leave before the last chunk is made.
     assert body[:4] == b"RIFF" and body[4:8] == b"\xff\xff\xff\xff" and body[40:44] == b"\xff\xff\xff\xff"
@@ -228,6 +245,36 @@ def test_streaming_first_bytes_early_and_same_audio(client, clip_voice, model):
             assert sr == 24000 and abs(len(got) - len(want)) / sr < 0.15
 
 
+def test_openai_defaults_stream_and_model_is_checked(client, clip_voice, model):
+    """As OpenAI's API: an unmodified client's with_streaming_response gets wav, pcm and opus
+    as they are made (no stream_format given; chunked, no Content-Length), mp3 and flac as
+    one file; `model` is one of /v1/models (OpenAI's names are aliases), else a 404 in
+    OpenAI's error shape."""
+    text = STORY
+    pieces, later = _made_here(model, text, clip_voice)
+    want = np.concatenate([to_pcm16(x) for x in pieces])
+    for fmt in ("wav", "pcm"):
+        arrivals, body, total = _timed_stream(client, text, fmt, model="tts-1", stream_format=NOT_GIVEN)
+        first_audio = next(t for t, n in arrivals if n > (44 if fmt == "wav" else 0))
+        assert first_audio < total - later, (fmt, first_audio, total, later)
+        _close(np.frombuffer(body[44:] if fmt == "wav" else body, "<i2"), want)
+    for fmt, streamed in (("opus", True), ("mp3", False), ("flac", False)):
+        with client.audio.speech.with_streaming_response.create(
+                model="gpt-4o-mini-tts", voice="clip", input="Hi.", response_format=fmt,
+                extra_body=GREEDY) as resp:
+            assert ("content-length" not in resp.headers) == streamed, (fmt, resp.headers)
+            assert resp.read()
+
+    assert {"tiny-random", "omnivoice", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"} <= {
+        m.id for m in client.models.list()}
+    with pytest.raises(openai.NotFoundError) as exc:
+        client.audio.speech.create(model="gpt-5-tts", voice="clip", input="Hi.")
+    err = exc.value.response.json()["error"]
+    assert (err["param"], err["code"], err["type"]) == ("model", "model_not_found",
+                                                        "invalid_request_error")
+    assert "tts-1" in err["message"]
+
+
 def test_voices_designed_presets_delete_and_names(client, server, voices_dir, model):
     spec = {"instruct": "female, low pitch, british accent", "seed": 5, "num_step": 4,
             "text": "This is how I sound."}
@@ -250,12 +297,11 @@ def test_voices_designed_presets_delete_and_names(client, server, voices_dir, mo
         if text.startswith("One"):
             first_codes = preset.ref_audio_tokens
         np.testing.assert_array_equal(preset.ref_audio_tokens, first_codes)
-        _close(np.frombuffer(got, "<i2"),
-               to_pcm16(model.generate(text, voice_clone_prompt=preset, **GREEDY)[0]))
+        _close(np.frombuffer(got, "<i2"), _streamed(model, text, preset))
     # {"id": name} works as the voice too
     got = client.audio.speech.create(model="tts-1", voice={"id": "des_a"}, input="Hi there.",
                                      response_format="pcm", extra_body=GREEDY).content
-    _close(np.frombuffer(got, "<i2"), to_pcm16(model.generate("Hi there.", voice_clone_prompt=pa, **GREEDY)[0]))
+    _close(np.frombuffer(got, "<i2"), _streamed(model, "Hi there.", pa))
 
     listed = {v["id"] for v in httpx.get(server + "/v1/voices").json()["data"]}
     assert {"des_a", "des_b", "alloy", "nova"} <= listed
@@ -301,8 +347,8 @@ def test_twenty_concurrent_clients_all_answered_as_alone(client, server, clip_vo
     def call(i):
         start.wait()
         try:
-            got[i] = client.audio.speech.create(model="omnivoice", voice="clip", input=texts[i],
-                                                response_format="pcm", extra_body=GREEDY).content
+            got[i] = client.audio.speech.create(model="omnivoice", voice="clip", input=texts[i],  # whole
+                                                response_format="flac", extra_body=GREEDY).content
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(repr(exc))
     threads = [threading.Thread(target=call, args=(i,)) for i in range(CLIENTS)]
@@ -313,7 +359,7 @@ def test_twenty_concurrent_clients_all_answered_as_alone(client, server, clip_vo
     assert not errors, errors
     for g, w in zip(got, want):
         assert g is not None
-        _close(np.frombuffer(g, "<i2"), w)
+        _close(sf.read(io.BytesIO(g), dtype="int16")[0], w)
     after = _samples(server)
     hist = "omnicore_engine_tokens_per_iteration"
     iterations = after[(hist + "_count", ())] - before[(hist + "_count", ())]
@@ -335,10 +381,10 @@ def test_ui_runs_on_the_servers_model_and_engine(server):
     wav_path, *_ = ui.predict(text="Hello from the page.", api_name="/auto", **settings)
     assert httpx.get(server + "/health").json()["engine"]["iterations"] == before + 4
     page, sr = sf.read(wav_path, dtype="int16")
-    api = httpx.post(server + "/v1/audio/speech", timeout=60, json={
-        "input": "Hello from the page.", "response_format": "pcm", **settings})
+    api = httpx.post(server + "/v1/audio/speech", timeout=60, json={  # a whole file, as the page's
+        "input": "Hello from the page.", "response_format": "flac", **settings})
     assert api.status_code == 200 and sr == 24000
-    _close(page, np.frombuffer(api.content, "<i2"))
+    _close(page, sf.read(io.BytesIO(api.content), dtype="int16")[0])
 
 
 def test_models_health_metrics(server, client, clip_voice):
@@ -453,9 +499,9 @@ def test_restart_auth_queue_and_disconnect(voices_dir, clip_voice):
         got = _samples(url)
         assert got[("omnicore_requests_total", (("route", "speech"), ("status", "499")))] == 2
         assert got[("omnicore_requests_total", (("route", "speech"), ("status", "429")))] == 1
-        r = httpx.post(url + "/v1/audio/speech", headers=auth, timeout=60,
-                       json={"input": "Hi.", "voice": "clip", "response_format": "wav", **GREEDY})
-        assert r.status_code == 200 and r.content[:4] == b"RIFF"
+        r = httpx.post(url + "/v1/audio/speech", headers=auth, timeout=60,  # a whole file
+                       json={"input": "Hi.", "voice": "clip", "response_format": "flac", **GREEDY})
+        assert r.status_code == 200 and r.content[:4] == b"fLaC"
         timings = dict(kv.split("=") for kv in r.headers["x-omnicore-timings"].split(", "))
         assert {"queue", "prepare", "unmask", "decode", "total"} <= set(timings)
         assert float(timings["total"]) >= float(timings["unmask"]) > 0
@@ -665,7 +711,7 @@ def test_failures_and_disconnects_give_the_slot_back(failing_server):
         assert _slot_free(state)
         assert speech(input="Hi.", response_format="pcm").status_code == 200
 
-    r = speech(input="Fail, whole file.", response_format="wav")  # an error mid-synthesis
+    r = speech(input="Fail, whole file.", response_format="flac")  # an error mid-synthesis
     assert r.status_code == 500 and r.json()["error"]["message"] == "a failure mid-synthesis"
     given_back()
     r = speech(input="Hi.", voice="nobody")  # an error after admission, before synthesis

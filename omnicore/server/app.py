@@ -30,7 +30,7 @@ from starlette.routing import Route
 from ..audio import writers
 from ..errors import AudioError, ConfigError, OmniCoreError
 from ..model.config import SAMPLE_RATE, GenerationConfig
-from .formats import FORMATS, OpusStream, encode_audio, wav_stream_header
+from .formats import FORMATS, PIECEWISE, OpusStream, encode_audio, wav_stream_header
 from .protocol import (MAX_UPLOAD_BYTES, HTTPError, as_http, body_field, error_body, parse_speech,
                        read_json, synth_kwargs, timings_header)
 from .state import ServerState, Slot, client_gone
@@ -66,9 +66,10 @@ def route(name: str, needs_auth: bool = True):
 
 @route("speech")
 async def speech(request: Request):
-    """POST /v1/audio/speech: admitted, then a whole file or a stream."""
+    """POST /v1/audio/speech: admitted, then a stream (OpenAI's default for the formats sent
+    piece by piece, or asked for) or a whole file (mp3 and flac unless a stream is asked for)."""
     server: ServerState = request.app.state.server
-    req = parse_speech(await read_json(request))
+    req = parse_speech(await read_json(request), server.model_ids)
     t0 = time.perf_counter()  # queueing counts in the latency a client sees
     async with client_gone(request) as gone, server.slot(gone) as slot:
         queued = time.perf_counter() - t0
@@ -145,7 +146,7 @@ def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: floa
                     yield data
             yield await server.in_thread(enc.close)
             return
-        if fmt not in ("wav", "pcm"):
+        if fmt not in PIECEWISE:
             parts = [x async for x in pieces()]
             wav = np.concatenate(parts) if parts else np.zeros(0, np.float32)  # [N]
             yield await server.in_thread(encode_audio, wav, fmt)
@@ -284,11 +285,12 @@ async def voice_delete(request: Request):
 
 @route("models")
 async def models(request: Request):
-    """GET /v1/models: the checkpoint's name and OpenAI's speech model names (all one model)."""
+    """GET /v1/models: the checkpoint's name, the model's family and OpenAI's speech model
+    names (all one model)."""
     server: ServerState = request.app.state.server
     return JSONResponse({"object": "list", "data": [
         {"id": n, "object": "model", "created": 0, "owned_by": "omnicore"}
-        for n in dict.fromkeys([server.model_name, "tts-1", "tts-1-hd", "gpt-4o-mini-tts"])]})
+        for n in server.model_ids]})
 
 
 @route("health", needs_auth=False)

@@ -19,6 +19,8 @@ from ..model.config import SAMPLE_RATE
 FORMATS = {"wav": ("WAV", "PCM_16", "audio/wav"), "flac": ("FLAC", "PCM_16", "audio/flac"),
            "mp3": ("MP3", "MPEG_LAYER_III", "audio/mpeg"), "opus": ("OGG", "OPUS", "audio/ogg"),
            "pcm": (None, None, "audio/pcm")}
+# What a stream sends piece by piece, as each chunk is made; the others are encoded whole.
+PIECEWISE = ("wav", "pcm", "opus")
 
 
 def wav_stream_header(sr: int = SAMPLE_RATE) -> bytes:

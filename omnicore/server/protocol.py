@@ -10,10 +10,13 @@ from dataclasses import fields
 from ..errors import AudioError, CancelledError, ConfigError, InputError, OmniCoreError, VoicePromptError
 from ..model.config import GenerationConfig
 from ..text import limits
-from .formats import FORMATS
+from .formats import FORMATS, PIECEWISE
 
 MAX_BODY_BYTES = 1 * 2**20       # a JSON speech request: text is capped at MAX_TEXT_CHARS anyway
 MAX_UPLOAD_BYTES = 20 * 2**20    # a reference clip (a 30 s 48 kHz stereo float WAV is ~11 MB)
+# Names a speech request's `model` may give besides the checkpoint's own: the model's family
+# and OpenAI's speech models, so unchanged OpenAI code runs (every one is the one model).
+MODEL_ALIASES = ("omnivoice", "tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")
 
 # The JSON types a GenerationConfig field accepts, by its declared type (a float field takes a
 # JSON integer too); the numbers themselves are checked by GenerationConfig.
@@ -87,10 +90,17 @@ def body_field(body: dict, name: str, types, default=None, *, check=None):
     return v
 
 
-def parse_speech(body) -> dict:
-    """OpenAI's speech body -> checked fields (HTTPError 400 for a client mistake)."""
+def parse_speech(body, models=None) -> dict:
+    """OpenAI's speech body -> checked fields (HTTPError 4xx for a client mistake). `model`,
+    when given, must be one of `models` (when known); an unset `stream_format` is OpenAI's
+    default, `audio`, for the formats a stream sends as they are made (None: a whole file)."""
     if not isinstance(body, dict):
         raise HTTPError(400, "the request body must be a JSON object")
+    model = body_field(body, "model", str, None)
+    if models is not None and model is not None and model not in models:
+        raise HTTPError(404, f"the model {model!r} does not exist here; GET /v1/models lists "
+                             f"the names this server answers to ({', '.join(models)})", "model",
+                        "model_not_found")
     inp = body.get("input")
     if not isinstance(inp, str) or not inp.strip():
         raise HTTPError(400, "input must be a non-empty string", "input", "invalid_input")
@@ -108,6 +118,8 @@ def parse_speech(body) -> dict:
     if stream_format not in (None, "audio", "sse"):
         raise HTTPError(400, f"stream_format must be 'audio' or 'sse', got {stream_format!r}",
                         "stream_format", "invalid_value")
+    if stream_format is None and fmt in PIECEWISE:
+        stream_format = "audio"
     speed = body_field(body, "speed", (int, float), None, check=lambda v: 0.25 <= v <= 4.0)
     out = {
         "input": inp, "voice": body.get("voice"), "format": fmt, "stream_format": stream_format,

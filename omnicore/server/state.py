@@ -20,7 +20,7 @@ from dataclasses import asdict
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ..errors import CancelledError
-from .protocol import HTTPError
+from .protocol import MODEL_ALIASES, HTTPError
 from .voices import VoiceLibrary
 
 # Tokens packed into one engine iteration: from one short pass to the default budget's order.
@@ -96,6 +96,8 @@ class ServerState:
         # the one-at-a-time server that benchmarks compare the engine with.
         self.run_slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         self.model_name = model_name
+        # What /v1/models lists and a speech request's `model` may name: all this one model.
+        self.model_ids = list(dict.fromkeys([model_name, *MODEL_ALIASES]))
         self.pool = ThreadPoolExecutor(max_workers=max_queue + 4, thread_name_prefix="omnicore-serve")
         self._in_flight = 0
         self._slot_waiting = 0  # admitted, waiting for a run slot
