@@ -316,7 +316,8 @@ def test_voices_designed_presets_delete_and_names(client, server, voices_dir, mo
     for bad in ("..%2F..%2Fetc%2Fpasswd", "%2E%2E", "a%2Fb"):
         assert httpx.get(server + "/v1/voices/" + bad).status_code in (400, 404)
         assert httpx.delete(server + "/v1/voices/" + bad).status_code in (400, 404)
-    assert sorted(p.name for p in voices_dir.iterdir()) == ["alloy.npz", "clip.npz", "des_a.npz"]
+    assert sorted(p.name for p in voices_dir.glob("*.npz")) == ["alloy.npz", "clip.npz", "des_a.npz"]
+    assert not list(voices_dir.glob("*.tmp")) and not list(voices_dir.glob("des_b.*"))
 
 
 def _samples(url) -> dict:

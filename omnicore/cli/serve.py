@@ -17,15 +17,17 @@ def cmd_serve(args) -> int:
         raise InputError(f"--max-concurrency must be at least 1, got {args.max_concurrency}")
     server.serve(args.model, args.host, args.port, args.voices_dir, args.api_key, args.max_queue,
                  log_level="warning" if args.quiet else "info",
-                 max_concurrency=args.max_concurrency, ui=args.ui)
+                 max_concurrency=args.max_concurrency, ui=args.ui,
+                 require_consent=args.require_consent)
     return 0
 
 
 def add_parser(sub) -> None:
     sv = sub.add_parser("serve", help="an OpenAI-compatible speech server (pip install 'omnicore[server]')",
-                        description="Serve POST /v1/audio/speech (OpenAI's API), a voice library, "
-                                    "/v1/models, /health and /metrics (and with --ui the demo at "
-                                    "/ui) from one model.")
+                        description="Serve POST /v1/audio/speech (OpenAI's API), a voice library "
+                                    "(also as OpenAI's voices and voice consents), /v1/models, "
+                                    "/health and /metrics (and with --ui the demo at /ui) from "
+                                    "one model.")
     common.add_model_options(sv)
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     sv.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
@@ -37,6 +39,9 @@ def add_parser(sub) -> None:
     sv.add_argument("--max-concurrency", type=int,
                     help="requests synthesising at once, the others wait (default: all admitted; "
                          "the engine batches them)")
+    sv.add_argument("--require-consent", action="store_true",
+                    help="a cloned voice needs the id of its speaker's consent recording "
+                         "(POST /v1/audio/voice_consents), on /v1/audio/voices and /v1/voices")
     sv.add_argument("--ui", action="store_true",
                     help="also serve the Gradio demo at /ui, on the same model (needs a source "
                          "checkout and the demo extra)")

@@ -8,22 +8,29 @@ batched continuously instead of serialised.
                                duration, normalize_text and every GenerationConfig field)
     GET/POST /v1/voices        the voice library (clone from a clip, or a designed voice kept)
     GET/DELETE /v1/voices/{id}
+    POST /v1/audio/voices, DELETE /v1/audio/voices/{id}
+                               OpenAI's voice resources, on the same library
+    /v1/audio/voice_consents   OpenAI's consent recordings (create, list, get, rename, delete)
     GET /v1/models, /health, /metrics
     /ui                        the Gradio demo on the same model (--ui)
 
-Voices are omnicore voice prompts (.npz, written atomically) in the voices folder. The OpenAI
-preset names map to designed voices (PRESET_VOICES: instruct + seed); each is generated once on
-first use, and its codes are kept as the voice, so every later call speaks with that speaker.
+Voices are omnicore voice prompts (.npz, written atomically) in the voices folder, which several
+servers may share (library.py). The OpenAI preset names map to designed voices (PRESET_VOICES:
+instruct + seed); each is generated once on first use, and its codes are kept as the voice, so
+every later call speaks with that speaker.
 
 One module per job:
 
     app.py       the handlers, the routing table (create_app) and the demo at /ui
     state.py     ServerState: model, worker threads, admission (`async with server.slot()`), metrics
     protocol.py  OpenAI-shaped errors, request limits, the speech body's fields
-    voices.py    the voice library, the preset voices, a request's voice -> a prompt
+    library.py   the voice library on disk: voices, their records, consents; locked changes
+    voices.py    the preset voices, names and labels, a voice as each API shows it, a
+                 request's voice -> a prompt
     formats.py   audio encoders: whole files, and the pieces a stream sends
 
-Only formats.py and voices.py are imported here: the package imports without the extra.
+Only formats.py, library.py and voices.py are imported here: the package imports without the
+extra.
 """
 
 from __future__ import annotations
@@ -32,14 +39,16 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .formats import encode_audio
-from .voices import PRESET_VOICES, VoiceLibrary
+from .library import VoiceLibrary
+from .voices import PRESET_VOICES
 
 __all__ = ["PRESET_VOICES", "VoiceLibrary", "encode_audio", "serve"]
 
 
 def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir=None,
           api_key: str | None = None, max_queue: int = 16, log_level: str = "warning",
-          max_concurrency: int | None = None, ui: bool = False) -> None:
+          max_concurrency: int | None = None, ui: bool = False,
+          require_consent: bool = False) -> None:
     """Load the model once and serve until interrupted (with `ui`, the demo at /ui too)."""
     try:
         import uvicorn
@@ -53,7 +62,7 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir
     model = OmniVoice.from_pretrained(model_path)
     name = Path(str(model_path)).name
     server = ServerState(model, voices_dir, api_key, max_queue, model_name=name,
-                         max_concurrency=max_concurrency)
+                         max_concurrency=max_concurrency, require_consent=require_consent)
     app = create_app(server)
     if demo is not None:
         mount_ui(app, server, demo, str(model_path))

@@ -28,13 +28,16 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..audio import writers
-from ..errors import AudioError, ConfigError, OmniCoreError
+from ..errors import AudioError, ConfigError, InputError, OmniCoreError
 from ..model.config import SAMPLE_RATE, GenerationConfig
+from ..text import frontend
 from .formats import FORMATS, PIECEWISE, OpusStream, encode_audio, wav_stream_header
 from .protocol import (MAX_UPLOAD_BYTES, HTTPError, as_http, body_field, error_body, parse_speech,
-                       read_json, synth_kwargs, timings_header)
+                       read_json, read_object, synth_kwargs, timings_header)
 from .state import ServerState, Slot, client_gone
-from .voices import PRESET_VOICES, VoiceLibrary, describe_voice, designed_voice, new_voice_name, resolve_voice
+from .library import VoiceLibrary
+from .voices import (PRESET_SAMPLE_TEXT, PRESET_VOICES, check_label, check_language_tag, describe_voice,
+                     designed_voice, new_voice_id, new_voice_name, openai_voice, resolve_voice)
 
 
 def error_response(e: HTTPError) -> JSONResponse:
@@ -190,49 +193,90 @@ def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: floa
 
 
 # -- voices -------------------------------------------------------------------------------------
+# One library (library.py) behind two APIs: omnicore's /v1/voices, where a voice's name is its
+# id, and OpenAI's /v1/audio/voices, which gives each voice a new id and keeps its name as a
+# label; a voice made through either is spoken with through either id.
 
 @route("voices")
 async def voices_list(request: Request):
     """GET /v1/voices: the library's voices, then the presets not made yet."""
     voices = request.app.state.server.voices
-    data = [describe_voice(n, voices.get(n)) for n in voices.names()]
+    items = await request.app.state.server.in_thread(voices.items)
+    data = [describe_voice(n, prompt, voices.record(n)) for n, prompt in items]
+    made = {n for n, _ in items}
     presets = [{"id": n, "object": "voice", "name": n, "preset": ins, "seed": seed,
-                "created": False} for n, (ins, seed) in PRESET_VOICES.items()
-               if voices.get(n) is None]
+                "created": False} for n, (ins, seed) in PRESET_VOICES.items() if n not in made]
     return JSONResponse({"object": "list", "data": data + presets})
 
 
 @route("voices")
 async def voices_create(request: Request):
-    """POST /v1/voices: a clone of an uploaded clip (multipart name + audio + ref_text) or a
-    designed voice (JSON name + instruct), made in an admitted slot like a speech request."""
+    """POST /v1/voices: a clone of an uploaded clip (multipart name + audio + ref_text, and
+    consent: a consent's id) or a designed voice (JSON name + instruct), made in an admitted
+    slot like a speech request."""
     server: ServerState = request.app.state.server
-    if request.headers.get("content-type", "").startswith("multipart/form-data"):
-        name, work = await clip_voice_request(request, server)
+    consent = None
+    if is_form(request):
+        body, data = await read_form(request, "audio", ("name", "ref_text", "consent"))
+        name = new_voice_name(server.voices, body.get("name"))
+        if data is None:
+            raise HTTPError(400, "multipart field 'audio' (a file) is required", "audio")
+        work = clip_voice_work(server, data, body.get("ref_text"))
+        consent = check_consent(server, body.get("consent"))
+        record = {"type": "audio_sample"}
     else:
-        name, work = designed_voice_request(await read_json(request), server)
+        body = await read_object(request)
+        name = new_voice_name(server.voices, body.get("name"))
+        instruct, work = designed_voice_work(server, body, "instruct", "text")
+        record = {"type": "prompt", "prompt": instruct}
+    prompt, record = await make_voice(request, server, name, work, record, consent)
+    return JSONResponse(describe_voice(name, prompt, record), 201)
+
+
+async def make_voice(request: Request, server: ServerState, name: str, work, record: dict,
+                     consent: str | None):
+    """Run a voice's work in an admitted slot, like a speech request, then store it: (its
+    prompt, its record). 409 if another request, here or in another server on the folder,
+    took the name meanwhile."""
     async with client_gone(request) as gone, server.slot(gone) as slot:
         prompt = await slot.run(work, slot.on_step)
-    server.voices.add(name, prompt)  # 409 if another request took the name meanwhile
-    return JSONResponse(describe_voice(name, prompt), 201)
+    return prompt, await server.in_thread(server.voices.add, name, prompt, record, consent)
 
 
-async def clip_voice_request(request: Request, server: ServerState):
-    """A multipart upload -> (name, work(on_step) -> the clip's voice prompt)."""
+def is_form(request: Request) -> bool:
+    kind = request.headers.get("content-type", "")
+    return kind.startswith(("multipart/form-data", "application/x-www-form-urlencoded"))
+
+
+async def read_form(request: Request, file_field: str, fields) -> tuple[dict, bytes | None]:
+    """A form body -> ({field: text or None} for `fields`, the bytes of the file `file_field`
+    or None); 413 past MAX_UPLOAD_BYTES (or of unknown length)."""
     size = request.headers.get("content-length")
     if size is None or not size.isdigit() or int(size) > MAX_UPLOAD_BYTES:
         raise HTTPError(413, f"upload over {MAX_UPLOAD_BYTES:,} bytes (or of unknown "
-                             "length)", "audio", "upload_too_large")
-    async with request.form(max_files=1, max_fields=8) as form:
-        name = new_voice_name(server.voices, form.get("name"))
-        ref_text = form.get("ref_text")
-        upload = form.get("audio")
-        if upload is None or isinstance(upload, str):
-            raise HTTPError(400, "multipart field 'audio' (a file) is required", "audio")
-        if not isinstance(ref_text, str) or not ref_text.strip():
-            raise HTTPError(400, "multipart field 'ref_text' (the clip's transcript) is "
-                                 "required", "ref_text")
-        data = await upload.read()
+                             "length)", file_field, "upload_too_large")
+    async with request.form(max_files=1, max_fields=16) as form:
+        body = {}
+        for key in fields:
+            value = form.get(key)
+            if value is not None and not isinstance(value, str):
+                raise HTTPError(400, f"form field {key!r} must be text, not a file", key)
+            body[key] = value
+        upload = form.get(file_field)
+        if isinstance(upload, str):
+            raise HTTPError(400, f"form field {file_field!r} must be a file", file_field)
+        data = None if upload is None else await upload.read()
+    return body, data
+
+
+def clip_voice_work(server: ServerState, data: bytes, ref_text):
+    """An uploaded clip and its transcript -> work(on_step) -> the clip's voice prompt. The
+    transcript is required: nothing here recognises speech."""
+    if not isinstance(ref_text, str) or not ref_text.strip():
+        raise HTTPError(400, "a cloned voice needs its clip's transcript as the form field "
+                             "'ref_text' (there is no speech recognition here; with the openai "
+                             "client: extra_body={'ref_text': ...})", "ref_text",
+                        "ref_text_required")
 
     def work(on_step):
         import soundfile as sf
@@ -241,44 +285,211 @@ async def clip_voice_request(request: Request, server: ServerState):
         except Exception as exc:  # noqa: BLE001 - any undecodable upload is the client's
             raise AudioError(f"could not decode the uploaded audio: {exc}") from None
         return server.model.create_voice_clone_prompt((wav.T, sr), ref_text=ref_text)
-    return name, work
+    return work
 
 
-def designed_voice_request(body, server: ServerState):
-    """A JSON body -> (name, work(on_step) -> the designed voice's prompt)."""
-    if not isinstance(body, dict):
-        raise HTTPError(400, "the request body must be a JSON object")
-    name = new_voice_name(server.voices, body.get("name"))
-    instruct = body_field(body, "instruct", str, None)
-    if not instruct:
-        raise HTTPError(400, "a designed voice needs 'instruct' (or upload a clip as "
-                             "multipart name + audio + ref_text)", "instruct")
+def check_consent(server: ServerState, consent) -> str | None:
+    """The consent id a cloned voice names, which must exist; None when none is named, which
+    a server run with --require-consent refuses."""
+    if consent is None or consent == "":
+        if server.require_consent:
+            raise HTTPError(400, "this server needs the speaker's consent for a cloned voice: "
+                                 "upload their consent recording to POST "
+                                 "/v1/audio/voice_consents and pass its id as 'consent'",
+                            "consent", "consent_required")
+        return None
+    if server.voices.consent(consent) is None:
+        raise HTTPError(400, f"unknown consent {consent!r}; GET /v1/audio/voice_consents lists "
+                             "them", "consent", "consent_not_found")
+    return consent
+
+
+def designed_voice_work(server: ServerState, body: dict, instruct_key: str, text_key: str):
+    """A designed voice's fields -> (its instruct, work(on_step) -> its prompt). The instruct
+    is checked now, before admission, naming the closest known item for an unknown one."""
+    instruct = body_field(body, instruct_key, str, None)
+    sample = body_field(body, text_key, str, None)
+    if sample is not None and not sample.strip():
+        raise HTTPError(400, f"{text_key} must not be blank", text_key, "invalid_value")
+    try:
+        canonical = frontend.resolve_instruct(instruct, sample or PRESET_SAMPLE_TEXT)
+    except InputError as exc:
+        raise HTTPError(400, str(exc), instruct_key, "invalid_instruct") from None
+    if not canonical:
+        raise HTTPError(400, f"a designed voice needs '{instruct_key}', a description such as "
+                             f"{PRESET_VOICES['alloy'][0]!r}", instruct_key)
     seed = body_field(body, "seed", int, 0, check=lambda v: v >= 0)
     language = body_field(body, "language", str, None)
-    sample = body_field(body, "text", str, None)
     num_step = body_field(body, "num_step", int, GenerationConfig.num_step,
                           check=lambda v: 1 <= v <= 1000)
 
     def work(on_step):
         return designed_voice(server.model, instruct, seed, language, sample, on_step, num_step)
-    return name, work
+    return instruct, work
 
 
 @route("voice")
 async def voice_get(request: Request):
     name = VoiceLibrary.check_name(request.path_params["name"])
-    prompt = request.app.state.server.voices.get(name)
+    voices = request.app.state.server.voices
+    prompt = voices.get(name)
     if prompt is None:
         raise HTTPError(404, f"unknown voice {name!r}", "voice", "voice_not_found")
-    return JSONResponse(describe_voice(name, prompt))
+    return JSONResponse(describe_voice(name, prompt, voices.record(name)))
 
 
 @route("voice")
 async def voice_delete(request: Request):
+    server: ServerState = request.app.state.server
     name = VoiceLibrary.check_name(request.path_params["name"])
-    if not request.app.state.server.voices.delete(name):
+    if not await server.in_thread(server.voices.delete, name):
         raise HTTPError(404, f"unknown voice {name!r}", "voice", "voice_not_found")
     return JSONResponse({"id": name, "object": "voice", "deleted": True})
+
+
+# -- OpenAI's voice resources -------------------------------------------------------------------
+
+# What OpenAI's voice creation sends (its form or JSON), and the extras taken here.
+AUDIO_VOICE_FIELDS = ("name", "type", "consent", "prompt", "script_hint", "model",
+                      "ref_text", "seed", "language", "num_step")
+
+
+@route("audio_voices")
+async def audio_voices_create(request: Request):
+    """POST /v1/audio/voices, as form or JSON: `type` "audio_sample" (the default; `name`,
+    the `audio_sample` file, `consent`: a consent's id, and `ref_text`, the clip's transcript,
+    as an extra field) or "prompt" (`name` and `prompt`, a voice description checked as an
+    instruct; `script_hint`: the sample it speaks). The voice gets a new id, its `name` is its
+    label."""
+    server: ServerState = request.app.state.server
+    data = None
+    if is_form(request):
+        body, data = await read_form(request, "audio_sample", AUDIO_VOICE_FIELDS)
+        for key in ("seed", "num_step"):  # numbers arrive as text in a form
+            if isinstance(body[key], str) and body[key].strip().isdigit():
+                body[key] = int(body[key])
+    else:
+        body = await read_object(request)
+    label = check_label(body.get("name"), "name")
+    kind = body_field(body, "type", str, "audio_sample")
+    consent = None
+    if kind == "prompt":
+        instruct, work = designed_voice_work(server, body, "prompt", "script_hint")
+        record = {"name": label, "type": "prompt", "prompt": instruct}
+    elif kind == "audio_sample":
+        if data is None:
+            raise HTTPError(400, "an audio_sample voice needs the file 'audio_sample' (multipart)",
+                            "audio_sample")
+        work = clip_voice_work(server, data, body.get("ref_text"))
+        consent = check_consent(server, body.get("consent"))
+        record = {"name": label, "type": "audio_sample"}
+    else:
+        raise HTTPError(400, f"type must be 'audio_sample' or 'prompt', got {kind!r}", "type",
+                        "invalid_value")
+    name = new_voice_id()
+    _, record = await make_voice(request, server, name, work, record, consent)
+    return JSONResponse(openai_voice(name, record))
+
+
+@route("audio_voices")
+async def audio_voice_delete(request: Request):
+    server: ServerState = request.app.state.server
+    name = request.path_params["voice_id"]
+    if not await server.in_thread(server.voices.delete, name):
+        raise HTTPError(404, f"unknown voice {name!r}", "voice_id", "voice_not_found")
+    return JSONResponse({"id": name, "object": "audio.voice.deleted", "deleted": True})
+
+
+@route("voice_consents")
+async def consents_create(request: Request):
+    """POST /v1/audio/voice_consents (multipart `name`, `language`, `recording`): the
+    recording is kept as uploaded, once its header shows it is audio."""
+    server: ServerState = request.app.state.server
+    if not is_form(request):
+        raise HTTPError(400, "send the consent as multipart form data: name, language and the "
+                             "file recording", "recording")
+    body, data = await read_form(request, "recording", ("name", "language"))
+    label = check_label(body.get("name"), "name")
+    language = check_language_tag(body.get("language"))
+    if data is None:
+        raise HTTPError(400, "the file 'recording' is required", "recording")
+    ext = await server.in_thread(audio_container, data, "recording")
+    return JSONResponse(await server.in_thread(server.voices.add_consent, label, language,
+                                               data, ext))
+
+
+def audio_container(data: bytes, param: str) -> str:
+    """The file extension of uploaded audio's container, read from its header alone."""
+    import soundfile as sf
+
+    try:
+        info = sf.info(io.BytesIO(data))
+    except Exception:  # noqa: BLE001 - anything unreadable is the client's
+        raise HTTPError(400, f"{param} is not audio this server reads (wav, flac, ogg or mp3)",
+                        param, "invalid_audio") from None
+    if info.frames <= 0:
+        raise HTTPError(400, f"{param} holds no audio", param, "invalid_audio")
+    ext = {"WAVEX": "wav", "OGG": "ogg"}.get(info.format, info.format.lower())
+    return ext if ext.isalnum() else "audio"
+
+
+@route("voice_consents")
+async def consents_list(request: Request):
+    """GET /v1/audio/voice_consents: oldest first, `limit` (1-100, default 20) after the id
+    `after` (OpenAI's cursor page)."""
+    query = request.query_params
+    limit = query.get("limit", "20")
+    if not limit.isdigit() or not 1 <= int(limit) <= 100:
+        raise HTTPError(400, f"limit must be 1 to 100, got {limit!r}", "limit", "invalid_value")
+    limit = int(limit)
+    items = await request.app.state.server.in_thread(request.app.state.server.voices.consents)
+    after = query.get("after")
+    if after is not None:
+        ids = [c["id"] for c in items]
+        if after not in ids:
+            raise HTTPError(400, f"unknown cursor {after!r}", "after", "invalid_value")
+        items = items[ids.index(after) + 1:]
+    page = items[:limit]
+    return JSONResponse({"object": "list", "data": page,
+                         "first_id": page[0]["id"] if page else None,
+                         "last_id": page[-1]["id"] if page else None,
+                         "has_more": len(items) > limit})
+
+
+def consent_not_found(cid) -> HTTPError:
+    return HTTPError(404, f"unknown consent {cid!r}", "consent_id", "consent_not_found")
+
+
+@route("voice_consents")
+async def consent_get(request: Request):
+    cid = request.path_params["consent_id"]
+    rec = request.app.state.server.voices.consent(cid)
+    if rec is None:
+        raise consent_not_found(cid)
+    return JSONResponse(rec)
+
+
+@route("voice_consents")
+async def consent_update(request: Request):
+    """POST /v1/audio/voice_consents/{id} with JSON {"name": ...}: a new label."""
+    server: ServerState = request.app.state.server
+    cid = request.path_params["consent_id"]
+    body = await read_object(request)
+    label = check_label(body.get("name"), "name")
+    rec = await server.in_thread(server.voices.rename_consent, cid, label)
+    if rec is None:
+        raise consent_not_found(cid)
+    return JSONResponse(rec)
+
+
+@route("voice_consents")
+async def consent_delete(request: Request):
+    """DELETE /v1/audio/voice_consents/{id}; the voices it authorised keep their copy."""
+    server: ServerState = request.app.state.server
+    cid = request.path_params["consent_id"]
+    if not await server.in_thread(server.voices.delete_consent, cid):
+        raise consent_not_found(cid)
+    return JSONResponse({"id": cid, "object": "audio.voice_consent", "deleted": True})
 
 
 # -- models, health, metrics ------------------------------------------------------------------
@@ -325,6 +536,13 @@ def create_app(server: ServerState) -> Starlette:
         Route("/v1/voices", voices_create, methods=["POST"]),
         Route("/v1/voices/{name:path}", voice_get, methods=["GET"]),
         Route("/v1/voices/{name:path}", voice_delete, methods=["DELETE"]),
+        Route("/v1/audio/voices", audio_voices_create, methods=["POST"]),
+        Route("/v1/audio/voices/{voice_id}", audio_voice_delete, methods=["DELETE"]),
+        Route("/v1/audio/voice_consents", consents_create, methods=["POST"]),
+        Route("/v1/audio/voice_consents", consents_list, methods=["GET"]),
+        Route("/v1/audio/voice_consents/{consent_id}", consent_get, methods=["GET"]),
+        Route("/v1/audio/voice_consents/{consent_id}", consent_update, methods=["POST"]),
+        Route("/v1/audio/voice_consents/{consent_id}", consent_delete, methods=["DELETE"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

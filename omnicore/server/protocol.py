@@ -75,6 +75,14 @@ async def read_json(request, limit: int = MAX_BODY_BYTES):
         raise HTTPError(400, "the request body is not valid JSON", None, "invalid_json") from None
 
 
+async def read_object(request) -> dict:
+    """The request's JSON body, which must be an object (400 otherwise)."""
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise HTTPError(400, "the request body must be a JSON object")
+    return body
+
+
 def body_field(body: dict, name: str, types, default=None, *, check=None):
     """body[name] if it is of `types` (JSON true is not a number) and passes `check`; `default`
     when absent or null; else a 400 naming the field."""

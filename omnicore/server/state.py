@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ..errors import CancelledError
 from .protocol import MODEL_ALIASES, HTTPError
-from .voices import VoiceLibrary
+from .library import VoiceLibrary
 
 # Tokens packed into one engine iteration: from one short pass to the default budget's order.
 TOKEN_BUCKETS = tuple(2 ** k for k in range(5, 17))
@@ -86,7 +86,8 @@ class ServerState:
     """Model, voices, worker threads, bounded in-flight count, metrics."""
 
     def __init__(self, model, voices_dir=None, api_key: str | None = None, max_queue: int = 16,
-                 model_name: str = "omnivoice", max_concurrency: int | None = None):
+                 model_name: str = "omnivoice", max_concurrency: int | None = None,
+                 require_consent: bool = False):
         self.model = model
         self.engine = model.engine
         self.voices = VoiceLibrary(voices_dir)
@@ -98,6 +99,7 @@ class ServerState:
         self.model_name = model_name
         # What /v1/models lists and a speech request's `model` may name: all this one model.
         self.model_ids = list(dict.fromkeys([model_name, *MODEL_ALIASES]))
+        self.require_consent = require_consent  # cloned voices need a consent recording's id
         self.pool = ThreadPoolExecutor(max_workers=max_queue + 4, thread_name_prefix="omnicore-serve")
         self._in_flight = 0
         self._slot_waiting = 0  # admitted, waiting for a run slot

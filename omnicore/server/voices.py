@@ -1,5 +1,6 @@
-"""The server's voices: a library of named voice prompts kept in a folder, the OpenAI preset
-names as documented designed voices, and a request's `voice` resolved to a prompt.
+"""The server's voices: the OpenAI preset names as documented designed voices, the rules for
+names and labels, a voice as each API shows it, and a request's `voice` resolved to a prompt.
+The store itself is library.py.
 
 Dimensions: a prompt's codes are [C, T] (C codebooks, T frames at FRAME_RATE).
 """
@@ -7,16 +8,17 @@ Dimensions: a prompt's codes are [C, T] (C codebooks, T frames at FRAME_RATE).
 from __future__ import annotations
 
 import re
-import threading
-from pathlib import Path
+import secrets
 
 import numpy as np
 
-from ..errors import VoicePromptError
 from ..model.config import FRAME_RATE, GenerationConfig
+from .library import VoiceLibrary
 from .protocol import HTTPError
 
-VOICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+MAX_LABEL_CHARS = 256  # an OpenAI voice's or consent's `name`: a label, not an identifier
+# A BCP 47 language tag as OpenAI's consents take it (en, en-US, zh-Hant-TW, ...).
+LANGUAGE_TAG = re.compile(r"[A-Za-z]{2,8}(-[A-Za-z0-9]{1,8})*")
 # Documented designed voices behind OpenAI's preset names: made once on first use, then stored.
 PRESET_SAMPLE_TEXT = "Hello! It is a pleasure to meet you, and I hope you have a wonderful day."
 PRESET_VOICES = {
@@ -34,71 +36,48 @@ PRESET_VOICES = {
 }
 
 
-class VoiceLibrary:
-    """Named voice prompts in a folder (`<name>.npz`, or a `<name>.pt` saved by the reference's
-    VoiceClonePrompt.save), loaded at start; thread-safe. New voices are written as .npz."""
-
-    def __init__(self, folder: str | Path | None):
-        from ..voice import VoiceClonePrompt
-
-        self._cls = VoiceClonePrompt
-        self.folder = Path(folder) if folder else None
-        self._voices: dict[str, object] = {}
-        self._lock = threading.Lock()
-        self._making: dict[str, threading.Lock] = {}
-        if self.folder is not None:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            # .pt first, so an .npz of the same name (omnicore's own) wins
-            for p in sorted(self.folder.glob("*.pt")) + sorted(self.folder.glob("*.npz")):
-                if VOICE_NAME.match(p.stem):
-                    try:
-                        self._voices[p.stem] = VoiceClonePrompt.load(p)
-                    except VoicePromptError:
-                        pass  # an unreadable file is skipped, not fatal: it stays for inspection
-
-    @staticmethod
-    def check_name(name) -> str:
-        if not isinstance(name, str) or not VOICE_NAME.match(name):
-            raise HTTPError(400, "voice name must be 1-64 characters of letters, digits, '_' or "
-                                 "'-', starting with a letter or digit", "name", "invalid_voice_name")
-        return name
-
-    def names(self) -> list[str]:
-        with self._lock:
-            return sorted(self._voices)
-
-    def get(self, name: str):
-        with self._lock:
-            return self._voices.get(name)
-
-    def add(self, name: str, prompt) -> None:
-        with self._lock:
-            if name in self._voices:
-                raise HTTPError(409, f"voice {name!r} already exists; DELETE it first to replace it",
-                                "name", "voice_exists")
-            if self.folder is not None:
-                prompt.save(self.folder / f"{name}.npz")
-            self._voices[name] = prompt
-
-    def delete(self, name: str) -> bool:
-        with self._lock:
-            if self._voices.pop(name, None) is None:
-                return False
-            if self.folder is not None:
-                for ext in (".npz", ".pt"):
-                    (self.folder / f"{name}{ext}").unlink(missing_ok=True)
-            return True
-
-    def making_lock(self, name: str) -> threading.Lock:
-        with self._lock:
-            return self._making.setdefault(name, threading.Lock())
-
-
-def describe_voice(name: str, prompt) -> dict:
+def describe_voice(name: str, prompt, record: dict) -> dict:
+    """A voice as /v1/voices shows it: its prompt's transcript and length, and its record."""
     codes = np.asarray(prompt.ref_audio_tokens)  # [C, T]
-    return {"id": name, "object": "voice", "name": name, "ref_text": prompt.ref_text,
-            "frames": int(codes.shape[1]), "seconds": codes.shape[1] / FRAME_RATE,
-            "preset": PRESET_VOICES.get(name, (None,))[0]}
+    consent = record.get("consent")
+    return {"id": name, "object": "voice", "name": record.get("name", name),
+            "type": record.get("type"), "created_at": record.get("created_at"),
+            "ref_text": prompt.ref_text, "frames": int(codes.shape[1]),
+            "seconds": codes.shape[1] / FRAME_RATE,
+            "preset": PRESET_VOICES.get(name, (None,))[0],
+            "consent": consent["id"] if isinstance(consent, dict) else None}
+
+
+def openai_voice(name: str, record: dict) -> dict:
+    """A voice as OpenAI's API shows it (audio.voice); `prompt` only for a designed one."""
+    out = {"id": name, "object": "audio.voice", "name": record.get("name", name),
+           "type": "prompt" if record.get("type") == "prompt" else "audio_sample",
+           "created_at": record.get("created_at", 0)}
+    if out["type"] == "prompt" and record.get("prompt"):
+        out["prompt"] = record["prompt"]
+    return out
+
+
+def check_label(value, param: str) -> str:
+    """An OpenAI `name`: any text that is not blank, up to MAX_LABEL_CHARS, one line."""
+    if not isinstance(value, str) or not value.strip():
+        raise HTTPError(400, f"{param} is required (a non-blank string)", param, "invalid_value")
+    if len(value) > MAX_LABEL_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise HTTPError(400, f"{param} must be one line of at most {MAX_LABEL_CHARS} characters",
+                        param, "invalid_value")
+    return value
+
+
+def check_language_tag(value) -> str:
+    if not isinstance(value, str) or not LANGUAGE_TAG.fullmatch(value):
+        raise HTTPError(400, "language must be a BCP 47 language tag, e.g. 'en-US'", "language",
+                        "invalid_value")
+    return value
+
+
+def new_voice_id() -> str:
+    """A fresh id for a voice made through OpenAI's routes (a library name like any other)."""
+    return "voice_" + secrets.token_hex(12)
 
 
 def new_voice_name(voices: VoiceLibrary, name) -> str:
@@ -139,7 +118,12 @@ def resolve_voice(model, voices: VoiceLibrary, voice, on_step=None):
             if prompt is None:
                 instruct, seed = PRESET_VOICES[voice]
                 prompt = designed_voice(model, instruct, seed, on_step=on_step)
-                voices.add(voice, prompt)
+                try:
+                    voices.add(voice, prompt, {"type": "prompt", "prompt": instruct})
+                except HTTPError as exc:  # another server sharing the folder made it meanwhile
+                    if exc.code != "voice_exists":
+                        raise
+                    prompt = voices.get(voice) or prompt
             return prompt
     raise HTTPError(404, f"unknown voice {voice!r}; GET /v1/voices lists them", "voice",
                     "voice_not_found")
