@@ -5,6 +5,8 @@ reading a JSON body, and the speech body's fields checked and mapped onto the mo
 from __future__ import annotations
 
 import json
+import traceback
+import unicodedata
 from dataclasses import fields
 
 from ..errors import AudioError, CancelledError, ConfigError, InputError, OmniCoreError, VoicePromptError
@@ -40,11 +42,23 @@ def error_body(status: int, message: str, param=None, code=None) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def shutting_down() -> HTTPError:
+    """What a request is told while the server drains for shutdown: retry (on another
+    replica, or on this one once it is back)."""
+    return HTTPError(503, "the server is shutting down; retry shortly", None,
+                     "server_shutting_down", {"Retry-After": "5"})
+
+
 def as_http(exc: BaseException) -> HTTPError:
     """Any failure of a route as what the client is told: omnicore's errors by kind (a client
-    that left is a 499), anything else a 500 that names only the exception's type."""
+    that left is a 499), Starlette's own refusals (e.g. a multipart body over its limits) by
+    their status, anything else a 500 that names only the exception's type."""
+    from starlette.exceptions import HTTPException
+
     if isinstance(exc, HTTPError):
         return exc
+    if isinstance(exc, HTTPException) and 400 <= exc.status_code < 500:
+        return HTTPError(exc.status_code, str(exc.detail), None, "invalid_request")
     if isinstance(exc, (InputError, AudioError, VoicePromptError)):
         return HTTPError(400, str(exc), None, type(exc).__name__)
     if isinstance(exc, ConfigError):
@@ -54,6 +68,17 @@ def as_http(exc: BaseException) -> HTTPError:
     if isinstance(exc, OmniCoreError):
         return HTTPError(500, str(exc), None, type(exc).__name__)
     return HTTPError(500, f"internal error ({type(exc).__name__})", None, "internal_error")
+
+
+def forget(exc: BaseException) -> None:
+    """Drop the locals of every finished frame an exception (and those it chains) holds: a
+    failed request's decoded audio or arrays then go with the request, instead of staying
+    reachable through a traceback until the garbage collector breaks the cycle."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
 
 
 async def read_json(request, limit: int = MAX_BODY_BYTES):
@@ -66,10 +91,23 @@ async def read_json(request, limit: int = MAX_BODY_BYTES):
         body += part
         if len(body) > limit:
             raise HTTPError(413, f"request body over {limit:,} bytes", None, "body_too_large")
+    return parse_json(body)
+
+
+def parse_json(data: bytes | str, what: str = "the request body"):
+    """JSON text -> its value; a 400 when it is not JSON or nests too deep to parse."""
     try:
-        return json.loads(body)
+        return json.loads(data)
     except (ValueError, UnicodeDecodeError):
-        raise HTTPError(400, "the request body is not valid JSON", None, "invalid_json") from None
+        raise HTTPError(400, f"{what} is not valid JSON", None, "invalid_json") from None
+    except RecursionError:
+        raise HTTPError(400, f"{what} nests too deep", None, "invalid_json") from None
+
+
+def has_words(text: str) -> bool:
+    """Whether `text` has anything to speak: a letter, digit or symbol, not only punctuation,
+    spaces, marks or invisible characters (a zero-width space is text, not speech)."""
+    return any(unicodedata.category(c)[0] in "LNS" for c in text)
 
 
 def body_field(body: dict, name: str, types, default=None, *, check=None):
@@ -94,10 +132,23 @@ def parse_speech(body) -> dict:
     inp = body.get("input")
     if not isinstance(inp, str) or not inp.strip():
         raise HTTPError(400, "input must be a non-empty string", "input", "invalid_input")
-    if len(inp) > limits.MAX_TEXT_CHARS:
-        raise HTTPError(400, f"input is {len(inp):,} characters; the limit is "
+    check_input_length(len(inp))
+    if not has_words(inp):
+        raise HTTPError(400, "input has nothing to say (only punctuation, spaces or invisible "
+                             "characters): send the words to speak", "input", "invalid_input")
+    return {"input": inp, **speech_options(body)}
+
+
+def check_input_length(n: int) -> None:
+    if n > limits.MAX_TEXT_CHARS:
+        raise HTTPError(400, f"input is {n:,} characters; the limit is "
                              f"{limits.MAX_TEXT_CHARS:,}", "input", "input_too_long")
-    fmt = body_field(body, "response_format", str, "mp3")
+
+
+def speech_options(body: dict, default_format: str = "mp3") -> dict:
+    """Every speech field but the text: voice, formats, the voice-design instruct and the
+    generation settings (shared by the POST body and the WebSocket's first message)."""
+    fmt = body_field(body, "response_format", str, default_format)
     if fmt == "aac":
         raise HTTPError(400, "response_format 'aac' is not available (no AAC encoder here); use "
                              "mp3, opus, flac, wav or pcm", "response_format", "unsupported_format")
@@ -110,7 +161,7 @@ def parse_speech(body) -> dict:
                         "stream_format", "invalid_value")
     speed = body_field(body, "speed", (int, float), None, check=lambda v: 0.25 <= v <= 4.0)
     out = {
-        "input": inp, "voice": body.get("voice"), "format": fmt, "stream_format": stream_format,
+        "voice": body.get("voice"), "format": fmt, "stream_format": stream_format,
         "instruct": body_field(body, "instructions", str, None) or None,
         "speed": None if speed is None or speed == 1 else float(speed),
         "language": body_field(body, "language", str, None),

@@ -12,11 +12,15 @@ from pathlib import Path
 
 import numpy as np
 
+from ..audio.writers import remove_stale_temporaries
 from ..errors import VoicePromptError
 from ..model.config import FRAME_RATE, GenerationConfig
 from .protocol import HTTPError
 
-VOICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # matched whole (fullmatch)
+# A save's temporary file untouched this long is debris of a writer that died mid-save (a
+# save takes milliseconds; another server sharing the folder may be writing a younger one).
+STALE_TEMP_S = 60.0
 # Documented designed voices behind OpenAI's preset names: made once on first use, then stored.
 PRESET_SAMPLE_TEXT = "Hello! It is a pleasure to meet you, and I hope you have a wonderful day."
 PRESET_VOICES = {
@@ -46,11 +50,14 @@ class VoiceLibrary:
         self._voices: dict[str, object] = {}
         self._lock = threading.Lock()
         self._making: dict[str, threading.Lock] = {}
+        self.removed_temporaries = 0
         if self.folder is not None:
             self.folder.mkdir(parents=True, exist_ok=True)
+            self.removed_temporaries = remove_stale_temporaries(
+                self.folder, {f"{n}.npz" for n in _temporary_names(self.folder)}, STALE_TEMP_S)
             # .pt first, so an .npz of the same name (omnicore's own) wins
             for p in sorted(self.folder.glob("*.pt")) + sorted(self.folder.glob("*.npz")):
-                if VOICE_NAME.match(p.stem):
+                if VOICE_NAME.fullmatch(p.stem):
                     try:
                         self._voices[p.stem] = VoiceClonePrompt.load(p)
                     except VoicePromptError:
@@ -58,7 +65,7 @@ class VoiceLibrary:
 
     @staticmethod
     def check_name(name) -> str:
-        if not isinstance(name, str) or not VOICE_NAME.match(name):
+        if not isinstance(name, str) or not VOICE_NAME.fullmatch(name):
             raise HTTPError(400, "voice name must be 1-64 characters of letters, digits, '_' or "
                                  "'-', starting with a letter or digit", "name", "invalid_voice_name")
         return name
@@ -92,6 +99,16 @@ class VoiceLibrary:
     def making_lock(self, name: str) -> threading.Lock:
         with self._lock:
             return self._making.setdefault(name, threading.Lock())
+
+
+def _temporary_names(folder: Path) -> set[str]:
+    """Voice names that have a save's temporary file (`.<name>.npz.<random>.tmp`) in `folder`."""
+    found = set()
+    for p in folder.glob(".*.npz.*.tmp"):
+        name = p.name[1:].partition(".npz.")[0]
+        if VOICE_NAME.fullmatch(name):
+            found.add(name)
+    return found
 
 
 def describe_voice(name: str, prompt) -> dict:
