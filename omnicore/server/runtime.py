@@ -155,8 +155,8 @@ class GracefulServer(uvicorn.Server):
         self._stop_t0: float | None = None
 
     def handle_exit(self, sig, frame) -> None:
-        # Runs in the signal handler: only notes it; on_tick (on the loop) acts.
-        getattr(self, "_captured_signals", []).append(sig)  # re-raised after serve, as uvicorn does
+        # Runs in the signal handler: only notes it; on_tick (on the loop) acts. Unlike
+        # uvicorn, the signal is not raised again once served: a drained server exits 0.
         self._signals += 1
 
     async def on_tick(self, counter: int) -> bool:

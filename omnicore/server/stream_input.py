@@ -45,6 +45,7 @@ from .voices import resolve_voice
 
 ROUTE = "speech_stream_input"  # its name in the request counter
 MESSAGE_KEYS = ("text", "flush", "cancel", "close")
+MAX_UTTERANCES = 8  # started and not yet spoken, per socket: a flood of flushes is refused
 _END = object()  # the end of an utterance's input
 
 
@@ -221,6 +222,10 @@ class Session:
         self.pending += text
         check_input_length(len(self.pending))
         if has_words(self.pending):  # an utterance starts with its first words
+            if len(self.utterances) >= MAX_UTTERANCES:
+                self.pending = ""
+                raise HTTPError(429, f"{MAX_UTTERANCES} utterances are waiting to be spoken; "
+                                     "wait for their audio.done", "text", "too_many_utterances")
             u = Utterance(self.count, asyncio.get_running_loop().create_future())
             self.count += 1
             self.utterances.append(u)
