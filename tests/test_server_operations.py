@@ -1,5 +1,6 @@
 """`omnicore serve` against hostile and careless clients, and as an operator runs it: a real
-subprocess on a loopback port with the tiny checkpoint. Upload bombs are refused by their
+subprocess on a loopback port with the tiny checkpoint, driven by httpx, raw sockets and the
+`websockets` client. Upload bombs are refused by their
 header; clients that stop reading or send nothing are cut and counted; every client mistake
 is a 4xx in OpenAI's error shape; SIGTERM drains, stops what is left and exits; the start-up
 log says what an operator checks first."""
@@ -19,6 +20,7 @@ from conftest import require_module, start_server, stop_process  # noqa: E402
 
 httpx = require_module("httpx")
 sf = require_module("soundfile")
+websockets = require_module("websockets", "server")
 for _name in ("starlette", "uvicorn", "prometheus_client", "sse_starlette"):  # the server extra
     require_module(_name, "server")
 
@@ -255,22 +257,39 @@ def test_sigterm_drains_then_stops_and_exits(tmp_path):
         except httpx.HTTPError as exc:
             results[name] = exc
 
+    def agent():
+        """A WebSocket utterance that would never end."""
+        from websockets.sync.client import connect
+
+        events = []
+        try:
+            with connect(url.replace("http://", "ws://") + "/v1/audio/speech/stream-input") as ws:
+                ws.send(json.dumps({"num_step": 1000, "position_temperature": 0.0}))
+                ws.send(json.dumps({"text": LONG, "flush": True}))
+                while True:
+                    m = ws.recv(timeout=180)
+                    if isinstance(m, str):
+                        events.append(json.loads(m))
+        except Exception as exc:  # noqa: BLE001 - the server closes it: the end expected
+            results["agent"] = (events, exc)
+
     endless = {"input": LONG, "num_step": 1000, "position_temperature": 0.0}
     threads = [threading.Thread(target=call, args=(n,), kwargs=kw, daemon=True) for n, kw in (
         ("whole", {**endless, "response_format": "wav"}),
         ("sse", {**endless, "response_format": "pcm", "stream_format": "sse"}),
         ("short", {"input": "Hello there.", "response_format": "wav", "num_step": 32,
                    "position_temperature": 0.0}))]
+    threads.insert(2, threading.Thread(target=agent, daemon=True))
     try:
-        for t, running in zip(threads, (1, 2)):  # the two endless ones run, then the short one
+        for t, running in zip(threads, (1, 2, 3)):  # the endless ones run, then the short one
             t.start()
             deadline = time.monotonic() + 60
             while (httpx.get(url + "/health").json()["engine"]["active_requests"] < running
                    and time.monotonic() < deadline):
                 time.sleep(0.02)
-        threads[2].start()
+        threads[3].start()
         deadline = time.monotonic() + 60
-        while (httpx.get(url + "/health").json()["in_flight"] < 3 and "short" not in results
+        while (httpx.get(url + "/health").json()["in_flight"] < 4 and "short" not in results
                and time.monotonic() < deadline):
             time.sleep(0.01)
         t_term = time.monotonic()
@@ -299,6 +318,9 @@ def test_sigterm_drains_then_stops_and_exits(tmp_path):
     assert json.loads(data)["error"]["code"] == "server_shutting_down"
     status, data, _ = results["sse"]
     assert status == 200 and b"event: error" in data and b"server_shutting_down" in data
+    events, closed = results["agent"]
+    assert [e["error"]["code"] for e in events] == ["server_shutting_down"]
+    assert isinstance(closed, websockets.ConnectionClosed) and closed.rcvd.code == 1012
     text = log.read_text()
-    assert "Draining" in text and "Stopping 2 requests" in text
+    assert "Draining" in text and "Stopping 3 requests" in text
     assert "Finished server process" in text and "still running" not in text
