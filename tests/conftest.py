@@ -79,6 +79,12 @@ def wait_until_serving(proc, url: str, seconds: float, what: str, log=lambda: ""
         time.sleep(0.3)
 
 
+def require_server_extra() -> None:
+    """The `server` extra's modules (websockets included), or `missing`."""
+    for name in ("starlette", "uvicorn", "prometheus_client", "sse_starlette", "websockets"):
+        require_module(name, "server")
+
+
 def start_server(voices_dir, *flags, log_path=None, seconds: float = 90):
     """`omnicore serve` on the tiny checkpoint as a child process on a free loopback port:
     (process, url). Its output goes to `log_path` (a file never fills up and blocks the

@@ -16,13 +16,12 @@ import time
 import numpy as np
 import pytest
 
-from conftest import require_module, start_server, stop_process  # noqa: E402
+from conftest import require_module, require_server_extra, start_server, stop_process  # noqa: E402
 
+require_server_extra()
 httpx = require_module("httpx")
 sf = require_module("soundfile")
 websockets = require_module("websockets", "server")
-for _name in ("starlette", "uvicorn", "prometheus_client", "sse_starlette"):  # the server extra
-    require_module(_name, "server")
 
 KEY = "ops-key-1"
 AUTH = {"Authorization": f"Bearer {KEY}"}
