@@ -321,12 +321,13 @@ def test_voices_designed_presets_delete_and_names(client, server, voices_dir, mo
 
 
 def _samples(url) -> dict:
-    """/metrics as {(sample name, sorted labels): value}."""
+    """/metrics as {(sample name, sorted labels): value} (with the key: behind it on a keyed
+    server, and ignored by one without)."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
     return {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
-            for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text)
-            for smp in fam.samples}
+            for fam in text_string_to_metric_families(text) for smp in fam.samples}
 
 
 def test_twenty_concurrent_clients_all_answered_as_alone(client, server, clip_voice, model):

@@ -11,16 +11,16 @@ import time
 import numpy as np
 import pytest
 
-from conftest import require_module, stop_process  # noqa: E402  (a skip locally, a failure under CI)
+from conftest import (TINY, require_module, require_server_extra, start_server,  # noqa: E402
+                      stop_process)
 
-openai = require_module("openai")
+openai = require_module("openai")  # a skip locally, a failure under CI
 httpx = require_module("httpx")
 sf = require_module("soundfile")
-for _name in ("starlette", "uvicorn", "prometheus_client", "sse_starlette"):  # the server extra
-    require_module(_name)
+require_server_extra()
 
 from omnicore import OmniVoice, VoiceClonePrompt  # noqa: E402
-from test_server import GREEDY, TINY, _close, _start, _streamed  # noqa: E402
+from test_server import GREEDY, _close, _streamed  # noqa: E402
 
 VOICE_KEYS = {"id", "object", "name", "type", "created_at"}  # openai.types.audio.Voice
 CONSENT_KEYS = {"id", "object", "name", "language", "created_at"}  # ...VoiceConsent
@@ -47,7 +47,7 @@ def servers(voices_dir):
     started = []
     try:
         for _ in range(2):
-            started.append(_start(voices_dir, "--require-consent"))
+            started.append(start_server(voices_dir, "--require-consent"))
         yield [url for _, url in started]
     finally:
         for proc, _ in started:

@@ -19,23 +19,24 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
-from ..audio import writers
-from ..errors import AudioError, ConfigError, InputError, OmniCoreError
+from ..errors import ConfigError, InputError, OmniCoreError
 from ..model.config import SAMPLE_RATE, GenerationConfig
 from ..text import frontend
-from .formats import FORMATS, PIECEWISE, OpusStream, encode_audio, wav_stream_header
-from .protocol import (MAX_UPLOAD_BYTES, HTTPError, as_http, body_field, error_body, parse_speech,
-                       read_json, read_object, synth_kwargs, timings_header)
-from .state import ServerState, Slot, client_gone
+from .formats import FORMATS, encode_audio, encoded
 from .library import VoiceLibrary
+from .protocol import (MAX_UPLOAD_BYTES, HTTPError, as_http, body_field, error_body, forget,
+                       parse_speech, read_json, read_object, shutting_down, synth_kwargs,
+                       timings_header)
+from .state import ServerState, Slot, client_gone
+from .stream_input import stream_input
+from .uploads import decode_clip
 from .voices import (PRESET_SAMPLE_TEXT, PRESET_VOICES, check_label, check_language_tag, describe_voice,
                      designed_voice, new_voice_id, new_voice_name, openai_voice, resolve_voice)
 
@@ -44,25 +45,32 @@ def error_response(e: HTTPError) -> JSONResponse:
     return JSONResponse(error_body(e.status, e.message, e.param, e.code), e.status, e.headers)
 
 
-def route(name: str, needs_auth: bool = True):
-    """A handler with what every route shares: the API key (when `needs_auth`), every failure
-    as an OpenAI-shaped JSON error (never a traceback), the request counted by route and
-    status."""
+def route(name: str, needs_auth=True):
+    """A handler with what every route shares: the API key (when `needs_auth`, or when
+    `needs_auth(server)` says so), every failure as an OpenAI-shaped JSON error (never a
+    traceback, and nothing it held kept alive), the request counted by route and status."""
     def wrap(fn):
         @functools.wraps(fn)
         async def handler(request: Request):
             server: ServerState = request.app.state.server
             try:
-                if needs_auth and not server.authorized(request.headers.get("authorization")):
-                    raise HTTPError(401, "missing or wrong API key (Authorization: Bearer KEY)",
-                                    None, "invalid_api_key", {"WWW-Authenticate": "Bearer"})
+                auth = needs_auth(server) if callable(needs_auth) else needs_auth
+                if auth:
+                    check_key(server, request.headers.get("authorization"))
                 resp = await fn(request)
             except Exception as exc:  # noqa: BLE001 - every failure becomes JSON
                 resp = error_response(as_http(exc))
+                forget(exc)
             server.m_requests.labels(name, str(resp.status_code)).inc()
             return resp
         return handler
     return wrap
+
+
+def check_key(server: ServerState, header: str | None) -> None:
+    if not server.authorized(header):
+        raise HTTPError(401, "missing or wrong API key (Authorization: Bearer KEY)", None,
+                        "invalid_api_key", {"WWW-Authenticate": "Bearer"})
 
 
 # -- speech -------------------------------------------------------------------------------------
@@ -127,9 +135,12 @@ def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: floa
         slot.release()
 
     async def pieces():
-        """float32 pieces [N] from the SpeechStream, read in a worker thread."""
+        """float32 pieces [N] from the SpeechStream, read in a worker thread; a stream the
+        server stops (shutdown) ends with its 503, not as if the audio were complete."""
         while True:
             x = await server.in_thread(next, stream, None)
+            if slot.stopping:
+                raise shutting_down()
             if x is None:
                 state["ended"] = True
                 server.m_rtf.observe((time.perf_counter() - t0) / max(state["audio_s"], 1e-9))
@@ -140,35 +151,16 @@ def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: floa
             state["audio_s"] += len(x) / SAMPLE_RATE
             yield x
 
-    async def encoded():
-        if fmt == "opus":
-            enc = OpusStream()
-            async for x in pieces():
-                data = await server.in_thread(enc.write, x)
-                if data:
-                    yield data
-            yield await server.in_thread(enc.close)
-            return
-        if fmt not in PIECEWISE:
-            parts = [x async for x in pieces()]
-            wav = np.concatenate(parts) if parts else np.zeros(0, np.float32)  # [N]
-            yield await server.in_thread(encode_audio, wav, fmt)
-            return
-        if fmt == "wav":
-            yield wav_stream_header()
-        async for x in pieces():
-            yield writers.to_pcm16(x).tobytes()
-
     async def audio_body():
         try:
-            async for data in encoded():
+            async for data in encoded(fmt, pieces(), server.in_thread):
                 yield data
         finally:
             await finish()
 
     async def sse_body():
         try:
-            async for data in encoded():
+            async for data in encoded(fmt, pieces(), server.in_thread):
                 yield {"data": json.dumps({"type": "speech.audio.delta",
                                            "audio": base64.b64encode(data).decode("ascii")})}
             total = time.perf_counter() - t0
@@ -177,11 +169,14 @@ def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: floa
                 "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0},
                 "audio_seconds": state["audio_s"],
                 "timings": {"queue": queued, "ttfb": state["ttfb"], "total": total}})}
-        except OmniCoreError as exc:
-            yield {"event": "error", "data": json.dumps(error_body(400, str(exc)))}
+        except (OmniCoreError, HTTPError) as exc:
+            e = as_http(exc)
+            yield {"event": "error", "data": json.dumps(error_body(e.status, e.message, e.param,
+                                                                   e.code))}
         finally:
             await finish()
 
+    slot.on_stop(lambda: server.pool.submit(stream.close))  # wakes the body's next()
     headers = {"X-Omnicore-Timings": timings_header(
         {"queue": queued, "start": time.perf_counter() - t0})}
     if req["stream_format"] == "sse":
@@ -279,12 +274,8 @@ def clip_voice_work(server: ServerState, data: bytes, ref_text):
                         "ref_text_required")
 
     def work(on_step):
-        import soundfile as sf
-        try:
-            wav, sr = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)  # [N, channels]
-        except Exception as exc:  # noqa: BLE001 - any undecodable upload is the client's
-            raise AudioError(f"could not decode the uploaded audio: {exc}") from None
-        return server.model.create_voice_clone_prompt((wav.T, sr), ref_text=ref_text)
+        wav, sr = decode_clip(data)  # [C, N]: checked by its header before decoding
+        return server.model.create_voice_clone_prompt((wav, sr), ref_text=ref_text)
     return work
 
 
@@ -506,10 +497,32 @@ async def models(request: Request):
 
 @route("health", needs_auth=False)
 async def health(request: Request):
-    return JSONResponse({"status": "ok", **request.app.state.server.load()})
+    """Open for probes: 200 and the load; 503 ("draining") once shutdown began, so a load
+    balancer sends the next requests elsewhere."""
+    server: ServerState = request.app.state.server
+    if server.draining:
+        return JSONResponse({"status": "draining", **server.load()}, 503, {"Retry-After": "5"})
+    return JSONResponse({"status": "ok", **server.load()})
 
 
-@route("metrics", needs_auth=False)
+@route("index", needs_auth=False)
+async def index(request: Request):
+    """GET /: what this is and where its routes are (no secrets: open like /health)."""
+    from .. import __version__
+
+    server: ServerState = request.app.state.server
+    links = {"speech": "/v1/audio/speech", "speech_stream_input": "/v1/audio/speech/stream-input",
+             "voices": "/v1/voices", "audio_voices": "/v1/audio/voices",
+             "voice_consents": "/v1/audio/voice_consents", "models": "/v1/models", "health": "/health",
+             "metrics": "/metrics"}
+    if server.ui_path:
+        links["ui"] = server.ui_path
+    return JSONResponse({"object": "api", "name": "omnicore", "version": __version__,
+                         "description": "OpenAI-compatible text-to-speech (OmniVoice)",
+                         "model": server.model_name, "links": links})
+
+
+@route("metrics", needs_auth=lambda server: not server.metrics_public)
 async def metrics(request: Request):
     """Prometheus text; the gauges of the queue and the engine's passes are sampled now."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -531,7 +544,9 @@ async def not_found(request: Request, exc):
 def create_app(server: ServerState) -> Starlette:
     """The routing table over one ServerState."""
     routes = [
+        Route("/", index, methods=["GET"]),
         Route("/v1/audio/speech", speech, methods=["POST"]),
+        WebSocketRoute("/v1/audio/speech/stream-input", stream_input),
         Route("/v1/voices", voices_list, methods=["GET"]),
         Route("/v1/voices", voices_create, methods=["POST"]),
         Route("/v1/voices/{name:path}", voice_get, methods=["GET"]),
@@ -579,6 +594,7 @@ def mount_ui(app, server: ServerState, demo, model_name: str) -> None:
     def auth(user: str, password: str) -> bool:
         return server.authorized(f"Bearer {password}")
     blocks = demo.build_demo(server.model, model_name, max_queue=server.max_queue)
+    server.ui_path = "/ui"
     gr.mount_gradio_app(app, blocks, path="/ui",
                         auth=auth if server.api_key is not None else None,
                         auth_message="Any user name; the password is the server's API key.",

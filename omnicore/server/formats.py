@@ -73,6 +73,29 @@ class _Sink:
         return self.pos
 
 
+async def encoded(fmt: str, pieces, in_thread):
+    """The bytes a stream of `fmt` sends for audio pieces [N] (an async iterator): wav, pcm and
+    opus as each piece comes (wav after a header of unknown sizes), mp3 and flac as one file at
+    the end (see OpusStream). `in_thread(fn, *args)` runs the encoders off the event loop."""
+    if fmt == "opus":
+        enc = OpusStream()
+        async for x in pieces:
+            data = await in_thread(enc.write, x)
+            if data:
+                yield data
+        yield await in_thread(enc.close)
+        return
+    if fmt not in PIECEWISE:
+        parts = [x async for x in pieces]
+        wav = np.concatenate(parts) if parts else np.zeros(0, np.float32)  # [N]
+        yield await in_thread(encode_audio, wav, fmt)
+        return
+    if fmt == "wav":
+        yield wav_stream_header()
+    async for x in pieces:
+        yield writers.to_pcm16(x).tobytes()
+
+
 class OpusStream:
     """Ogg Opus encoded piece by piece: libsndfile writes its pages as they fill and never goes
     back, so the bytes handed out so far are those of the whole file. (Its mp3 and flac writers

@@ -41,11 +41,15 @@ try:
 except ImportError:  # not POSIX: only this process's threads are excluded
     fcntl = None
 
-VOICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # matched whole (fullmatch)
 CONSENT_ID = re.compile(r"cons_[0-9a-f]{24}")
 PROMPT_EXTS = (".npz", ".pt")  # an .npz (omnicore's own) wins over a .pt of the same name
 CONSENTS = "consents"
 LOCK = ".lock"
+# A write's temporary file untouched this long is debris of a writer that died mid-write (a
+# write takes milliseconds; one from outside the library, e.g. `omnicore clone-prompt -o` into
+# the folder, takes no lock).
+STALE_TEMP_S = 60.0
 PUBLIC_CONSENT = ("id", "object", "name", "language", "created_at")  # OpenAI's VoiceConsent
 
 
@@ -61,6 +65,17 @@ def _read_json(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _temporary_targets(folder: Path) -> set[str]:
+    """The voice files (`<name>.npz`, `<name>.voice.json`, ...) that have a write's temporary
+    file (`.<file>.<random>.tmp`) in `folder`."""
+    found = set()
+    for p in folder.glob(".*.tmp"):
+        target = p.name[1:-len(".tmp")].rpartition(".")[0]
+        if VOICE_NAME.fullmatch(target.split(".")[0]):
+            found.add(target)
+    return found
 
 
 def _copy_atomic(source: Path, target: Path) -> None:
@@ -85,6 +100,7 @@ class VoiceLibrary:
 
         self._cls = VoiceClonePrompt
         self._tmp = None
+        self.persistent = folder is not None  # without a folder, voices die with the process
         if folder is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="omnicore-voices-")
             folder = self._tmp.name
@@ -96,6 +112,8 @@ class VoiceLibrary:
         self._cache: dict[str, tuple[tuple, object]] = {}  # name -> (its file's stat, prompt)
         self._making: dict[str, threading.Lock] = {}
         with self._locked():
+            self.removed_temporaries = writers.remove_stale_temporaries(
+                self.folder, _temporary_targets(self.folder), STALE_TEMP_S)
             self._remove_orphans()
 
     # -- the lock and the folder ----------------------------------------------------------------
@@ -119,7 +137,7 @@ class VoiceLibrary:
         consents/). Under the lock: no change is half done now."""
         for p in list(self.folder.glob("*.voice.json")) + list(self.folder.glob("*.consent.*")):
             name = p.name.split(".")[0]
-            if VOICE_NAME.match(name) and self._prompt_path(name) is None:
+            if VOICE_NAME.fullmatch(name) and self._prompt_path(name) is None:
                 _unlink(p)
         folder = self.folder / CONSENTS
         for p in folder.iterdir():
@@ -140,7 +158,7 @@ class VoiceLibrary:
 
     @staticmethod
     def check_name(name) -> str:
-        if not isinstance(name, str) or not VOICE_NAME.match(name):
+        if not isinstance(name, str) or not VOICE_NAME.fullmatch(name):
             raise HTTPError(400, "voice name must be 1-64 characters of letters, digits, '_' or "
                                  "'-', starting with a letter or digit", "name", "invalid_voice_name")
         return name
@@ -151,7 +169,7 @@ class VoiceLibrary:
     def items(self) -> list[tuple[str, object]]:
         """(name, prompt) of every readable voice in the folder now, by name."""
         stems = {p.stem for ext in PROMPT_EXTS for p in self.folder.glob(f"*{ext}")
-                 if VOICE_NAME.match(p.stem)}
+                 if VOICE_NAME.fullmatch(p.stem)}
         found = ((name, self.get(name)) for name in sorted(stems))
         return [(name, prompt) for name, prompt in found if prompt is not None]
 
@@ -159,7 +177,7 @@ class VoiceLibrary:
         """The voice prompt `name` as the folder holds it now, or None (no such voice, or a
         file that does not load: that stays for inspection). Parsed again only when its file
         changed."""
-        if not isinstance(name, str) or not VOICE_NAME.match(name):
+        if not isinstance(name, str) or not VOICE_NAME.fullmatch(name):
             return None
         for ext in PROMPT_EXTS:
             path = self.folder / f"{name}{ext}"
@@ -227,7 +245,7 @@ class VoiceLibrary:
     def delete(self, name: str) -> bool:
         """Remove a voice (its prompt first: from then on it is gone), its record and its kept
         consent recording; False when there was none."""
-        if not isinstance(name, str) or not VOICE_NAME.match(name):
+        if not isinstance(name, str) or not VOICE_NAME.fullmatch(name):
             return False
         with self._locked():
             existed = [_unlink(self.folder / f"{name}{ext}") for ext in PROMPT_EXTS]

@@ -5,6 +5,8 @@ reading a JSON body, and the speech body's fields checked and mapped onto the mo
 from __future__ import annotations
 
 import json
+import traceback
+import unicodedata
 from dataclasses import fields
 
 from ..errors import AudioError, CancelledError, ConfigError, InputError, OmniCoreError, VoicePromptError
@@ -43,11 +45,23 @@ def error_body(status: int, message: str, param=None, code=None) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def shutting_down() -> HTTPError:
+    """What a request is told while the server drains for shutdown: retry (on another
+    replica, or on this one once it is back)."""
+    return HTTPError(503, "the server is shutting down; retry shortly", None,
+                     "server_shutting_down", {"Retry-After": "5"})
+
+
 def as_http(exc: BaseException) -> HTTPError:
     """Any failure of a route as what the client is told: omnicore's errors by kind (a client
-    that left is a 499), anything else a 500 that names only the exception's type."""
+    that left is a 499), Starlette's own refusals (e.g. a multipart body over its limits) by
+    their status, anything else a 500 that names only the exception's type."""
+    from starlette.exceptions import HTTPException
+
     if isinstance(exc, HTTPError):
         return exc
+    if isinstance(exc, HTTPException) and 400 <= exc.status_code < 500:
+        return HTTPError(exc.status_code, str(exc.detail), None, "invalid_request")
     if isinstance(exc, (InputError, AudioError, VoicePromptError)):
         return HTTPError(400, str(exc), None, type(exc).__name__)
     if isinstance(exc, ConfigError):
@@ -57,6 +71,17 @@ def as_http(exc: BaseException) -> HTTPError:
     if isinstance(exc, OmniCoreError):
         return HTTPError(500, str(exc), None, type(exc).__name__)
     return HTTPError(500, f"internal error ({type(exc).__name__})", None, "internal_error")
+
+
+def forget(exc: BaseException) -> None:
+    """Drop the locals of every finished frame an exception (and those it chains) holds: a
+    failed request's decoded audio or arrays then go with the request, instead of staying
+    reachable through a traceback until the garbage collector breaks the cycle."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
 
 
 async def read_json(request, limit: int = MAX_BODY_BYTES):
@@ -69,10 +94,23 @@ async def read_json(request, limit: int = MAX_BODY_BYTES):
         body += part
         if len(body) > limit:
             raise HTTPError(413, f"request body over {limit:,} bytes", None, "body_too_large")
+    return parse_json(body)
+
+
+def parse_json(data: bytes | str, what: str = "the request body"):
+    """JSON text -> its value; a 400 when it is not JSON or nests too deep to parse."""
     try:
-        return json.loads(body)
+        return json.loads(data)
     except (ValueError, UnicodeDecodeError):
-        raise HTTPError(400, "the request body is not valid JSON", None, "invalid_json") from None
+        raise HTTPError(400, f"{what} is not valid JSON", None, "invalid_json") from None
+    except RecursionError:
+        raise HTTPError(400, f"{what} nests too deep", None, "invalid_json") from None
+
+
+def has_words(text: str) -> bool:
+    """Whether `text` has anything to speak: a letter, digit or symbol, not only punctuation,
+    spaces, marks or invisible characters (a zero-width space is text, not speech)."""
+    return any(unicodedata.category(c)[0] in "LNS" for c in text)
 
 
 async def read_object(request) -> dict:
@@ -99,23 +137,40 @@ def body_field(body: dict, name: str, types, default=None, *, check=None):
 
 
 def parse_speech(body, models=None) -> dict:
-    """OpenAI's speech body -> checked fields (HTTPError 4xx for a client mistake). `model`,
-    when given, must be one of `models` (when known); an unset `stream_format` is OpenAI's
-    default, `audio`, for the formats a stream sends as they are made (None: a whole file)."""
+    """OpenAI's speech body -> checked fields (HTTPError 4xx for a client mistake; `models`:
+    see speech_options). An unset `stream_format` is OpenAI's default, `audio`, for the formats
+    a stream sends as they are made (None: a whole file)."""
     if not isinstance(body, dict):
         raise HTTPError(400, "the request body must be a JSON object")
+    inp = body.get("input")
+    if not isinstance(inp, str) or not inp.strip():
+        raise HTTPError(400, "input must be a non-empty string", "input", "invalid_input")
+    check_input_length(len(inp))
+    if not has_words(inp):
+        raise HTTPError(400, "input has nothing to say (only punctuation, spaces or invisible "
+                             "characters): send the words to speak", "input", "invalid_input")
+    opts = speech_options(body, models=models)
+    if opts["stream_format"] is None and opts["format"] in PIECEWISE:
+        opts["stream_format"] = "audio"
+    return {"input": inp, **opts}
+
+
+def check_input_length(n: int) -> None:
+    if n > limits.MAX_TEXT_CHARS:
+        raise HTTPError(400, f"input is {n:,} characters; the limit is "
+                             f"{limits.MAX_TEXT_CHARS:,}", "input", "input_too_long")
+
+
+def speech_options(body: dict, default_format: str = "mp3", models=None) -> dict:
+    """Every speech field but the text: voice, formats, the voice-design instruct and the
+    generation settings (shared by the POST body and the WebSocket's first message). `model`,
+    when given, must be one of `models` (when known): a 404 in OpenAI's shape otherwise."""
     model = body_field(body, "model", str, None)
     if models is not None and model is not None and model not in models:
         raise HTTPError(404, f"the model {model!r} does not exist here; GET /v1/models lists "
                              f"the names this server answers to ({', '.join(models)})", "model",
                         "model_not_found")
-    inp = body.get("input")
-    if not isinstance(inp, str) or not inp.strip():
-        raise HTTPError(400, "input must be a non-empty string", "input", "invalid_input")
-    if len(inp) > limits.MAX_TEXT_CHARS:
-        raise HTTPError(400, f"input is {len(inp):,} characters; the limit is "
-                             f"{limits.MAX_TEXT_CHARS:,}", "input", "input_too_long")
-    fmt = body_field(body, "response_format", str, "mp3")
+    fmt = body_field(body, "response_format", str, default_format)
     if fmt == "aac":
         raise HTTPError(400, "response_format 'aac' is not available (no AAC encoder here); use "
                              "mp3, opus, flac, wav or pcm", "response_format", "unsupported_format")
@@ -126,11 +181,9 @@ def parse_speech(body, models=None) -> dict:
     if stream_format not in (None, "audio", "sse"):
         raise HTTPError(400, f"stream_format must be 'audio' or 'sse', got {stream_format!r}",
                         "stream_format", "invalid_value")
-    if stream_format is None and fmt in PIECEWISE:
-        stream_format = "audio"
     speed = body_field(body, "speed", (int, float), None, check=lambda v: 0.25 <= v <= 4.0)
     out = {
-        "input": inp, "voice": body.get("voice"), "format": fmt, "stream_format": stream_format,
+        "voice": body.get("voice"), "format": fmt, "stream_format": stream_format,
         "instruct": body_field(body, "instructions", str, None) or None,
         "speed": None if speed is None or speed == 1 else float(speed),
         "language": body_field(body, "language", str, None),

@@ -2,9 +2,14 @@
 threads, admission and the Prometheus metrics. Handlers reach it as `request.app.state.server`.
 
 Admission is one block, `async with server.slot(gone) as slot:` (count the request in, 429
-when `max_queue` are in flight; wait for a run slot; give both back however the block ends).
-A stream's response outlives its handler, so its body takes the release over
-(`slot.hand_over()`) and gives the slot back when the stream ends.
+when `max_queue` are in flight, 503 while the server drains for shutdown; wait for a run slot;
+give both back however the block ends). A stream's response outlives its handler, so its body
+takes the release over (`slot.hand_over()`) and gives the slot back when the stream ends.
+
+Shutdown: `drain()` refuses new work; `stop_all()` stops what is in flight (each slot's work
+fails at its next step with the 503, and what a slot registered with `on_stop` runs: a stream
+closes); `close()` then waits for the worker threads, so nothing computes after the server
+has gone.
 """
 
 from __future__ import annotations
@@ -14,14 +19,15 @@ import contextlib
 import hashlib
 import hmac
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ..errors import CancelledError
-from .protocol import MODEL_ALIASES, HTTPError
 from .library import VoiceLibrary
+from .protocol import MODEL_ALIASES, HTTPError, shutting_down
 
 # Tokens packed into one engine iteration: from one short pass to the default budget's order.
 TOKEN_BUCKETS = tuple(2 ** k for k in range(5, 17))
@@ -46,20 +52,39 @@ async def client_gone(request):
 
 class Slot:
     """One admitted request's place: its client's `gone`, the `cancelled` flag that stops its
-    work, and the release of its place, done once."""
+    work (`stopping` too when the server stops it), and the release of its place, done once."""
 
     def __init__(self, server: "ServerState", gone: asyncio.Future):
         self.gone = gone
         self.cancelled = threading.Event()
+        self.stopping = False
         self.handed_over = False
         self._server = server
         self._released = False
+        self._on_stop: list = []
 
     def on_step(self, step: int, total: int) -> None:
         """The model's per-step callback: a request whose client left stops at its next step
-        (CancelledError, which cancels its passes in the engine)."""
+        (CancelledError, which cancels its passes in the engine); one the server stops, with
+        the 503 its client is told."""
         if self.cancelled.is_set():
+            if self.stopping:
+                raise shutting_down()
             raise CancelledError("the client disconnected")
+
+    def on_stop(self, fn) -> None:
+        """Call `fn()` (on the event loop) if the server stops this slot's work (now, if it
+        already has)."""
+        self._on_stop.append(fn)
+        if self.stopping:
+            fn()
+
+    def stop(self) -> None:
+        """The server is going: the work fails at its next step, and the stop hooks run."""
+        self.stopping = True
+        self.cancelled.set()
+        for fn in self._on_stop:
+            fn()
 
     async def run(self, fn, *args):
         """fn(*args) in a worker thread; when the client leaves first, `cancelled` makes the
@@ -79,7 +104,7 @@ class Slot:
         """Give the run slot and the place back (a no-op the second time)."""
         if not self._released:
             self._released = True
-            self._server._release()
+            self._server._release(self)
 
 
 class ServerState:
@@ -87,11 +112,17 @@ class ServerState:
 
     def __init__(self, model, voices_dir=None, api_key: str | None = None, max_queue: int = 16,
                  model_name: str = "omnivoice", max_concurrency: int | None = None,
+                 metrics_public: bool = False, idle_timeout: float = 30.0,
                  require_consent: bool = False):
         self.model = model
         self.engine = model.engine
         self.voices = VoiceLibrary(voices_dir)
         self.api_key = api_key or None
+        self.metrics_public = metrics_public
+        self.ui_path: str | None = None  # where the demo is mounted, if it is
+        self.idle_timeout = idle_timeout  # a WebSocket with nothing to say and no message closes
+        self.draining = False
+        self._stopped = False
         self.max_queue = max_queue
         # Requests synthesising at once (None: all admitted ones; the engine packs them). 1 is
         # the one-at-a-time server that benchmarks compare the engine with.
@@ -103,6 +134,7 @@ class ServerState:
         self.pool = ThreadPoolExecutor(max_workers=max_queue + 4, thread_name_prefix="omnicore-serve")
         self._in_flight = 0
         self._slot_waiting = 0  # admitted, waiting for a run slot
+        self._slots: set[Slot] = set()  # admitted and not released: what stop_all stops
         self._lock = threading.Lock()
         self.registry = CollectorRegistry()
         self.m_requests = Counter("omnicore_requests", "HTTP requests by route and status",
@@ -124,6 +156,12 @@ class ServerState:
                                buckets=RTF_BUCKETS, registry=self.registry)
         self.m_cancelled = Counter("omnicore_streams_cancelled", "streams closed before their end "
                                    "(client gone or an error): their passes were cancelled", registry=self.registry)
+        self.m_timeouts = Counter("omnicore_timeouts", "connections closed by the server's clocks: "
+                                  "send (the client stopped reading for --send-timeout) or idle "
+                                  "(nothing received for --idle-timeout)", ["kind"],
+                                  registry=self.registry)
+        for kind in ("send", "idle"):
+            self.m_timeouts.labels(kind)
         # Every iteration is observed on the engine thread, right after it ran (a scrape-time
         # sample would miss most of them).
         previous = self.engine.trace
@@ -146,6 +184,11 @@ class ServerState:
         both back when the block ends, however it ends, unless the slot was handed over."""
         await self._admit(gone)
         held = Slot(self, gone)
+        with self._lock:
+            self._slots.add(held)
+        if self._stopped:  # admitted from the run-slot queue after stop_all: it never runs
+            held.release()
+            raise shutting_down()
         try:
             yield held
         finally:
@@ -154,6 +197,8 @@ class ServerState:
 
     async def _admit(self, gone: asyncio.Future) -> None:
         with self._lock:
+            if self.draining:
+                raise shutting_down()
             if self._in_flight >= self.max_queue:
                 raise HTTPError(429, f"the server is busy ({self.max_queue} requests in flight); "
                                      "retry shortly", None, "queue_full", {"Retry-After": "1"})
@@ -180,8 +225,10 @@ class ServerState:
             with self._lock:
                 self._slot_waiting -= 1
 
-    def _release(self) -> None:
+    def _release(self, slot: Slot) -> None:
         """Undo a successful `_admit` (through Slot.release only)."""
+        with self._lock:
+            self._slots.discard(slot)
         if self.run_slots is not None:
             self.run_slots.release()
         self._leave()
@@ -190,6 +237,37 @@ class ServerState:
         with self._lock:
             self._in_flight -= 1
             self.m_in_flight.set(self._in_flight)
+
+    # -- shutdown -------------------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Admit nothing more (503 with Retry-After); what is in flight goes on."""
+        with self._lock:
+            self.draining = True
+
+    def stop_all(self) -> int:
+        """Stop every admitted request now (see Slot.stop); returns how many."""
+        with self._lock:
+            self._stopped = True
+            slots = list(self._slots)
+        for slot in slots:
+            slot.stop()
+        return len(slots)
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """After stop_all: wait (up to `timeout` s in all) for the worker threads to end and the
+        engine to hold no pass. Blocking; True when everything stopped in time."""
+        deadline = time.monotonic() + timeout
+        pool = threading.Thread(target=self.pool.shutdown, kwargs={"cancel_futures": True},
+                                name="omnicore-serve-close", daemon=True)
+        pool.start()
+        pool.join(timeout)
+        while True:
+            ld = self.engine.load()
+            idle = ld.active_passes + ld.waiting_passes == 0
+            if idle or time.monotonic() > deadline:
+                return idle and not pool.is_alive()
+            time.sleep(0.01)
 
     # -- auth and load --------------------------------------------------------------------------
 
