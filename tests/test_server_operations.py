@@ -274,7 +274,7 @@ def test_sigterm_drains_then_stops_and_exits(tmp_path):
 
     endless = {"input": LONG, "num_step": 1000, "position_temperature": 0.0}
     threads = [threading.Thread(target=call, args=(n,), kwargs=kw, daemon=True) for n, kw in (
-        ("whole", {**endless, "response_format": "wav"}),
+        ("whole", {**endless, "response_format": "flac"}),  # a whole file, not a stream
         ("sse", {**endless, "response_format": "pcm", "stream_format": "sse"}),
         ("short", {"input": "Hello there.", "response_format": "wav", "num_step": 32,
                    "position_temperature": 0.0}))]

@@ -148,6 +148,7 @@ def test_socket_keyed_checked_and_timed(server):
 
     for msg, code in ((json.dumps({"response_format": "aac"}), "unsupported_format"),
                       (json.dumps({"duration": 3}), "invalid_value"),
+                      (json.dumps({"model": "gpt-5-tts"}), "model_not_found"),
                       ("[" * 100_000, "invalid_json"), (json.dumps([1]), None)):
         event, close = asyncio.run(first_message(msg))
         assert event["type"] == "error" and event["error"]["code"] == code, event
