@@ -160,16 +160,33 @@ def test_the_docs_have_python_examples():
     assert {"README.md", "docs/python.md", "docs/voices.md", "docs/streaming.md"} <= where
 
 
+SERVER = "127.0.0.1:8000"  # where a server example expects `omnicore serve`
+
+
 @pytest.mark.parametrize("where, code", EXAMPLES, ids=[w for w, _ in EXAMPLES])
-def test_a_python_example_runs_as_written(where, code, tmp_path, monkeypatch):
+def test_a_python_example_runs_as_written(where, code, tmp_path, monkeypatch, capsys):
     """Each example alone, in a folder holding `me.wav` (a short speech clip), on the tiny
-    checkpoint instead of the hub's; `play` (the reader's audio output) collects its pieces."""
-    assert '"k2-fsa/OmniVoice"' in code, "an example loads the model it uses"
+    checkpoint instead of the hub's; `play` (the reader's audio output) collects its pieces. An
+    example that talks to a server gets a real `omnicore serve` (at another port)."""
+    from conftest import require_module, start_server, stop_process
+
     shutil.copy(CLIP, tmp_path / "me.wav")
     monkeypatch.chdir(tmp_path)
-    played = []
-    namespace = {"__name__": "__example__", "play": played.append}
-    exec(compile(code.replace('"k2-fsa/OmniVoice"', repr(str(TINY))), where, "exec"), namespace)
+    played, proc = [], None
+    if SERVER in code:
+        require_module("websockets", "server")
+        proc, url = start_server(tmp_path / "voices", log_path=tmp_path / "server.log")
+        code = code.replace(SERVER, url.removeprefix("http://"))
+    else:
+        assert '"k2-fsa/OmniVoice"' in code, "an example loads the model it uses"
+        code = code.replace('"k2-fsa/OmniVoice"', repr(str(TINY)))
+    try:
+        exec(compile(code, where, "exec"), {"__name__": "__example__", "play": played.append})
+    finally:
+        if proc is not None:
+            stop_process(proc)
     for piece in played:
         assert piece.dtype == np.float32 and piece.ndim == 1
     assert ("play(" in code) == bool(played)
+    if proc is not None:  # the WebSocket example prints its frames' sizes, then audio.done
+        assert '"type": "audio.done"' in capsys.readouterr().out
