@@ -742,13 +742,14 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         cache = dict(cache_examples=rate is not None, cache_mode="eager")
         with clone_tab:
             gr.Examples(CLONE_EXAMPLES, [clone_text, ref_audio, ref_text], shown, example_clone,
-                        label="Example (a synthetic espeak-ng voice)", **cache)
+                        label="Example (a synthetic espeak-ng voice)", elem_id="clone-examples",
+                        **cache)
         with design_tab:
             gr.Examples(DESIGN_EXAMPLES, [design_text, instruct], shown, example_design,
-                        label="Examples", **cache)
+                        label="Examples", elem_id="design-examples", **cache)
         with auto_tab:
             gr.Examples(AUTO_EXAMPLES, [auto_text], shown, example_auto, label="Examples",
-                        **cache)
+                        elem_id="auto-examples", **cache)
 
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
     return demo
