@@ -350,41 +350,46 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
     workdir = Path(tempfile.mkdtemp(prefix="omnicore-demo-"))
     atexit.register(shutil.rmtree, workdir, ignore_errors=True)
     defaults = defaults or presets.PageDefaults()
-    rate = defaults.rate
-    if rate is not None and not os.environ.get("GRADIO_EXAMPLES_CACHE"):
+    measured = defaults.rate is not None
+    tracker = presets.Tracker(defaults.rate) if measured else None
+    if measured and not os.environ.get("GRADIO_EXAMPLES_CACHE"):
         # gradio reuses a cache folder it finds (keyed by component ids, not by the model):
         # this process's examples go to its own folder
         os.environ["GRADIO_EXAMPLES_CACHE"] = str(workdir / "examples")
 
-    def planned(streamed: bool, text, kwargs) -> tuple[float, float] | None:
-        """(first audio, all of it) estimated for a request, or None (no rate, or bad input:
-        the run itself says what is wrong)."""
-        if rate is None:
-            return None
+    def planned(streamed: bool, text, kwargs):
+        """(the request's planned work, its (first audio, all of it) estimate), or Nones (not
+        measured, or bad input: the run itself says what is wrong)."""
+        if tracker is None:
+            return None, None
         try:
-            return presets.estimate(rate, presets.planned_work(
-                model, text, streamed=streamed, rule=STREAM_RULE, **kwargs))
+            work = presets.planned_work(model, text, streamed=streamed, rule=STREAM_RULE,
+                                        **kwargs)
         except Exception:  # noqa: BLE001 - an estimate never stops a run
-            return None
+            return None, None
+        return work, presets.estimate(tracker.rate, work)
 
     def run(progress, **kwargs):
         seed = kwargs["seed"]
-        estimated = planned(False, kwargs["text"],
-                            {k: v for k, v in kwargs.items() if k != "text"})
+        work, estimated = planned(False, kwargs["text"],
+                                  {k: v for k, v in kwargs.items() if k != "text"})
         t0 = time.perf_counter()
         try:
             on_step = _progress_hook(progress) if progress is not None else None
             result = model.synthesize(on_step=on_step, **kwargs)[0]
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message, never a trace
             raise _fail(exc) from None
-        return (_outputs(model, result, seed, time.perf_counter() - t0,
-                         estimated[1] if estimated else None), _keepable(result))
+        wall_s = time.perf_counter() - t0
+        if work is not None:
+            tracker.observe(work, result.timings["unmask"], result.timings["decode"])
+        return (_outputs(model, result, seed, wall_s, estimated[1] if estimated else None),
+                _keepable(result))
 
     def run_streamed(progress, text, **kwargs):
         """Yield every piece of `model.stream` to the streaming player, then the final outputs
         (audio and waveform from the concatenated pieces; no unmasking view: see the notes)."""
         seed, sr = kwargs["seed"], model.sampling_rate
-        estimated = planned(True, text, kwargs)
+        work, estimated = planned(True, text, kwargs)
         t0 = time.perf_counter()
         pieces = []
         try:
@@ -397,6 +402,10 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message, never a trace
             raise _fail(exc) from None
         wall_s = time.perf_counter() - t0
+        if work is not None:
+            stats = stream.chunk_stats
+            tracker.observe(work, sum(st["unmask_s"] for st in stats),
+                            sum(st["decode_s"] for st in stats))
         audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         yield ((sr, to_pcm16(audio)), render_waveform(audio, sr, width=760), None,
                _stream_timings_markdown(stream, len(audio) / float(sr), seed, wall_s, estimated),
@@ -505,7 +514,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         except OmniCoreError as exc:
             return (presets.describe(None, None, 0, str(exc)),) * 3
         kwargs["normalize_text"] = bool(normalize_text)
-        steps = kwargs["num_step"]
+        steps, rate = kwargs["num_step"], tracker.rate
 
         def line(text, **voice):
             try:
@@ -730,7 +739,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         num_step.input(presets.preset_of, num_step, preset, **private)
 
         # The wait, estimated as the inputs change (tokenising the text: cheap, never queued).
-        if rate is not None:
+        if measured:
             tab_inputs = [clone_text, ref_audio, ref_text, voice_file, design_text, instruct,
                           auto_text]
             gr.on([c.change for c in tab_inputs + settings] + [demo.load], waits,
@@ -739,7 +748,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
 
         # Examples: made once at start-up with the page's defaults, then played from the cache.
         shown = [audio_out, wave_img, unmask_img, timings]
-        cache = dict(cache_examples=rate is not None, cache_mode="eager")
+        cache = dict(cache_examples=measured, cache_mode="eager")
         with clone_tab:
             gr.Examples(CLONE_EXAMPLES, [clone_text, ref_audio, ref_text], shown, example_clone,
                         label="Example (a synthetic espeak-ng voice)", elem_id="clone-examples",

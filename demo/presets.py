@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -66,6 +67,12 @@ class Rate:
 
     def forward(self, flops: int) -> float:
         return self.forward_s + flops / self.flops_per_s
+
+    def scaled(self, unmask: float, decode: float) -> "Rate":
+        """This rate with unmasking `unmask` times and decoding `decode` times as slow."""
+        return replace(self, forward_s=self.forward_s * unmask,
+                       flops_per_s=self.flops_per_s / unmask, decode_s=self.decode_s * decode,
+                       decode_frame_s=self.decode_frame_s * decode)
 
 
 @dataclass(frozen=True)
@@ -203,15 +210,37 @@ def planned_work(model, text: str, *, streamed: bool, rule=None, ref_audio=None,
     return Work(forwards, decodes, 0 if streamed else None, clip_s, streamed)
 
 
+def _parts(rate: Rate, work: Work) -> tuple[float, list[float], list[float]]:
+    """Seconds of `work` at `rate`: encoding, each group of forward passes, each decode."""
+    return (rate.encode_s_per_s * work.clip_s,
+            [steps * rate.forward(flops) for steps, flops in work.forwards],
+            [rate.decode_s + n * rate.decode_frame_s for n in work.decodes])
+
+
 def estimate(rate: Rate, work: Work) -> tuple[float, float]:
     """(seconds to the first audio, seconds to all of it) for `work` at `rate`."""
-    before = rate.encode_s_per_s * work.clip_s
-    forwards = [steps * rate.forward(flops) for steps, flops in work.forwards]
-    decodes = [rate.decode_s + n * rate.decode_frame_s for n in work.decodes]
+    before, forwards, decodes = _parts(rate, work)
     total = before + sum(forwards) + sum(decodes)
     if work.first_decode is None:
         return total, total
     return before + forwards[0] + decodes[work.first_decode], total
+
+
+class Tracker:
+    """The rate measured at start-up, kept true as the machine's load changes: after each run
+    the unmasking and decoding parts move halfway (geometrically) to what the run took.
+    Thread-safe; `rate` is the current one."""
+
+    def __init__(self, rate: Rate):
+        self.rate = rate
+        self._lock = threading.Lock()
+
+    def observe(self, work: Work, unmask_s: float, decode_s: float) -> None:
+        with self._lock:
+            _, forwards, decodes = _parts(self.rate, work)
+            if sum(forwards) > 0 and sum(decodes) > 0 and unmask_s > 0 and decode_s > 0:
+                self.rate = self.rate.scaled(math.sqrt(unmask_s / sum(forwards)),
+                                             math.sqrt(decode_s / sum(decodes)))
 
 
 # ------------------------------------------------------------------------------------------------

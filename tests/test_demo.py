@@ -404,27 +404,27 @@ ESTIMATE_TEXT = ("The kettle clicked off just as the rain started drumming on th
 
 @pytest.mark.parametrize("stream", [False, True], ids=["one-piece", "streamed"])
 def test_the_estimate_is_within_30_percent(client, stream):
-    """The estimate made before a run (from the plan's FLOPs and the rate timed at start-up)
-    against the time the run took, both from the timings: the whole run in one piece; the first
-    audio and the whole of a stream. Timing on a shared machine is noisy: the best of three."""
+    """The estimate made before a run (from the plan's FLOPs and the rate timed at start-up,
+    kept up to date by earlier runs) against the time the run took, both from the timings: the
+    whole run in one piece; the first audio and the whole of a stream. Timings on a shared
+    machine are noisy: each figure passes if one of three runs is within 30 %."""
     if stream and not shutil.which("ffmpeg"):
         missing("ffmpeg", "apt-get install -y ffmpeg")
-    ratios = []
+    if stream:
+        figures = {"first audio": (r"Estimated before the run: first audio after ([\d.]+) s",
+                                   r"first audio after \*\*([\d.]+) s"),
+                   "all of it": (r"all of it after ([\d.]+) s", r"of audio in ([\d.]+) s")}
+    else:
+        figures = {"all of it": (r"Estimated before the run: ([\d.]+) s", r"it took ([\d.]+) s")}
+    ratios = {name: [] for name in figures}
     for seed in (21, 22, 23):
         *_, timings, _ = client.predict(text=ESTIMATE_TEXT, num_step=32, seed=seed,
                                         stream=stream, api_name="/auto")
-        if stream:
-            pairs = [(_seconds(r"Estimated before the run: first audio after ([\d.]+) s", timings),
-                      _seconds(r"first audio after \*\*([\d.]+) s", timings)),
-                     (_seconds(r"all of it after ([\d.]+) s", timings),
-                      _seconds(r"of audio in ([\d.]+) s", timings))]
-        else:
-            pairs = [(_seconds(r"Estimated before the run: ([\d.]+) s", timings),
-                      _seconds(r"it took ([\d.]+) s", timings))]
-        ratios.append([est / took for est, took in pairs])
-        if all(0.7 <= r <= 1.3 for r in ratios[-1]):
+        for name, (estimated, took) in figures.items():
+            ratios[name].append(_seconds(estimated, timings) / _seconds(took, timings))
+        if all(any(0.7 <= r <= 1.3 for r in rs) for rs in ratios.values()):
             return
-    pytest.fail(f"estimate / measured outside 0.7-1.3 in every try: {ratios}")
+    pytest.fail(f"estimate / measured outside 0.7-1.3 in every run: {ratios}")
 
 
 def test_two_concurrent_requests_run_at_once_with_the_right_results(server):
