@@ -365,9 +365,9 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         try:
             work = presets.planned_work(model, text, streamed=streamed, rule=STREAM_RULE,
                                         **kwargs)
+            return work, presets.estimate(tracker.rate, work)
         except Exception:  # noqa: BLE001 - an estimate never stops a run
             return None, None
-        return work, presets.estimate(tracker.rate, work)
 
     def run(progress, **kwargs):
         seed = kwargs["seed"]

@@ -34,7 +34,8 @@ from omnicore.model import backbone
 from omnicore.model.codec import decoder_receptive_field
 from omnicore.request import build_requests
 from omnicore.streaming import LATER_WINDOWS
-from omnicore.text import planner
+from omnicore.errors import InputError
+from omnicore.text import limits, planner
 
 # Best is the reference's default; Balanced halves the steps, Fast halves them again.
 PRESETS = {"Fast": 8, "Balanced": 16, "Best": 32}
@@ -185,7 +186,10 @@ def planned_work(model, text: str, *, streamed: bool, rule=None, ref_audio=None,
     args = dict(language=language, instruct=instruct, voice_clone_prompt=voice_clone_prompt,
                 duration=duration, speed=speed, normalize_text=normalize_text)
     if streamed:
-        specs = _stream_specs(model, text, rule, gen_kwargs=gen_kwargs, **args)
+        specs = _stream_specs(model, limits.validate_text(text), rule, gen_kwargs=gen_kwargs,
+                              **args)
+        if not specs:
+            raise InputError("text has only pause marks and nothing to speak")
         groups = [[i] for i in range(len(specs))]  # one chunk after another
     else:
         _, _, specs, _ = model._passes(text, ref_audio=None, ref_text=None, seed=None,

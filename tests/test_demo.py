@@ -571,7 +571,9 @@ class Page:
             return r.read()
 
     def visible(self, selector: str) -> bool:
-        return any(e.is_displayed() for e in self.d.find_elements(self.By.CSS_SELECTOR, selector))
+        return self.d.execute_script(  # in the page: the element may be re-rendered meanwhile
+            "const e = document.querySelector(arguments[0]);"
+            "return !!e && e.offsetParent !== null;", selector)
 
     def overlap(self, block: str, a: str, b: str) -> float:
         """Pixels of overlap between the first `a` and the first `b` inside `block`."""
