@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from omnicore import VoiceClonePrompt
+from omnicore import GenerationConfig, VoiceClonePrompt
 from omnicore.model import backbone
 from omnicore.model.codec import decoder_receptive_field
 from omnicore.request import build_requests
@@ -37,8 +37,9 @@ from omnicore.streaming import LATER_WINDOWS
 from omnicore.errors import InputError
 from omnicore.text import limits, planner
 
-# Best is the reference's default; Balanced halves the steps, Fast halves them again.
-PRESETS = {"Fast": 8, "Balanced": 16, "Best": 32}
+# Best is the reference's default (32); Balanced halves the steps, Fast halves them again.
+_BEST = GenerationConfig().num_step
+PRESETS = {"Fast": _BEST // 4, "Balanced": _BEST // 2, "Best": _BEST}
 GOAL_S = 15.0  # a visitor should hear something within this long
 # The estimate is trusted to +-30 %; a preset is chosen when its estimate leaves that much room.
 HEADROOM = 1.3

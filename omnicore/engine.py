@@ -60,7 +60,7 @@ __all__ = ["PassSpec", "Request", "Engine", "EngineLoad", "default_token_budget"
            "schedule"]
 
 IDLE_EXIT_S = 10.0  # the worker thread ends after this long without work
-# Costs are text.forward_flops of a request's rows. Requests costing up to SIMILAR_COST times the
+# Costs are backbone.forward_flops of a request's rows. Requests costing up to SIMILAR_COST times the
 # least-work request per iteration share its forwards (packing similar work is cheap per row).
 SIMILAR_COST = 2.0
 # A request sitting out runs once the others have run HOLD x its own per-iteration cost, so it
@@ -140,7 +140,7 @@ def schedule(costs: Sequence[float], work: Sequence[float], held: Sequence[float
 
 def default_token_budget(cfg) -> int:
     """Packed tokens per iteration whose working memory stays within backbone.MAX_PASS_BYTES (the
-    bound every single pass is held to), from the model's per-token cost in text.forward_bytes."""
+    bound every single pass is held to), from the model's per-token cost in backbone.forward_bytes."""
     per_token = backbone.forward_bytes(cfg, [2], [0]) - backbone.forward_bytes(cfg, [1], [0])
     return max(1, backbone.MAX_PASS_BYTES // per_token)
 
@@ -225,7 +225,7 @@ class _Pass:
         self.spec = request.specs[index]
         self.prepared: tok_mod.PreparedItem | None = None
         self.state: unmasking.PassState | None = None
-        self.cost = 0  # text.forward_flops of its rows: one iteration's cost, set on admission
+        self.cost = 0  # backbone.forward_flops of its rows: one iteration's cost, set on admission
 
     def work(self) -> int:
         """What running it to the end still costs."""
@@ -241,7 +241,7 @@ class Engine:
 
     One worker thread (started on first use, a daemon; it ends after IDLE_EXIT_S without work)
     owns the forward. `max_tokens` bounds the packed tokens of one iteration (default:
-    `default_token_budget`) and text.forward_bytes of the pack stays within
+    `default_token_budget`) and backbone.forward_bytes of the pack stays within
     backbone.MAX_PASS_BYTES; passes beyond either wait, first come first served. A pass alone is
     always admitted (its memory was checked at submit).
     `trace`, when set, is called on the engine thread after each iteration with the request ids

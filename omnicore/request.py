@@ -61,8 +61,7 @@ class Request:
     clip: tuple | None = None        # (ref_audio, ref_text) still to encode into `prompt`
     normalize: Callable[[str], str] = str
     paused: PausedText | None = None  # the text, split at its pause marks (None: streamed text)
-    encode_s: float = 0.0            # seconds spent encoding the clip
-    source: tuple | None = None      # the clip the prompt was encoded from
+    encode_s: float = 0.0            # seconds spent encoding the clip (its share, when shared)
 
     def instruct_for(self, text: str | None) -> str | None:
         """The instruct's items in the language of `text` (Chinese text -> Chinese items)."""
@@ -86,8 +85,7 @@ class Request:
             t0 = time.perf_counter()
             audio, text = self.clip
             self.prompt = model.create_voice_clone_prompt(audio, text, self.gen.preprocess_prompt)
-            self.source, self.clip = self.clip, None
-            self.encode_s = time.perf_counter() - t0
+            self.clip, self.encode_s = None, time.perf_counter() - t0
 
     def spec(self, chunk: ChunkPlan, k: int, instruct: str | None, first: int | None = None,
              chunk0_codes: np.ndarray | None = None) -> PassSpec:
@@ -139,7 +137,7 @@ def build_requests(model, paused: Sequence[PausedText] | None, *, language=None,
     durations = [None if v is None else limits.validate_duration(v)
                  for v in per_item(duration, n, "duration")]
 
-    clips = [None] * n
+    prompts, clips, encode_s = per_item(voice_clone_prompt, n, "voice_clone_prompt"), [None] * n, 0.0
     if voice_clone_prompt is None and ref_audio is not None:
         audios = per_item(ref_audio, n, "ref_audio", repeat=False)
         rtexts = per_item(ref_text, n, "ref_text", repeat=False)
@@ -147,20 +145,16 @@ def build_requests(model, paused: Sequence[PausedText] | None, *, language=None,
             raise InputError("give one ref_text per ref_audio")
         for r in rtexts:
             limits.require_ref_text(r)
-        clips = per_item(list(zip(audios, rtexts)), n, "ref_audio")
-    requests = [Request(gen, langs[i], instructs[i], speeds[i], durations[i], seeds[i], None,
-                        clips[i], normalize.chunk_normalizer(normalize_text, langs[i]),
-                        paused[i] if paused is not None else None)
-                for i in range(n)]
-    if voice_clone_prompt is not None:
-        for r, p in zip(requests, per_item(voice_clone_prompt, n, "voice_clone_prompt")):
-            r.prompt = None if p is None else model.check_prompt(p)
-    elif encode:
-        for r in requests:  # a clip given once for every text is encoded once
-            twin = next((q for q in requests if q.clip is None and q.prompt is not None
-                         and q.source is r.clip), None) if r.clip is not None else None
-            if twin is not None:
-                r.prompt, r.source, r.clip = twin.prompt, twin.source, None
-            else:
-                r.encode_voice(model)
-    return requests
+        pairs = list(zip(audios, rtexts))
+        if encode:  # each clip once, also when one clip serves every text
+            t0 = time.perf_counter()
+            prompts = per_item([model.create_voice_clone_prompt(a, r, gen.preprocess_prompt)
+                                for a, r in pairs], n, "ref_audio")
+            encode_s = time.perf_counter() - t0
+        else:
+            clips = per_item(pairs, n, "ref_audio")
+    prompts = [None if p is None else model.check_prompt(p) for p in prompts]
+    return [Request(gen, langs[i], instructs[i], speeds[i], durations[i], seeds[i], prompts[i],
+                    clips[i], normalize.chunk_normalizer(normalize_text, langs[i]),
+                    paused[i] if paused is not None else None, encode_s / n)
+            for i in range(n)]

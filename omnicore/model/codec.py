@@ -40,8 +40,8 @@ from . import hubert
 from .backend import f32, to_device, to_numpy, xp
 from .config import HiggsAudioV2TokenizerConfig
 from .resample import resample
-from .kernels import (conv1d, conv_out_len, conv_transpose1d, conv_transpose_weight, conv_weight,
-                      dac_res_unit, snake)
+from .conv_kernels import (conv1d, conv_out_len, conv_transpose1d, conv_transpose_weight, conv_weight,
+                           dac_res_unit, snake)
 
 # The reference pads the 16 kHz semantic input by this many samples on each side (it is a
 # fixed number in transformers, not hop_length // 2 as in the original Boson code).
@@ -63,7 +63,7 @@ class SnakeParams:
 
 @dataclass(frozen=True)
 class ConvParams:
-    w: object  # [K, Cin, Cout] (kernels.conv_weight layout)
+    w: object  # [K, Cin, Cout] (conv_kernels.conv_weight layout)
     b: object  # [Cout] or None
 
 
@@ -79,7 +79,7 @@ class DacResUnit:
 @dataclass(frozen=True)
 class DacDecoderBlock:
     snake: SnakeParams
-    conv_t_w: object  # [2*Cin, stride*Cout] (kernels.conv_transpose_weight polyphase layout), K = 2 * stride
+    conv_t_w: object  # [2*Cin, stride*Cout] (conv_kernels.conv_transpose_weight polyphase layout), K = 2 * stride
     conv_t_b: object  # [Cout]
     stride: int
     res_units: tuple  # 3 x DacResUnit
