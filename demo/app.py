@@ -21,6 +21,16 @@ Queueing: synthesis is CPU-bound and one model instance serves everyone, so all 
 endpoints share one concurrency group of `--concurrency` jobs (default 1: running two at once
 only splits the same cores); up to `--max-queue` further requests wait in line (default 16) and
 see their place in the queue; beyond that new requests are refused with a "queue full" message.
+
+The wait, said before it starts (presets.py): at start-up the app times the model on this machine
+(`presets.measure`) and opens with the speed preset (Fast / Balanced / Best: the reference's
+`num_step`, nothing else) whose first audio of a typical input fits the goal of 15 s, streaming
+on (on a GPU: Best, not streamed). Above each Generate button the estimate of the wait updates as
+the text and settings change; the timings compare it with what the run took. A few examples per
+tab are made at start-up with those defaults (gradio's example cache), so they play at once.
+With an NVIDIA GPU and CuPy installed the app runs on the CuPy backend. `--no-warmup` (and the
+page `omnicore serve --ui` mounts) skips the measurement: the reference's defaults, no estimate,
+examples that only fill the inputs.
 """
 
 from __future__ import annotations
@@ -39,18 +49,41 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 
+
+
+def use_gpu_when_present() -> None:
+    """Run on the CuPy backend when an NVIDIA GPU is there and CuPy is installed (a GPU Space's
+    requirements), unless OMNICORE_BACKEND says otherwise. The backend is fixed when omnicore is
+    first imported, so this runs before that."""
+    if os.environ.get("OMNICORE_BACKEND") or "omnicore.model.backend" in sys.modules:
+        return
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            os.environ["OMNICORE_BACKEND"] = "cupy"
+    except Exception:  # noqa: BLE001 - no CuPy, no driver or no device: numpy on the CPU
+        pass
+
+
+if __name__ == "__main__":
+    use_gpu_when_present()
+
 try:
     import omnicore  # noqa: F401
 except ImportError:  # a source checkout without `pip install -e .`: use the package beside demo/
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from omnicore import GenerationConfig, OmniVoice, VoiceClonePrompt
-from omnicore.text import limits
-from omnicore.errors import InputError, OmniCoreError
-from omnicore.audio.writers import to_pcm16
-from omnicore.text.frontend import instruct_vocabulary, language_choices, resolve_instruct
+from omnicore import GenerationConfig, OmniVoice, VoiceClonePrompt  # noqa: E402
+from omnicore.audio.writers import to_pcm16  # noqa: E402
+from omnicore.errors import InputError, OmniCoreError  # noqa: E402
+from omnicore.model import backend  # noqa: E402
+from omnicore.text import limits  # noqa: E402
+from omnicore.text.frontend import instruct_vocabulary, language_choices, resolve_instruct  # noqa: E402
+from omnicore.text.planner import ChunkRule  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import presets  # noqa: E402
 from visuals import render_unmasking, render_waveform  # noqa: E402
 
 DEFAULT_MODEL = "k2-fsa/OmniVoice"
@@ -60,6 +93,28 @@ AUTO_LANGUAGE = "auto"
 NO_PICK = "(any)"
 SYNTHESIS_GROUP = "synthesis"  # one concurrency group for every endpoint that runs the model
 GEN = GenerationConfig()  # the panel's defaults are the API's
+# How the page's streams cut text: the library's rule (benchmarks/README.md, "Space", has the
+# measurements that chose it).
+STREAM_RULE = ChunkRule()
+DEMO_DIR = Path(__file__).resolve().parent
+# The clone tab's example voice: a synthetic espeak-ng clip shipped with the demo (the test
+# suite's reference clip), with its transcript.
+VOICE_CLIP = DEMO_DIR / "examples" / "fox.flac"
+VOICE_CLIP_TEXT = "The quick brown fox jumps over the lazy dog."
+# Examples per tab, made once at start-up with the page's defaults (seed EXAMPLE_SEED).
+EXAMPLE_SEED = 0
+AUTO_EXAMPLES = [
+    ["Hello! This is OmniVoice running on numpy. It speaks more than six hundred languages."],
+    ["The kettle clicked off just as the rain started drumming on the kitchen window."],
+]
+DESIGN_EXAMPLES = [
+    ["Good evening. Here is tonight's forecast.", "female, low pitch, british accent"],
+    ["今天早上天气很好，我们一起去公园散步吧。", "male, young adult"],
+]
+CLONE_EXAMPLES = [
+    ["Please leave the parcel with the neighbour at number twelve.", str(VOICE_CLIP),
+     VOICE_CLIP_TEXT],
+]
 
 _STAGE_NAMES = {
     "encode": "encode (reference clip to codes)",
@@ -101,7 +156,7 @@ PAUSE_HELP = ('Pauses: [pause:1.5s], [pause:500ms] or <break time="2s"/> give ex
 CSS = """
 #unmasking-view img, #waveform-view img { image-rendering: pixelated; object-fit: contain; }
 #instruct-status { min-height: 2.5em; }
-.omni-footer { font-size: 0.85em; opacity: 0.8; }
+.omni-footer, .omni-note { font-size: 0.85em; opacity: 0.8; }
 """
 
 
@@ -178,7 +233,8 @@ def _checked_settings(*values) -> dict:
         raise _fail(exc) from None
 
 
-def _timings_markdown(result, sample_rate: int, seed: int, wall_s: float) -> str:
+def _timings_markdown(result, sample_rate: int, seed: int, wall_s: float,
+                      estimated_s: float | None = None) -> str:
     audio_s = len(result.audio) / float(sample_rate)
     order = list(_STAGE_NAMES) + [k for k in result.timings if k not in _STAGE_NAMES]
     lines = ["| stage | seconds |", "|---|---:|"]
@@ -193,14 +249,16 @@ def _timings_markdown(result, sample_rate: int, seed: int, wall_s: float) -> str
               f"**RTF {rtf:.2f}** ({'faster' if rtf < 1 else 'slower'} than real time; "
               f"RTF = compute time / audio time) · {result.num_steps} steps"
               f"{f' per chunk × {chunks} text chunks' if chunks > 1 else ''} · seed **{seed}**"]
+    if estimated_s is not None:
+        lines += ["", f"Estimated before the run: {estimated_s:.2f} s; it took {wall_s:.2f} s."]
     return "\n".join(lines)
 
 
-def _outputs(model, result, seed: int, wall_s: float):
+def _outputs(model, result, seed: int, wall_s: float, estimated_s: float | None = None):
     sr = model.sampling_rate
     return ((sr, to_pcm16(result.audio)), render_waveform(result.audio, sr, width=760),
             render_unmasking(result.fill_steps, result.num_steps),
-            _timings_markdown(result, sr, seed, wall_s))
+            _timings_markdown(result, sr, seed, wall_s, estimated_s))
 
 
 STREAMED_NOT_KEPT = ("A streamed result cannot be kept as a voice (a stream does not hand back "
@@ -215,7 +273,8 @@ def _keepable(result):
         return f"This result cannot be kept as a voice: {exc}"
 
 
-def _stream_timings_markdown(stream, audio_s: float, seed: int, wall_s: float) -> str:
+def _stream_timings_markdown(stream, audio_s: float, seed: int, wall_s: float,
+                             estimated: tuple[float, float] | None = None) -> str:
     """What a SpeechStream measured: time to first audio, then unmask / decode per text chunk."""
     lines = ["| chunk | text | frames | unmask s | decode s |", "|---:|---|---:|---:|---:|"]
     for k, st in enumerate(stream.chunk_stats):
@@ -227,7 +286,11 @@ def _stream_timings_markdown(stream, audio_s: float, seed: int, wall_s: float) -
     lines += ["", f"**Streamed**: first audio after **{first:.2f} s**" if first is not None
               else "**Streamed**: no audio", "",
               f"**{audio_s:.2f} s** of audio in {wall_s:.2f} s: **RTF {rtf:.2f}** "
-              f"· {n} text chunk{'s' if n != 1 else ''} · seed **{seed}**", "",
+              f"· {n} text chunk{'s' if n != 1 else ''} · seed **{seed}**", ""]
+    if estimated is not None:
+        lines += [f"Estimated before the run: first audio after {estimated[0]:.2f} s, all of it "
+                  f"after {estimated[1]:.2f} s.", ""]
+    lines += [
               "The unmasking view is not available in streaming mode (a stream does not report "
               "the per-cell fill steps); untick streaming to see it."]
     return "\n".join(lines)
@@ -262,34 +325,80 @@ def check_instruct(instruct: str, text: str = "") -> str:
 
 
 # ------------------------------------------------------------------------------------------------
+# What the page opens with on this machine
+# ------------------------------------------------------------------------------------------------
+
+
+def measure_defaults(model) -> presets.PageDefaults:
+    """Time the model here (presets.measure) and pick the defaults: on a GPU the reference's
+    32 steps in one piece; on a CPU streaming (when ffmpeg can carry it) with the preset that
+    meets the first-audio goal for a typical input."""
+    rate = presets.measure(model, clip=(VOICE_CLIP, VOICE_CLIP_TEXT))
+    if backend.IS_CUPY:
+        return presets.PageDefaults("Best", False, rate)
+    return presets.PageDefaults(presets.default_preset(model, rate, STREAM_RULE),
+                                shutil.which("ffmpeg") is not None, rate)
+
+
+# ------------------------------------------------------------------------------------------------
 # The page
 # ------------------------------------------------------------------------------------------------
 
 
 def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAULT_CONCURRENCY,
-               max_queue: int = DEFAULT_MAX_QUEUE) -> gr.Blocks:
-    """The Blocks app for one loaded model (queue configured; call .launch(**launch_options()))."""
+               max_queue: int = DEFAULT_MAX_QUEUE, defaults: presets.PageDefaults | None = None
+               ) -> gr.Blocks:
+    """The Blocks app for one loaded model (queue configured; call .launch(**launch_options())).
+    `defaults` from `measure_defaults`; without them the page opens with the reference's
+    settings and shows no estimate."""
     workdir = Path(tempfile.mkdtemp(prefix="omnicore-demo-"))
     atexit.register(shutil.rmtree, workdir, ignore_errors=True)
+    defaults = defaults or presets.PageDefaults()
+    measured = defaults.rate is not None
+    tracker = presets.Tracker(defaults.rate) if measured else None
+    if measured and not os.environ.get("GRADIO_EXAMPLES_CACHE"):
+        # gradio reuses a cache folder it finds (keyed by component ids, not by the model):
+        # this process's examples go to its own folder
+        os.environ["GRADIO_EXAMPLES_CACHE"] = str(workdir / "examples")
+
+    def planned(streamed: bool, text, kwargs):
+        """(the request's planned work, its (first audio, all of it) estimate), or Nones (not
+        measured, or bad input: the run itself says what is wrong)."""
+        if tracker is None:
+            return None, None
+        try:
+            work = presets.planned_work(model, text, streamed=streamed, rule=STREAM_RULE,
+                                        **kwargs)
+            return work, presets.estimate(tracker.rate, work)
+        except Exception:  # noqa: BLE001 - an estimate never stops a run
+            return None, None
 
     def run(progress, **kwargs):
         seed = kwargs["seed"]
+        work, estimated = planned(False, kwargs["text"],
+                                  {k: v for k, v in kwargs.items() if k != "text"})
         t0 = time.perf_counter()
         try:
-            result = model.synthesize(on_step=_progress_hook(progress), **kwargs)[0]
+            on_step = _progress_hook(progress) if progress is not None else None
+            result = model.synthesize(on_step=on_step, **kwargs)[0]
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message, never a trace
             raise _fail(exc) from None
-        return _outputs(model, result, seed, time.perf_counter() - t0), _keepable(result)
+        wall_s = time.perf_counter() - t0
+        if work is not None:
+            tracker.observe(work, result.timings["unmask"], result.timings["decode"])
+        return (_outputs(model, result, seed, wall_s, estimated[1] if estimated else None),
+                _keepable(result))
 
     def run_streamed(progress, text, **kwargs):
         """Yield every piece of `model.stream` to the streaming player, then the final outputs
         (audio and waveform from the concatenated pieces; no unmasking view: see the notes)."""
         seed, sr = kwargs["seed"], model.sampling_rate
+        work, estimated = planned(True, text, kwargs)
         t0 = time.perf_counter()
         pieces = []
         try:
             progress(0.0, desc="Streaming")
-            with model.stream(text, **kwargs) as stream:
+            with model.stream(text, rule=STREAM_RULE, **kwargs) as stream:
                 for piece in stream:
                     pieces.append(piece)
                     yield (gr.skip(), gr.skip(), gr.skip(), gr.skip(), (sr, to_pcm16(piece)),
@@ -297,10 +406,14 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message, never a trace
             raise _fail(exc) from None
         wall_s = time.perf_counter() - t0
+        if work is not None:
+            stats = stream.chunk_stats
+            tracker.observe(work, sum(st["unmask_s"] for st in stats),
+                            sum(st["decode_s"] for st in stats))
         audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         yield ((sr, to_pcm16(audio)), render_waveform(audio, sr, width=760), None,
-               _stream_timings_markdown(stream, len(audio) / float(sr), seed, wall_s), gr.skip(),
-               STREAMED_NOT_KEPT)
+               _stream_timings_markdown(stream, len(audio) / float(sr), seed, wall_s, estimated),
+               gr.skip(), STREAMED_NOT_KEPT)
 
     def dispatch(streamed: bool, progress, text, **kwargs):
         """The endpoints are generators: one final yield without streaming (the same outputs
@@ -312,9 +425,9 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                "ffmpeg); untick streaming to get the audio in one piece.",
                                title="Streaming unavailable", print_exception=False)
             yield from run_streamed(progress, text, **kwargs)
-        else:
+        else:  # the streaming player is left alone (given None it shows a paused empty stream)
             outputs, kept = run(progress, text=text, **kwargs)
-            yield (*outputs, None, kept)
+            yield (*outputs, gr.skip(), kept)
 
     # --- endpoints: parameter names are what gradio_client users see ---
 
@@ -396,6 +509,55 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                 " the Voice clone tab now speaks with it; download the file there to reuse it.")
         return path
 
+    def waits(clone_text, ref_audio, ref_text, voice_file, design_text, instruct, auto_text,
+              *settings):
+        """The estimate line of each tab (clone, design, auto) for the inputs as they are."""
+        *values, stream, normalize_text = settings
+        try:
+            kwargs = _settings(*values)
+        except OmniCoreError as exc:
+            return (presets.describe(None, None, 0, str(exc)),) * 3
+        kwargs["normalize_text"] = bool(normalize_text)
+        steps, rate = kwargs["num_step"], tracker.rate
+
+        def line(text, **voice):
+            try:
+                work = presets.planned_work(model, text, streamed=bool(stream), rule=STREAM_RULE,
+                                            **voice, **kwargs)
+            except OmniCoreError as exc:
+                return presets.describe(rate, None, steps, str(exc))
+            return presets.describe(rate, work, steps)
+
+        if voice_file:
+            try:
+                clone = line(clone_text, voice_clone_prompt=VoiceClonePrompt.load(voice_file))
+            except OmniCoreError as exc:
+                clone = presets.describe(rate, None, steps, str(exc))
+        elif ref_audio:
+            clone = line(clone_text, ref_audio=ref_audio, ref_text=ref_text or None)
+        else:
+            clone = presets.describe(rate, None, steps, "upload a reference clip (or a voice "
+                                     "prompt file).")
+        return clone, line(design_text, instruct=instruct or None), line(auto_text)
+
+    def example_outputs(text, **voice):
+        """An example as the page makes it with its defaults, in one piece (so that the
+        unmasking view is there too)."""
+        kwargs = dict(num_step=presets.PRESETS[defaults.preset], seed=EXAMPLE_SEED)
+        outputs, _ = run(None, text=text, **voice, **kwargs)
+        *shown, timings_md = outputs
+        return (*shown, f"Example made at start-up with the {defaults.preset} preset "
+                        f"({kwargs['num_step']} steps, seed {EXAMPLE_SEED}).\n\n" + timings_md)
+
+    def example_auto(text):
+        return example_outputs(text)
+
+    def example_design(text, instruct):
+        return example_outputs(text, instruct=instruct or None)
+
+    def example_clone(text, ref_audio, ref_text):
+        return example_outputs(text, ref_audio=ref_audio, ref_text=ref_text)
+
     is_random = "random" in str(model_name).lower()
     with gr.Blocks(title="omnicore · OmniVoice TTS", analytics_enabled=False,
                    delete_cache=(3600, 7200)) as demo:
@@ -406,14 +568,14 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         with gr.Row(equal_height=False):
             with gr.Column(scale=5):
                 with gr.Tabs():
-                    with gr.Tab("Voice clone", id="clone"):
+                    with gr.Tab("Voice clone", id="clone") as clone_tab:
                         clone_text = gr.Textbox(label="Text to speak", lines=3, info=PAUSE_HELP,
                                                 elem_id="clone-text",
                                                 max_length=limits.MAX_TEXT_CHARS,
                                                 value="This is my voice, cloned from a short clip.")
                         with gr.Row():
-                            ref_audio = gr.Audio(label="Reference clip (3-10 s of clean "
-                                                 f"speech; at most {limits.MAX_REF_S:g} s)",
+                            # Short labels: gradio draws them over the upload area.
+                            ref_audio = gr.Audio(label="Reference clip",
                                                  sources=["upload", "microphone"],
                                                  type="filepath", elem_id="ref-audio")
                             with gr.Column():
@@ -426,14 +588,17 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                                          label="Clean up the clip (trim "
                                                                "silences, normalise loudness)")
                         with gr.Row():
-                            voice_file = gr.File(label="Voice prompt file (.npz, or a .pt saved "
-                                                 "by omnivoice): used instead of the clip when "
-                                                 "set", file_types=[".npz", ".pt"],
-                                                 elem_id="voice-file")
+                            voice_file = gr.File(label="Voice prompt file",
+                                                 file_types=[".npz", ".pt"], elem_id="voice-file")
                             save_voice = gr.Button("Save the clip as a voice prompt",
                                                    elem_id="save-voice")
+                        gr.Markdown(f"The clip: 3-10 s of clean speech (at most "
+                                    f"{limits.MAX_REF_S:g} s). A voice prompt file (.npz, or a "
+                                    ".pt saved by omnivoice) is used instead of the clip when set.",
+                                    elem_classes=["omni-note"])
+                        clone_wait = gr.Markdown(elem_id="clone-estimate")
                         clone_btn = gr.Button("Generate", variant="primary", elem_id="clone-go")
-                    with gr.Tab("Voice design", id="design"):
+                    with gr.Tab("Voice design", id="design") as design_tab:
                         design_text = gr.Textbox(label="Text to speak", lines=3, info=PAUSE_HELP,
                                                  elem_id="design-text",
                                                  max_length=limits.MAX_TEXT_CHARS,
@@ -453,8 +618,9 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                               placeholder="e.g. female, young adult, "
                                                           "british accent")
                         instruct_status = gr.Markdown(check_instruct(""), elem_id="instruct-status")
+                        design_wait = gr.Markdown(elem_id="design-estimate")
                         design_btn = gr.Button("Generate", variant="primary", elem_id="design-go")
-                    with gr.Tab("Auto voice", id="auto"):
+                    with gr.Tab("Auto voice", id="auto") as auto_tab:
                         auto_text = gr.Textbox(label="Text to speak", lines=3, elem_id="auto-text",
                                                info=PAUSE_HELP,
                                                max_length=limits.MAX_TEXT_CHARS,
@@ -462,6 +628,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                                      "so I picked a voice myself.")
                         gr.Markdown("No reference and no instruct: the model invents a voice. "
                                     "Fix the seed to get the same voice again.")
+                        auto_wait = gr.Markdown(elem_id="auto-estimate")
                         auto_btn = gr.Button("Generate", variant="primary", elem_id="auto-go")
 
                 with gr.Accordion("Settings", open=True):
@@ -470,9 +637,14 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                            label=f"Language ({len(language_choices())} "
                                                  "supported; type to search)",
                                            filterable=True, elem_id="language")
+                    steps_of = ", ".join(f"{name} {n}" for name, n in presets.PRESETS.items())
+                    preset = gr.Radio(list(presets.PRESETS), value=defaults.preset,
+                                      label="Speed", elem_id="preset",
+                                      info=f"Unmasking steps: {steps_of} (the reference's "
+                                           "default). Fewer steps: sooner, a little rougher.")
                     with gr.Row():
-                        num_step = gr.Slider(1, 64, value=GEN.num_step, step=1,
-                                             label="Unmasking steps", elem_id="steps")
+                        num_step = gr.Slider(1, 64, value=presets.PRESETS[defaults.preset],
+                                             step=1, label="Unmasking steps", elem_id="steps")
                         guidance = gr.Slider(0.0, 5.0, value=GEN.guidance_scale, step=0.1,
                                              label="Guidance scale (classifier-free)")
                     with gr.Row():
@@ -492,7 +664,8 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                         denoise = gr.Checkbox(GEN.denoise, label="Denoise (clone mode)")
                         postprocess = gr.Checkbox(GEN.postprocess_output,
                                                   label="Post-process (trim, fades)")
-                    streamed = gr.Checkbox(False, label="Stream the audio as it is generated",
+                    streamed = gr.Checkbox(defaults.streamed,
+                                           label="Stream the audio as it is generated",
                                            elem_id="stream",
                                            info="Plays in the streaming player while the rest "
                                                 "is made (text cut into chunks); no unmasking "
@@ -523,7 +696,8 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                      waveform_options=gr.WaveformOptions(
                                          show_recording_waveform=False))
                 stream_out = gr.Audio(label="Streaming playback", streaming=True, autoplay=True,
-                                      interactive=False, elem_id="stream-out")
+                                      interactive=False, elem_id="stream-out",
+                                      visible=defaults.streamed)
                 wave_img = gr.Image(label="Waveform and spectrogram", type="numpy", format="png",
                                     interactive=False, show_label=False, elem_id="waveform-view",
                                     buttons=["download", "fullscreen"])
@@ -558,6 +732,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
 
         # Cheap UI helpers run outside the synthesis group, so they stay instant under load.
         quick = dict(concurrency_limit=None, show_progress="hidden")
+        private = dict(api_visibility="private", **quick)
         keep_btn.click(keep_voice, [last_voice], voice_file, api_name="keep_voice", **quick)
         for picker in pickers:
             picker.change(compose_instruct, pickers, instruct, api_visibility="private", **quick)
@@ -565,6 +740,33 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                         api_name="check_instruct", **quick)
         design_text.change(check_instruct, [instruct, design_text], instruct_status,
                            api_visibility="private", **quick)
+
+        streamed.change(lambda on: gr.update(visible=bool(on)), streamed, stream_out, **private)
+        # Speed presets set the steps; steps that are no preset's clear the preset.
+        preset.input(lambda name: presets.PRESETS[name], preset, num_step, **private)
+        num_step.input(presets.preset_of, num_step, preset, **private)
+
+        # The wait, estimated as the inputs change (tokenising the text: cheap, never queued).
+        if measured:
+            tab_inputs = [clone_text, ref_audio, ref_text, voice_file, design_text, instruct,
+                          auto_text]
+            gr.on([c.change for c in tab_inputs + settings] + [demo.load], waits,
+                  tab_inputs + settings, [clone_wait, design_wait, auto_wait],
+                  trigger_mode="always_last", **private)
+
+        # Examples: made once at start-up with the page's defaults, then played from the cache.
+        shown = [audio_out, wave_img, unmask_img, timings]
+        cache = dict(cache_examples=measured, cache_mode="eager")
+        with clone_tab:
+            gr.Examples(CLONE_EXAMPLES, [clone_text, ref_audio, ref_text], shown, example_clone,
+                        label="Example (a synthetic espeak-ng voice)", elem_id="clone-examples",
+                        **cache)
+        with design_tab:
+            gr.Examples(DESIGN_EXAMPLES, [design_text, instruct], shown, example_design,
+                        label="Examples", elem_id="design-examples", **cache)
+        with auto_tab:
+            gr.Examples(AUTO_EXAMPLES, [auto_text], shown, example_auto, label="Examples",
+                        elem_id="auto-examples", **cache)
 
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
     return demo
@@ -594,7 +796,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    default=int(os.environ.get("OMNICORE_DEMO_MAX_QUEUE", DEFAULT_MAX_QUEUE)),
                    help="requests that may wait in the queue (default 16)")
     p.add_argument("--no-warmup", action="store_true",
-                   help="skip the short synthesis at start-up that compiles the kernels")
+                   help="skip timing the model at start-up (it compiles the kernels, sets the "
+                        "speed preset and the estimates, and makes the examples): the page "
+                        "opens with the reference's settings")
     return p.parse_args(argv)
 
 
@@ -603,12 +807,19 @@ def main(argv=None) -> int:
     print(f"loading {args.model} ...", flush=True)
     try:
         model = OmniVoice.from_pretrained(args.model)
-        if not args.no_warmup:  # compile the Numba kernels now rather than in the first request
-            model.generate("Hello.", num_step=2, seed=0)
+        defaults = None
+        if not args.no_warmup:
+            print("timing the model on this machine ...", flush=True)
+            defaults = measure_defaults(model)
+            r = defaults.rate
+            print(f"measured in {r.measured_s:.1f} s: {r.flops_per_s / 1e9:.1f} GFLOP/s + "
+                  f"{r.forward_s * 1e3:.1f} ms per forward pass; opening with the "
+                  f"{defaults.preset} preset ({presets.PRESETS[defaults.preset]} steps), "
+                  f"{'streamed' if defaults.streamed else 'in one piece'}", flush=True)
     except OmniCoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    demo = build_demo(model, args.model, args.concurrency, args.max_queue)
+    demo = build_demo(model, args.model, args.concurrency, args.max_queue, defaults)
     demo.launch(server_name=args.host, server_port=args.port, **launch_options())
     return 0
 

@@ -1,8 +1,9 @@
 """The Hugging Face Space build (tools/build_space.py), built into a temporary folder and run.
 
-What is checked: the build writes exactly the Space (card, demo modules, the package's source,
-requirements) and nothing else (no tests, fixtures, weights or caches); its card and
-requirements agree with pyproject.toml; it refuses a folder holding files it does not own and
+What is checked: the build writes exactly the Space (card, demo modules and example files, the
+package's source, requirements) and nothing else (no tests, fixtures, weights or caches); its
+card and requirements agree with pyproject.toml, and a GPU build (--gpu) adds pyproject's CuPy
+extra and a GPU as the card's suggested hardware; it refuses a folder holding files it does not own and
 updates a clone of the Space in place. Then the folder is installed into a fresh virtual
 environment from its own requirements.txt and its app is started on the tiny checkpoint, from
 the folder alone: the app must import the package copied beside it (not the repository's), answer
@@ -37,10 +38,10 @@ build_space = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(build_space)
 
 
-def _build(out: Path) -> subprocess.CompletedProcess:
+def _build(out: Path, *options: str) -> subprocess.CompletedProcess:
     """The documented command, as a user runs it."""
-    return subprocess.run([sys.executable, str(TOOL), str(out)], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([sys.executable, str(TOOL), *options, str(out)], capture_output=True,
+                          text=True, timeout=60)
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
@@ -66,11 +67,13 @@ def test_the_build_is_exactly_the_space(space):
     package = {p.relative_to(ROOT).as_posix() for p in (ROOT / "omnicore").rglob("*.py")
                if "__pycache__" not in p.parts}
     demo = {p.name for p in (ROOT / "demo").glob("*.py")}
+    examples = {f"examples/{p.name}" for p in (ROOT / "demo" / "examples").iterdir()}
     assert "app.py" in demo and "omnicore/__init__.py" in package
-    assert set(tree) == {"README.md", "requirements.txt"} | demo | package
+    assert "examples/fox.flac" in examples
+    assert set(tree) == {"README.md", "requirements.txt"} | demo | examples | package
     for rel in package:
         assert tree[rel] == (ROOT / rel).read_bytes(), rel
-    for name in demo | {"README.md"}:
+    for name in demo | examples | {"README.md"}:
         assert tree[name] == (ROOT / "demo" / name).read_bytes(), name
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -93,6 +96,31 @@ def test_the_card_matches_what_the_space_installs(space):
     assert meta["license"] == "apache-2.0"
     assert "CC-BY-NC" in text and "preload_from_hub" in text
     assert "k2-fsa/OmniVoice" in meta["preload_from_hub"]
+
+
+@pytest.mark.parametrize("cuda", ["cuda12", "cuda13"])
+def test_a_gpu_build_adds_cupy_and_suggests_a_gpu(tmp_path, cuda):
+    """--gpu: requirements.txt gains pyproject's gpu-cudaNN-pypi extra (CuPy with NVIDIA's CUDA
+    libraries, which a Space image lacks); the card suggests GPU hardware; all else is the CPU
+    build's."""
+    tomllib = pytest.importorskip("tomllib")
+    cpu, gpu = tmp_path / "cpu", tmp_path / "gpu"
+    assert _build(cpu).returncode == 0
+    options = ("--gpu",) + (() if cuda == "cuda12" else ("--cuda", cuda))
+    done = _build(gpu, *options)
+    assert done.returncode == 0, done.stderr
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    cupy = extras[f"gpu-{cuda}-pypi"]
+    assert cupy and all(r.startswith(f"cupy-{cuda}x[ctk]") for r in cupy)
+    cpu_tree, gpu_tree = _tree(cpu), _tree(gpu)
+    assert (_requirement_lines(gpu_tree["requirements.txt"].decode())
+            == _requirement_lines(cpu_tree["requirements.txt"].decode()) + cupy)
+    card = gpu_tree["README.md"].decode()
+    assert build_space.front_matter(card)["suggested_hardware"] == build_space.GPU_HARDWARE
+    assert card.split("\n---\n", 1)[1] == cpu_tree["README.md"].decode().split("\n---\n", 1)[1]
+    rest = set(cpu_tree) - {"README.md", "requirements.txt"}
+    assert rest == set(gpu_tree) - {"README.md", "requirements.txt"}
+    assert all(cpu_tree[k] == gpu_tree[k] for k in rest)
 
 
 @pytest.mark.parametrize("change, match", [

@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
 """Assemble a ready-to-push Hugging Face Space from this repository.
 
-    python3 tools/build_space.py OUT_DIR
+    python3 tools/build_space.py OUT_DIR                # a CPU Space (the free "CPU basic")
+    python3 tools/build_space.py --gpu OUT_DIR          # a GPU Space, CUDA 12 (--cuda cuda13)
 
 writes into OUT_DIR exactly what the Space runs, and nothing else:
 
     README.md         demo/README.md: the Space card, its YAML front-matter checked (sdk: gradio,
                       sdk_version inside pyproject's gradio pin, app_file, licence, the weights'
-                      CC-BY-NC note)
+                      CC-BY-NC note); with --gpu its suggested_hardware is a GPU
     app.py, *.py      the demo's modules (demo/*.py)
+    examples/         the demo's example files (demo/examples/: the clone tab's voice clip)
     omnicore/         the package's source files (no caches, tests, fixtures or weights)
-    requirements.txt  pyproject's runtime dependencies and its gradio pin
+    requirements.txt  pyproject's runtime dependencies and its gradio pin; with --gpu also CuPy
+                      for that CUDA major version with NVIDIA's CUDA libraries from PyPI (a Space
+                      has the driver, not the toolkit): pyproject's gpu-cudaNN-pypi extra. The
+                      app then runs on the CuPy backend when it finds the GPU.
 
 OUT_DIR may be new, empty, or a clone of the Space's git repository (`.git`, `.gitattributes`
 and the files of an earlier build are replaced or kept; anything else there is refused, so
@@ -35,6 +40,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "omnicore"
 # What a Space clone may hold besides the build's own outputs.
 _KEPT = {".git", ".gitattributes"}
+# --gpu: the CUDA major versions CuPy has wheels for, and the Space hardware the card suggests
+# (the smallest GPU Space; any NVIDIA GPU Space runs it).
+GPU_CUDA = ("cuda12", "cuda13")
+GPU_HARDWARE = "t4-small"
 
 
 class BuildError(Exception):
@@ -52,14 +61,24 @@ def _load_toml(path: Path) -> dict:
     return tomllib.loads(path.read_text(encoding="utf-8"))
 
 
-def requirements(root: Path = ROOT) -> list[str]:
+def requirements(root: Path = ROOT, gpu: str | None = None) -> list[str]:
     """The Space's requirement lines: the package's runtime dependencies, then its demo extra
-    (gradio, pinned as pyproject pins it)."""
+    (gradio, pinned as pyproject pins it), and for a GPU Space (`gpu` = "cuda12" or "cuda13")
+    the gpu-cudaNN-pypi extra."""
     project = _load_toml(root / "pyproject.toml")["project"]
-    demo = project.get("optional-dependencies", {}).get("demo", [])
+    extras = project.get("optional-dependencies", {})
+    demo = extras.get("demo", [])
     if not any(_name(r) == "gradio" for r in demo):
         raise BuildError("pyproject.toml's [project.optional-dependencies] demo has no gradio pin")
-    return list(project["dependencies"]) + list(demo)
+    lines = list(project["dependencies"]) + list(demo)
+    if gpu is not None:
+        if gpu not in GPU_CUDA:
+            raise BuildError(f"--gpu {gpu!r}: CuPy has wheels for {', '.join(GPU_CUDA)}")
+        extra = f"gpu-{gpu}-pypi"
+        if extra not in extras:
+            raise BuildError(f"pyproject.toml has no {extra} extra (CuPy for a GPU Space)")
+        lines += extras[extra]
+    return lines
 
 
 def _name(requirement: str) -> str:
@@ -118,21 +137,37 @@ def _package_files(root: Path) -> list[Path]:
     return files
 
 
-def plan(root: Path = ROOT) -> dict[str, bytes]:
-    """Every file of the Space: relative path -> contents."""
+def gpu_card(readme: str) -> str:
+    """The card of a GPU Space: the same, with `suggested_hardware` set to a GPU (it marks the
+    Space as needing one; the hardware itself is chosen in the Space's settings)."""
+    meta_end = readme.index("\n---\n", 4)
+    head = [ln for ln in readme[4:meta_end].split("\n") if not ln.startswith("suggested_hardware:")]
+    return "---\n" + "\n".join(head + [f"suggested_hardware: {GPU_HARDWARE}"]) + readme[meta_end:]
+
+
+def plan(root: Path = ROOT, gpu: str | None = None) -> dict[str, bytes]:
+    """Every file of the Space: relative path -> contents (`gpu`: see `requirements`)."""
     demo = root / "demo"
-    reqs = requirements(root)
+    reqs = requirements(root, gpu)
     readme = (demo / "README.md").read_text(encoding="utf-8")
     check_card(readme, reqs, demo)
+    if gpu is not None:
+        readme = gpu_card(readme)
     files = {"README.md": readme.encode("utf-8")}
     for module in sorted(demo.glob("*.py")):
         files[module.name] = module.read_bytes()
+    for example in sorted((demo / "examples").glob("*")):
+        if example.is_file():
+            files[f"examples/{example.name}"] = example.read_bytes()
     for rel in _package_files(root):
         files[rel.as_posix()] = (root / rel).read_bytes()
-    files["requirements.txt"] = (
-        "# Installed by the Space on top of its gradio SDK (sdk_version in README.md): omnicore's\n"
-        "# runtime dependencies and the demo's gradio pin, from pyproject.toml. omnicore itself\n"
-        "# is the folder beside app.py.\n" + "\n".join(reqs) + "\n").encode("utf-8")
+    header = ["# Installed by the Space on top of its gradio SDK (sdk_version in README.md): omnicore's",
+              "# runtime dependencies and the demo's gradio pin, from pyproject.toml. omnicore itself",
+              "# is the folder beside app.py."]
+    if gpu is not None:
+        header.append(f"# A GPU Space: the last line is pyproject's gpu-{gpu}-pypi extra (CuPy with "
+                      "the CUDA libraries).")
+    files["requirements.txt"] = ("\n".join(header + reqs) + "\n").encode("utf-8")
     return files
 
 
@@ -141,9 +176,9 @@ def _outputs(files: dict[str, bytes]) -> set[str]:
     return {name.split("/", 1)[0] for name in files}
 
 
-def build(out_dir: str | os.PathLike, root: Path = ROOT) -> list[str]:
+def build(out_dir: str | os.PathLike, root: Path = ROOT, gpu: str | None = None) -> list[str]:
     """Write the Space into `out_dir` (see the module docstring); returns the files written."""
-    files = plan(root)
+    files = plan(root, gpu)
     out = Path(out_dir).resolve()
     owned = _outputs(files)
     if out.exists():
@@ -184,9 +219,15 @@ def main(argv=None) -> int:
         description="Write a ready-to-push Hugging Face Space (demo app, omnicore package, "
                     "requirements.txt, README.md card) into OUT_DIR.")
     p.add_argument("out_dir", metavar="OUT_DIR", help="new or empty folder, or a clone of the Space")
+    p.add_argument("--gpu", action="store_true",
+                   help="a GPU Space: CuPy in requirements.txt and a GPU as the card's suggested "
+                        "hardware")
+    p.add_argument("--cuda", choices=GPU_CUDA, default=GPU_CUDA[0],
+                   help=f"with --gpu: the CUDA major version of CuPy's wheels (default "
+                        f"{GPU_CUDA[0]})")
     args = p.parse_args(argv)
     try:
-        written = build(args.out_dir)
+        written = build(args.out_dir, gpu=args.cuda if args.gpu else None)
     except (BuildError, OSError) as exc:
         print(f"build_space: error: {exc}", file=sys.stderr)
         return 2
