@@ -345,6 +345,13 @@ def measure_defaults(model) -> presets.PageDefaults:
 # ------------------------------------------------------------------------------------------------
 
 
+def _warn_pace(prompt) -> None:
+    """A note when a voice's transcript cannot be what its clip says (it would speak badly)."""
+    problem = prompt.pace_problem()
+    if problem:
+        gr.Warning(problem, title="Check the transcript")
+
+
 def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAULT_CONCURRENCY,
                max_queue: int = DEFAULT_MAX_QUEUE, defaults: presets.PageDefaults | None = None
                ) -> gr.Blocks:
@@ -443,6 +450,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                 gr.Info("Using the voice prompt file; the reference clip is ignored.")
             try:
                 kwargs["voice_clone_prompt"] = VoiceClonePrompt.load(voice_prompt_file)
+                _warn_pace(kwargs["voice_clone_prompt"])
             except Exception as exc:  # noqa: BLE001
                 raise _fail(exc) from None
         elif ref_audio:
@@ -494,6 +502,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         path = save_prompt(prompt, "voice")
         gr.Info(f"Voice prompt saved ({prompt.ref_audio_tokens.shape[1]} frames): download it "
                 "to reuse this voice without re-encoding the clip.")
+        _warn_pace(prompt)
         return path
 
     def keep_voice(kept=None):

@@ -96,6 +96,15 @@ def clip_voice(server, voices_dir, tmp_path_factory):
                    files={"audio": ("clip.wav", buf.getvalue(), "audio/wav")}, timeout=120)
     assert r.status_code == 201, r.text
     assert r.json()["id"] == "clip"
+    assert "X-Omnicore-Warning" not in r.headers  # a transcript that fits its clip
+    # A transcript far too long for 2 s of audio: the voice is made, and the response says why
+    # it will speak badly.
+    long_text = "This transcript is far too long to be what a two second clip says. " * 3
+    w = httpx.post(server + "/v1/voices", data={"name": "clip_wrong", "ref_text": long_text},
+                   files={"audio": ("clip.wav", buf.getvalue(), "audio/wav")}, timeout=120)
+    assert w.status_code == 201, w.text
+    assert "ref_text does not fit its clip" in w.headers["X-Omnicore-Warning"]
+    assert httpx.delete(server + "/v1/voices/clip_wrong").status_code == 200
     return VoiceClonePrompt.load(voices_dir / "clip.npz")
 
 

@@ -225,7 +225,14 @@ async def voices_create(request: Request):
         instruct, work = designed_voice_work(server, body, "instruct", "text")
         record = {"type": "prompt", "prompt": instruct}
     prompt, record = await make_voice(request, server, name, work, record, consent)
-    return JSONResponse(describe_voice(name, prompt, record), 201)
+    return JSONResponse(describe_voice(name, prompt, record), 201, pace_warning(prompt))
+
+
+def pace_warning(prompt) -> dict:
+    """A header that says when a cloned voice's transcript cannot be what its clip says (the
+    voice is kept: the caller decides)."""
+    problem = prompt.pace_problem()
+    return {"X-Omnicore-Warning": problem} if problem else {}
 
 
 async def make_voice(request: Request, server: ServerState, name: str, work, record: dict,
@@ -378,8 +385,8 @@ async def audio_voices_create(request: Request):
         raise HTTPError(400, f"type must be 'audio_sample' or 'prompt', got {kind!r}", "type",
                         "invalid_value")
     name = new_voice_id()
-    _, record = await make_voice(request, server, name, work, record, consent)
-    return JSONResponse(openai_voice(name, record))
+    prompt, record = await make_voice(request, server, name, work, record, consent)
+    return JSONResponse(openai_voice(name, record), headers=pace_warning(prompt))
 
 
 @route("audio_voices")
