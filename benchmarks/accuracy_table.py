@@ -11,9 +11,10 @@ targets before every unmasking step, the same padded clip, the same codes). The 
 runs in a child process (OMNICORE_BACKEND is read at import).
 
 Error of a stage: ||x - x64|| / ||x64|| over every element of that stage, pooled over the
-cases (and steps) of the run (MASK columns of the log-probs left out). "flips" counts the cells
-whose greedy token differs from the float64 one, over all steps (same inputs for everyone, so
-each flip is that implementation's own rounding deciding a near-tie). Where an implementation
+cases (and steps) of the run (MASK columns of the log-probs left out). "token flips" counts the
+cells whose greedy token differs from the float64 one, over all steps, "selection flips" the
+steps that would fill other cells than float64 does (same inputs for everyone, so each flip is
+that implementation's own rounding deciding a near-tie). Where an implementation
 picks other encoder codes than float64, the residuals of the later quantizers are compared on
 the frames that agree so far only.
 """
@@ -62,6 +63,32 @@ def _finite_lp(lp, mask_id):
     return np.delete(lp, mask_id, axis=-1)  # the MASK column is -inf everywhere
 
 
+def _selection(conf, tokens_in, step: int, num_step: int, mask_id: int):
+    """The cells (flat, sorted) that a step fills given these confidences, or None when it
+    fills every masked cell (no decision to get wrong). The greedy rule of
+    unmasking.choose_cells, on the host and in the confidences' own precision (float64 for the
+    oracle: choose_cells runs on the device, which holds no float64)."""
+    from omnicore.model.unmasking import unmask_schedule
+
+    C, T = conf.shape
+    k = unmask_schedule(C * T, num_step, 0.1)[step]
+    filled = tokens_in[step] != mask_id
+    if k >= (~filled).sum():
+        return None
+    penalty = conf.dtype.type(5.0) * np.arange(C, dtype=conf.dtype)[:, None]  # layer_penalty_factor
+    score = np.where(filled, -np.inf, conf - penalty).ravel()
+    return np.sort(np.argsort(-score, kind="stable")[:k])
+
+
+def _count_selection(pool, conf, conf64, tokens_in, step, mask_id):
+    """Steps whose filled cells differ from the ones float64 fills (same inputs for everyone)."""
+    num_step = tokens_in.shape[0]
+    want = _selection(conf64, tokens_in, step, num_step, mask_id)
+    if want is not None:
+        got = _selection(conf, tokens_in, step, num_step, mask_id)
+        pool.count("selection flips", not np.array_equal(got, want), 1)
+
+
 def omnicore_errors(oracle: Path, ckpt: Path, cases) -> dict:
     """Errors of omnicore on the current backend against float64 (pooled over cases)."""
     from omnicore import OmniVoice
@@ -94,18 +121,18 @@ def omnicore_errors(oracle: Path, ckpt: Path, cases) -> dict:
             pool.add("log-probs", _finite_lp(lp, mask_id), _finite_lp(lp64, mask_id))
             pool.add("confidence", conf, z["x64_conf"][step])
             pool.count("token flips", (pred != lp64.argmax(-1)).sum(), pred.size)
+            _count_selection(pool, conf, z["x64_conf"][step], tokens_in, step, mask_id)
             if step in probes:
                 p = probes.index(step)
                 pool.add("logits", np.stack([to_numpy(c), to_numpy(u)]),
                          np.stack([z["x64_logits_c"][p], z["x64_logits_u"][p]]))
-                x = to_numpy(bb.embed(params, cfg, ids, audio_mask))  # [S + T, D]
+                x = bb.embed(params, cfg, ids, audio_mask)  # [S + T, D]
                 want = np.concatenate([z["x64_embeds_c"][p], z["x64_embeds_u"][p]])
-                pool.add("embeddings", x, want)
-                for i in range(len(params.layers)):
-                    part = dataclasses.replace(params, layers=params.layers[:i + 1])
-                    h = to_numpy(bb.hidden_states(part, cfg, bb.embed(params, cfg, ids, audio_mask), pack))
+                pool.add("embeddings", to_numpy(x), want)
+                for i, lp in enumerate(params.layers):  # one layer at a time: x + layer(x)
+                    x = bb.hidden_states(dataclasses.replace(params, layers=(lp,)), cfg, x, pack).copy()
                     want = np.concatenate([z["x64_hidden_c"][p, i], z["x64_hidden_u"][p, i]])
-                    pool.add(f"layer {i + 1}", h, want)
+                    pool.add(f"layer {i + 1}", to_numpy(x), want)
 
     cpath = oracle / "codec.npz"
     if cpath.is_file():
@@ -147,6 +174,7 @@ def reference_errors(oracle: Path, cases) -> dict:
             pool.add("confidence", z["x32_conf"][step], z["x64_conf"][step])
             pred = lp32[step].argmax(-1)
             pool.count("token flips", (pred != lp64[step].argmax(-1)).sum(), pred.size)
+            _count_selection(pool, z["x32_conf"][step], z["x64_conf"][step], z["tokens_in"], step, mask_id)
         for p in range(len(probes)):
             pool.add("logits", np.stack([z["x32_logits_c"][p], z["x32_logits_u"][p]]),
                      np.stack([z["x64_logits_c"][p], z["x64_logits_u"][p]]))

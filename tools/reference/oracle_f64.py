@@ -24,7 +24,7 @@ Files (np.savez, uncompressed: float64 arrays are what this is for, so expect te
     tokens_in        int64 [steps, C, T]  the float64 run's targets before each step
     codes64          int64 [C, T]  the float64 run's greedy codes (scoring in float64 too)
     codes32          int64 [C, T]  the reference's own float32 `_generate_iterative` codes
-    probe_steps      int64 [P]     steps whose layers are dumped (first, middle, last)
+    probe_steps      int64 [P]     steps whose layers are dumped (--probe-steps; first, middle, last)
     x64_* / x32_*    float64 / float32 stage tensors, reference in float64 / float32:
       embeds_c [P, S, D], embeds_u [P, T, D]     fused input embeddings (cond / uncond row)
       hidden_c [P, layers, S, D], hidden_u [P, layers, T, D]   residual stream after each layer
@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -173,12 +174,7 @@ def run_loop(model, task, gen, tokens_in=None, probes=()):
     Returns (codes [C, T], tokens_in [steps, C, T], stages: dict of numpy arrays)."""
     rows = Rows(model, task)
     C, T, S = model.config.num_audio_codebook, rows.T, rows.S
-    steps_t = _time_steps(gen)
-    total, rem, sched = C * T, C * T, []
-    for step in range(gen.num_step):
-        k = rem if step == gen.num_step - 1 else min(int(np.ceil(total * (steps_t[step + 1] - steps_t[step]))), rem)
-        sched.append(k)
-        rem -= k
+    sched = schedule(C * T, gen)
     layer_ids = torch.arange(C).view(1, -1, 1)
     tokens = torch.full((1, C, T), model.config.audio_mask_id, dtype=torch.long)
     rec = StageRecorder(model)
@@ -222,10 +218,17 @@ def run_loop(model, task, gen, tokens_in=None, probes=()):
     return tokens[0].numpy().astype(np.int64), np.stack(seen).astype(np.int64), stages
 
 
-def _time_steps(gen) -> list:
+def schedule(num_cells: int, gen) -> list[int]:
+    """Cells filled at each step, as `_generate_iterative` counts them."""
     from omnivoice.models.omnivoice import _get_time_steps
 
-    return _get_time_steps(t_start=0.0, t_end=1.0, num_step=gen.num_step, t_shift=gen.t_shift).tolist()
+    t = _get_time_steps(t_start=0.0, t_end=1.0, num_step=gen.num_step, t_shift=gen.t_shift).tolist()
+    rem, sched = num_cells, []
+    for step in range(gen.num_step):
+        k = rem if step == gen.num_step - 1 else min(math.ceil(num_cells * (t[step + 1] - t[step])), rem)
+        sched.append(int(k))
+        rem -= int(k)
+    return sched
 
 
 def reference_codes(model, task, gen) -> np.ndarray:
@@ -234,13 +237,13 @@ def reference_codes(model, task, gen) -> np.ndarray:
         return model._generate_iterative(task, gen)[0].numpy().astype(np.int64)
 
 
-def generation_case(m64, m32, case: dict, num_step: int) -> dict:
+def generation_case(m64, m32, case: dict, num_step: int, probes=None) -> dict:
     task64 = make_task(m64, case)
     task32 = make_task(m32, case)
     # One set of inputs for everyone: the float64 prompt codes (clone mode) and target length.
     task32.ref_audio_tokens, task32.target_lens = task64.ref_audio_tokens, task64.target_lens
     gen = gen_config(case, num_step)
-    probes = sorted({0, num_step // 2, num_step - 1})
+    probes = sorted(probes or {0, num_step // 2, num_step - 1})
     codes64, tokens_in, x64 = run_loop(m64, task64, gen, probes=probes)
     _, forced, x32 = run_loop(m32, task32, gen, tokens_in=tokens_in, probes=probes)
     assert np.array_equal(forced, tokens_in)
@@ -286,6 +289,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     ap.add_argument("--num-step", type=int, default=8)
+    ap.add_argument("--probe-steps", help="comma-separated steps whose layers and logits are dumped "
+                    "(default: first, middle, last)")
     ap.add_argument("--no-codec", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -296,7 +301,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     m64, m32 = load(args.ckpt, torch.float64), load(args.ckpt, torch.float32)
     for name in args.cases.split(","):
-        arrs = generation_case(m64, m32, CASES[name], args.num_step)
+        probes = [int(x) for x in args.probe_steps.split(",")] if args.probe_steps else None
+        arrs = generation_case(m64, m32, CASES[name], args.num_step, probes)
         np.savez(args.out / f"gen_{name}.npz", **arrs)
         same = np.array_equal(arrs["codes64"], arrs["codes32"])
         print(f"{name}: T={arrs['codes64'].shape[1]} reference f32 codes "
