@@ -68,7 +68,7 @@ def child(a) -> None:
         args = cli.build_parser().parse_args(["batch", jobs, "--out-dir", out, "--ray", "--workers",
                                               str(workers), "--threads-per-worker", str(threads), *flags])
         t0 = time.perf_counter()
-        summary = cli.run_ray_batch(args)
+        summary = cli.batch.run_ray_batch(args)
         result["wall_s"] = time.perf_counter() - t0
         rc = 1 if summary["failed"] else 0
         result["peak_rss"] = [w["peak_rss"] for w in summary["workers"]]

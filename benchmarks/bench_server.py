@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
 """`omnicore serve` under N concurrent clients on loopback: the engine (every admitted request
-packed into shared forwards) vs the same server limited to one request at a time.
+packed into shared forwards) vs the same server limited to one request at a time; then voice
+agents on the WebSocket, feeding the text word by word as an LLM writes it.
 
     python3 benchmarks/bench_server.py [--model DIR] [--clients 4] [--requests 2] [--steps 8]
-                                       [--timeout 300] [--markdown FILE]
+                                       [--word-interval 0.05] [--timeout 300] [--markdown FILE]
 
 --model defaults to $OMNICORE_BENCH_MODEL, else weights/tiny-random. Each client sends its
 requests one after another as streamed 16-bit PCM (`stream_format: audio`), greedy settings and
 a fixed duration, so both servers do the same work. Per request: time to first byte (TTFB) and
 latency (last byte), both from the request's start, so waiting for the one slot counts; per
 run: throughput in audio seconds per wall second, and from the server's /metrics the engine
-iterations it ran and the tokens it packed per iteration. Bounded: at most 64 clients, and a
-run stops waiting after --timeout seconds (its unfinished requests are counted, not timed).
+iterations it ran and the tokens it packed per iteration. On the WebSocket
+(/v1/audio/speech/stream-input, engine server only) each client sends the same text one word
+per --word-interval seconds, then closes: the time from its first fragment to its first audio
+frame is what an agent's user waits. Bounded: at most 64 clients, and a run stops waiting
+after --timeout seconds (its unfinished requests are counted, not timed).
 """
 
 from __future__ import annotations
@@ -73,6 +77,69 @@ def one(url: str, body: dict, timeout: float) -> tuple[float, float, float]:
     return ttfb or 0.0, time.perf_counter() - t0, n / 2 / 24000
 
 
+def one_socket(url: str, fields: dict, interval: float, timeout: float) -> tuple[float, float]:
+    """(first fragment -> first audio, first fragment -> audio.done) of one utterance written
+    one word per `interval` seconds (by a writer thread) over the WebSocket."""
+    import json
+
+    from websockets.sync.client import connect
+
+    words = TEXT.split(" ")
+    with connect(url.replace("http://", "ws://") + "/v1/audio/speech/stream-input",
+                 open_timeout=timeout, close_timeout=5) as ws:
+        ws.send(json.dumps(fields))
+        t0 = time.perf_counter()
+
+        def write():
+            for i, word in enumerate(words):
+                ws.send(json.dumps({"text": word if i + 1 == len(words) else word + " "}))
+                time.sleep(interval)
+            ws.send(json.dumps({"close": True}))
+        threading.Thread(target=write, daemon=True).start()
+        first = None
+        while True:
+            m = ws.recv(timeout=max(0.01, t0 + timeout - time.perf_counter()))
+            if isinstance(m, bytes):
+                first = time.perf_counter() - t0 if first is None else first
+            elif (event := json.loads(m))["type"] == "audio.done":
+                return (first if first is not None else float("nan")), time.perf_counter() - t0
+            else:
+                raise RuntimeError(event["error"]["message"])
+
+
+def socket_run(url: str, clients: int, steps: int, interval: float, timeout: float) -> dict:
+    """`clients` agents at once, one utterance each (greedy, `steps` steps)."""
+    fields = {"response_format": "pcm", "num_step": steps, "position_temperature": 0.0}
+    results, errors = in_parallel(clients, 1, lambda left: one_socket(url, fields, interval, left),
+                                  time.perf_counter() + timeout)
+    res = np.array(results) if results else np.zeros((0, 2))
+    pct = (lambda col, q: float(np.percentile(res[:, col], q)) if len(res) else float("nan"))
+    return {"utterances": len(res), "errors": len(errors), "p50_first_audio": pct(0, 50),
+            "p95_first_audio": pct(0, 95), "p50_done": pct(1, 50), "p95_done": pct(1, 95)}
+
+
+def in_parallel(clients: int, calls: int, work, deadline: float) -> tuple[list, list]:
+    """`clients` threads, each calling work(seconds left) up to `calls` times one after another
+    until `deadline`: (results, errors as reprs) of the calls that ended by then."""
+    results, errors = [], []
+
+    def client():
+        for _ in range(calls):
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return
+            try:
+                results.append(work(left))
+            except Exception as exc:  # noqa: BLE001 - counted, not fatal
+                errors.append(repr(exc))
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, deadline - time.perf_counter()))
+    return list(results), list(errors)  # copies: late threads may still append
+
+
 def engine_counts(url: str) -> tuple[float, float]:
     """(iterations, tokens packed) the server's engine has run so far, from /metrics."""
     got = {smp.name: smp.value
@@ -86,28 +153,12 @@ def run(url: str, clients: int, requests: int, steps: int, timeout: float) -> di
     body = {"input": TEXT, "voice": None, "response_format": "pcm", "stream_format": "audio",
             "num_step": steps, "position_temperature": 0.0, "duration": 4.0}
     one(url, dict(body, num_step=1), timeout)  # warm-up: compile and load outside the timing
-    results, errors = [], []
     iterations0, tokens0 = engine_counts(url)
     t0 = time.perf_counter()
-    deadline = t0 + timeout
-
-    def client():
-        for _ in range(requests):
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                return
-            try:
-                results.append(one(url, body, left))
-            except Exception as exc:  # noqa: BLE001 - counted, not fatal
-                errors.append(repr(exc))
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(max(0.0, deadline - time.perf_counter()))
+    results, errors = in_parallel(clients, requests, lambda left: one(url, body, left),
+                                  t0 + timeout)
     wall = time.perf_counter() - t0
     iterations1, tokens1 = engine_counts(url)
-    results, errors = list(results), list(errors)  # late threads may still append
     res = np.array(results) if results else np.zeros((0, 3))
     pct = (lambda col, q: float(np.percentile(res[:, col], q)) if len(res) else float("nan"))
     iterations = iterations1 - iterations0
@@ -126,21 +177,30 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--requests", type=int, default=2, help="requests per client")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--word-interval", type=float, default=0.05,
+                    help="seconds between the WebSocket's word fragments (default %(default)s: "
+                         "an LLM writing ~20 words a second)")
     ap.add_argument("--timeout", type=float, default=300.0,
                     help="seconds each server's run may take (default %(default)s)")
     ap.add_argument("--markdown", help="also write the table to this file")
     args = ap.parse_args()
     if not 1 <= args.clients <= MAX_CLIENTS or args.requests < 1 or args.steps < 1:
         ap.error(f"--clients must be 1..{MAX_CLIENTS}; --requests and --steps at least 1")
+    if not 0 <= args.word_interval <= 5:
+        ap.error("--word-interval must be 0..5 seconds")
     import tempfile
 
-    rows = []
+    rows, socket_row = [], None
     for name, extra in (("engine (all admitted packed)", ()),
                         ("one at a time (--max-concurrency 1)", ("--max-concurrency", "1"))):
         with tempfile.TemporaryDirectory() as voices:
             proc, url = start(args.model, Path(voices), "--max-queue", str(args.clients + 1), *extra)
             try:
                 r = run(url, args.clients, args.requests, args.steps, args.timeout)
+                if socket_row is None:
+                    socket_row = socket_run(url, args.clients, args.steps, args.word_interval,
+                                            args.timeout)
+                    print("socket", socket_row, file=sys.stderr)
             finally:
                 proc.terminate()
                 proc.wait(30)
@@ -156,6 +216,13 @@ def main() -> int:
                      f"{r['throughput']:.2f} | {r['p50_latency']:.2f} / {r['p95_latency']:.2f} | "
                      f"{r['p50_ttfb']:.2f} / {r['p95_ttfb']:.2f} | {r['iterations']} | "
                      f"{r['tokens_per_iteration']:.0f} |")
+    s = socket_row
+    lines += ["", f"WebSocket, engine server: {args.clients} agents at once, one word every "
+              f"{args.word_interval:g} s ({len(TEXT.split())} words), then close", "",
+              "| utterances (errors) | p50 / p95 first fragment -> first audio (s) | "
+              "p50 / p95 first fragment -> done (s) |", "|---|---|---|",
+              f"| {s['utterances']} ({s['errors']}) | {s['p50_first_audio']:.2f} / "
+              f"{s['p95_first_audio']:.2f} | {s['p50_done']:.2f} / {s['p95_done']:.2f} |"]
     print("\n".join(lines))
     if args.markdown:
         Path(args.markdown).write_text("\n".join(lines) + "\n")

@@ -47,8 +47,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from omnicore.model import codec, hubert  # noqa: E402
-from omnicore.model.kernels import (conv1d, conv_transpose1d, gelu, group_norm, grouped_conv1d,  # noqa: E402
-                              snake)
+from omnicore.model.conv_kernels import (conv1d, conv_transpose1d, gelu, group_norm,  # noqa: E402
+                                         grouped_conv1d, snake)
 
 
 class Stages:

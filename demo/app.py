@@ -44,7 +44,7 @@ try:
 except ImportError:  # a source checkout without `pip install -e .`: use the package beside demo/
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from omnicore import OmniVoice, VoiceClonePrompt
+from omnicore import GenerationConfig, OmniVoice, VoiceClonePrompt
 from omnicore.text import limits
 from omnicore.errors import InputError, OmniCoreError
 from omnicore.audio.writers import to_pcm16
@@ -59,6 +59,7 @@ DEFAULT_MAX_QUEUE = 16
 AUTO_LANGUAGE = "auto"
 NO_PICK = "(any)"
 SYNTHESIS_GROUP = "synthesis"  # one concurrency group for every endpoint that runs the model
+GEN = GenerationConfig()  # the panel's defaults are the API's
 
 _STAGE_NAMES = {
     "encode": "encode (reference clip to codes)",
@@ -79,12 +80,12 @@ Write `[pause:1.5s]` or `<break time="500ms"/>` in the text for exactly that muc
 press **Keep this voice** to speak on with a voice you designed (it goes to the clone tab).
 """
 
-UNMASKING_CAPTION = """\
+UNMASKING_CAPTION = f"""\
 **How to read it.** Each cell is one code (row = codebook, column = 40 ms frame); its colour is
 the step that filled it, **dark = early, yellow = late**.
 * **Schedule**: every step may fill a budget of cells taken from a shifted time grid
-  (`t_shift`, 0.1 by default): very few cells at first, most of them in the last steps
-  (left chart). Fewer steps mean bigger jumps.
+  (`t_shift`, {GEN.t_shift:g} by default): very few cells at first, most of them in the last
+  steps (left chart). Fewer steps mean bigger jumps.
 * **Layer penalty**: a cell's confidence is lowered by `layer penalty × codebook index`, so the
   coarse codebook 0 settles first and the fine-detail codebooks 5-7 last (right chart). Set the
   penalty to 0 in *Unmasking knobs* and the rows mix.
@@ -155,15 +156,18 @@ def _settings(language, num_step, guidance_scale, speed, duration, seed, denoise
     speed = _number(speed, "speed", 1.0)
     return dict(
         language=None if language in (None, "", AUTO_LANGUAGE) else language,
-        num_step=_number(num_step, "steps", 32, integer=True),
-        guidance_scale=_number(guidance_scale, "guidance scale", 2.0),
+        num_step=_number(num_step, "steps", GEN.num_step, integer=True),
+        guidance_scale=_number(guidance_scale, "guidance scale", GEN.guidance_scale),
         duration=duration if duration > 0 else None,  # a fixed duration overrides speed
         speed=speed if duration <= 0 and speed != 1.0 else None,
         seed=_seed(_number(seed, "seed", None, integer=True)), denoise=bool(denoise),
-        postprocess_output=bool(postprocess_output), t_shift=_number(t_shift, "t_shift", 0.1),
-        layer_penalty_factor=_number(layer_penalty_factor, "layer penalty", 5.0),
-        position_temperature=_number(position_temperature, "position temperature", 5.0),
-        class_temperature=_number(class_temperature, "class temperature", 0.0),
+        postprocess_output=bool(postprocess_output),
+        t_shift=_number(t_shift, "t_shift", GEN.t_shift),
+        layer_penalty_factor=_number(layer_penalty_factor, "layer penalty",
+                                     GEN.layer_penalty_factor),
+        position_temperature=_number(position_temperature, "position temperature",
+                                     GEN.position_temperature),
+        class_temperature=_number(class_temperature, "class temperature", GEN.class_temperature),
     )
 
 
@@ -418,8 +422,9 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                                       max_length=limits.MAX_REF_TEXT_CHARS,
                                                       info="Required: omnicore has no speech "
                                                            "recogniser.")
-                                preprocess = gr.Checkbox(True, label="Clean up the clip (trim "
-                                                         "silences, normalise loudness)")
+                                preprocess = gr.Checkbox(GEN.preprocess_prompt,
+                                                         label="Clean up the clip (trim "
+                                                               "silences, normalise loudness)")
                         with gr.Row():
                             voice_file = gr.File(label="Voice prompt file (.npz, or a .pt saved "
                                                  "by omnivoice): used instead of the clip when "
@@ -466,9 +471,9 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                                  "supported; type to search)",
                                            filterable=True, elem_id="language")
                     with gr.Row():
-                        num_step = gr.Slider(1, 64, value=32, step=1, label="Unmasking steps",
-                                             elem_id="steps")
-                        guidance = gr.Slider(0.0, 5.0, value=2.0, step=0.1,
+                        num_step = gr.Slider(1, 64, value=GEN.num_step, step=1,
+                                             label="Unmasking steps", elem_id="steps")
+                        guidance = gr.Slider(0.0, 5.0, value=GEN.guidance_scale, step=0.1,
                                              label="Guidance scale (classifier-free)")
                     with gr.Row():
                         speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05,
@@ -484,8 +489,9 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                     with gr.Row():
                         seed = gr.Number(-1, precision=0, label="Seed (-1 = random)",
                                          elem_id="seed")
-                        denoise = gr.Checkbox(True, label="Denoise (clone mode)")
-                        postprocess = gr.Checkbox(True, label="Post-process (trim, fades)")
+                        denoise = gr.Checkbox(GEN.denoise, label="Denoise (clone mode)")
+                        postprocess = gr.Checkbox(GEN.postprocess_output,
+                                                  label="Post-process (trim, fades)")
                     streamed = gr.Checkbox(False, label="Stream the audio as it is generated",
                                            elem_id="stream",
                                            info="Plays in the streaming player while the rest "
@@ -497,15 +503,17 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                                   "five dollars on ...'; needs the tn extra.")
                     with gr.Accordion("Unmasking knobs", open=False):
                         with gr.Row():
-                            t_shift = gr.Slider(0.01, 1.0, value=0.1, step=0.01,
+                            t_shift = gr.Slider(0.01, 1.0, value=GEN.t_shift, step=0.01,
                                                 label="t_shift (schedule: small = slow start)")
-                            layer_penalty = gr.Slider(0.0, 20.0, value=5.0, step=0.5,
+                            layer_penalty = gr.Slider(0.0, 20.0, step=0.5,
+                                                      value=GEN.layer_penalty_factor,
                                                       label="Layer penalty")
                         with gr.Row():
-                            pos_temp = gr.Slider(0.0, 20.0, value=5.0, step=0.5,
+                            pos_temp = gr.Slider(0.0, 20.0, step=0.5,
+                                                 value=GEN.position_temperature,
                                                  label="Position temperature (0 = pure "
                                                        "confidence order)")
-                            class_temp = gr.Slider(0.0, 2.0, value=0.0, step=0.05,
+                            class_temp = gr.Slider(0.0, 2.0, value=GEN.class_temperature, step=0.05,
                                                    label="Class temperature (0 = argmax tokens)")
 
             with gr.Column(scale=6):

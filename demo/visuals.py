@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-FRAME_RATE = 25  # code frames per second of audio (hop 960 at 24 kHz)
+from omnicore.model.config import FRAME_RATE
+
 
 # Colour maps as a few anchor colours, interpolated linearly. "steps" runs dark violet -> teal ->
 # yellow (perceptually ordered, readable by colour-blind viewers); "heat" is black -> purple ->

@@ -1,8 +1,8 @@
 """`omnicore batch --ray`: the batch's jobs on Ray actors, resumable and fault-tolerant.
 
     driver (this process)                                 Ray actors (`Worker`, one model each)
-      cli.parse_jobs: good lines -> items, bad lines       load the model once, keep it
-        -> failed records                                  synthesize(item), up to IN_FLIGHT at
+      cli.batch.parse_jobs: good lines -> items, bad     load the model once, keep it
+        lines -> failed records                            synthesize(item), up to IN_FLIGHT at
       resume: skip ids with an ok manifest line and          once (threads), so their passes pack
         their complete output file                           in the actor's engine
       _Queue: items grouped by voice prompt; a worker      a voice prompt (ref_audio + ref_text) is
@@ -496,14 +496,14 @@ def run(jobs: list[tuple[int, dict]], problems: list, out_dir: Path, *, model: s
         address: str | None = None, log: Callable[[str], None] = lambda msg: None,
         report: Callable[[str], None] = lambda msg: None,
         on_record: Callable[[dict, object], None] | None = None) -> dict:
-    """Run checked batch `jobs` ((line, job) pairs, cli.parse_jobs) on Ray actors, writing
+    """Run checked batch `jobs` ((line, job) pairs, cli.batch.parse_jobs) on Ray actors, writing
     OUT_DIR/<id>.wav and one manifest line per job; `problems` ((line, id or None, why) of the
     bad lines) are recorded failed.
 
     Uses the Ray instance already initialised in this process, else starts one (`address`
     None or "") or joins `address` ("auto", "ray://host:port"), shutting down what it started.
     `job_kwargs(job)` gives a job's generate() arguments, `target(out_dir, id)` its output
-    file (cli.job_kwargs, cli.batch_target); `log` gets progress lines, `report`
+    file (cli.batch.job_kwargs, batch_target); `log` gets progress lines, `report`
     each failure; `on_record(record, actor)` is called after each result of an actor (tests
     kill actors from it). Returns a summary: counts, audio seconds, wall time, each worker's
     name, load time, threads and peak memory."""

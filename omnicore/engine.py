@@ -48,7 +48,7 @@ import queue
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -60,7 +60,7 @@ __all__ = ["PassSpec", "Request", "Engine", "EngineLoad", "default_token_budget"
            "schedule"]
 
 IDLE_EXIT_S = 10.0  # the worker thread ends after this long without work
-# Costs are text.forward_flops of a request's rows. Requests costing up to SIMILAR_COST times the
+# Costs are backbone.forward_flops of a request's rows. Requests costing up to SIMILAR_COST times the
 # least-work request per iteration share its forwards (packing similar work is cheap per row).
 SIMILAR_COST = 2.0
 # A request sitting out runs once the others have run HOLD x its own per-iteration cost, so it
@@ -91,6 +91,13 @@ class PassSpec:
     seed: int | np.random.SeedSequence | None
     gen: GenerationConfig
     after: int | None = None
+
+
+class PassResult(NamedTuple):
+    """What one pass made: its codes and the step (from 0) at which each cell was filled."""
+
+    codes: np.ndarray       # int64 [C, T]
+    fill_steps: np.ndarray  # int64 [C, T]
 
 
 @dataclass(frozen=True)
@@ -133,7 +140,7 @@ def schedule(costs: Sequence[float], work: Sequence[float], held: Sequence[float
 
 def default_token_budget(cfg) -> int:
     """Packed tokens per iteration whose working memory stays within backbone.MAX_PASS_BYTES (the
-    bound every single pass is held to), from the model's per-token cost in text.forward_bytes."""
+    bound every single pass is held to), from the model's per-token cost in backbone.forward_bytes."""
     per_token = backbone.forward_bytes(cfg, [2], [0]) - backbone.forward_bytes(cfg, [1], [0])
     return max(1, backbone.MAX_PASS_BYTES // per_token)
 
@@ -150,7 +157,7 @@ class Request:
         self._events: queue.Queue = queue.Queue()
         self._cancel = threading.Event()
         self._finished = threading.Event()
-        self._results: list = [None] * len(self.specs)  # (codes [C, T], fill steps [C, T])
+        self._results: list[PassResult | None] = [None] * len(self.specs)
         self._left = len(self.specs)
         self._error: BaseException | None = None
         self._outcome: tuple | None = None  # the final event, once result() has seen it
@@ -170,8 +177,8 @@ class Request:
     def done(self) -> bool:
         return self._finished.is_set()
 
-    def result(self, timeout: float | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(codes int64 [C, T], fill steps int64 [C, T]) per pass, in submission order.
+    def result(self, timeout: float | None = None) -> list[PassResult]:
+        """A `PassResult` per pass, in submission order.
 
         Raises CancelledError when cancelled, the worker's exception when a pass failed, and
         TimeoutError after `timeout` seconds. An exception from the progress callback cancels
@@ -218,7 +225,7 @@ class _Pass:
         self.spec = request.specs[index]
         self.prepared: tok_mod.PreparedItem | None = None
         self.state: unmasking.PassState | None = None
-        self.cost = 0  # text.forward_flops of its rows: one iteration's cost, set on admission
+        self.cost = 0  # backbone.forward_flops of its rows: one iteration's cost, set on admission
 
     def work(self) -> int:
         """What running it to the end still costs."""
@@ -234,7 +241,7 @@ class Engine:
 
     One worker thread (started on first use, a daemon; it ends after IDLE_EXIT_S without work)
     owns the forward. `max_tokens` bounds the packed tokens of one iteration (default:
-    `default_token_budget`) and text.forward_bytes of the pack stays within
+    `default_token_budget`) and backbone.forward_bytes of the pack stays within
     backbone.MAX_PASS_BYTES; passes beyond either wait, first come first served. A pass alone is
     always admitted (its memory was checked at submit).
     `trace`, when set, is called on the engine thread after each iteration with the request ids
@@ -307,7 +314,7 @@ class Engine:
             self._cond.notify_all()
         return req
 
-    def run(self, specs: Sequence[PassSpec], on_step=None) -> list[tuple[np.ndarray, np.ndarray]]:
+    def run(self, specs: Sequence[PassSpec], on_step=None) -> list[PassResult]:
         """submit + result; a KeyboardInterrupt (or any exception) while waiting cancels it."""
         req = self.submit(specs, on_step)
         try:
@@ -445,7 +452,7 @@ class Engine:
                 if p.state.done and p in self._active:
                     self._active.remove(p)
                     req = p.request
-                    req._results[p.index] = (p.state.codes(), p.state.fill_step)
+                    req._results[p.index] = PassResult(p.state.codes(), p.state.fill_step)
                     p.state = None  # its buffers go now, not when the request is collected
                     req._left -= 1
                     if req._left == 0:

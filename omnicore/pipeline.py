@@ -4,7 +4,7 @@
         config.json -> OmniVoiceConfig; model.safetensors -> backbone params (read into memory);
         tokenizer.json -> Tokenizer; audio_tokenizer/ -> Codec (encoder half loaded lazily)
     generate(text, ...)
-        1. prepare    text.validate_text, resolve language / instruct, voice prompt from ref_audio
+        1. prepare    limits.validate_text, resolve language / instruct, voice prompt from ref_audio
                       (postprocess.prepare_reference_audio -> codec.encode), duration estimate -> T frames
         2. unmask     the plan's passes -> engine.Engine (the model's one worker thread, 32 steps
                       of CFG unmasking, passes of every caller packed into shared forwards);
@@ -22,55 +22,26 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 
 from . import streaming
 from .audio import postprocess
 from .audio.loading import load_audio
-from .engine import Engine, PassSpec, pass_seed
+from .engine import Engine, PassSpec
 from .errors import AudioError, InputError
 from .model import backbone, codec as codec_mod, tokenizer as tok_mod
-from .model.config import GenerationConfig, OmniVoiceConfig, resolve_generation_config, validate_seed
+from .model.config import GenerationConfig, OmniVoiceConfig
 from .model.weights import ParamReader, resolve_codec_dir, resolve_model_dir
-from .text import frontend, limits, normalize, planner
+from .request import Request, build_requests
+from .text import frontend, limits, planner
 from .voice import Synthesis, VoiceClonePrompt, check_voice_prompt
 
 # ---------------------------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------------------------
-
-
-def _as_list(x, n: int, name: str, repeat: bool = True) -> list:
-    """The reference's broadcasting rule: one value for all items, or one per item."""
-    xs = list(x) if isinstance(x, (list, tuple)) and not _is_audio_tuple(x) else [x]
-    if len(xs) not in (1, n):
-        raise InputError(f"{name}: got {len(xs)} values for {n} texts; give one value or one per text")
-    return xs * n if repeat and len(xs) == 1 else xs
-
-
-def _is_audio_tuple(x) -> bool:
-    return (isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], (int, np.integer))
-            and not isinstance(x[0], (str, Path)))
-
-
-@dataclass
-class _Item:
-    """One text to generate (or one text chunk), everything resolved."""
-
-    text: str
-    frames: int
-    language: str | None
-    instruct: str | None
-    ref_text: str | None
-    ref_codes: np.ndarray | None  # int64 [C, R]
-    ref_rms: float | None
-    speed: float | None = None
-    plan: planner.SynthesisPlan | None = None  # the passes of a whole text item
-    seed: int | None = None
 
 
 class OmniVoice:
@@ -104,11 +75,7 @@ class OmniVoice:
     def create_voice_clone_prompt(self, ref_audio, ref_text: str | None = None,
                                   preprocess_prompt: bool = True) -> VoiceClonePrompt:
         """Encode a reference clip (path or (array, sample_rate)) into a reusable voice."""
-        if ref_text is None or (isinstance(ref_text, str) and not ref_text.strip()):
-            raise InputError(
-                "ref_text is required: pass the transcript of the reference audio. (The "
-                "reference package can transcribe it with Whisper; omnicore has no ASR built in.)")
-        limits.validate_ref_text(ref_text)
+        limits.require_ref_text(ref_text)
         # Loudness boost, silence removal, whole codec frames only: exactly the reference's
         # clean-up. (It trims > 20 s clips only when it transcribes them itself; we never do.)
         wav, ref_rms = postprocess.prepare_reference_audio(
@@ -147,7 +114,7 @@ class OmniVoice:
                    normalize_text: bool = False, **kwargs) -> list[Synthesis]:
         """`generate` with the details: codes, per-cell fill steps, per-stage timings.
 
-        Every input is checked before any heavy work (text.py holds the limits: output length
+        Every input is checked before any heavy work (text/limits.py holds the limits: output length
         per call and per pass, reference length, memory of one pass); `generation_config` is a
         GenerationConfig or a dict of its fields, and a keyword argument may not contradict it.
         `seed` is None, an integer >= 0, or one per text; chunk k of a long text draws from
@@ -157,36 +124,31 @@ class OmniVoice:
         numbers, dates, currency ... as words, as the reference does (omnicore.text.normalize; needs
         the `tn` extra).
         """
-        gen = resolve_generation_config(generation_config, kwargs)
-        if on_step is not None and not callable(on_step):
-            raise InputError(f"on_step must be a function (step, num_steps) or None, got "
-                             f"{type(on_step).__name__}")
         t0 = time.perf_counter()
-        items, encode_s = self._prepare(text, language, ref_audio, ref_text, voice_clone_prompt,
-                                        instruct, duration, speed, gen, seed, normalize_text)
-        specs, owner = self._pass_specs(items, gen)
-        # Every pass is checked (inputs, memory) before the first one runs.
-        request = self.engine.submit(specs, on_step)
+        requests, plans, specs, owner = self._passes(
+            text, language=language, ref_audio=ref_audio, ref_text=ref_text,
+            voice_clone_prompt=voice_clone_prompt, instruct=instruct, duration=duration,
+            speed=speed, seed=seed, on_step=on_step, generation_config=generation_config,
+            normalize_text=normalize_text, gen_kwargs=kwargs)
+        gen = requests[0].gen
+        encode_s = sum(r.encode_s for r in requests)
         prepare_s = time.perf_counter() - t0 - encode_s  # the clip's encode is timed on its own
         t0 = time.perf_counter()
-        try:
-            done = request.result()
-        except BaseException:
-            request.cancel()  # Ctrl-C or a failing progress callback: stop the passes too
-            raise
+        # Every pass is checked (inputs, memory) before the first one runs; Ctrl-C or a failing
+        # progress callback cancels the passes too.
+        done = self.engine.run(specs, on_step)
         unmask_s = time.perf_counter() - t0
-        results: list = [([], [], []) for _ in items]
-        for i, spec, (c, s) in zip(owner, specs, done):
-            results[i][0].append(c)
-            results[i][1].append(s)
-        for i, it in enumerate(items):
-            results[i][2].extend(c.text for c in it.plan.chunks)
+        passes: list[list] = [[] for _ in requests]  # per text, its chunks' PassResults in order
+        for i, result in zip(owner, done):
+            passes[i].append(result)
 
         out = []
-        for it, (chunk_codes, chunk_steps, chunk_texts) in zip(items, results):
-            timings = {"prepare": prepare_s / len(items), "unmask": unmask_s / len(items)}
+        n = len(requests)
+        for r, plan, results in zip(requests, plans, passes):
+            chunk_codes = [res.codes for res in results]
+            timings = {"prepare": prepare_s / n, "unmask": unmask_s / n}
             if encode_s:
-                timings["encode"] = encode_s / len(items)
+                timings["encode"] = encode_s / n
             wav, spans = np.zeros(0, np.float32), []
             if _decode:
                 t0 = time.perf_counter()
@@ -195,32 +157,33 @@ class OmniVoice:
                 t0 = time.perf_counter()
                 edges = dict(postprocess=gen.postprocess_output, pad_duration=gen.pad_duration,
                              fade_duration=gen.fade_duration, sr=self.sampling_rate)
-                if it.plan.paused:  # segments joined by exact silences (postprocess.postprocess_paused)
-                    segments = [[] for _ in it.plan.pauses[1:]]
-                    for chunk, piece in zip(it.plan.chunks, pieces):
+                ref_rms = r.prompt.ref_rms if r.prompt is not None else None
+                if plan.paused:  # segments joined by exact silences (postprocess.postprocess_paused)
+                    segments = [[] for _ in plan.pauses[1:]]
+                    for chunk, piece in zip(plan.chunks, pieces):
                         segments[chunk.segment].append(piece)
-                    last = len(it.plan.pauses) - 1  # at the ends, 0 s is no pause at all
+                    last = len(plan.pauses) - 1  # at the ends, 0 s is no pause at all
                     pauses = [None if i in (0, last) and p == 0 else
                               planner.pause_samples(p, self.sampling_rate)
-                              for i, p in enumerate(it.plan.pauses)]
-                    wav, spans = postprocess.postprocess_paused(segments, pauses, it.ref_rms, **edges)
+                              for i, p in enumerate(plan.pauses)]
+                    wav, spans = postprocess.postprocess_paused(segments, pauses, ref_rms, **edges)
                 else:
                     # Chunks are cross-faded, then silence trim / loudness / fades as the reference.
                     wav = postprocess.postprocess_output(pieces if len(pieces) > 1 else pieces[0],
-                                                   it.ref_rms, **edges)
+                                                         ref_rms, **edges)
                 timings["postprocess"] = time.perf_counter() - t0
             out.append(Synthesis(
                 audio=np.ascontiguousarray(wav, np.float32),
                 codes=np.concatenate(chunk_codes, axis=1),
-                fill_steps=np.concatenate(chunk_steps, axis=1).astype(np.int16),
-                num_steps=gen.num_step, timings=timings, text_chunks=chunk_texts,
+                fill_steps=np.concatenate([res.fill_steps for res in results], axis=1).astype(np.int16),
+                num_steps=gen.num_step, timings=timings, text_chunks=[c.text for c in plan.chunks],
                 sample_rate=self.sampling_rate, pauses=tuple(spans)))
         return out
 
     # -- internals ----------------------------------------------------------------------------
 
     def check_prompt(self, prompt) -> VoiceClonePrompt:
-        """`prompt` checked against this model (codebooks, code range) and text.py's limits;
+        """`prompt` checked against this model (codebooks, code range) and text/limits.py;
         InputError naming what is wrong."""
         size = min(self.codec.cfg.codebook_size, self.config.audio_mask_id)
         try:
@@ -228,69 +191,29 @@ class OmniVoice:
         except InputError as exc:
             raise InputError(f"voice_clone_prompt: {exc}") from None
 
-    def _prepare(self, text, language, ref_audio, ref_text, voice_clone_prompt, instruct,
-                 duration, speed, gen: GenerationConfig, seed=None,
-                 normalize_text: bool = False) -> tuple[list[_Item], float]:
-        """Resolve every per-item input exactly as the reference's `_preprocess_all` does, and
-        plan each item's passes (text.plan_synthesis). Cheap checks come first, so that a bad
-        argument never waits for a reference clip to be encoded."""
+    def _passes(self, text, **arguments) -> tuple[list[Request], list[planner.SynthesisPlan],
+                                                  list[PassSpec], list[int]]:
+        """A call's requests (request.build_requests, one per text), each text's plan
+        (planner.plan_synthesis), and the passes of all of them with the text each belongs to."""
         texts = [text] if isinstance(text, str) else text
         if not isinstance(texts, (list, tuple)) or not texts:
             raise InputError("text must be a non-empty string or a non-empty list of strings")
-        texts = [limits.validate_text(t) for t in texts]
-        n = len(texts)
         # Pause marks ([pause:1.5s], <break time="2s"/>) split each text into spoken segments;
         # a bad mark is refused here, and normalisation only ever sees the spoken text.
-        paused = [planner.split_pauses(t) for t in texts]
-        limits.validate_edges(gen.pad_duration, gen.fade_duration)
-        seeds = validate_seed(seed, n)
-        langs = [frontend.resolve_language(x) for x in _as_list(language, n, "language")]
-        # As in the reference, normalisation is the first change to the text, so the instruct's
-        # language, the length estimate and the chunking all see the spoken form (checked again:
-        # words are longer than digits); ref_text is left alone (it must match its audio).
-        if normalize.check_flag(normalize_text):
-            paused = [p.map(lambda seg, lang=lang: limits.validate_text(normalize.normalize_text(seg, lang)))
-                      for p, lang in zip(paused, langs)]
-        texts = [p.spoken for p in paused]
-        instructs = []
-        for t, ins in zip(texts, _as_list(instruct, n, "instruct")):
-            # The target text decides the instruct's language (Chinese text -> Chinese items).
-            instructs.append(None if ins is None else frontend.resolve_instruct(ins, t))
-        speeds = None if speed is None else [limits.validate_speed(v) for v in _as_list(speed, n, "speed")]
-        durations = (None if duration is None else
-                     [limits.validate_duration(v) for v in _as_list(duration, n, "duration")])
-
-        encode_s = 0.0
-        if voice_clone_prompt is None and ref_audio is not None:
-            audios = _as_list(ref_audio, n, "ref_audio", repeat=False)
-            rtexts = _as_list(ref_text, n, "ref_text", repeat=False)
-            if len(rtexts) != len(audios):
-                raise InputError("give one ref_text per ref_audio")
-            for r in rtexts:
-                if r is not None:
-                    limits.validate_ref_text(r)
-            t0 = time.perf_counter()
-            voice_clone_prompt = [self.create_voice_clone_prompt(a, r, gen.preprocess_prompt)
-                                  for a, r in zip(audios, rtexts)]
-            encode_s = time.perf_counter() - t0
-        prompts = [None if p is None else self.check_prompt(p)
-                   for p in _as_list(voice_clone_prompt, n, "voice_clone_prompt")]
-
-        items = []
-        for i in range(n):
-            p = prompts[i]
-            plan = planner.plan_synthesis(
-                paused[i], p.ref_text if p else None, p.ref_audio_tokens.shape[1] if p else None,
-                speed=speeds[i] if speeds else None,
-                duration=durations[i] if durations else None,
-                chunk_duration=gen.audio_chunk_duration,
-                chunk_threshold=gen.audio_chunk_threshold, frame_rate=self.frame_rate)
-            items.append(_Item(texts[i], plan.frames, langs[i], instructs[i],
-                               p.ref_text if p else None, p.ref_audio_tokens if p else None,
-                               p.ref_rms if p else None, plan.speed, plan, seeds[i]))
-        limits.check_total_frames(sum(c.frames for it in items for c in it.plan.chunks)
-                                    + sum(it.plan.pause_frames for it in items), self.frame_rate)
-        return items, encode_s
+        paused = [planner.split_pauses(limits.validate_text(t)) for t in texts]
+        requests = build_requests(self, paused, **arguments)
+        plans = [planner.plan_synthesis(
+            r.paused, r.ref_text, r.ref_frames, speed=r.speed, duration=r.duration,
+            chunk_duration=r.gen.audio_chunk_duration, chunk_threshold=r.gen.audio_chunk_threshold,
+            frame_rate=self.frame_rate) for r in requests]
+        limits.check_total_frames(sum(c.frames for p in plans for c in p.chunks)
+                                  + sum(p.pause_frames for p in plans), self.frame_rate)
+        specs, owner = [], []
+        for i, (r, plan) in enumerate(zip(requests, plans)):
+            instruct, first = r.instruct_for(r.paused.spoken), len(specs)
+            specs += [r.spec(chunk, k, instruct, first=first) for k, chunk in enumerate(plan.chunks)]
+            owner += [i] * len(plan.chunks)
+        return requests, plans, specs, owner
 
     @property
     def engine(self) -> Engine:
@@ -300,26 +223,6 @@ class OmniVoice:
             if self._engine is None:
                 self._engine = Engine(self.params, self.config, self.tokenizer)
             return self._engine
-
-    def _pass_specs(self, items: Sequence[_Item], gen: GenerationConfig
-                    ) -> tuple[list[PassSpec], list[int]]:
-        """The passes of every item's plan, and the item each belongs to. With a voice prompt
-        every chunk is conditioned on it; without one (auto / design), later chunks use chunk
-        0's text and generated codes as reference (the reference's rule), so they wait for it.
-        Chunk k of an item draws from child k of the item's seed (engine.pass_seed)."""
-        specs, owner = [], []
-        for i, it in enumerate(items):
-            first = len(specs)
-            for k, chunk in enumerate(it.plan.chunks):
-                ref_text, ref_codes, after = None, None, None
-                if chunk.reference == "prompt":
-                    ref_text, ref_codes = it.ref_text, it.ref_codes
-                elif chunk.reference == "chunk0":
-                    ref_text, after = chunk.ref_text, first
-                specs.append(PassSpec(chunk.text, chunk.frames, it.language, it.instruct,
-                                      ref_text, ref_codes, pass_seed(it.seed, k), gen, after))
-                owner.append(i)
-        return specs, owner
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,7 +249,7 @@ class Codec:
         """[C, T] -> float32 [960*T]; [B, C, T] -> float32 [B, 960*T].
 
         Codes must be integers in [0, codebook_size) (InputError otherwise), at most
-        text.MAX_DURATION_S of audio in all. Up to text.MAX_PASS_FRAMES frames (the longest
+        limits.MAX_DURATION_S of audio in all. Up to limits.MAX_PASS_FRAMES frames (the longest
         unmasking pass) are decoded in one shot; longer arrays in windows of that length with
         the decoder's receptive field of overlap, so memory stays bounded.
         """
@@ -369,7 +272,7 @@ class Codec:
 
     def encode(self, waveform, sample_rate: int) -> np.ndarray:
         """Audio [L] or [C, L] at any rate -> int64 codes [C, T] (mixed to mono, resampled to
-        24 kHz and right-padded to whole frames first). At most text.MAX_REF_S seconds: the
+        24 kHz and right-padded to whole frames first). At most limits.MAX_REF_S seconds: the
         encoder's attention grows with the square of the clip (AudioError beyond)."""
         wav = load_audio((waveform, sample_rate), self.sampling_rate)
         limits.check_clip_length(wav.shape[-1], self.sampling_rate)

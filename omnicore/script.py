@@ -43,7 +43,7 @@ from .errors import InputError, OmniCoreError
 from .model.config import FRAME_RATE, MAX_SEED, SAMPLE_RATE, validate_seed
 from .text import frontend, limits, planner
 
-# A script is one job, like one call: its spoken text shares text.MAX_TEXT_CHARS. Every turn is
+# A script is one job, like one call: its spoken text shares limits.MAX_TEXT_CHARS. Every turn is
 # at least one generation pass, so the number of turns is bounded too (1,000 turns are 20
 # characters each at the text limit); beyond that it is a wrongly piped file, not a dialogue.
 MAX_TURNS = 1000
@@ -323,7 +323,7 @@ class ScriptResult:
     voices: dict = field(default_factory=dict)  # speaker -> VoiceClonePrompt (None: never spoke)
     kinds: dict = field(default_factory=dict)   # speaker -> voice / ref_audio / instruct / auto
     gap: float = DEFAULT_GAP_S
-    sample_rate: int = 24000
+    sample_rate: int = SAMPLE_RATE
 
     def timings(self) -> dict:
         """The per-turn start/end times as a JSON-ready dict (what the CLI writes)."""
@@ -341,7 +341,7 @@ class ScriptResult:
 
 def check_gap(gap, num_turns: int = 2, sr: int = SAMPLE_RATE) -> int:
     """`gap` seconds as whole samples at `sr`; InputError outside 0 .. MAX_GAP_S, or when the
-    gaps of `num_turns` turns alone would pass the output limit (text.MAX_DURATION_S)."""
+    gaps of `num_turns` turns alone would pass the output limit (limits.MAX_DURATION_S)."""
     ok = isinstance(gap, numbers.Real) and not isinstance(gap, bool)
     try:
         g = float(gap) if ok else math.nan

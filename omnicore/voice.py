@@ -19,7 +19,7 @@ import numpy as np
 
 from .audio import postprocess, writers
 from .errors import AudioError, InputError, VoicePromptError
-from .model.config import FRAME_RATE
+from .model.config import FRAME_RATE, SAMPLE_RATE
 from .text import limits
 
 VOICE_PROMPT_FORMAT = "omnicore-voice-prompt"
@@ -42,7 +42,7 @@ class Synthesis:
     num_steps: int
     timings: dict[str, float]  # seconds per stage
     text_chunks: list[str]
-    sample_rate: int = 24000
+    sample_rate: int = SAMPLE_RATE
     # (start sample, length) of the silence of every pause mark ([pause:1.5s]) in `audio`
     pauses: tuple[tuple[int, int], ...] = ()
 
@@ -59,7 +59,7 @@ def voice_from_synthesis(synthesis: Synthesis, text: str | None = None) -> "Voic
     silence of pause marks left out).
 
     `text` is what was spoken; by default the result's text chunks, joined by spaces. A result
-    longer than a voice reference may be (text.MAX_REF_S seconds of codes, MAX_REF_TEXT_CHARS
+    longer than a voice reference may be (limits.MAX_REF_S seconds of codes, MAX_REF_TEXT_CHARS
     characters) is an InputError, and a silent one an AudioError: nothing to keep.
     """
     codes = np.array(synthesis.codes, dtype=np.int64)  # [C, T], a copy: the prompt owns it
@@ -196,9 +196,9 @@ def check_voice_prompt(prompt: "VoiceClonePrompt", num_codebooks: int = PROMPT_C
                        codebook_size: int = PROMPT_CODEBOOK_SIZE) -> "VoiceClonePrompt":
     """Return `prompt` with int64 codes if every value in it is usable, else InputError.
 
-    Codes: an integer array [num_codebooks, R] with 1 <= R <= text.MAX_REF_FRAMES and every
-    code in [0, codebook_size). ref_text: see text.validate_ref_text. ref_rms: a finite number
-    in (0, text.MAX_REF_RMS] (it scales the output, so a bad value inverts, silences or
+    Codes: an integer array [num_codebooks, R] with 1 <= R <= limits.MAX_REF_FRAMES and every
+    code in [0, codebook_size). ref_text: see limits.validate_ref_text. ref_rms: a finite number
+    in (0, limits.MAX_REF_RMS] (it scales the output, so a bad value inverts, silences or
     overflows the audio).
     """
     if not isinstance(prompt, VoiceClonePrompt):

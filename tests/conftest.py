@@ -1,11 +1,13 @@
 """Fixtures shared by several test modules: the tiny checkpoint's backbone config and params;
 the rule for test inputs that may be missing (`missing`, `require_file`, `require_module`); and
-servers started as child processes (`free_port`, `wait_until_serving`, `stop_process`)."""
+servers started as child processes (`free_port`, `start_server`, `wait_until_serving`,
+`stop_process`)."""
 
 import importlib
 import os
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -75,6 +77,35 @@ def wait_until_serving(proc, url: str, seconds: float, what: str, log=lambda: ""
         if time.monotonic() > deadline:
             pytest.fail(f"{what} is not up after {seconds} s:\n{log()[-4000:]}")
         time.sleep(0.3)
+
+
+def require_server_extra() -> None:
+    """The `server` extra's modules (websockets included), or `missing`."""
+    for name in ("starlette", "uvicorn", "prometheus_client", "sse_starlette", "websockets"):
+        require_module(name, "server")
+
+
+def start_server(voices_dir, *flags, log_path=None, seconds: float = 90):
+    """`omnicore serve` on the tiny checkpoint as a child process on a free loopback port:
+    (process, url). Its output goes to `log_path` (a file never fills up and blocks the
+    server the way an unread pipe does), else nowhere."""
+    port = free_port()
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("OMNICORE_API_KEY", None)
+    out = open(log_path, "wb") if log_path else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "omnicore.cli", "serve", "--model", str(TINY), "--port",
+             str(port), "--voices-dir", str(voices_dir), *flags],
+            env=env, stdout=out, stderr=subprocess.STDOUT)
+    finally:
+        if log_path:
+            out.close()
+    url = f"http://127.0.0.1:{port}"
+    wait_until_serving(proc, url + "/health", seconds, "the server",
+                       lambda: Path(log_path).read_text() if log_path else "")
+    return proc, url
 
 
 def stop_process(proc, seconds: float = 20) -> None:

@@ -160,13 +160,13 @@ def _one_error_line(err: str, match: str = "") -> str:
 @pytest.fixture
 def no_model(monkeypatch):
     """Refusals must come before the (slow) model load: loading is a test failure here."""
-    import omnicore.cli as cli
+    from omnicore.cli import codec, common
 
     def refuse(*a, **k):
         raise AssertionError("the model was loaded before the refusal")
 
-    monkeypatch.setattr(cli, "_load_model", refuse)
-    monkeypatch.setattr(cli, "_codec", refuse)
+    monkeypatch.setattr(common, "load_model", refuse)
+    monkeypatch.setattr(codec, "_codec", refuse)
 
 
 def test_output_that_is_an_input_is_refused(tmp_path, capsys, no_model):
@@ -222,6 +222,25 @@ def test_unwritable_outputs_are_one_error_line(tmp_path, capsys, no_model):
     assert (tmp_path / "afile").read_text() == "keep"
 
 
+def test_generation_options_come_from_generation_config():
+    """One description per GenerationConfig field; every option named after a field (say's
+    --steps, infer-batch's --num_step, ...) has the field's default."""
+    from dataclasses import fields
+
+    from omnicore import GenerationConfig
+    from omnicore.cli.options import FIELD_HELP
+
+    names = [f.name for f in fields(GenerationConfig)]
+    assert sorted(FIELD_HELP) == sorted(names)
+    p = build_parser()
+    for argv in (["say", "x", "-o", "x.wav"], ["clone-prompt", "a.wav", "--ref-text", "t", "-o", "v.npz"],
+                 ["infer-batch", "--test_list", "t", "--res_dir", "r"]):
+        args = p.parse_args(argv)
+        given = [n for n in names if hasattr(args, n)]
+        assert given, argv
+        assert all(getattr(args, n) == getattr(GenerationConfig(), n) for n in given), argv
+
+
 def test_usage_errors_are_one_line(capsys):
     for argv, match in ((["say", "hi", "--seed", "-1"], "--seed: must be a whole number >= 0, got -1"),
                         (["say", "hi", "--seed", "1.5"], "--seed: must be"),
@@ -237,6 +256,7 @@ def test_interrupts_and_os_errors_are_one_line(tmp_path, capsys, monkeypatch):
     import signal
 
     import omnicore.cli as cli
+    from omnicore.cli import common
 
     out = str(tmp_path / "x.wav")
     for exc, code, match in ((KeyboardInterrupt(), 130, "interrupted"),
@@ -247,7 +267,7 @@ def test_interrupts_and_os_errors_are_one_line(tmp_path, capsys, monkeypatch):
         def load(args, exc=exc):
             raise exc
 
-        monkeypatch.setattr(cli, "_load_model", load)
+        monkeypatch.setattr(common, "load_model", load)
         before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
         assert main(["say", "Hi.", "-o", out, *FAST]) == code
         assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == before  # put back

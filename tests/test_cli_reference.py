@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from omnicore import cli
+from omnicore.cli.common import DEFAULT_MODEL
 from omnicore.pipeline import OmniVoice
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +71,7 @@ def test_defaults_and_boolean_parsing_follow_the_reference():
     a = p.parse_args(["infer", "--text", "x", "--output", "o.wav"])
     assert (a.model, a.num_step, a.guidance_scale, a.speed, a.duration, a.t_shift, a.denoise,
             a.postprocess_output, a.layer_penalty_factor, a.position_temperature,
-            a.class_temperature, a.device) == (cli.DEFAULT_MODEL, 32, 2.0, 1.0, None, 0.1, True,
+            a.class_temperature, a.device) == (DEFAULT_MODEL, 32, 2.0, 1.0, None, 0.1, True,
                                                True, 5.0, 5.0, 0.0, None)
     b = p.parse_args(["infer-batch", "--test_list", "t", "--res_dir", "r"])
     assert (b.num_step, b.audio_chunk_duration, b.audio_chunk_threshold, b.preprocess_prompt,

@@ -71,7 +71,8 @@ TORN = '{"id": "j11", "sta'
 
 def _run(ray, jobs_path, out, on_record=None) -> dict:
     """The driver as the CLI calls it, with a hook on each result."""
-    from omnicore.cli import build_parser, run_ray_batch
+    from omnicore.cli import build_parser
+    from omnicore.cli.batch import run_ray_batch
 
     args = build_parser().parse_args(["batch", jobs_path, "--out-dir", str(out), "--ray", "--workers", "2",
                                       "--threads-per-worker", "1", *FAST])

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import read_safetensors, require_file, require_module
-from omnicore.model import codec, hubert, kernels
+from omnicore.model import codec, conv_kernels, hubert, kernels
 from omnicore.model.resample import resample
 from omnicore.model.config import DacConfig, HiggsAudioV2TokenizerConfig, HubertConfig
 from omnicore.errors import AudioError, ConfigError, InputError, WeightsError
@@ -485,6 +485,7 @@ def test_twin_kernels_give_the_same_codec(tiny, fx, monkeypatch):
     codes = fx["decode"]["codes_7"]
     wav = fx["encode"]["input"][:9600]
     fast_wav, fast_codes = codec.decode(params, codes, cfg), codec.encode(params, wav, cfg)
-    monkeypatch.setattr(kernels, "IS_NUMPY", False)  # what OMNICORE_BACKEND=cupy selects
+    for module in (kernels, conv_kernels):
+        monkeypatch.setattr(module, "IS_NUMPY", False)  # what OMNICORE_BACKEND=cupy selects
     assert rel(codec.decode(params, codes, cfg), fast_wav) <= 1e-5
     assert np.array_equal(codec.encode(params, wav, cfg), fast_codes)

@@ -250,9 +250,7 @@ def test_batches_are_split_to_fit_the_budget_without_changing_results(monkeypatc
     together = m.generate_codes(texts, **kw)
     sizes = []  # passes per engine iteration
 
-    gen = GenerationConfig()
-    items, _ = m._prepare(texts, None, None, None, None, None, None, None, gen)
-    specs, _ = m._pass_specs(items, gen)
+    _, _, specs, _ = m._passes(texts)
     biggest = max(backbone_mod.forward_bytes(m.config, [it.input_ids.shape[1], it.num_target],
                                   [it.num_target] * 2)
                   for it in (m.engine.prepare(s) for s in specs))

@@ -22,7 +22,8 @@ from conftest import missing
 
 from omnicore.text import normalize
 from omnicore.errors import ConfigError, InputError
-from omnicore.pipeline import OmniVoice, VoiceClonePrompt, resolve_generation_config
+from omnicore import OmniVoice, VoiceClonePrompt
+from omnicore.model.config import resolve_generation_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "weights" / "tiny-random"
@@ -98,17 +99,19 @@ def test_generate_applies_it_where_the_reference_does(model):
         prompt = None
         if c["ref_text"] is not None:
             prompt = VoiceClonePrompt(np.zeros((8, c["num_ref_frames"]), np.int64), c["ref_text"], 0.05)
-        items, _ = model._prepare(c["text"], c["language"], None, None, prompt, c["instruct"],
-                                  c["duration"], c["speed"], gen, None, normalize_text=True)
-        it, want = items[0], c["out"]
-        got = {"text": it.text, "language": it.language, "instruct": it.instruct,
-               "ref_text": it.ref_text, "frames": it.plan.frames}
+        (r,), (plan,), _, _ = model._passes(
+            c["text"], language=c["language"], voice_clone_prompt=prompt, instruct=c["instruct"],
+            duration=c["duration"], speed=c["speed"], generation_config=gen, normalize_text=True)
+        want = c["out"]
+        got = {"text": r.paused.spoken, "language": r.language,
+               "instruct": r.instruct_for(r.paused.spoken), "ref_text": r.ref_text,
+               "frames": plan.frames}
         assert got == {k: want[k] for k in got}, c["text"][:80]
         if want["chunks"] is None:
-            assert not it.plan.chunked
+            assert not plan.chunked
         else:
             chunks = [{"text": k.text, "frames": k.frames, "ref_text": k.ref_text}
-                      for k in it.plan.chunks]
+                      for k in plan.chunks]
             assert chunks == want["chunks"], c["text"][:80]
 
 
@@ -123,32 +126,38 @@ def test_generate_speaks_the_normalised_text(model):
     assert off.text_chunks == ["I have 3 cats."]
 
 
+def _stream_codes(model, text, **kw):
+    """The codes of every chunk of a stream run to its end, joined along time."""
+    st = model.stream(text, **kw)
+    for _ in st:
+        pass
+    return np.concatenate([s["codes"] for s in st.chunk_stats], axis=1)
+
+
 def test_stream_normalises_chunk_by_chunk(model):
     """Whole string and fragments alike; the same codes as the text written out."""
-    from omnicore import streaming
     from omnicore.text import planner
 
     _require_tn()
     kw = dict(num_step=2, seed=5, language="en")
     text = "It costs $45.50 today. I have 3 cats and 12 dogs, and they eat a lot every day."
-    spoken = streaming.generate_chunks(model, text, normalize_text=True, **kw)
-    frags = streaming.generate_chunks(model, iter([text[:9], text[9:30], text[30:]]),
-                                      normalize_text=True, **kw)
-    assert np.array_equal(spoken.codes, frags.codes)
+    spoken = _stream_codes(model, text, normalize_text=True, **kw)
+    frags = _stream_codes(model, iter([text[:9], text[9:30], text[30:]]), normalize_text=True, **kw)
+    assert np.array_equal(spoken, frags)
     chunks = planner.split_text(text)
     assert len(chunks) >= 2
     written = [normalize.normalize_text(c, "en") for c in chunks]
     assert written[0] != chunks[0]
     ref = [model.synthesize(w, **kw)[0].codes for w in written]
-    parts = np.split(spoken.codes, np.cumsum([r.shape[1] for r in ref])[:-1], axis=1)
+    parts = np.split(spoken, np.cumsum([r.shape[1] for r in ref])[:-1], axis=1)
     # chunk 0 has no voice reference, as in synthesize(); later chunks are conditioned on it
     assert np.array_equal(parts[0], ref[0])
     pieces = list(model.stream(text, normalize_text=True, **kw))
     assert sum(len(p) for p in pieces) > 0
     # duration paces the spoken form too
-    timed = streaming.generate_chunks(model, "I have 3 cats.", normalize_text=True, duration=3.0, **kw)
-    same = streaming.generate_chunks(model, "I have three cats.", duration=3.0, **kw)
-    assert np.array_equal(timed.codes, same.codes)
+    timed = _stream_codes(model, "I have 3 cats.", normalize_text=True, duration=3.0, **kw)
+    same = _stream_codes(model, "I have three cats.", duration=3.0, **kw)
+    assert np.array_equal(timed, same)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""The README's "What bad input gets" table, row by row: each input raises the stated error
-type with a message that starts as the table says, so the table stays true."""
+"""The "What bad input gets" table of docs/errors.md, row by row: each input raises the stated
+error type with a message that starts as the table says, so the table stays true."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ TINY = REPO / "weights" / "tiny-random"
 
 
 def _rows() -> list[tuple[str, str, str]]:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
     table = re.search(r"<!-- bad-input-table:start -->\n(.*?)<!-- bad-input-table:end -->", text, re.S)
-    assert table, "README.md lost its bad-input table markers"
+    assert table, "docs/errors.md lost its bad-input table markers"
     rows = []
     for line in table.group(1).splitlines()[2:]:  # skip the header and the |---| line
         cells = [c.strip() for c in line.strip().strip("|").split(" | ")]

@@ -3,9 +3,11 @@ driven by the official `openai` client (and httpx for the voice routes, gradio_c
 demo at /ui). Every body is decoded and compared with the same greedy request made in this
 process through the public API."""
 
+import asyncio
 import base64
 import importlib.util
 import io
+import itertools
 import json
 import os
 import shutil
@@ -15,6 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -30,6 +33,8 @@ for _name in ("starlette", "uvicorn", "prometheus_client", "sse_starlette"):  # 
 UI = ("--ui",) if importlib.util.find_spec("gradio") is not None else ()
 
 from omnicore import OmniVoice, VoiceClonePrompt  # noqa: E402
+from openai import NOT_GIVEN  # noqa: E402
+from omnicore.errors import OmniCoreError  # noqa: E402
 from omnicore.audio.writers import to_pcm16  # noqa: E402
 from omnicore.server import encode_audio  # noqa: E402
 
@@ -39,6 +44,8 @@ TINY = ROOT / "weights" / "tiny-random"
 GREEDY = {"num_step": 4, "position_temperature": 0.0}
 KEY = "test-key-123"
 CLIENTS = 20  # concurrent clients; the module's server admits exactly that many
+STORY = ("The first sentence is short. The second sentence comes after it and is longer. "
+         "A third sentence closes the little story.")  # streamed as several chunks
 
 
 def _start(voices_dir, *extra):
@@ -103,9 +110,18 @@ def _close(a, b) -> None:
     assert np.abs(a - b).max(initial=0) <= 1
 
 
+def _streamed(model, text, prompt) -> np.ndarray:
+    """What the server streams for `text` (wav, pcm and opus, unless asked otherwise): the
+    pieces of `model.stream` as int16 [N]."""
+    return np.concatenate([to_pcm16(x) for x in model.stream(text, voice_clone_prompt=prompt, **GREEDY)])
+
+
 def test_formats_match_generate(client, clip_voice, model):
+    """wav and pcm are streamed (OpenAI's default): the pieces of `model.stream`; flac is a
+    whole file: `generate`'s audio."""
     text = "Hello from the server."
     want = to_pcm16(model.generate(text, voice_clone_prompt=clip_voice, **GREEDY)[0])
+    streamed = _streamed(model, text, clip_voice)
     bodies = {}
     for fmt in ("wav", "flac", "mp3", "opus", "pcm"):
         resp = client.audio.speech.create(model="omnivoice", voice="clip", input=text,
@@ -113,11 +129,11 @@ def test_formats_match_generate(client, clip_voice, model):
         bodies[fmt] = resp.content
     assert bodies["wav"][:4] == b"RIFF" and bodies["flac"][:4] == b"fLaC"
     assert bodies["opus"][:4] == b"OggS"
-    _close(np.frombuffer(bodies["pcm"], "<i2"), want)
-    for fmt in ("wav", "flac"):
+    _close(np.frombuffer(bodies["pcm"], "<i2"), streamed)
+    for fmt, audio in (("wav", streamed), ("flac", want)):
         got, sr = sf.read(io.BytesIO(bodies[fmt]), dtype="int16")
         assert sr == 24000
-        _close(got, want)
+        _close(got, audio)
     for fmt in ("mp3", "opus"):  # lossy: decodes, about the same length
         got, sr = sf.read(io.BytesIO(bodies[fmt]), dtype="float32")
         assert abs(len(got) / sr - len(want) / 24000) < 0.15, fmt
@@ -151,32 +167,37 @@ def test_aac_and_bad_requests_are_json_4xx(client, server, clip_voice):
     assert "Traceback" not in r.text
 
 
-def _timed_stream(client, text, fmt):
+def _timed_stream(client, text, fmt, **kw):
     """A raw audio stream of the clip voice: ([(seconds since the request, bytes so far)], body,
-    seconds until the last byte)."""
+    seconds until the last byte). `kw`: more of the request (default: stream_format="audio")."""
+    kw = {"model": "omnivoice", "stream_format": "audio", **kw}
     t0 = time.perf_counter()
     arrivals, body = [], b""
     with client.audio.speech.with_streaming_response.create(
-            model="omnivoice", voice="clip", input=text, response_format=fmt,
-            stream_format="audio", extra_body=GREEDY) as resp:
+            voice="clip", input=text, response_format=fmt, extra_body=GREEDY, **kw) as resp:
         for part in resp.iter_bytes():
             arrivals.append((time.perf_counter() - t0, len(body) + len(part)))
             body += part
     return arrivals, body, time.perf_counter() - t0
 
 
-def test_streaming_first_bytes_early_and_same_audio(client, clip_voice, model):
-    text = ("The first sentence is short. The second sentence comes after it and is longer. "
-            "A third sentence closes the little story.")
+def _made_here(model, text, prompt):
+    """`text` streamed in this process: (its pieces, `later`). `later` is half what the later
+    chunks take to make on this machine: streamed audio must start at least that long before
+    the response ends (half, for timing noise)."""
     t0, pieces, made = time.perf_counter(), [], []
-    for x in model.stream(text, voice_clone_prompt=clip_voice, **GREEDY):
+    for x in model.stream(text, voice_clone_prompt=prompt, **GREEDY):
         pieces.append(x)
         made.append(time.perf_counter() - t0)
-    want = np.concatenate([to_pcm16(x) for x in pieces])
-    # What the later chunks take to make on this machine: streamed audio must start at least
-    # about that long before the response ends (half of it, for timing noise).
     later = (made[-1] - made[0]) / 2
     assert len(pieces) >= 2 and later > 0
+    return pieces, later
+
+
+def test_streaming_first_bytes_early_and_same_audio(client, clip_voice, model):
+    text = STORY
+    pieces, later = _made_here(model, text, clip_voice)
+    want = np.concatenate([to_pcm16(x) for x in pieces])
     arrivals, body, total = _timed_stream(client, text, "wav")
     # The WAV header (unknown sizes) and the first chunk's audio leave before the last chunk is made.
     assert body[:4] == b"RIFF" and body[4:8] == b"\xff\xff\xff\xff" and body[40:44] == b"\xff\xff\xff\xff"
@@ -224,6 +245,36 @@ def test_streaming_first_bytes_early_and_same_audio(client, clip_voice, model):
             assert sr == 24000 and abs(len(got) - len(want)) / sr < 0.15
 
 
+def test_openai_defaults_stream_and_model_is_checked(client, clip_voice, model):
+    """As OpenAI's API: an unmodified client's with_streaming_response gets wav, pcm and opus
+    as they are made (no stream_format given; chunked, no Content-Length), mp3 and flac as
+    one file; `model` is one of /v1/models (OpenAI's names are aliases), else a 404 in
+    OpenAI's error shape."""
+    text = STORY
+    pieces, later = _made_here(model, text, clip_voice)
+    want = np.concatenate([to_pcm16(x) for x in pieces])
+    for fmt in ("wav", "pcm"):
+        arrivals, body, total = _timed_stream(client, text, fmt, model="tts-1", stream_format=NOT_GIVEN)
+        first_audio = next(t for t, n in arrivals if n > (44 if fmt == "wav" else 0))
+        assert first_audio < total - later, (fmt, first_audio, total, later)
+        _close(np.frombuffer(body[44:] if fmt == "wav" else body, "<i2"), want)
+    for fmt, streamed in (("opus", True), ("mp3", False), ("flac", False)):
+        with client.audio.speech.with_streaming_response.create(
+                model="gpt-4o-mini-tts", voice="clip", input="Hi.", response_format=fmt,
+                extra_body=GREEDY) as resp:
+            assert ("content-length" not in resp.headers) == streamed, (fmt, resp.headers)
+            assert resp.read()
+
+    assert {"tiny-random", "omnivoice", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"} <= {
+        m.id for m in client.models.list()}
+    with pytest.raises(openai.NotFoundError) as exc:
+        client.audio.speech.create(model="gpt-5-tts", voice="clip", input="Hi.")
+    err = exc.value.response.json()["error"]
+    assert (err["param"], err["code"], err["type"]) == ("model", "model_not_found",
+                                                        "invalid_request_error")
+    assert "tts-1" in err["message"]
+
+
 def test_voices_designed_presets_delete_and_names(client, server, voices_dir, model):
     spec = {"instruct": "female, low pitch, british accent", "seed": 5, "num_step": 4,
             "text": "This is how I sound."}
@@ -246,12 +297,11 @@ def test_voices_designed_presets_delete_and_names(client, server, voices_dir, mo
         if text.startswith("One"):
             first_codes = preset.ref_audio_tokens
         np.testing.assert_array_equal(preset.ref_audio_tokens, first_codes)
-        _close(np.frombuffer(got, "<i2"),
-               to_pcm16(model.generate(text, voice_clone_prompt=preset, **GREEDY)[0]))
+        _close(np.frombuffer(got, "<i2"), _streamed(model, text, preset))
     # {"id": name} works as the voice too
     got = client.audio.speech.create(model="tts-1", voice={"id": "des_a"}, input="Hi there.",
                                      response_format="pcm", extra_body=GREEDY).content
-    _close(np.frombuffer(got, "<i2"), to_pcm16(model.generate("Hi there.", voice_clone_prompt=pa, **GREEDY)[0]))
+    _close(np.frombuffer(got, "<i2"), _streamed(model, "Hi there.", pa))
 
     listed = {v["id"] for v in httpx.get(server + "/v1/voices").json()["data"]}
     assert {"des_a", "des_b", "alloy", "nova"} <= listed
@@ -266,16 +316,18 @@ def test_voices_designed_presets_delete_and_names(client, server, voices_dir, mo
     for bad in ("..%2F..%2Fetc%2Fpasswd", "%2E%2E", "a%2Fb"):
         assert httpx.get(server + "/v1/voices/" + bad).status_code in (400, 404)
         assert httpx.delete(server + "/v1/voices/" + bad).status_code in (400, 404)
-    assert sorted(p.name for p in voices_dir.iterdir()) == ["alloy.npz", "clip.npz", "des_a.npz"]
+    assert sorted(p.name for p in voices_dir.glob("*.npz")) == ["alloy.npz", "clip.npz", "des_a.npz"]
+    assert not list(voices_dir.glob("*.tmp")) and not list(voices_dir.glob("des_b.*"))
 
 
 def _samples(url) -> dict:
-    """/metrics as {(sample name, sorted labels): value}."""
+    """/metrics as {(sample name, sorted labels): value} (with the key: behind it on a keyed
+    server, and ignored by one without)."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
     return {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
-            for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text)
-            for smp in fam.samples}
+            for fam in text_string_to_metric_families(text) for smp in fam.samples}
 
 
 def test_twenty_concurrent_clients_all_answered_as_alone(client, server, clip_voice, model):
@@ -297,8 +349,8 @@ def test_twenty_concurrent_clients_all_answered_as_alone(client, server, clip_vo
     def call(i):
         start.wait()
         try:
-            got[i] = client.audio.speech.create(model="omnivoice", voice="clip", input=texts[i],
-                                                response_format="pcm", extra_body=GREEDY).content
+            got[i] = client.audio.speech.create(model="omnivoice", voice="clip", input=texts[i],  # whole
+                                                response_format="flac", extra_body=GREEDY).content
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(repr(exc))
     threads = [threading.Thread(target=call, args=(i,)) for i in range(CLIENTS)]
@@ -309,7 +361,7 @@ def test_twenty_concurrent_clients_all_answered_as_alone(client, server, clip_vo
     assert not errors, errors
     for g, w in zip(got, want):
         assert g is not None
-        _close(np.frombuffer(g, "<i2"), w)
+        _close(sf.read(io.BytesIO(g), dtype="int16")[0], w)
     after = _samples(server)
     hist = "omnicore_engine_tokens_per_iteration"
     iterations = after[(hist + "_count", ())] - before[(hist + "_count", ())]
@@ -331,10 +383,10 @@ def test_ui_runs_on_the_servers_model_and_engine(server):
     wav_path, *_ = ui.predict(text="Hello from the page.", api_name="/auto", **settings)
     assert httpx.get(server + "/health").json()["engine"]["iterations"] == before + 4
     page, sr = sf.read(wav_path, dtype="int16")
-    api = httpx.post(server + "/v1/audio/speech", timeout=60, json={
-        "input": "Hello from the page.", "response_format": "pcm", **settings})
+    api = httpx.post(server + "/v1/audio/speech", timeout=60, json={  # a whole file, as the page's
+        "input": "Hello from the page.", "response_format": "flac", **settings})
     assert api.status_code == 200 and sr == 24000
-    _close(page, np.frombuffer(api.content, "<i2"))
+    _close(page, sf.read(io.BytesIO(api.content), dtype="int16")[0])
 
 
 def test_models_health_metrics(server, client, clip_voice):
@@ -449,15 +501,35 @@ def test_restart_auth_queue_and_disconnect(voices_dir, clip_voice):
         got = _samples(url)
         assert got[("omnicore_requests_total", (("route", "speech"), ("status", "499")))] == 2
         assert got[("omnicore_requests_total", (("route", "speech"), ("status", "429")))] == 1
-        r = httpx.post(url + "/v1/audio/speech", headers=auth, timeout=60,
-                       json={"input": "Hi.", "voice": "clip", "response_format": "wav", **GREEDY})
-        assert r.status_code == 200 and r.content[:4] == b"RIFF"
+        r = httpx.post(url + "/v1/audio/speech", headers=auth, timeout=60,  # a whole file
+                       json={"input": "Hi.", "voice": "clip", "response_format": "flac", **GREEDY})
+        assert r.status_code == 200 and r.content[:4] == b"fLaC"
         timings = dict(kv.split("=") for kv in r.headers["x-omnicore-timings"].split(", "))
         assert {"queue", "prepare", "unmask", "decode", "total"} <= set(timings)
         assert float(timings["total"]) >= float(timings["unmask"]) > 0
         assert float(r.headers["x-omnicore-audio-seconds"]) > 0
     finally:
         stop_process(proc, 10)
+
+
+def test_speech_body_takes_every_generation_field():
+    """The speech body's generation fields are GenerationConfig's, typed by its declaration (a
+    float field takes an integer; JSON true is not a number, 1 is not a bool); absent ones
+    are left to its defaults."""
+    from dataclasses import fields
+
+    from omnicore.model.config import GenerationConfig
+    from omnicore.server.protocol import HTTPError, parse_speech
+
+    defaults = {f.name: f.default for f in fields(GenerationConfig)}
+    assert parse_speech({"input": "Hi.", **defaults})["gen"] == defaults
+    assert parse_speech({"input": "Hi."})["gen"] == {}
+    assert parse_speech({"input": "Hi.", "guidance_scale": 2})["gen"] == {"guidance_scale": 2}
+    for name, value in defaults.items():
+        for bad in ("1", 1 if isinstance(value, bool) else True):
+            with pytest.raises(HTTPError) as exc:
+                parse_speech({"input": "Hi.", name: bad})
+            assert exc.value.status == 400 and exc.value.param == name, (name, bad)
 
 
 def test_serve_flags_checked_before_the_model_loads(capsys):
@@ -484,3 +556,195 @@ def test_voice_library_loads_reference_pt_prompts(tmp_path):
     np.testing.assert_array_equal(lib.get("refvoice").ref_audio_tokens, want.ref_audio_tokens)
     assert lib.get("both").ref_text == "Omnicore's own."
     assert lib.delete("refvoice") and not (tmp_path / "refvoice.pt").exists()
+
+
+def _slot_free(server) -> bool:
+    """Nothing admitted, nothing queued, the gauge at 0 and the run slot free."""
+    ld = server.load()
+    return (ld["in_flight"], ld["queued"], server.registry.get_sample_value(
+        "omnicore_requests_in_flight"), server.run_slots.locked()) == (0, 0, 0.0, False)
+
+
+def test_slot_is_given_back_on_every_exit_path():
+    """`async with server.slot(gone)`: the place and the run slot come back when the block ends,
+    raises or is cancelled, when its client leaves (or its task is cancelled) while it waits for
+    the run slot, and, once handed over, when the holder releases it (once); a full server
+    refuses with 429."""
+    from omnicore.engine import EngineLoad
+    from omnicore.errors import CancelledError
+    from omnicore.server.protocol import HTTPError
+    from omnicore.server.state import ServerState
+
+    class IdleEngine:
+        trace = None
+
+        def load(self):
+            return EngineLoad(0, 0, 0, 0, 0, 0)
+
+    async def hold(server, gone, inside: asyncio.Event):
+        async with server.slot(gone):
+            inside.set()
+            await asyncio.sleep(3600)
+
+    async def until_queued(server):
+        for _ in range(1000):
+            if server.load()["queued"]:
+                return
+            await asyncio.sleep(0)
+        raise AssertionError("the request never queued for the run slot")
+
+    async def main():
+        server = ServerState(SimpleNamespace(engine=IdleEngine()), max_queue=2, max_concurrency=1)
+        stays = asyncio.get_running_loop().create_future()  # a client that never leaves
+        async with server.slot(stays):
+            assert server.load()["in_flight"] == 1 and server.run_slots.locked()
+        assert _slot_free(server)
+
+        with pytest.raises(RuntimeError):
+            async with server.slot(stays):
+                raise RuntimeError("an error mid-synthesis")
+        assert _slot_free(server)
+
+        inside = asyncio.Event()
+        task = asyncio.create_task(hold(server, stays, inside))
+        await inside.wait()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert _slot_free(server)
+
+        async with server.slot(stays):  # holds the one run slot
+            leaves = asyncio.get_running_loop().create_future()
+            inside = asyncio.Event()
+            waiter = asyncio.create_task(hold(server, leaves, inside))
+            await until_queued(server)
+            with pytest.raises(HTTPError) as full:
+                async with server.slot(stays):
+                    pass
+            assert full.value.status == 429
+            leaves.set_result(None)  # the waiting client leaves: it never runs
+            with pytest.raises(CancelledError):
+                await waiter
+            assert not inside.is_set() and server.load()["in_flight"] == 1
+            waiter = asyncio.create_task(hold(server, stays, inside))
+            await until_queued(server)
+            waiter.cancel()  # e.g. the server shutting down
+            await asyncio.gather(waiter, return_exceptions=True)
+            assert not inside.is_set() and server.load()["in_flight"] == 1
+        assert _slot_free(server)
+
+        async with server.slot(stays) as slot:
+            slot.hand_over()  # a stream's body now holds it
+        assert server.load()["in_flight"] == 1 and server.run_slots.locked()
+        slot.release()
+        slot.release()
+        assert _slot_free(server)
+        server.pool.shutdown()
+
+    asyncio.run(main())
+
+
+class _FailingModel:
+    """The tiny model, except that a text starting with "Fail" raises part-way: at its second
+    step, or, streamed, at the first step of its second chunk (after its first audio)."""
+
+    def __init__(self, model):
+        self._model, self.engine = model, model.engine
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    @staticmethod
+    def _failing(text, on_step, steps_before):
+        calls = itertools.count(1)
+
+        def step(i, n):
+            if on_step is not None:
+                on_step(i, n)
+            if text.startswith("Fail") and next(calls) > steps_before:
+                raise OmniCoreError("a failure mid-synthesis")
+        return step
+
+    def synthesize(self, text, on_step=None, **kw):
+        return self._model.synthesize(text, on_step=self._failing(text, on_step, 1), **kw)
+
+    def stream(self, text, on_step=None, **kw):
+        steps = kw.get("num_step", GREEDY["num_step"])
+        return self._model.stream(text, on_step=self._failing(text, on_step, steps), **kw)
+
+
+@pytest.fixture(scope="module")
+def failing_server():
+    """An in-process server (one run slot) on a model whose "Fail..." texts fail mid-way."""
+    import uvicorn
+
+    from omnicore.server.app import create_app
+    from omnicore.server.state import ServerState
+
+    state = ServerState(_FailingModel(OmniVoice.from_pretrained(TINY)), max_queue=2,
+                        max_concurrency=1)
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port,
+                                        log_level="critical"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert srv.started
+    yield f"http://127.0.0.1:{port}", state
+    srv.should_exit = True
+    thread.join(10)
+    state.pool.shutdown(cancel_futures=True)
+
+
+def test_failures_and_disconnects_give_the_slot_back(failing_server):
+    """Every way a request can end early gives its place and its run slot back: /health and the
+    in-flight gauge return to 0, and the next request runs (a kept run slot would block it)."""
+    url, state = failing_server
+    story = ("The first sentence is short. The second sentence comes after it and is longer. "
+             "A third sentence closes the little story.")
+
+    def speech(**body):
+        return httpx.post(url + "/v1/audio/speech", timeout=60, json={**GREEDY, **body})
+
+    def given_back():
+        h = _health_until(url, lambda h: h["in_flight"] == 0 and h["engine_passes"] == 0)
+        assert h["in_flight"] == h["queued"] == h["engine_passes"] == 0, h
+        assert _slot_free(state)
+        assert speech(input="Hi.", response_format="pcm").status_code == 200
+
+    r = speech(input="Fail, whole file.", response_format="flac")  # an error mid-synthesis
+    assert r.status_code == 500 and r.json()["error"]["message"] == "a failure mid-synthesis"
+    given_back()
+    r = speech(input="Hi.", voice="nobody")  # an error after admission, before synthesis
+    assert r.status_code == 404
+    given_back()
+    r = httpx.post(url + "/v1/voices", timeout=60, json={
+        "name": "broken", "instruct": "male", "num_step": 4, "text": "Fail, designing a voice."})
+    assert r.status_code == 500 and "broken" not in httpx.get(url + "/v1/voices").text
+    given_back()
+
+    cancelled = state.registry.get_sample_value("omnicore_streams_cancelled_total")
+    with pytest.raises(httpx.HTTPError):  # the 200 has left: the stream is cut short
+        with httpx.stream("POST", url + "/v1/audio/speech", timeout=60, json={
+                **GREEDY, "input": "Fail. " + story, "response_format": "pcm",
+                "stream_format": "audio"}) as r:
+            assert r.status_code == 200
+            for _ in r.iter_bytes():
+                pass
+    given_back()
+    with httpx.stream("POST", url + "/v1/audio/speech", timeout=60, json={
+            **GREEDY, "input": "Fail. " + story, "response_format": "pcm",
+            "stream_format": "sse"}) as r:
+        raw = b"".join(r.iter_bytes()).decode()
+    assert "event: error" in raw and "a failure mid-synthesis" in raw
+    given_back()
+    long_text = " ".join(f"Sentence {i} of a long story." for i in range(12))
+    with httpx.stream("POST", url + "/v1/audio/speech", timeout=60, json={
+            "input": long_text, "response_format": "pcm", "stream_format": "audio",
+            "num_step": 64}) as r:
+        parts = r.iter_bytes()  # kept: dropping the iterator would close the response
+        assert next(parts)  # first audio is out; the client leaves mid-stream
+        _leaves_within_steps(url, r.close)
+    given_back()
+    assert state.registry.get_sample_value("omnicore_streams_cancelled_total") == cancelled + 3

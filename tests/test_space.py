@@ -184,4 +184,5 @@ def test_the_space_runs_from_its_folder_alone(tmp_path):
     # Space's copy (the build ships none).
     cache = {p.name for p in (space / "omnicore" / "__pycache__").iterdir()}
     assert any(n.startswith("pipeline.") and n.endswith(".pyc") for n in cache), sorted(cache)
-    assert any(n.startswith("kernels.") and n.endswith(".nbi") for n in cache), sorted(cache)
+    model_cache = {p.name for p in (space / "omnicore" / "model" / "__pycache__").iterdir()}
+    assert any(n.startswith("kernels.") and n.endswith(".nbi") for n in model_cache), sorted(model_cache)

@@ -1,5 +1,6 @@
-"""Streaming synthesis on the tiny checkpoint: the streamed pieces, joined, are the synchronous
-chunked generation (`streaming.generate_chunks`) to float32 rounding (STREAM_ATOL); text fragments
+"""Streaming synthesis on the tiny checkpoint: the streamed pieces, joined, are the offline
+composition of the same passes (`offline_twin`: one-shot decodes joined by `join_offline`) to
+float32 rounding (STREAM_ATOL); text fragments
 split exactly as the whole text and give the same audio bit for bit; early exits leave no threads;
 worker errors reach the consumer as the same object; `omnicore say --stream` / `--raw`.
 Incremental text and audio helpers are property-tested against their one-shot forms."""
@@ -10,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ from omnicore.text import planner
 from omnicore import streaming as S
 from omnicore.cli import main
 from omnicore.errors import AudioError, InputError
+from omnicore.model.config import GenerationConfig, resolve_generation_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "weights" / "tiny-random"
@@ -59,9 +62,30 @@ def model():
     return OmniVoice.from_pretrained(TINY)
 
 
+def offline_twin(model, text, *, decode_frames: int = 25, **kw):
+    """A stream of `text` run to its end, and its synchronous twin: the same passes' codes,
+    each chunk decoded in ONE shot (`codec.decode`), trimmed whole and joined by
+    `streamjoin.join_offline` with the gain the stream uses (the voice prompt's loudness, else
+    the peak of chunk 0's first `decode_frames` frames)."""
+    st = model.stream(text, decode_frames=decode_frames, **kw)
+    streamed = np.concatenate(list(st))
+    codes = [s["codes"] for s in st.chunk_stats]
+    wavs = [model.codec.decode(c) for c in codes]  # [C, T_k] -> [960 * T_k]
+    gen = resolve_generation_config(None, {k: v for k, v in kw.items()
+                                           if k in GenerationConfig.__dataclass_fields__})
+    prompt = kw.get("voice_clone_prompt")
+    gain = (streamjoin.rms_gain(prompt.ref_rms) if prompt is not None
+            else streamjoin.peak_gain(wavs[0][:decode_frames * model.codec.hop_length]))
+    audio, spans = streamjoin.join_offline(
+        wavs, gain, postprocess=gen.postprocess_output, pad_duration=gen.pad_duration,
+        fade_duration=gen.fade_duration, sr=model.sampling_rate, pauses=st.pause_samples)
+    return SimpleNamespace(audio=audio, streamed=streamed, codes=np.concatenate(codes, axis=1),
+                           text_chunks=[s["text"] for s in st.chunk_stats], pauses=tuple(spans))
+
+
 @pytest.fixture(scope="module")
 def offline(model):
-    return S.generate_chunks(model, PARAGRAPH, rule=RULE, **FAST)
+    return offline_twin(model, PARAGRAPH, rule=RULE, **FAST)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,7 +271,7 @@ def streamed(model):
     return st_, list(st_)
 
 
-def test_stream_matches_synchronous_chunked_generation(streamed, offline):
+def test_stream_matches_the_offline_composition(streamed, offline):
     st_, pieces = streamed
     got = np.concatenate(pieces)
     assert st_.text_chunks == offline.text_chunks == planner.split_text(PARAGRAPH, RULE)
@@ -290,7 +314,7 @@ def test_clone_stream_matches_synchronous_and_uses_prompt_loudness(model):
     prompt = model.create_voice_clone_prompt(SPEECH, "The quick brown fox jumps over the lazy dog.")
     text = "Cloned voices stay the same, chunk after chunk. Here is the second sentence of it."
     kw = dict(voice_clone_prompt=prompt, rule=RULE, num_step=2, seed=1, postprocess_output=False)
-    want = S.generate_chunks(model, text, **kw)
+    want = offline_twin(model, text, **kw)
     got = np.concatenate(list(model.stream(text, **kw)))
     assert len(want.text_chunks) == 2
     _close(got, want.audio)
@@ -316,7 +340,7 @@ def test_pauses_in_a_stream_match_synchronous_generation(model):
     arriving in fragments that cut through the marks."""
     items = planner.split_text(PAUSED, RULE)
     assert [round(x.seconds, 3) for x in items if isinstance(x, planner.Pause)] == [0.7, 1.0]
-    want = S.generate_chunks(model, PAUSED, rule=RULE, **FAST)
+    want = offline_twin(model, PAUSED, rule=RULE, **FAST)
     assert want.text_chunks == [x for x in items if isinstance(x, str)]
     assert [n for _, n in want.pauses] == [16800, 24000]
     for start, n in want.pauses:
@@ -446,8 +470,8 @@ def test_bad_arguments_fail_at_the_call(model):
 def test_duration_sets_the_pace_of_every_chunk(model):
     # The pace (whole-text estimate / requested frames) divides every chunk's estimate, as the
     # long-form path does (later chunks take chunk 0, already paced, as their yardstick).
-    short = S.generate_chunks(model, PARAGRAPH, rule=RULE, duration=3.0, num_step=1, seed=0)
-    long = S.generate_chunks(model, PARAGRAPH, rule=RULE, duration=6.0, num_step=1, seed=0)
+    short = offline_twin(model, PARAGRAPH, rule=RULE, duration=3.0, num_step=1, seed=0)
+    long = offline_twin(model, PARAGRAPH, rule=RULE, duration=6.0, num_step=1, seed=0)
     assert short.text_chunks == long.text_chunks
     assert long.codes.shape[1] > 1.5 * short.codes.shape[1]
 
@@ -462,7 +486,7 @@ SAY = "Hello there, this is a streaming test. Here is the second sentence of it.
 
 
 def test_cli_stream_wav_raw_and_stdin(model, tmp_path, monkeypatch, capsysbinary):
-    want = S.generate_chunks(model, SAY, num_step=3, seed=7).audio
+    want = offline_twin(model, SAY, num_step=3, seed=7).audio
     out = tmp_path / "s.wav"
     assert main(["say", SAY, "--stream", "-o", str(out), *CLI]) == 0
     wav16, sr = sf.read(out, dtype="int16")

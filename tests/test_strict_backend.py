@@ -185,7 +185,7 @@ def test_backend_matmul_on_every_layout(device):
 
 def test_backbone_kernels_agree_with_their_twins(device):
     """The kernels as the device backend dispatches them (CuPy: one CUDA kernel each, see the
-    end of omnicore/kernels.py) against the plain xp twins, on fresh inputs."""
+    end of omnicore/model/kernels.py) against the plain xp twins, on fresh inputs."""
     errs = device[1]["kernel_rel_err"]
     assert set(errs) == {"rms_norm", "add_rms_norm", "qk_norm_rope", "softmax_rows", "swiglu"}
     assert max(errs.values()) < 2e-6, errs

@@ -158,7 +158,7 @@ def test_mode_follows_the_umask_and_the_umask_is_never_touched(tmp_path, monkeyp
 
 
 def test_umask_is_read_at_import_without_changing_it():
-    code = ("import os; os.umask(0o027); from omnicore import audio; "
+    code = ("import os; os.umask(0o027); from omnicore.audio import writers; "
             "print(oct(writers._FILE_MODE), oct(os.umask(0o027)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -27,7 +27,7 @@ CROSS_FADE_S = 0.3           # cross_fade_chunks' default: fade-out, gap, fade-i
 
 
 class SilenceTrimmer:
-    """Trim one chunk's silences as its samples arrive (see the module docstring).
+    """Trim one chunk's silences as its samples arrive (rules: docs/streaming.md).
 
     `push(x)` returns the samples that are decided; `end()` the rest. Blocks are counted from
     the chunk start and partial blocks wait, so how the chunk is cut into pushes never matters.

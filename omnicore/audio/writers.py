@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from typing import BinaryIO, Callable
 
 import numpy as np
@@ -165,18 +166,21 @@ class AtomicOutput:
             self.abort()
 
 
-def remove_stale_temporaries(folder: str | os.PathLike, names) -> int:
+def remove_stale_temporaries(folder: str | os.PathLike, names, min_age_s: float = 0.0) -> int:
     """Remove the temporary files `AtomicOutput` left in `folder` for targets named `names` (a
     writer killed mid-write, e.g. a SIGKILLed worker, cannot remove its own). Only for a caller
-    that knows no writer of those names is running. Returns how many were removed."""
+    that knows no writer of those names is running, or, with `min_age_s`, that none has been
+    writing one for that long (a file untouched that long is no live writer's). Returns how many
+    were removed."""
     prefixes = {name[:_MAX_PREFIX] for name in names}
     removed = 0
+    now = time.time()
     for entry in os.scandir(folder):
         name = entry.name
         if not (name.startswith(".") and name.endswith(".tmp")) or not entry.is_file(follow_symlinks=False):
             continue
         prefix = name[1:-4].rpartition(".")[0]  # .<prefix>.<random>.tmp (mkstemp's name)
-        if prefix in prefixes:
+        if prefix in prefixes and now - entry.stat(follow_symlinks=False).st_mtime >= min_age_s:
             try:
                 os.unlink(entry.path)
                 removed += 1

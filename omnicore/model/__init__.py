@@ -9,9 +9,11 @@ Read it top-down, in this order:
     codec.py       Higgs Audio V2: codes -> 24 kHz waveform, and a clip -> codes
     hubert.py      the codec encoder's semantic branch
     resample.py    the band-limited resampler both ends of the codec rely on
-    kernels.py     the Numba loops between the GEMMs, each beside its numpy twin
+    kernels.py     the Numba loops between the backbone's GEMMs, each beside its numpy twin
+    conv_kernels.py  the codec's convolutions as GEMMs, and its Numba loops (Snake, GELU, ...)
     backend.py     the one numpy/CuPy switch (`xp`); strictxp.py checks device-path code on the CPU
 
+docs/walkthrough.md follows one sentence through these stages with real shapes and values.
 Nothing here imports the product around it (engine, API, streaming, server, CLI, ...); the
 shared vocabulary is `omnicore.errors`.
 """

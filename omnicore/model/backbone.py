@@ -52,8 +52,7 @@ class LayerParams:
 
     Projection matrices keep the checkpoint's [out, in] layout and the model computes x @ W.T.
     A transposed copy made at load time would briefly hold every matrix twice, and BLAS
-    multiplies by W.T in place at the same speed (measured on every projection shape of the
-    full model).
+    multiplies by W.T in place as fast as by a transposed copy (benchmarks/README.md).
     """
 
     input_layernorm: np.ndarray  # [D]
@@ -406,8 +405,8 @@ def forward_bytes(cfg, lengths, num_out, class_sampling: bool = False) -> int:
     per the longest row its [K, L*G, L] scores with [K, L*G, E] outputs; per scored position
     the heads' logits [C*V] (freed before the next step's forward) and two [D] rows; per item
     the [C, T, V] log-probabilities, or four times that with class sampling (negated copy and
-    int64 indices of the top-k selection). Measured on the tiny checkpoint, a pass's peak
-    allocations are at least 2/3 of this estimate.
+    int64 indices of the top-k selection). An upper bound, and a close one, so that the budget
+    means what it says (tests/test_limits.py).
     """
     q = cfg.llm_config
     C, V = cfg.num_audio_codebook, cfg.audio_vocab_size

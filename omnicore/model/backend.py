@@ -5,8 +5,8 @@ for arrays that live on the compute device. With the default backend `xp` *is* n
 code reads exactly like plain numpy. Setting OMNICORE_BACKEND=cupy (with the `gpu` extra
 installed) swaps in CuPy, which mirrors the numpy API on an NVIDIA GPU.
 
-Numba kernels only accept numpy arrays; `omnicore.model.kernels` picks its plain-xp twins when the
-backend is not numpy (that choice, too, is made once, in kernels.py, from `IS_NUMPY`).
+Numba kernels only accept numpy arrays; the kernel modules (`kernels`, `conv_kernels`) pick their
+plain-xp twins when the backend is not numpy (that choice, too, is made there, from `IS_NUMPY`).
 
 OMNICORE_BACKEND=strict is a test backend, no faster than numpy: device arrays that are not
 numpy arrays and refuse what CuPy refuses (implicit conversion to numpy, host arrays mixed into

@@ -15,7 +15,7 @@ Public API (pure functions over params, arrays and the config):
     decode(params, codes, cfg) -> float32 waveform [hop*T] (or [B, hop*T] for codes [B, Q, T])
     decode_stream(params, codes, cfg, chunk_frames=50, overlap_frames=None) -> waveform pieces
     decode_chunked(...) -> the joined pieces (`decode` to rounding); decoder_receptive_field(cfg)
-    encode(params, waveform, cfg, sample_rate=24000, pad=True) -> int64 codes [Q, T]
+    encode(params, waveform, cfg, pad=True) -> int64 codes [Q, T]   (waveform at cfg.sample_rate)
     encode_features(...) -> the encoder's intermediate tensors; quantize(params, latent, cfg)
 
 Dimension legend:
@@ -40,8 +40,8 @@ from . import hubert
 from .backend import f32, to_device, to_numpy, xp
 from .config import HiggsAudioV2TokenizerConfig
 from .resample import resample
-from .kernels import (conv1d, conv_out_len, conv_transpose1d, conv_transpose_weight, conv_weight,
-                      dac_res_unit, snake)
+from .conv_kernels import (conv1d, conv_out_len, conv_transpose1d, conv_transpose_weight, conv_weight,
+                           dac_res_unit, snake)
 
 # The reference pads the 16 kHz semantic input by this many samples on each side (it is a
 # fixed number in transformers, not hop_length // 2 as in the original Boson code).
@@ -63,7 +63,7 @@ class SnakeParams:
 
 @dataclass(frozen=True)
 class ConvParams:
-    w: object  # [K, Cin, Cout] (kernels.conv_weight layout)
+    w: object  # [K, Cin, Cout] (conv_kernels.conv_weight layout)
     b: object  # [Cout] or None
 
 
@@ -79,7 +79,7 @@ class DacResUnit:
 @dataclass(frozen=True)
 class DacDecoderBlock:
     snake: SnakeParams
-    conv_t_w: object  # [2*Cin, stride*Cout] (kernels.conv_transpose_weight polyphase layout), K = 2 * stride
+    conv_t_w: object  # [2*Cin, stride*Cout] (conv_kernels.conv_transpose_weight polyphase layout), K = 2 * stride
     conv_t_b: object  # [Cout]
     stride: int
     res_units: tuple  # 3 x DacResUnit
@@ -623,12 +623,12 @@ def quantize(params: CodecParams, latent, cfg: HiggsAudioV2TokenizerConfig, *,
     return codes
 
 
-def _encoder_forward(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerConfig, sample_rate: int,
+def _encoder_forward(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerConfig, sample_rate: int | None,
                      pad: bool) -> dict:
     if params.encoder is None:
         raise InputError("the codec was loaded without its encoder half; load it with "
                          "load_params(..., encoder=True) or ensure_encoder(...) before encoding")
-    wav = check_audio(waveform, sample_rate, cfg)
+    wav = check_audio(waveform, cfg.sample_rate if sample_rate is None else sample_rate, cfg)
     if pad:
         wav = pad_to_hop(wav, cfg.hop_length)
     enc = params.encoder
@@ -652,7 +652,7 @@ def _encoder_forward(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerCo
     return {"input": wav, "semantic_hubert": hub, "semantic": sem[0], "acoustic": ac[0], "fused": fused}
 
 
-def encode_features(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerConfig, *, sample_rate: int = 24000,
+def encode_features(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerConfig, *, sample_rate: int | None = None,
                     pad: bool = True) -> dict:
     """The encoder's intermediate tensors as numpy arrays: `input` [L'] (the waveform after the
     padding rule), `semantic_hubert` [T, Ds] (mean of all HuBERT states, every second frame),
@@ -662,9 +662,10 @@ def encode_features(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerCon
     return {k: to_numpy(v) for k, v in _encoder_forward(params, waveform, cfg, sample_rate, pad).items()}
 
 
-def encode(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerConfig, *, sample_rate: int = 24000,
+def encode(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerConfig, *, sample_rate: int | None = None,
            pad: bool = True) -> np.ndarray:
-    """Mono float waveform [L] at cfg.sample_rate -> int64 codes [num_quantizers, T].
+    """Mono float waveform [L] at cfg.sample_rate -> int64 codes [num_quantizers, T]
+    (`sample_rate`, when given, must be that rate: a check, not a conversion).
 
     pad=True (default) applies the feature extractor's rule, right zero-padding to a multiple of
     the hop, so T = ceil(L / hop). pad=False feeds the samples as they are, like calling the

@@ -20,8 +20,9 @@ import numpy as np
 from .backend import f32, to_device, xp
 from .config import HubertConfig
 from ..errors import WeightsError
-from .kernels import (all_finite, conv1d, conv_out_len, conv_weight, gelu, group_norm, grouped_conv1d,
-                      grouped_conv_weight, softmax_rows)
+from .conv_kernels import (conv1d, conv_out_len, conv_weight, gelu, group_norm, grouped_conv1d,
+                           grouped_conv_weight)
+from .kernels import all_finite, softmax_rows
 
 
 @dataclass(frozen=True)

@@ -389,8 +389,8 @@ class RowTable:
 
     For the text embedding table (151676 x 1024 float32 = 620 MB, of which a prompt uses a few
     hundred rows): a copy in memory would cost 620 MB of RAM and a full read at load, a memory
-    map risks SIGBUS. Each distinct row costs one positioned read (a few microseconds from the
-    page cache) and is checked for NaN/inf as it arrives.
+    map risks SIGBUS. Each distinct row costs one positioned read (cheap from the page cache;
+    benchmarks/README.md) and is checked for NaN/inf as it arrives.
     """
 
     def __init__(self, file: SafetensorsFile, key: str):

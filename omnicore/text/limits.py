@@ -139,6 +139,16 @@ def validate_ref_text(ref_text: object, what: str = "ref_text") -> str:
     return ref_text
 
 
+def require_ref_text(ref_text: object) -> str:
+    """A reference clip's transcript: required (omnicore has no speech recogniser to make one),
+    then ``validate_ref_text``."""
+    if ref_text is None or (isinstance(ref_text, str) and not ref_text.strip()):
+        raise InputError(
+            "ref_text is required: pass the transcript of the reference audio. (The reference "
+            "package can transcribe it with Whisper; omnicore has no ASR built in.)")
+    return validate_ref_text(ref_text)
+
+
 def validate_ref_frames(frames: int, what: str = "the voice reference") -> int:
     """Reference length in codec frames: 1 .. ``MAX_REF_FRAMES``, else ``InputError``."""
     if frames < 1:

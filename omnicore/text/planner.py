@@ -574,7 +574,7 @@ _SECONDS_PER_WEIGHT = 1.0 / text_weight("Nice to meet you.")
 
 @dataclass(frozen=True)
 class ChunkRule:
-    """Where streamed text is cut, in seconds of estimated speech (see the module docstring)."""
+    """Where streamed text is cut, in seconds of estimated speech (docs/streaming.md)."""
 
     first_seconds: float = 2.0        # chunk 0 ends at a sentence or clause end after this much
     first_max_seconds: float = 6.0    # ... or at a word break after this much

@@ -3,8 +3,9 @@
 #
 #   bash tools/reference/setup_env.sh [VENV_DIR]        # default $OMNICORE_REF_VENV, else .venvs/ref
 #
-# Python 3.11 is expected (PYTHON=... to choose another interpreter). Off this machine, take the
-# CPU build of torch from PyTorch's CPU index, otherwise PyPI's default (CUDA) wheel comes in:
+# Python 3.11 is expected (PYTHON=... to choose another interpreter). Unless pip already finds
+# the CPU build of torch (a local wheel folder in its configuration), take it from PyTorch's CPU
+# index, otherwise PyPI's default (CUDA) wheel comes in:
 #
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash tools/reference/setup_env.sh
 #

@@ -1,0 +1,120 @@
+"""The voice and generation options, and what they mean to `OmniVoice.generate` (`gen_kwargs`).
+
+The generation knobs are the fields of `GenerationConfig` (omnicore.model.config): each option
+takes its type and default from the dataclass, and its help from `FIELD_HELP`, the one line
+per field below. They come in two spellings:
+    say, batch, script      a few fields in this command line's style: --steps, --guidance,
+                            --no-denoise, --no-postprocess (`add_generation_options`), and
+                            clone-prompt's --no-preprocess (`add_field_option`)
+    infer, infer-batch      `--<field>` as the reference spells them, booleans as
+                            `--denoise False` (`add_reference_options`)
+Either way the value lands on `args.<field>`, which is where `gen_kwargs` reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import typing
+
+from ..model.config import GenerationConfig
+
+# What each GenerationConfig field does, in a line: the help of its option.
+FIELD_HELP = {
+    "num_step": "unmasking steps; fewer is faster",
+    "guidance_scale": "classifier-free guidance scale",
+    "t_shift": "shape of the unmasking schedule: smaller fills fewer cells in the first steps",
+    "layer_penalty_factor": "confidence taken off per codebook index, so coarse codebooks "
+                            "are filled first",
+    "position_temperature": "noise on the order in which cells are filled (0: by confidence "
+                            "alone)",
+    "class_temperature": "sampling temperature of each cell's token (0: the most likely one)",
+    "denoise": "put the <|denoise|> token in the prompt when cloning",
+    "preprocess_prompt": "clean up the reference clip and text (silences cut from the clip, "
+                         "an end mark added to the text)",
+    "postprocess_output": "remove long silences from the output (loudness, fades and padding "
+                          "are always applied)",
+    "audio_chunk_duration": "seconds of audio per chunk when a long text is cut",
+    "audio_chunk_threshold": "a text estimated longer than this many seconds is cut into chunks",
+    "pad_duration": "seconds of silence added at each end of the output",
+    "fade_duration": "seconds of fade-in and fade-out at the ends of the output",
+}
+
+_FIELD_TYPES = typing.get_type_hints(GenerationConfig)  # field name -> int, float or bool
+_DEFAULTS = GenerationConfig()
+
+
+def str2bool(value: str) -> bool:
+    """The reference's boolean flags: `--denoise False`, `--postprocess_output no`, ..."""
+    v = value.lower()
+    if v in ("yes", "true", "t", "y", "1"):
+        return True
+    if v in ("no", "false", "f", "n", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"Boolean value expected (true/false, yes/no, 1/0), got {value!r}")
+
+
+def _seed(value: str) -> int:
+    try:
+        seed = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {value!r}") from None
+    if seed < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {seed}")
+    return seed
+
+
+def add_field_option(group, name: str, flag: str) -> None:
+    """Field `name` as this command line spells it: `flag` takes a value, or, for a field that
+    is on by default, the switch `flag` (--no-...) turns it off."""
+    default = getattr(_DEFAULTS, name)
+    if _FIELD_TYPES[name] is bool:
+        group.add_argument(flag, dest=name, action="store_false", default=default,
+                           help=f"do not {FIELD_HELP[name]}")
+    else:
+        group.add_argument(flag, dest=name, type=_FIELD_TYPES[name], default=default,
+                           metavar=flag.lstrip("-").upper(),
+                           help=f"{FIELD_HELP[name]} (default %(default)s)")
+
+
+def add_generation_options(sp) -> None:
+    """The voice and generation options of say, batch and script."""
+    g = sp.add_argument_group("voice and generation")
+    g.add_argument("--language", help="language name or code, e.g. English / en (default: agnostic)")
+    g.add_argument("--instruct", help="voice design, e.g. 'female, low pitch, british accent'")
+    g.add_argument("--duration", type=float, help="fixed output length in seconds (overrides --speed)")
+    g.add_argument("--speed", type=float, help="speaking rate factor, >1 faster (default 1.0)")
+    add_field_option(g, "num_step", "--steps")
+    add_field_option(g, "guidance_scale", "--guidance")
+    g.add_argument("--seed", type=_seed, help="random seed (>= 0): same seed, same audio")
+    g.add_argument("--greedy", action="store_true",
+                   help="deterministic decoding (position and class temperature 0)")
+    add_field_option(g, "denoise", "--no-denoise")
+    add_field_option(g, "postprocess_output", "--no-postprocess")
+    g.add_argument("--normalize-text", action="store_true",
+                   help="read numbers, dates, currency as words first, as the reference's "
+                        "normalize_text (needs pip install 'omnicore[tn]')")
+
+
+def add_reference_options(sp, names) -> None:
+    """`--<field>` for each field in `names`, in that order: the reference's flags."""
+    for name in names:
+        default = getattr(_DEFAULTS, name)
+        if _FIELD_TYPES[name] is bool:
+            sp.add_argument(f"--{name}", type=str2bool, default=default, metavar="BOOL",
+                            help=FIELD_HELP[name])
+        else:
+            sp.add_argument(f"--{name}", type=_FIELD_TYPES[name], default=default,
+                            help=FIELD_HELP[name])
+
+
+def gen_kwargs(args) -> dict:
+    """The generate() arguments of a parsed command line: the voice options, and every
+    GenerationConfig field the command has an option for."""
+    kw = dict(language=args.language, instruct=args.instruct, duration=args.duration,
+              speed=args.speed, seed=args.seed)
+    kw.update({name: getattr(args, name) for name in _FIELD_TYPES if hasattr(args, name)})
+    if args.greedy:
+        kw.update(position_temperature=0.0, class_temperature=0.0)
+    if getattr(args, "normalize_text", False):
+        kw["normalize_text"] = True
+    return kw

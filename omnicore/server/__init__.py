@@ -1,0 +1,105 @@
+"""`omnicore serve`: an OpenAI-compatible speech server (Starlette + uvicorn, the `server` extra).
+
+One process, one model, one engine: every request's synthesis runs in a worker thread and the
+model's engine packs the passes of all concurrent requests into shared forwards, so requests are
+batched continuously instead of serialised.
+
+    POST /v1/audio/speech      OpenAI's fields (+ language, num_step, guidance_scale, seed,
+                               duration, normalize_text and every GenerationConfig field)
+    WS /v1/audio/speech/stream-input   text in fragments as an LLM writes it, audio as made
+    GET/POST /v1/voices        the voice library (clone from a clip, or a designed voice kept)
+    GET/DELETE /v1/voices/{id}
+    POST /v1/audio/voices, DELETE /v1/audio/voices/{id}
+                               OpenAI's voice resources, on the same library
+    /v1/audio/voice_consents   OpenAI's consent recordings (create, list, get, rename, delete)
+    GET /, /v1/models, /health, /metrics
+    /ui                        the Gradio demo on the same model (--ui)
+
+Voices are omnicore voice prompts (.npz, written atomically) in the voices folder, which several
+servers may share (library.py). The OpenAI preset names map to designed voices (PRESET_VOICES:
+instruct + seed); each is generated once on first use, and its codes are kept as the voice, so
+every later call speaks with that speaker.
+
+One module per job:
+
+    app.py           the handlers, the routing table (create_app) and the demo at /ui
+    stream_input.py  the WebSocket for voice agents: text in fragments, audio as it is made
+    state.py         ServerState: model, worker threads, admission (`async with
+                     server.slot()`), shutdown's drain and stop, metrics
+    runtime.py       uvicorn with the connections' clocks (send, idle) and graceful shutdown
+    protocol.py      OpenAI-shaped errors, request limits, the speech body's fields
+    uploads.py       uploaded clips, bounded by their header before decoding
+    library.py       the voice library on disk: voices, their records, consents; locked changes
+    voices.py        the preset voices, names and labels, a voice as each API shows it, a
+                     request's voice -> a prompt
+    formats.py       audio encoders: whole files, and the pieces a stream sends
+
+Only formats.py, library.py and voices.py are imported here: the package imports without the
+extra.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ConfigError
+from .formats import encode_audio
+from .library import VoiceLibrary
+from .voices import PRESET_VOICES
+
+__all__ = ["PRESET_VOICES", "VoiceLibrary", "encode_audio", "serve"]
+
+
+def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir=None,
+          api_key: str | None = None, max_queue: int = 16, log_level: str = "warning",
+          max_concurrency: int | None = None, ui: bool = False, send_timeout: float = 30.0,
+          idle_timeout: float = 30.0, grace: float = 30.0, metrics_public: bool = False,
+          require_consent: bool = False) -> None:
+    """Load the model once and serve until a signal, then drain (see runtime.py); with `ui`,
+    the demo at /ui too."""
+    import importlib.util
+
+    if importlib.util.find_spec("uvicorn") is None:  # the extra, checked before the model loads
+        raise ConfigError("the server needs its extra: pip install 'omnicore[server]'")
+    from .. import OmniVoice
+    from . import runtime
+    from .app import create_app, demo_module, mount_ui
+    from .state import ServerState
+
+    demo = demo_module() if ui else None
+    model = OmniVoice.from_pretrained(model_path)
+    name = Path(str(model_path)).name
+    server = ServerState(model, voices_dir, api_key, max_queue, model_name=name,
+                         max_concurrency=max_concurrency, metrics_public=metrics_public,
+                         idle_timeout=idle_timeout, require_consent=require_consent)
+    app = create_app(server)
+    if demo is not None:
+        mount_ui(app, server, demo, str(model_path))
+    runtime.run(app, server, host, port, log_level, send_timeout, idle_timeout, grace,
+                on_started=lambda: log_startup(server, model_path, host, port))
+
+
+def log_startup(server, model_path, host: str, port: int) -> None:
+    """What an operator checks first: which model, where voices live, whether a key is
+    needed, where the demo and the agents' socket are."""
+    import logging
+
+    from .. import __version__
+
+    log = logging.getLogger("uvicorn.error")
+    base = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+    voices = server.voices
+    log.info("omnicore %s: model %s (%s)", __version__, server.model_name, model_path)
+    if not voices.persistent:
+        log.info("Voices: not kept (no --voices-dir): voices made now are gone after a restart")
+    else:
+        log.info("Voices: %d in %s%s", len(voices.names()), voices.folder,
+                 f" ({voices.removed_temporaries} stale temporary files removed)"
+                 if voices.removed_temporaries else "")
+    log.info("Auth: %s", "API key required (Authorization: Bearer KEY)" if server.api_key
+             else "off: anyone who reaches this port can use it (set --api-key)")
+    if server.api_key:
+        log.info("Metrics: /metrics %s", "open (--metrics-public)" if server.metrics_public
+                 else "behind the API key (--metrics-public opens it)")
+    log.info("Demo: %s", f"http://{base}{server.ui_path}" if server.ui_path else "off (--ui)")
+    log.info("Voice agents: ws://%s/v1/audio/speech/stream-input", base)

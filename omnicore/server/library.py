@@ -1,0 +1,325 @@
+"""The voice library on disk: the one store of the server's voices and of the consent
+recordings that authorise cloned ones, shared by every route, and by every server process
+pointed at the same folder.
+
+    <name>.npz            a voice prompt (VoiceClonePrompt.save), or <name>.pt (the reference's)
+    <name>.voice.json     the voice's record: label, type, creation time, design prompt, consent
+    <name>.consent.<ext>  the consent recording kept with the voice it authorises
+    consents/<id>.json    a consent: label, language, creation time, its recording's file
+    consents/<id>.<ext>   the recording, as uploaded
+
+The folder is the truth: every read looks at it (a prompt is parsed again only when its file
+changed), so servers sharing the folder see each other's voices at once. Every change happens
+under one lock file (`.lock`, flock: exclusive across threads, processes and, on NFS, hosts),
+and every file is written atomically (audio/writers.py). A voice exists once its prompt file
+does, which is written last and removed first, so concurrent creates and deletes of one name
+leave it whole or absent, never half there. Without a folder the library lives in a private
+temporary one.
+
+Dimensions: a prompt's codes are [C, T] (C codebooks, T frames).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ..audio import writers
+from ..errors import OmniCoreError, VoicePromptError
+from .protocol import HTTPError
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: only this process's threads are excluded
+    fcntl = None
+
+VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # matched whole (fullmatch)
+CONSENT_ID = re.compile(r"cons_[0-9a-f]{24}")
+PROMPT_EXTS = (".npz", ".pt")  # an .npz (omnicore's own) wins over a .pt of the same name
+CONSENTS = "consents"
+LOCK = ".lock"
+# A write's temporary file untouched this long is debris of a writer that died mid-write (a
+# write takes milliseconds; one from outside the library, e.g. `omnicore clone-prompt -o` into
+# the folder, takes no lock).
+STALE_TEMP_S = 60.0
+PUBLIC_CONSENT = ("id", "object", "name", "language", "created_at")  # OpenAI's VoiceConsent
+
+
+def _write_json(path: Path, data: dict) -> None:
+    writers.write_atomic(path, lambda fh: fh.write(json.dumps(data).encode("utf-8")),
+                         OmniCoreError)
+
+
+def _read_json(path: Path) -> dict | None:
+    """A record, or None when absent or unreadable (then it is treated as missing)."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _temporary_targets(folder: Path) -> set[str]:
+    """The voice files (`<name>.npz`, `<name>.voice.json`, ...) that have a write's temporary
+    file (`.<file>.<random>.tmp`) in `folder`."""
+    found = set()
+    for p in folder.glob(".*.tmp"):
+        target = p.name[1:-len(".tmp")].rpartition(".")[0]
+        if VOICE_NAME.fullmatch(target.split(".")[0]):
+            found.add(target)
+    return found
+
+
+def _copy_atomic(source: Path, target: Path) -> None:
+    with open(source, "rb") as src:
+        writers.write_atomic(target, lambda fh: shutil.copyfileobj(src, fh), OmniCoreError)
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+class VoiceLibrary:
+    """Named voice prompts with their records, and consent recordings, in one folder (see the
+    module's docstring); thread- and process-safe."""
+
+    def __init__(self, folder: str | Path | None):
+        from ..voice import VoiceClonePrompt
+
+        self._cls = VoiceClonePrompt
+        self._tmp = None
+        self.persistent = folder is not None  # without a folder, voices die with the process
+        if folder is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="omnicore-voices-")
+            folder = self._tmp.name
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / CONSENTS).mkdir(exist_ok=True)
+        self._thread_lock = threading.Lock()
+        self._cache_lock = threading.Lock()
+        self._cache: dict[str, tuple[tuple, object]] = {}  # name -> (its file's stat, prompt)
+        self._making: dict[str, threading.Lock] = {}
+        with self._locked():
+            self.removed_temporaries = writers.remove_stale_temporaries(
+                self.folder, _temporary_targets(self.folder), STALE_TEMP_S)
+            self._remove_orphans()
+
+    # -- the lock and the folder ----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """Exclusive use of the folder for one change, against this process's threads and
+        every other process on the folder (the flock goes with the descriptor's close)."""
+        with self._thread_lock:
+            fd = os.open(self.folder / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                if fcntl is not None:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
+
+    def _remove_orphans(self) -> None:
+        """What a process killed mid-change left (a record or consent copy without its prompt,
+        a recording without its consent's record, an interrupted write's temporary file in
+        consents/). Under the lock: no change is half done now."""
+        for p in list(self.folder.glob("*.voice.json")) + list(self.folder.glob("*.consent.*")):
+            name = p.name.split(".")[0]
+            if VOICE_NAME.fullmatch(name) and self._prompt_path(name) is None:
+                _unlink(p)
+        folder = self.folder / CONSENTS
+        for p in folder.iterdir():
+            if p.suffix != ".json" and not (folder / f"{p.name.split('.')[0]}.json").exists():
+                _unlink(p)
+
+    def _record_path(self, name: str) -> Path:
+        return self.folder / f"{name}.voice.json"
+
+    def _prompt_path(self, name: str) -> Path | None:
+        for ext in PROMPT_EXTS:
+            path = self.folder / f"{name}{ext}"
+            if path.is_file():
+                return path
+        return None
+
+    # -- voices ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def check_name(name) -> str:
+        if not isinstance(name, str) or not VOICE_NAME.fullmatch(name):
+            raise HTTPError(400, "voice name must be 1-64 characters of letters, digits, '_' or "
+                                 "'-', starting with a letter or digit", "name", "invalid_voice_name")
+        return name
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.items()]
+
+    def items(self) -> list[tuple[str, object]]:
+        """(name, prompt) of every readable voice in the folder now, by name."""
+        stems = {p.stem for ext in PROMPT_EXTS for p in self.folder.glob(f"*{ext}")
+                 if VOICE_NAME.fullmatch(p.stem)}
+        found = ((name, self.get(name)) for name in sorted(stems))
+        return [(name, prompt) for name, prompt in found if prompt is not None]
+
+    def get(self, name: str):
+        """The voice prompt `name` as the folder holds it now, or None (no such voice, or a
+        file that does not load: that stays for inspection). Parsed again only when its file
+        changed."""
+        if not isinstance(name, str) or not VOICE_NAME.fullmatch(name):
+            return None
+        for ext in PROMPT_EXTS:
+            path = self.folder / f"{name}{ext}"
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            key = (ext, st.st_ino, st.st_mtime_ns, st.st_size)
+            with self._cache_lock:
+                hit = self._cache.get(name)
+            if hit is not None and hit[0] == key:
+                return hit[1]
+            try:
+                prompt = self._cls.load(path)
+            except VoicePromptError:
+                continue
+            with self._cache_lock:
+                self._cache[name] = (key, prompt)
+            return prompt
+        with self._cache_lock:
+            self._cache.pop(name, None)
+        return None
+
+    def record(self, name: str) -> dict:
+        """The voice's record (label, type, created_at, prompt, consent); a voice dropped into
+        the folder by hand has none: then its name, a clone, and its file's time."""
+        rec = _read_json(self._record_path(name))
+        if rec is not None:
+            return rec
+        created = time.time()
+        for ext in PROMPT_EXTS:
+            with contextlib.suppress(OSError):
+                created = (self.folder / f"{name}{ext}").stat().st_mtime
+                break
+        return {"name": name, "type": "audio_sample", "created_at": int(created)}
+
+    def add(self, name: str, prompt, record: dict | None = None, consent: str | None = None) -> dict:
+        """Store a new voice with its record (and a copy of consent `consent`'s recording);
+        409 when the name is taken, by this process or another. Returns the record."""
+        with self._locked():
+            if self.get(name) is not None:
+                raise HTTPError(409, f"voice {name!r} already exists; DELETE it first to replace "
+                                     "it", "name", "voice_exists")
+            record = {"name": name, "type": "audio_sample", "created_at": int(time.time()),
+                      **(record or {})}
+            written = [self._record_path(name)]
+            try:
+                if consent is not None:
+                    rec = self._consent_record(consent)
+                    if rec is None:
+                        raise HTTPError(400, f"unknown consent {consent!r}; create it at "
+                                             "/v1/audio/voice_consents", "consent", "consent_not_found")
+                    kept = self.folder / f"{name}.consent{Path(rec['recording']).suffix}"
+                    written.append(kept)
+                    _copy_atomic(self.folder / CONSENTS / rec["recording"], kept)
+                    record["consent"] = {**public_consent(rec), "recording": kept.name}
+                _write_json(written[0], record)
+                prompt.save(self.folder / f"{name}.npz")  # last: now the voice exists
+            except BaseException:
+                for path in written:
+                    _unlink(path)
+                raise
+            return record
+
+    def delete(self, name: str) -> bool:
+        """Remove a voice (its prompt first: from then on it is gone), its record and its kept
+        consent recording; False when there was none."""
+        if not isinstance(name, str) or not VOICE_NAME.fullmatch(name):
+            return False
+        with self._locked():
+            existed = [_unlink(self.folder / f"{name}{ext}") for ext in PROMPT_EXTS]
+            for path in [self._record_path(name), *self.folder.glob(f"{name}.consent.*")]:
+                _unlink(path)
+            with self._cache_lock:
+                self._cache.pop(name, None)
+            return any(existed)
+
+    def making_lock(self, name: str) -> threading.Lock:
+        """One lock per name, for work that must run once per process (a preset's design)."""
+        with self._cache_lock:
+            return self._making.setdefault(name, threading.Lock())
+
+    # -- consents -------------------------------------------------------------------------------
+
+    def _consent_record(self, cid) -> dict | None:
+        """A consent's stored record, or None (no such consent, or a damaged record)."""
+        if not isinstance(cid, str) or not CONSENT_ID.fullmatch(cid):
+            return None
+        rec = _read_json(self.folder / CONSENTS / f"{cid}.json")
+        if rec is None or rec.get("id") != cid or not all(k in rec for k in PUBLIC_CONSENT):
+            return None
+        # The recording's file is named by the record: only ever <id>.<ext>, beside it.
+        recording = rec.get("recording")
+        ok = isinstance(recording, str) and re.fullmatch(rf"{cid}\.[a-z0-9]+", recording)
+        return rec if ok else None
+
+    def consent(self, cid) -> dict | None:
+        rec = self._consent_record(cid)
+        return None if rec is None else public_consent(rec)
+
+    def consents(self) -> list[dict]:
+        """Every consent, oldest first."""
+        recs = (self._consent_record(p.stem) for p in (self.folder / CONSENTS).glob("cons_*.json"))
+        return sorted((public_consent(r) for r in recs if r is not None),
+                      key=lambda r: (r["created_at"], r["id"]))
+
+    def add_consent(self, name: str, language: str, recording: bytes, ext: str) -> dict:
+        """Keep a consent recording (its bytes as uploaded, `ext` its container's extension)."""
+        cid = "cons_" + secrets.token_hex(12)
+        folder = self.folder / CONSENTS
+        rec = {"id": cid, "object": "audio.voice_consent", "name": name, "language": language,
+               "created_at": int(time.time()), "recording": f"{cid}.{ext}"}
+        with self._locked():
+            writers.write_atomic(folder / rec["recording"], lambda fh: fh.write(recording),
+                                 OmniCoreError)
+            try:
+                _write_json(folder / f"{cid}.json", rec)  # last: now the consent exists
+            except BaseException:
+                _unlink(folder / rec["recording"])
+                raise
+        return public_consent(rec)
+
+    def rename_consent(self, cid, name: str) -> dict | None:
+        with self._locked():
+            rec = self._consent_record(cid)
+            if rec is None:
+                return None
+            rec["name"] = name
+            _write_json(self.folder / CONSENTS / f"{cid}.json", rec)
+        return public_consent(rec)
+
+    def delete_consent(self, cid) -> bool:
+        """Remove a consent (the voices it authorised keep their copy of the recording)."""
+        with self._locked():
+            rec = self._consent_record(cid)
+            if rec is None:
+                return False
+            _unlink(self.folder / CONSENTS / f"{cid}.json")
+            _unlink(self.folder / CONSENTS / rec["recording"])
+        return True
+
+
+def public_consent(rec: dict) -> dict:
+    """A consent as OpenAI's API shows it."""
+    return {k: rec[k] for k in PUBLIC_CONSENT}

@@ -1,0 +1,211 @@
+"""The wire protocol of the OpenAI-compatible routes: OpenAI-shaped errors, the request limits,
+reading a JSON body, and the speech body's fields checked and mapped onto the model's arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+import unicodedata
+from dataclasses import fields
+
+from ..errors import AudioError, CancelledError, ConfigError, InputError, OmniCoreError, VoicePromptError
+from ..model.config import GenerationConfig
+from ..text import limits
+from .formats import FORMATS, PIECEWISE
+
+MAX_BODY_BYTES = 1 * 2**20       # a JSON speech request: text is capped at MAX_TEXT_CHARS anyway
+MAX_UPLOAD_BYTES = 20 * 2**20    # a reference clip (a 30 s 48 kHz stereo float WAV is ~11 MB)
+# Names a speech request's `model` may give besides the checkpoint's own: the model's family
+# and OpenAI's speech models, so unchanged OpenAI code runs (every one is the one model).
+MODEL_ALIASES = ("omnivoice", "tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")
+
+# The JSON types a GenerationConfig field accepts, by its declared type (a float field takes a
+# JSON integer too); the numbers themselves are checked by GenerationConfig.
+_JSON_TYPES = {"int": int, "float": (int, float), "bool": bool}
+GEN_FIELDS = {f.name: _JSON_TYPES[f.type] for f in fields(GenerationConfig)}
+
+
+class HTTPError(Exception):
+    """A failure the client is told about: status, message, and OpenAI's `param` and `code`."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+
+def error_body(status: int, message: str, param=None, code=None) -> dict:
+    kind = ("invalid_request_error" if status < 500 else "server_error")
+    if status == 401:
+        kind = "authentication_error"
+    elif status == 429:
+        kind = "rate_limit_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def shutting_down() -> HTTPError:
+    """What a request is told while the server drains for shutdown: retry (on another
+    replica, or on this one once it is back)."""
+    return HTTPError(503, "the server is shutting down; retry shortly", None,
+                     "server_shutting_down", {"Retry-After": "5"})
+
+
+def as_http(exc: BaseException) -> HTTPError:
+    """Any failure of a route as what the client is told: omnicore's errors by kind (a client
+    that left is a 499), Starlette's own refusals (e.g. a multipart body over its limits) by
+    their status, anything else a 500 that names only the exception's type."""
+    from starlette.exceptions import HTTPException
+
+    if isinstance(exc, HTTPError):
+        return exc
+    if isinstance(exc, HTTPException) and 400 <= exc.status_code < 500:
+        return HTTPError(exc.status_code, str(exc.detail), None, "invalid_request")
+    if isinstance(exc, (InputError, AudioError, VoicePromptError)):
+        return HTTPError(400, str(exc), None, type(exc).__name__)
+    if isinstance(exc, ConfigError):
+        return HTTPError(400, str(exc), None, "ConfigError")
+    if isinstance(exc, CancelledError):
+        return HTTPError(499, str(exc), None, "cancelled")
+    if isinstance(exc, OmniCoreError):
+        return HTTPError(500, str(exc), None, type(exc).__name__)
+    return HTTPError(500, f"internal error ({type(exc).__name__})", None, "internal_error")
+
+
+def forget(exc: BaseException) -> None:
+    """Drop the locals of every finished frame an exception (and those it chains) holds: a
+    failed request's decoded audio or arrays then go with the request, instead of staying
+    reachable through a traceback until the garbage collector breaks the cycle."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
+
+
+async def read_json(request, limit: int = MAX_BODY_BYTES):
+    """The request's JSON body, read up to `limit` bytes (413 past it, 400 if not JSON)."""
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > limit:
+        raise HTTPError(413, f"request body over {limit:,} bytes", None, "body_too_large")
+    body = b""
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            raise HTTPError(413, f"request body over {limit:,} bytes", None, "body_too_large")
+    return parse_json(body)
+
+
+def parse_json(data: bytes | str, what: str = "the request body"):
+    """JSON text -> its value; a 400 when it is not JSON or nests too deep to parse."""
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise HTTPError(400, f"{what} is not valid JSON", None, "invalid_json") from None
+    except RecursionError:
+        raise HTTPError(400, f"{what} nests too deep", None, "invalid_json") from None
+
+
+def has_words(text: str) -> bool:
+    """Whether `text` has anything to speak: a letter, digit or symbol, not only punctuation,
+    spaces, marks or invisible characters (a zero-width space is text, not speech)."""
+    return any(unicodedata.category(c)[0] in "LNS" for c in text)
+
+
+async def read_object(request) -> dict:
+    """The request's JSON body, which must be an object (400 otherwise)."""
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise HTTPError(400, "the request body must be a JSON object")
+    return body
+
+
+def body_field(body: dict, name: str, types, default=None, *, check=None):
+    """body[name] if it is of `types` (JSON true is not a number) and passes `check`; `default`
+    when absent or null; else a 400 naming the field."""
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise HTTPError(400, f"{name} has the wrong type: {v!r}", name, "invalid_type")
+    if not isinstance(v, types):
+        raise HTTPError(400, f"{name} has the wrong type: {type(v).__name__}", name, "invalid_type")
+    if check is not None and not check(v):
+        raise HTTPError(400, f"{name} is out of range: {v!r}", name, "invalid_value")
+    return v
+
+
+def parse_speech(body, models=None) -> dict:
+    """OpenAI's speech body -> checked fields (HTTPError 4xx for a client mistake; `models`:
+    see speech_options). An unset `stream_format` is OpenAI's default, `audio`, for the formats
+    a stream sends as they are made (None: a whole file)."""
+    if not isinstance(body, dict):
+        raise HTTPError(400, "the request body must be a JSON object")
+    inp = body.get("input")
+    if not isinstance(inp, str) or not inp.strip():
+        raise HTTPError(400, "input must be a non-empty string", "input", "invalid_input")
+    check_input_length(len(inp))
+    if not has_words(inp):
+        raise HTTPError(400, "input has nothing to say (only punctuation, spaces or invisible "
+                             "characters): send the words to speak", "input", "invalid_input")
+    opts = speech_options(body, models=models)
+    if opts["stream_format"] is None and opts["format"] in PIECEWISE:
+        opts["stream_format"] = "audio"
+    return {"input": inp, **opts}
+
+
+def check_input_length(n: int) -> None:
+    if n > limits.MAX_TEXT_CHARS:
+        raise HTTPError(400, f"input is {n:,} characters; the limit is "
+                             f"{limits.MAX_TEXT_CHARS:,}", "input", "input_too_long")
+
+
+def speech_options(body: dict, default_format: str = "mp3", models=None) -> dict:
+    """Every speech field but the text: voice, formats, the voice-design instruct and the
+    generation settings (shared by the POST body and the WebSocket's first message). `model`,
+    when given, must be one of `models` (when known): a 404 in OpenAI's shape otherwise."""
+    model = body_field(body, "model", str, None)
+    if models is not None and model is not None and model not in models:
+        raise HTTPError(404, f"the model {model!r} does not exist here; GET /v1/models lists "
+                             f"the names this server answers to ({', '.join(models)})", "model",
+                        "model_not_found")
+    fmt = body_field(body, "response_format", str, default_format)
+    if fmt == "aac":
+        raise HTTPError(400, "response_format 'aac' is not available (no AAC encoder here); use "
+                             "mp3, opus, flac, wav or pcm", "response_format", "unsupported_format")
+    if fmt not in FORMATS:
+        raise HTTPError(400, f"unknown response_format {fmt!r}; one of {', '.join(FORMATS)}",
+                        "response_format", "invalid_format")
+    stream_format = body_field(body, "stream_format", str, None)
+    if stream_format not in (None, "audio", "sse"):
+        raise HTTPError(400, f"stream_format must be 'audio' or 'sse', got {stream_format!r}",
+                        "stream_format", "invalid_value")
+    speed = body_field(body, "speed", (int, float), None, check=lambda v: 0.25 <= v <= 4.0)
+    out = {
+        "voice": body.get("voice"), "format": fmt, "stream_format": stream_format,
+        "instruct": body_field(body, "instructions", str, None) or None,
+        "speed": None if speed is None or speed == 1 else float(speed),
+        "language": body_field(body, "language", str, None),
+        "seed": body_field(body, "seed", int, None, check=lambda v: v >= 0),
+        "duration": body_field(body, "duration", (int, float), None, check=lambda v: v > 0),
+        "normalize_text": body_field(body, "normalize_text", bool, False),
+    }
+    gen = {name: body_field(body, name, types) for name, types in GEN_FIELDS.items()}
+    out["gen"] = {name: v for name, v in gen.items() if v is not None}  # absent: the defaults
+    return out
+
+
+def synth_kwargs(req: dict, prompt) -> dict:
+    """A parsed speech request (and its voice's prompt, if any) as the model's keyword
+    arguments, the same for `synthesize` and `stream`."""
+    kw = dict(language=req["language"], instruct=req["instruct"], speed=req["speed"],
+              seed=req["seed"], duration=req["duration"], normalize_text=req["normalize_text"],
+              **req["gen"])
+    if prompt is not None:
+        kw["voice_clone_prompt"] = prompt
+    return kw
+
+
+def timings_header(timings: dict) -> str:
+    return ", ".join(f"{k}={v:.4f}" for k, v in timings.items())

@@ -1,0 +1,202 @@
+"""How `omnicore serve` runs under uvicorn: the connections' clocks and a graceful shutdown.
+
+Clocks, each counted in /metrics (omnicore_timeouts_total{kind}):
+
+    send   a connection whose write buffer stays full for `send_timeout` seconds (its client
+           stopped reading) is cut: a stream's passes are cancelled and its slot comes back.
+    idle   a connection that has not sent a whole request head within `idle_timeout` seconds
+           of connecting (or of its previous response) is closed, and a request body that
+           stalls that long is a 408; a WebSocket with nothing to say likewise (stream_input).
+
+Shutdown (SIGTERM, or Ctrl-C): the server drains: new work gets a 503 with Retry-After and
+/health says "draining" (the listening socket stays open, so a client is told, not refused);
+work in flight may finish within `grace` seconds; what is left then is stopped (a JSON 503, an
+SSE or WebSocket error event; a raw audio stream can only be cut), the worker threads are
+waited for, and only then does uvicorn finish: nothing computes after it says so. A second
+signal ends the grace at once.
+
+The clocks are uvicorn's own protocols (h11, and its WebSocket protocol) with timers added at
+the transport's flow-control callbacks: `pause_writing` is the one place that knows a client
+has stopped reading, whatever the route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+
+import uvicorn
+
+from .protocol import HTTPError
+from .state import ServerState
+
+log = logging.getLogger("uvicorn.error")
+# The kernel's send buffer of a connection (it grows to megabytes by default): minutes of audio
+# could sit there unread before the send clock starts. This much still carries audio many times
+# faster than real time over a slow link.
+SEND_BUFFER_BYTES = 128 * 1024
+STOP_WAIT_S = 10.0   # after the grace: how long stopped work may take to unwind
+CLOSE_WAIT_S = 30.0  # then: how long the worker threads may take to end
+
+
+class _Clocks:
+    """Timers on a uvicorn protocol: `send` while its transport's buffer is full, `idle` as a
+    subclass arms it. An expired timer counts itself and drops the connection."""
+
+    send_timeout: float
+    on_timeout = None
+
+    def _arm(self, kind: str, seconds: float) -> None:
+        self._disarm(kind)
+        self.__dict__[f"_clock_{kind}"] = self.loop.call_later(seconds, self._expired, kind)
+
+    def _disarm(self, kind: str) -> None:
+        handle = self.__dict__.pop(f"_clock_{kind}", None)
+        if handle is not None:
+            handle.cancel()
+
+    def _expired(self, kind: str) -> None:
+        self.__dict__.pop(f"_clock_{kind}", None)
+        self.on_timeout(kind)
+        self.transport.abort()  # a full buffer would keep a plain close() waiting to drain
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._arm("send", self.send_timeout)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._disarm("send")
+
+    def connection_lost(self, exc) -> None:
+        self._disarm("send")
+        self._disarm("idle")
+        super().connection_lost(exc)
+
+
+def protocols(send_timeout: float, idle_timeout: float, on_timeout):
+    """(http, ws): uvicorn's h11 and WebSocket protocol classes with the clocks."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+    from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
+
+    clocks = {"send_timeout": send_timeout, "on_timeout": staticmethod(on_timeout)}
+
+    class Http(_Clocks, H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+            self._seen = None  # the last request cycle the idle clock saw start
+            self._arm("idle", idle_timeout)
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not self._seen:  # a whole request head arrived
+                self._seen = self.cycle
+                self._disarm("idle")
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm("idle", idle_timeout)
+
+        def handle_websocket_upgrade(self, event) -> None:
+            self._disarm("idle")  # the transport is the WebSocket protocol's from here
+            self._disarm("send")
+            super().handle_websocket_upgrade(event)
+
+    for name, value in clocks.items():
+        setattr(Http, name, value)
+    ws = None
+    if AutoWebSocketsProtocol is not None:  # neither websockets nor wsproto: no WebSocket
+        ws = type("Ws", (_Clocks, AutoWebSocketsProtocol), dict(clocks))
+    return Http, ws
+
+
+class BodyClock:
+    """ASGI middleware: a request body that stalls for `idle_timeout` seconds is a 408 (raised
+    from `receive` into the route, which answers it as JSON)."""
+
+    def __init__(self, app, idle_timeout: float, on_timeout):
+        self.app, self.idle_timeout, self.on_timeout = app, idle_timeout, on_timeout
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        body_done = False
+
+        async def timed_receive():
+            nonlocal body_done
+            if body_done:  # after the body, receive() waits for a disconnect: no clock
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.idle_timeout)
+            except asyncio.TimeoutError:
+                self.on_timeout("idle")
+                raise HTTPError(408, f"the request body stalled (nothing for "
+                                     f"{self.idle_timeout:g} s)", None, "request_timeout",
+                                {"Connection": "close"}) from None
+            body_done = message["type"] != "http.request" or not message.get("more_body")
+            return message
+        await self.app(scope, timed_receive, send)
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, draining on the first signal (see the module's docstring)."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, grace: float):
+        super().__init__(config)
+        self.state, self.grace = state, grace
+        self._signals = 0
+        self._drain_t0: float | None = None
+        self._stop_t0: float | None = None
+
+    def handle_exit(self, sig, frame) -> None:
+        # Runs in the signal handler: only notes it; on_tick (on the loop) acts. Unlike
+        # uvicorn, the signal is not raised again once served: a drained server exits 0.
+        self._signals += 1
+
+    async def on_tick(self, counter: int) -> bool:
+        if await super().on_tick(counter):
+            return True
+        if not self._signals:
+            return False
+        now = time.monotonic()
+        state = self.state
+        if self._drain_t0 is None:
+            self._drain_t0 = now
+            state.drain()
+            log.info("Draining: new requests get 503; %d in flight may finish within %g s "
+                     "(signal again to stop them now)", state.load()["in_flight"], self.grace)
+        if state.load()["in_flight"] == 0:
+            return True
+        if self._stop_t0 is None and (now - self._drain_t0 >= self.grace or self._signals > 1):
+            self._stop_t0 = now
+            log.warning("Stopping %d requests still in flight", state.stop_all())
+        return self._stop_t0 is not None and now - self._stop_t0 > STOP_WAIT_S
+
+    async def shutdown(self, sockets=None) -> None:
+        await super().shutdown(sockets)
+        self.state.stop_all()
+        loop = asyncio.get_running_loop()
+        if not await loop.run_in_executor(None, self.state.close, CLOSE_WAIT_S):
+            log.error("Worker threads still running after %g s", CLOSE_WAIT_S)
+
+
+def run(app, state: ServerState, host: str, port: int, log_level: str, send_timeout: float,
+        idle_timeout: float, grace: float, on_started=None) -> None:
+    """Serve `app` until a signal, then shut down gracefully. `on_started()` is called once
+    uvicorn has configured its logging (for the start-up lines)."""
+    def counted(kind: str) -> None:
+        state.m_timeouts.labels(kind).inc()
+    http, ws = protocols(send_timeout, idle_timeout, counted)
+    config = uvicorn.Config(BodyClock(app, idle_timeout, counted), host=host, port=port,
+                            log_level=log_level, http=http, ws=ws if ws is not None else "none",
+                            timeout_graceful_shutdown=5)
+    server = GracefulServer(config, state, grace)
+    if on_started is not None:
+        on_started()
+    server.run()

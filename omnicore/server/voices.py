@@ -1,0 +1,129 @@
+"""The server's voices: the OpenAI preset names as documented designed voices, the rules for
+names and labels, a voice as each API shows it, and a request's `voice` resolved to a prompt.
+The store itself is library.py.
+
+Dimensions: a prompt's codes are [C, T] (C codebooks, T frames at FRAME_RATE).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+import numpy as np
+
+from ..model.config import FRAME_RATE, GenerationConfig
+from .library import VoiceLibrary
+from .protocol import HTTPError
+
+MAX_LABEL_CHARS = 256  # an OpenAI voice's or consent's `name`: a label, not an identifier
+# A BCP 47 language tag as OpenAI's consents take it (en, en-US, zh-Hant-TW, ...).
+LANGUAGE_TAG = re.compile(r"[A-Za-z]{2,8}(-[A-Za-z0-9]{1,8})*")
+# Documented designed voices behind OpenAI's preset names: made once on first use, then stored.
+PRESET_SAMPLE_TEXT = "Hello! It is a pleasure to meet you, and I hope you have a wonderful day."
+PRESET_VOICES = {
+    "alloy": ("female, young adult, moderate pitch, american accent", 11),
+    "ash": ("male, middle-aged, low pitch, american accent", 12),
+    "ballad": ("male, young adult, moderate pitch, british accent", 13),
+    "coral": ("female, young adult, high pitch, american accent", 14),
+    "echo": ("male, young adult, moderate pitch, american accent", 15),
+    "fable": ("male, middle-aged, moderate pitch, british accent", 16),
+    "nova": ("female, young adult, moderate pitch, british accent", 17),
+    "onyx": ("male, middle-aged, very low pitch, american accent", 18),
+    "sage": ("female, middle-aged, low pitch, american accent", 19),
+    "shimmer": ("female, young adult, very high pitch, american accent", 20),
+    "verse": ("male, teenager, moderate pitch, american accent", 21),
+}
+
+
+def describe_voice(name: str, prompt, record: dict) -> dict:
+    """A voice as /v1/voices shows it: its prompt's transcript and length, and its record."""
+    codes = np.asarray(prompt.ref_audio_tokens)  # [C, T]
+    consent = record.get("consent")
+    return {"id": name, "object": "voice", "name": record.get("name", name),
+            "type": record.get("type"), "created_at": record.get("created_at"),
+            "ref_text": prompt.ref_text, "frames": int(codes.shape[1]),
+            "seconds": codes.shape[1] / FRAME_RATE,
+            "preset": PRESET_VOICES.get(name, (None,))[0],
+            "consent": consent["id"] if isinstance(consent, dict) else None}
+
+
+def openai_voice(name: str, record: dict) -> dict:
+    """A voice as OpenAI's API shows it (audio.voice); `prompt` only for a designed one."""
+    out = {"id": name, "object": "audio.voice", "name": record.get("name", name),
+           "type": "prompt" if record.get("type") == "prompt" else "audio_sample",
+           "created_at": record.get("created_at", 0)}
+    if out["type"] == "prompt" and record.get("prompt"):
+        out["prompt"] = record["prompt"]
+    return out
+
+
+def check_label(value, param: str) -> str:
+    """An OpenAI `name`: any text that is not blank, up to MAX_LABEL_CHARS, one line."""
+    if not isinstance(value, str) or not value.strip():
+        raise HTTPError(400, f"{param} is required (a non-blank string)", param, "invalid_value")
+    if len(value) > MAX_LABEL_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise HTTPError(400, f"{param} must be one line of at most {MAX_LABEL_CHARS} characters",
+                        param, "invalid_value")
+    return value
+
+
+def check_language_tag(value) -> str:
+    if not isinstance(value, str) or not LANGUAGE_TAG.fullmatch(value):
+        raise HTTPError(400, "language must be a BCP 47 language tag, e.g. 'en-US'", "language",
+                        "invalid_value")
+    return value
+
+
+def new_voice_id() -> str:
+    """A fresh id for a voice made through OpenAI's routes (a library name like any other)."""
+    return "voice_" + secrets.token_hex(12)
+
+
+def new_voice_name(voices: VoiceLibrary, name) -> str:
+    """A valid name that is neither a voice already (409: DELETE it first) nor one of the
+    preset names, which stay the documented designed voices."""
+    name = VoiceLibrary.check_name(name)
+    if name in PRESET_VOICES:
+        raise HTTPError(409, f"{name!r} is a preset voice (a documented designed voice); "
+                             "choose another name", "name", "voice_reserved")
+    if voices.get(name) is not None:
+        raise HTTPError(409, f"voice {name!r} already exists; DELETE it first to replace it",
+                        "name", "voice_exists")
+    return name
+
+
+def designed_voice(model, instruct: str, seed: int, language=None, sample: str | None = None,
+                   on_step=None, num_step: int = GenerationConfig.num_step):
+    """Generate a sample once (seeded: the same inputs make the same voice) and keep its
+    codes as a voice."""
+    result = model.synthesize(sample or PRESET_SAMPLE_TEXT, instruct=instruct, seed=seed,
+                              language=language, num_step=num_step, on_step=on_step)[0]
+    return result.as_voice()
+
+
+def resolve_voice(model, voices: VoiceLibrary, voice, on_step=None):
+    """A request's `voice` (a name or {"id": name}) -> a VoiceClonePrompt; a preset name not
+    made yet is designed now and stored (once, even for concurrent first uses)."""
+    if isinstance(voice, dict):
+        voice = voice.get("id")
+    if not isinstance(voice, str) or not voice:
+        raise HTTPError(400, "voice must be a voice name or {\"id\": name}", "voice", "invalid_voice")
+    prompt = voices.get(voice)
+    if prompt is not None:
+        return prompt
+    if voice in PRESET_VOICES:
+        with voices.making_lock(voice):
+            prompt = voices.get(voice)
+            if prompt is None:
+                instruct, seed = PRESET_VOICES[voice]
+                prompt = designed_voice(model, instruct, seed, on_step=on_step)
+                try:
+                    voices.add(voice, prompt, {"type": "prompt", "prompt": instruct})
+                except HTTPError as exc:  # another server sharing the folder made it meanwhile
+                    if exc.code != "voice_exists":
+                        raise
+                    prompt = voices.get(voice) or prompt
+            return prompt
+    raise HTTPError(404, f"unknown voice {voice!r}; GET /v1/voices lists them", "voice",
+                    "voice_not_found")

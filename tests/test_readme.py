@@ -1,0 +1,129 @@
+"""The README and docs/ stay true: every line count they state is within 10 % of the tree (the
+counts are refreshed by tools/readme_counts.py), every path and relative link they name exists,
+and the README's file map names every module of the package."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("readme_counts", ROOT / "tools" / "readme_counts.py")
+counts = importlib.util.module_from_spec(_spec)
+sys.modules["readme_counts"] = counts  # its dataclass looks its module up while being made
+_spec.loader.exec_module(counts)
+
+DOCS = counts.markdown_files(ROOT)
+INSTALL = "python3 -m pip install -e . && omnicore say \"Hello! This is OmniVoice running on numpy.\" -o hello.wav"
+TEST = "python3 -m pip install -e '.[test,demo,tn,server,ray]' && python3 -m pytest -q"
+
+
+@pytest.mark.parametrize("md", DOCS, ids=[str(p.relative_to(ROOT)) for p in DOCS])
+def test_statements_are_true(md):
+    assert counts.problems(md, ROOT) == []
+
+
+def test_the_readme_states_counts():
+    stated = counts.stated_counts((ROOT / "README.md").read_text(encoding="utf-8"))
+    named = {p for c in stated for p in c.paths}
+    assert len(stated) >= 20, "the file map lost its lines column"
+    assert {"omnicore/model/", "omnicore/"} <= named, "the model's and the package's totals"
+
+
+def test_the_file_map_names_every_module():
+    assert counts.unmapped_modules(ROOT) == [], \
+        "add a row to README.md's file map (or name the folder), then run tools/readme_counts.py"
+
+
+def test_the_two_commands_are_the_readme_s():
+    # The first thing a reader runs, and the test command CI runs (quietly: .ci/run).
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"    {INSTALL}\n" in text and f"    {TEST}\n" in text
+
+
+def test_the_readme_stays_a_front_door():
+    # The details live in docs/; the README says what, how to run it, and how it works.
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 320
+
+
+# --- the tool itself, on a small tree -------------------------------------------------------
+
+def _tree(tmp_path: Path, readme: str, docs: dict[str, str] | None = None) -> Path:
+    (tmp_path / "omnicore" / "model").mkdir(parents=True)
+    (tmp_path / "omnicore" / "__init__.py").write_text("")
+    (tmp_path / "omnicore" / "model" / "a.py").write_text("x = 1\n" * 100)
+    (tmp_path / "omnicore" / "b.py").write_text("y = 2\n" * 50)
+    (tmp_path / "README.md").write_text(readme)
+    (tmp_path / "docs").mkdir()
+    for name, text in (docs or {}).items():
+        (tmp_path / "docs" / name).write_text(text)
+    return tmp_path
+
+
+MAP = """# T
+
+The model is [`omnicore/model/`](omnicore/model/) (7 lines); all: `omnicore/` (1,000 lines).
+
+## A table
+
+| file | lines | what |
+|---|---:|---|
+| [`a.py`](omnicore/model/a.py) | 99 | a |
+| [`b.py`](omnicore/b.py), [`a.py`](omnicore/model/a.py) | 1 | both |
+| `omnicore/b.py` | 50 | b, named in backticks |
+| [`no count`](omnicore/) | — | a row without a count |
+"""
+
+
+def test_refresh_rewrites_every_count(tmp_path):
+    root = _tree(tmp_path, MAP)
+    md = root / "README.md"
+    new = counts.refresh(MAP, md, root)
+    assert "(100 lines)" in new and "`omnicore/` (150 lines)" in new
+    assert "| 100 | a |" in new and "| 150 | both |" in new and "| 50 | b, named" in new
+    md.write_text(new)
+    assert counts.problems(md, root) == []
+    assert counts.refresh(new, md, root) == new
+
+
+def test_a_count_off_by_more_than_ten_percent_is_reported(tmp_path):
+    root = _tree(tmp_path, MAP)
+    found = counts.problems(root / "README.md", root)
+    assert any("omnicore/model/ states 7 lines, has 100" in f for f in found)
+    assert any("omnicore/ states 1,000 lines, has 150" in f for f in found)
+    assert any("states 1 lines, has 150" in f for f in found)
+    assert not any("states 99 lines" in f for f in found)  # within 10 %
+
+
+def test_missing_paths_links_anchors_and_loose_counts_are_reported(tmp_path):
+    text = MAP + (
+        "\nSee `omnicore/gone.py`, [gone](docs/gone.md), [x](docs/x.md#nope), "
+        "[ok](docs/x.md#a-heading), [web](https://example.com) and about 30 lines of glue.\n")
+    root = _tree(tmp_path, text, {"x.md": "# A heading\n\n[back](../README.md#a-table)\n"})
+    root_problems = counts.problems(root / "README.md", root)
+    assert any("`omnicore/gone.py` does not exist" in f for f in root_problems)
+    assert any("docs/gone.md does not exist" in f for f in root_problems)
+    assert any("docs/x.md#nope: no heading" in f for f in root_problems)
+    assert any("'30 lines' is not a checked count" in f for f in root_problems)
+    assert not any("a-heading" in f or "example.com" in f for f in root_problems)
+    assert counts.problems(root / "docs" / "x.md", root) == []
+
+
+def test_unmapped_modules(tmp_path):
+    text = "All: `omnicore/` (150 lines).\n\n| file | lines |\n|---|---|\n| [`a`](omnicore/model/) | 100 |\n"
+    root = _tree(tmp_path, text)  # a total in prose maps nothing
+    assert counts.unmapped_modules(root) == ["omnicore/b.py"]
+
+
+def test_a_module_that_became_a_package_keeps_its_row(tmp_path):
+    text = "| file | lines |\n|---|---|\n| [`b.py`](omnicore/b.py) | 50 |\n"
+    root = _tree(tmp_path, text)
+    (root / "omnicore" / "b.py").unlink()
+    (root / "omnicore" / "b").mkdir()
+    (root / "omnicore" / "b" / "__init__.py").write_text("z = 3\n" * 30)
+    (root / "omnicore" / "b" / "part.py").write_text("w = 4\n" * 20)
+    new = counts.refresh(text, root / "README.md", root)
+    assert "| [`b/`](omnicore/b/) | 50 |" in new

@@ -1,0 +1,266 @@
+"""OpenAI's voice resources and the one voice library, as users and operators run them: two
+`omnicore serve` subprocesses on loopback ports sharing one voices folder (both with
+--require-consent), driven by the official `openai` client (httpx for omnicore's own
+/v1/voices and for the exact JSON shapes)."""
+
+import io
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import (TINY, require_module, require_server_extra, start_server,  # noqa: E402
+                      stop_process)
+
+openai = require_module("openai")  # a skip locally, a failure under CI
+httpx = require_module("httpx")
+sf = require_module("soundfile")
+require_server_extra()
+
+from omnicore import OmniVoice, VoiceClonePrompt  # noqa: E402
+from test_server import GREEDY, _close, _streamed  # noqa: E402
+
+VOICE_KEYS = {"id", "object", "name", "type", "created_at"}  # openai.types.audio.Voice
+CONSENT_KEYS = {"id", "object", "name", "language", "created_at"}  # ...VoiceConsent
+
+
+def _wav(seconds: float, pitch: float = 180.0) -> bytes:
+    """A noisy tone as 16-bit WAV bytes (a clip to clone, or a consent recording)."""
+    rng = np.random.default_rng(int(pitch))
+    t = np.arange(int(24000 * seconds)) / 24000
+    wav = 0.2 * np.sin(2 * np.pi * pitch * t) * (1 + 0.5 * rng.standard_normal(t.size))
+    buf = io.BytesIO()
+    sf.write(buf, wav.astype(np.float32), 24000, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def voices_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("shared_voices")
+
+
+@pytest.fixture(scope="module")
+def servers(voices_dir):
+    """Two servers on one folder, as replicas behind a load balancer."""
+    started = []
+    try:
+        for _ in range(2):
+            started.append(start_server(voices_dir, "--require-consent"))
+        yield [url for _, url in started]
+    finally:
+        for proc, _ in started:
+            stop_process(proc, 10)
+
+
+@pytest.fixture(scope="module")
+def clients(servers):
+    return [openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+            for url in servers]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return OmniVoice.from_pretrained(TINY)
+
+
+def _error(exc_info) -> dict:
+    err = exc_info.value.response.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    return err
+
+
+def test_consents_with_the_official_client(servers, clients):
+    a, b = clients
+    recording = _wav(1.0)
+    made = [a.audio.voice_consents.create(name=f"Speaker {i}", language="en-US",
+                                          recording=("consent.wav", recording, "audio/wav"))
+            for i in range(3)]
+    assert all(c.object == "audio.voice_consent" and c.id.startswith("cons_") for c in made)
+    raw = httpx.get(f"{servers[0]}/v1/audio/voice_consents/{made[0].id}").json()
+    assert set(raw) == CONSENT_KEYS and raw["language"] == "en-US" and raw["name"] == "Speaker 0"
+    # One library: the other server sees, renames and lists what the first made.
+    assert b.audio.voice_consents.retrieve(made[0].id).name == "Speaker 0"
+    assert b.audio.voice_consents.update(made[1].id, name="Renamed").name == "Renamed"
+    assert a.audio.voice_consents.retrieve(made[1].id).name == "Renamed"
+    first = a.audio.voice_consents.list(limit=2)
+    assert len(first.data) == 2 and first.has_more
+    listed = [c.id for c in b.audio.voice_consents.list(limit=2)]  # every page, in order
+    assert sorted(listed) == sorted(c.id for c in made) and listed[:2] == [c.id for c in first.data]
+
+    with pytest.raises(openai.BadRequestError) as exc:
+        a.audio.voice_consents.create(name="x", language="English!",
+                                      recording=("c.wav", recording, "audio/wav"))
+    assert _error(exc)["param"] == "language"
+    with pytest.raises(openai.BadRequestError) as exc:
+        a.audio.voice_consents.create(name="x", language="en", recording=("c.wav", b"not audio"))
+    assert _error(exc)["code"] == "invalid_audio"
+    with pytest.raises(openai.BadRequestError) as exc:
+        a.audio.voice_consents.create(name="  ", language="en",
+                                      recording=("c.wav", recording, "audio/wav"))
+    assert _error(exc)["param"] == "name"
+
+    deleted = b.audio.voice_consents.delete(made[2].id)
+    assert deleted.deleted and deleted.id == made[2].id
+    for call in (lambda: a.audio.voice_consents.retrieve(made[2].id),
+                 lambda: a.audio.voice_consents.delete(made[2].id),
+                 lambda: a.audio.voice_consents.update(made[2].id, name="again"),
+                 lambda: a.audio.voice_consents.retrieve("cons_" + "0" * 24),
+                 lambda: a.audio.voice_consents.retrieve("../../etc")):
+        with pytest.raises(openai.NotFoundError):
+            call()
+
+
+def test_openai_voices_speak_and_share_one_library(servers, clients, voices_dir, model):
+    a, b = clients
+    recording, clip = _wav(1.0), _wav(2.0, pitch=150.0)
+    consent = a.audio.voice_consents.create(name="Ann", language="en",
+                                            recording=("consent.wav", recording, "audio/wav"))
+    sample = ("ann.wav", clip, "audio/wav")
+    # No speech recognition here: the clip's transcript is required, and the 400 says how.
+    with pytest.raises(openai.BadRequestError) as exc:
+        a.audio.voices.create(name="Ann", audio_sample=sample, consent=consent.id)
+    err = _error(exc)
+    assert err["param"] == "ref_text" and "extra_body" in err["message"]
+    # --require-consent: a clone needs a consent that exists, on both APIs.
+    form = {"name": "Ann", "ref_text": "A short test clip."}
+    for route, field in (("/v1/audio/voices", "audio_sample"), ("/v1/voices", "audio")):
+        r = httpx.post(servers[0] + route, data=form, files={field: sample}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "consent_required", r.text
+        r = httpx.post(servers[0] + route, data={**form, "consent": "cons_" + "1" * 24},
+                       files={field: sample}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "consent_not_found", r.text
+
+    voice = a.audio.voices.create(name="Ann", audio_sample=sample, consent=consent.id,
+                                  extra_body={"ref_text": "A short test clip."})
+    assert (voice.object, voice.type, voice.name, voice.prompt) == ("audio.voice", "audio_sample",
+                                                                   "Ann", None)
+    # The consent recording is kept with the voice it authorises, and stays when the consent
+    # itself is deleted.
+    kept = voices_dir / f"{voice.id}.consent.wav"
+    assert kept.read_bytes() == recording
+    assert b.audio.voice_consents.delete(consent.id).deleted
+    assert kept.read_bytes() == recording
+    listed = {v["id"]: v for v in httpx.get(servers[1] + "/v1/voices").json()["data"]}
+    assert listed[voice.id]["name"] == "Ann" and listed[voice.id]["consent"] == consent.id
+
+    # Speech with {"id": ...}, on either server, is the stored voice's.
+    prompt = VoiceClonePrompt.load(voices_dir / f"{voice.id}.npz")
+    assert prompt.ref_text == "A short test clip."
+    want = _streamed(model, "Hello there.", prompt)
+    for client in (a, b):
+        got = client.audio.speech.create(model="tts-1", voice={"id": voice.id}, input="Hello there.",
+                                         response_format="pcm", extra_body=GREEDY).content
+        _close(np.frombuffer(got, "<i2"), want)
+
+    # A prompt voice is a designed voice: its prompt is checked as an instruct, with hints...
+    with pytest.raises(openai.BadRequestError) as exc:
+        a.audio.voices.create(name="Low", prompt="female, low pich", type="prompt")
+    err = _error(exc)
+    assert err["param"] == "prompt" and "did you mean 'low pitch'" in err["message"]
+    # ...and it is the voice /v1/voices designs from the same description.
+    designed = b.audio.voices.create(name="Low", prompt="female, low pitch", type="prompt",
+                                     script_hint="This is how I sound.", extra_body={"num_step": 4})
+    assert (designed.type, designed.prompt, designed.name) == ("prompt", "female, low pitch", "Low")
+    r = httpx.post(servers[0] + "/v1/voices", timeout=120, json={
+        "name": "low_twin", "instruct": "female, low pitch", "text": "This is how I sound.",
+        "num_step": 4})
+    assert r.status_code == 201, r.text
+    np.testing.assert_array_equal(
+        VoiceClonePrompt.load(voices_dir / f"{designed.id}.npz").ref_audio_tokens,
+        VoiceClonePrompt.load(voices_dir / "low_twin.npz").ref_audio_tokens)
+    # OpenAI's route takes JSON too; the bodies are exactly OpenAI's shapes.
+    r = httpx.post(servers[0] + "/v1/audio/voices", timeout=120, json={
+        "name": "Low again", "type": "prompt", "prompt": "female, low pitch", "num_step": 2})
+    assert r.status_code == 200 and set(r.json()) == VOICE_KEYS | {"prompt"}, r.text
+    again = r.json()["id"]
+    r = httpx.delete(f"{servers[1]}/v1/audio/voices/{again}")
+    assert r.json() == {"id": again, "object": "audio.voice.deleted", "deleted": True}
+
+    # Deleted on one server: gone on the other, files and all.
+    assert b.audio.voices.delete(voice.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        a.audio.voices.delete(voice.id)
+    with pytest.raises(openai.NotFoundError):
+        a.audio.speech.create(model="tts-1", voice={"id": voice.id}, input="Hi.")
+    assert not list(voices_dir.glob(f"{voice.id}*"))
+    assert a.audio.voices.delete("low_twin").deleted  # one library: any voice, by its id
+    assert httpx.get(servers[1] + "/v1/voices/low_twin").status_code == 404
+
+
+ROUNDS = 6          # per thread
+THREADS = 2         # per server
+HAMMER_S = 150.0    # at most, all threads together
+
+
+def test_two_servers_one_name_create_delete_race(servers, voices_dir):
+    """Both servers create and delete one name at once, two threads each, bounded in count
+    and time. Every answer is a 201/409 or a 200/404; the successes alternate (creates minus
+    deletes is 0 or 1, and is what both servers then show); the folder holds the voice whole
+    (prompt and record) or not at all, and no temporary file."""
+    spec = {"name": "shared", "instruct": "male, high pitch", "num_step": 1, "text": "Hi there."}
+    deadline = time.monotonic() + HAMMER_S
+    results, lock = [], threading.Lock()
+
+    def hammer(url: str, create_first: bool):
+        for i in range(ROUNDS):
+            if time.monotonic() > deadline:
+                return
+            if (i % 2 == 0) == create_first:
+                got = ("create", httpx.post(url + "/v1/voices", json=spec, timeout=120).status_code)
+            else:
+                got = ("delete", httpx.delete(url + "/v1/voices/shared", timeout=120).status_code)
+            with lock:
+                results.append(got)
+    threads = [threading.Thread(target=hammer, args=(url, k % 2 == 0))
+               for url in servers for k in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(HAMMER_S + 60)
+    assert not any(t.is_alive() for t in threads)
+
+    assert results and set(results) <= {("create", 201), ("create", 409), ("delete", 200),
+                                        ("delete", 404)}, results
+    created = results.count(("create", 201))
+    deleted = results.count(("delete", 200))
+    assert created >= 1 and created - deleted in (0, 1), results
+    exists = created - deleted == 1
+    for url in servers:
+        assert httpx.get(url + "/v1/voices/shared").status_code == (200 if exists else 404)
+    files = sorted(p.name for p in voices_dir.glob("shared.*"))
+    assert files == (["shared.npz", "shared.voice.json"] if exists else []), files
+    if exists:
+        assert VoiceClonePrompt.load(voices_dir / "shared.npz").ref_text == "Hi there."
+    assert not list(voices_dir.rglob("*.tmp"))
+
+
+def test_library_start_removes_what_a_killed_change_left(tmp_path):
+    """A server killed mid-change can leave a voice's record or consent copy without its
+    prompt, or a recording without its consent: the next library on the folder removes them
+    (under the lock), and keeps every whole voice and consent and every file not its own. A
+    consent record naming a file outside its own is damaged: kept for inspection, never
+    followed."""
+    from omnicore.server import VoiceLibrary
+
+    lib = VoiceLibrary(tmp_path)
+    whole = VoiceClonePrompt(np.zeros((8, 5), np.int64), "Whole.", 0.05)
+    consent = lib.add_consent("Ann", "en", _wav(0.5), "wav")
+    lib.add("kept", whole, {"type": "audio_sample"}, consent["id"])
+    (tmp_path / "gone.voice.json").write_text("{}")
+    (tmp_path / "gone.consent.wav").write_bytes(b"RIFF")
+    (tmp_path / "consents" / "cons_0123456789abcdef01234567.wav").write_bytes(b"RIFF")
+    (tmp_path / "notes.txt").write_text("an operator's file")
+    bad = "cons_" + "a" * 24
+    (tmp_path / "consents" / f"{bad}.json").write_text(json.dumps({
+        "id": bad, "object": "audio.voice_consent", "name": "x", "language": "en",
+        "created_at": 0, "recording": "../notes.txt"}))
+
+    again = VoiceLibrary(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [
+        ".lock", "kept.consent.wav", "kept.npz", "kept.voice.json", "notes.txt"]
+    assert again.names() == ["kept"] and again.record("kept")["consent"]["id"] == consent["id"]
+    assert [c["id"] for c in again.consents()] == [consent["id"]]
+    assert again.consent(bad) is None and not again.delete_consent(bad)
+    assert (tmp_path / "notes.txt").exists() and (tmp_path / "consents" / f"{bad}.json").exists()
