@@ -97,7 +97,7 @@ def test_long_text_is_chunked_like_reference(model, name):
 
 
 def test_duration_is_honoured_for_chunked_text(model):
-    """A deliberate deviation (benchmarks/README.md, "Deliberate deviations"): asked for 31 s of
+    """A deliberate deviation (docs/correctness.md, "Deliberate deviations"): asked for 31 s of
     a text long enough to be chunked, the reference gives 47.7 s, because each chunk after
     chunk 0 is estimated against chunk 0, whose length already carries the pace, and is then
     divided by the pace again. omnicore applies it once: 31 s, the same chunks, chunk 0 unchanged."""

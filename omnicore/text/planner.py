@@ -518,7 +518,7 @@ def fit_duration(chunks: tuple[ChunkPlan, ...], frames: int) -> tuple[ChunkPlan,
     per chunk): chunk 0 as planned, the later ones share what it leaves in proportion to their
     planned lengths.
 
-    A deliberate deviation from the reference (benchmarks/README.md, "Deliberate deviations").
+    A deliberate deviation from the reference (docs/correctness.md, "Deliberate deviations").
     It plans every chunk after chunk 0 against chunk 0, whose length already carries the pace
     the duration sets, and then divides by that pace a second time: 31 s asked of a text whose
     own estimate is 18 s gives 47.7 s.

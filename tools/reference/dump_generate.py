@@ -102,7 +102,7 @@ CASES = [
          kwargs=dict(num_step=8, postprocess_output=True,
                      audio_chunk_threshold=3.0, audio_chunk_duration=2.0)),
     # a duration long enough to chunk: the reference paces the chunks after chunk 0 twice and
-    # misses the 31 s asked for (omnicore deliberately does not: benchmarks/README.md)
+    # misses the 31 s asked for (omnicore deliberately does not: docs/correctness.md)
     dict(name="long_duration", text=FOUR_SENTENCES, language="en", duration=31.0,
          kwargs=dict(num_step=4, postprocess_output=True), wave=False),
 ]
