@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from omnicore import OmniVoice, Synthesis, VoiceClonePrompt
 from omnicore.audio import postprocess
-from omnicore.text import frontend
+from omnicore.text import frontend, planner
 from omnicore.model import codec as codec_mod
 from omnicore.errors import AudioError, InputError, OmniCoreError, VoicePromptError
 
@@ -94,6 +94,25 @@ def test_long_text_is_chunked_like_reference(model, name):
         n = len(z["wave_head"])
         _check_wave(r.audio[:n], z["wave_head"], kwargs.get("postprocess_output", True))
         _check_wave(r.audio[-n:], z["wave_tail"], kwargs.get("postprocess_output", True))
+
+
+def test_duration_is_honoured_for_chunked_text(model):
+    """A deliberate deviation (docs/correctness.md, "Deliberate deviations"): asked for 31 s of
+    a text long enough to be chunked, the reference gives 47.7 s, because each chunk after
+    chunk 0 is estimated against chunk 0, whose length already carries the pace, and is then
+    divided by the pace again. omnicore applies it once: 31 s, the same chunks, chunk 0 unchanged."""
+    z, inp, kwargs = _case("long_duration")
+    ref_lens, texts = z["chunk_lens"].tolist(), [str(t) for t in z["chunk_texts"]]
+    assert abs(int(z["wave_len"]) / 24000 - 31.0) > 15  # the reference's figure: 47.7 s
+    pace, _ = planner.plan_pace(inp["text"], None, None, duration=inp["duration"])
+    for text, n in zip(texts[1:], ref_lens[1:]):  # why: the pace divides these twice
+        assert n == frontend.estimate_target_frames(text, texts[0], ref_lens[0], pace)
+    r = model.synthesize(**inp, **kwargs)[0]
+    assert r.text_chunks == texts
+    np.testing.assert_array_equal(r.codes[:, :ref_lens[0]], z["chunk_codes"][:, :ref_lens[0]])
+    assert abs(len(r.audio) / model.sampling_rate - inp["duration"]) <= 1.0
+    # within one frame per chunk of the frames asked for (cross-fades and pads come on top)
+    assert 0 <= inp["duration"] * model.frame_rate - r.codes.shape[1] <= len(texts)
 
 
 def _tie_gaps(model, wav):

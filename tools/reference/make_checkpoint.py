@@ -23,7 +23,10 @@ so that tests on random weights can fail (see README.md, "Random-weight scaling"
   * q/k norm weights in [2, 4] make attention sharp, audio heads are scaled so logits are peaked.
 
 Only torch modules on the meta device are built here (for names and shapes); no forward pass, so
-nothing data-dependent enters the weights.
+nothing data-dependent enters the weights. They give a *plan* (key -> shape and drawing rule, plain
+JSON); `draw_tensors` and `write_checkpoint` need no torch, which is how the property tests
+(tests/test_accuracy_property.py) rebuild, byte for byte, the checkpoints that
+dump_property.py drew: importing this module imports numpy only.
 """
 
 from __future__ import annotations
@@ -181,11 +184,11 @@ def build_tokenizer(out: Path, bpe_vocab: int | None) -> dict:
 # configs
 # ---------------------------------------------------------------------------------------------
 
-def omnivoice_config(size: str, tok_info: dict, torch_dtype_name: str) -> dict:
+def omnivoice_config(spec: dict, tok_info: dict, torch_dtype_name: str) -> dict:
     import transformers
 
     ids = tok_info["ids"]
-    llm = SIZES[size]["llm"]
+    llm = spec["llm"]
     n_layers = llm["num_hidden_layers"]
     llm_config = {
         "architectures": ["Qwen3ForCausalLM"],
@@ -230,10 +233,10 @@ def omnivoice_config(size: str, tok_info: dict, torch_dtype_name: str) -> dict:
     }
 
 
-def codec_config(size: str) -> dict:
+def codec_config(spec: dict) -> dict:
     import transformers
 
-    c = SIZES[size]["codec"]
+    c = spec["codec"]
     acoustic = {
         "codebook_dim": 8,
         "codebook_loss_weight": 1.0,
@@ -347,7 +350,13 @@ def shapes_of(module) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in module.state_dict().items()}
 
 
-def omnivoice_tensors(cfg: dict, seed: int) -> dict[str, np.ndarray]:
+# A plan says how each tensor is drawn: {key: [shape, rule, *args]} with the rules
+#   ["normal", std]  ["uniform", lo, hi]  ["ones"]  ["arange", step] (int64, i * step)
+#   ["times_rows", a, b]  (key a times key b[:, None]: the codebooks' EMA sum)
+# It is plain JSON, so the tensors can be drawn again without torch (draw_tensors).
+
+
+def omnivoice_plan(cfg: dict) -> dict[str, list]:
     import torch
     from omnivoice.models.omnivoice import OmniVoice, OmniVoiceConfig
 
@@ -355,28 +364,27 @@ def omnivoice_tensors(cfg: dict, seed: int) -> dict[str, np.ndarray]:
         model = OmniVoice(OmniVoiceConfig(**cfg))
     shapes = shapes_of(model)
     hidden = cfg["llm_config"]["hidden_size"]
-    out = {}
+    plan = {}
     for key in sorted(shapes):
-        shape = shapes[key]
-        rng = rng_for(seed, key)
+        shape = list(shapes[key])
         if key == "codebook_layer_offsets":
-            out[key] = (np.arange(cfg["num_audio_codebook"]) * cfg["audio_vocab_size"]).astype(np.int64)
+            plan[key] = [shape, "arange", cfg["audio_vocab_size"]]
         elif key in ("llm.embed_tokens.weight", "audio_embeddings.weight"):
-            out[key] = normal(rng, shape, 1.0)
+            plan[key] = [shape, "normal", 1.0]
         elif key == "audio_heads.weight":
-            out[key] = normal(rng, shape, AUDIO_HEAD_LOGIT_STD / np.sqrt(hidden))
+            plan[key] = [shape, "normal", float(AUDIO_HEAD_LOGIT_STD / np.sqrt(hidden))]
         elif key.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):
-            out[key] = uniform(rng, shape, 2.0, 4.0)
+            plan[key] = [shape, "uniform", 2.0, 4.0]
         elif key.endswith("layernorm.weight") or key == "llm.norm.weight":
-            out[key] = uniform(rng, shape, 0.6, 1.4)
+            plan[key] = [shape, "uniform", 0.6, 1.4]
         elif key.endswith("_proj.weight"):
-            out[key] = normal(rng, shape, 1.0 / np.sqrt(shape[1]))
+            plan[key] = [shape, "normal", float(1.0 / np.sqrt(shape[1]))]
         else:
             raise KeyError(f"no init rule for {key}")
-    return out
+    return plan
 
 
-def codec_tensors(cfg: dict, seed: int) -> dict[str, np.ndarray]:
+def codec_plan(cfg: dict) -> dict[str, list]:
     import torch
     from transformers import HiggsAudioV2TokenizerConfig, HiggsAudioV2TokenizerModel
 
@@ -384,36 +392,36 @@ def codec_tensors(cfg: dict, seed: int) -> dict[str, np.ndarray]:
         model = HiggsAudioV2TokenizerModel(HiggsAudioV2TokenizerConfig(**cfg))
     modules = dict(model.named_modules())
     shapes = shapes_of(model)
-    out = {}
+    plan = {}
     for key in sorted(shapes):
-        shape = shapes[key]
-        rng = rng_for(seed, key)
+        shape = list(shapes[key])
         owner, _, leaf = key.rpartition(".")
         mod = modules.get(owner)
         if leaf == "alpha":  # Snake1d
-            out[key] = uniform(rng, shape, 0.5, 1.5)
+            plan[key] = [shape, "uniform", 0.5, 1.5]
         elif key.endswith("codebook.embed"):
-            out[key] = normal(rng, shape, 1.0)
-        elif key.endswith("codebook.embed_avg"):
-            continue  # filled below from embed and cluster_size (EMA state kept consistent)
+            plan[key] = [shape, "normal", 1.0]
+        elif key.endswith("codebook.embed_avg"):  # the EMA state kept consistent with embed
+            base = key[: -len("embed_avg")]
+            plan[key] = [shape, "times_rows", base + "embed", base + "cluster_size"]
         elif key.endswith("codebook.cluster_size"):
-            out[key] = uniform(rng, shape, 0.5, 2.0)
+            plan[key] = [shape, "uniform", 0.5, 2.0]
         elif key.endswith("codebook.inited"):
-            out[key] = np.ones(shape, np.float32)
+            plan[key] = [shape, "ones"]
         elif key.endswith("parametrizations.weight.original0"):  # HuBERT pos-conv weight-norm g
-            out[key] = uniform(rng, shape, 0.2, 0.4)
+            plan[key] = [shape, "uniform", 0.2, 0.4]
         elif key.endswith("parametrizations.weight.original1"):  # HuBERT pos-conv direction v
-            out[key] = normal(rng, shape, 1.0)
+            plan[key] = [shape, "normal", 1.0]
         elif leaf == "bias":
-            out[key] = normal(rng, shape, 0.05)
+            plan[key] = [shape, "normal", 0.05]
         elif isinstance(mod, (torch.nn.LayerNorm, torch.nn.GroupNorm)):
-            out[key] = uniform(rng, shape, 0.6, 1.4)
+            plan[key] = [shape, "uniform", 0.6, 1.4]
         elif isinstance(mod, torch.nn.Linear):
-            out[key] = normal(rng, shape, 1.0 / np.sqrt(shape[1]))
+            plan[key] = [shape, "normal", float(1.0 / np.sqrt(shape[1]))]
         elif isinstance(mod, torch.nn.ConvTranspose1d):
             stride = mod.stride[0]
             fan_in = shape[0] * shape[2] / stride  # inputs feeding one output sample
-            out[key] = normal(rng, shape, GAIN_UP_DOWN_CONV / np.sqrt(fan_in))
+            plan[key] = [shape, "normal", float(GAIN_UP_DOWN_CONV / np.sqrt(fan_in))]
         elif isinstance(mod, torch.nn.Conv1d):
             fan_in = shape[1] * shape[2]
             gain = 1.0
@@ -428,16 +436,33 @@ def codec_tensors(cfg: dict, seed: int) -> dict[str, np.ndarray]:
                 gain = GAIN_HUBERT_FEATURE_CONV
             elif ".res_units." in key:  # semantic encoder/decoder ELU residual units
                 gain = GAIN_RES_BRANCH_CONV if key.endswith("conv1.weight") else GAIN_RES_OUT_CONV
-            out[key] = normal(rng, shape, gain / np.sqrt(fan_in))
+            plan[key] = [shape, "normal", float(gain / np.sqrt(fan_in))]
         else:
             raise KeyError(f"no init rule for {key} ({type(mod).__name__})")
-    for key in sorted(shapes):
-        if key.endswith("codebook.embed_avg"):
-            base = key[: -len("embed_avg")]
-            out[key] = (out[base + "embed"] * out[base + "cluster_size"][:, None]).astype(np.float32)
-    assert set(out) == set(shapes), set(shapes) ^ set(out)
-    for k, v in out.items():
-        assert v.shape == shapes[k], (k, v.shape, shapes[k])
+    return plan
+
+
+def draw_tensors(plan: dict[str, list], seed: int) -> dict[str, np.ndarray]:
+    """The tensors of a plan: each from PCG64 seeded by (seed, crc32(key)). No torch needed
+    (the property tests rebuild their checkpoints with it)."""
+    out = {}
+    for key, (shape, rule, *args) in plan.items():
+        rng = rng_for(seed, key)
+        if rule == "normal":
+            out[key] = normal(rng, tuple(shape), args[0])
+        elif rule == "uniform":
+            out[key] = uniform(rng, tuple(shape), args[0], args[1])
+        elif rule == "ones":
+            out[key] = np.ones(shape, np.float32)
+        elif rule == "arange":
+            out[key] = (np.arange(shape[0]) * args[0]).astype(np.int64)
+        elif rule != "times_rows":
+            raise KeyError(f"unknown rule {rule!r} for {key}")
+    for key, (shape, rule, *args) in plan.items():
+        if rule == "times_rows":
+            out[key] = (out[args[0]] * out[args[1]][:, None]).astype(np.float32)
+    for k, (shape, *_) in plan.items():
+        assert out[k].shape == tuple(shape), (k, out[k].shape, shape)
     return out
 
 
@@ -463,23 +488,34 @@ def write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
 
-def build(size: str, out: Path, dtype: str = "f32", seed: int = DEFAULT_SEED) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "audio_tokenizer").mkdir(exist_ok=True)
-
-    tok_info = build_tokenizer(out, SIZES[size]["bpe_vocab"])
-    # The real config.json says bfloat16 although its tensors are F32; keep that quirk so loaders
-    # are tested against it (load the reference with dtype=torch.float32).
-    cfg = omnivoice_config(size, tok_info, "bfloat16")
-    write_json(out / "config.json", cfg)
-    save_tensors(omnivoice_tensors(cfg, seed), out / "model.safetensors", dtype)
-
-    ccfg = codec_config(size)
-    write_json(out / "audio_tokenizer" / "config.json", ccfg)
+def write_checkpoint(out: Path, parts: dict, seed: int, dtype: str = "f32") -> None:
+    """The configs and weight files of a checkpoint from its parts (`config`, `plan`,
+    `codec_config`, `codec_plan`, as `build` returns them): no torch needed, so the property
+    tests rebuild the reference's checkpoints with it (the tokenizer files are not written)."""
+    (out / "audio_tokenizer").mkdir(parents=True, exist_ok=True)
+    write_json(out / "config.json", parts["config"])
+    save_tensors(draw_tensors(parts["plan"], seed), out / "model.safetensors", dtype)
+    write_json(out / "audio_tokenizer" / "config.json", parts["codec_config"])
     write_json(out / "audio_tokenizer" / "preprocessor_config.json", PREPROCESSOR_CONFIG)
     # The codec stays F32 even with --dtype bf16 (the real codec is F32 and is decoded in F32).
-    save_tensors(codec_tensors(ccfg, seed + 1), out / "audio_tokenizer" / "model.safetensors", "f32")
-    return tok_info
+    save_tensors(draw_tensors(parts["codec_plan"], seed + 1),
+                 out / "audio_tokenizer" / "model.safetensors", "f32")
+
+
+def build(size: str, out: Path, dtype: str = "f32", seed: int = DEFAULT_SEED,
+          spec: dict | None = None) -> dict:
+    """Write a checkpoint of `size` (or of `spec`, a SIZES-like dict of other dimensions) to
+    `out`; returns the tokenizer info and the parts (configs, plans) it was written from."""
+    spec = spec or SIZES[size]
+    out.mkdir(parents=True, exist_ok=True)
+    tok_info = build_tokenizer(out, spec["bpe_vocab"])
+    # The real config.json says bfloat16 although its tensors are F32; keep that quirk so loaders
+    # are tested against it (load the reference with dtype=torch.float32).
+    cfg = omnivoice_config(spec, tok_info, "bfloat16")
+    ccfg = codec_config(spec)
+    parts = {"config": cfg, "plan": omnivoice_plan(cfg), "codec_config": ccfg, "codec_plan": codec_plan(ccfg)}
+    write_checkpoint(out, parts, seed, dtype)
+    return {**tok_info, **parts}
 
 
 def main() -> None:
