@@ -11,8 +11,11 @@
                                  its steps and `backbone.forward_flops` of its rows, plus the
                                  frames it decodes
     estimate(rate, work)         (seconds to the first audio, seconds to all of it)
+    Tracker(rate).observe(...)   the rate kept true as the load changes: each run moves it
+                                 halfway to what the run took
     default_preset(model, rate)  the most steps whose first audio of a typical input meets the
                                  goal on this machine
+    describe(rate, work, steps)  the line a page shows: "about N s on this machine"
 
 The estimate only reads the plan; nothing here changes what is generated.
 
@@ -23,18 +26,18 @@ pass's conditional row (style and text tokens, reference frames, targets).
 from __future__ import annotations
 
 import math
-import time
 import threading
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from omnicore import GenerationConfig, VoiceClonePrompt
+from omnicore.errors import InputError
 from omnicore.model import backbone
 from omnicore.model.codec import decoder_receptive_field
 from omnicore.request import build_requests
 from omnicore.streaming import LATER_WINDOWS
-from omnicore.errors import InputError
 from omnicore.text import limits, planner
 
 # Best is the reference's default (32); Balanced halves the steps, Fast halves them again.
