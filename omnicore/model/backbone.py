@@ -317,7 +317,11 @@ def _attention_batched(pack: Packing, work: Workspace, K: int, G: int, E: int, s
     s = backend.matmul(q, k4)  # -> [K, R, Lmax*G, Lmax]
     s += key_bias  # [R, 1, Lmax] broadcast: padded keys get no weight
     inv = xp.empty(K * R * Lmax * G, dtype=xp.float32)
-    kernels.softmax_rows(s.reshape(-1, Lmax), scale, inv)  # unnormalised, inv = 1 / row sums
+    # matmul may lay s out in its inputs' order (with G = 1, q is a gather's strided result), and
+    # then reshape copies: keep the 2-D array the softmax ran on in place, not the original s
+    rows = s.reshape(-1, Lmax)
+    kernels.softmax_rows(rows, scale, inv)  # unnormalised, inv = 1 / row sums
+    s = rows.reshape(s.shape)
     o = backend.matmul(s, v4) * inv.reshape(K, R, Lmax * G, 1)  # -> [K, R, Lmax*G, E]
     o = o.reshape(K, R, Lmax, G, E).transpose(1, 2, 0, 3, 4).reshape(R * Lmax, K * G * E)  # -> [R*Lmax, H*E]
     work.attn[...] = o[scatter]  # back to the packed order, heads h = kv*G + g
