@@ -21,10 +21,10 @@ frames, encoder codes in 0 of 16,635 frames. Agreement is not distance from a ti
 cases (5 %) hold a decision closer than 3 of the reference's own float32 errors (the narrowest
 at 0.01) and 4 encoder frames do; those are left out here (MIN_MARGIN). Measured with every
 case and no threshold at all, omnicore's codes equal the reference's in all 360 cases and every
-frame under OpenBLAS's Haswell, Sandybridge and Prescott kernels, on the numpy and the strict
-backend.
+frame on the numpy backend under OpenBLAS's Haswell and Sandybridge kernels and on the strict
+backend (and under Prescott's on the first 120 cases).
 
-The default run checks DEFAULT_EXAMPLES cases drawn by hypothesis (a few seconds each);
+The default run checks DEFAULT_EXAMPLES cases drawn by hypothesis (about a second each);
 OMNICORE_PROPERTY_CASES=all checks every case (about 8 minutes on 2 cores),
 OMNICORE_PROPERTY_CASES=N draws N. OMNICORE_BACKEND=strict runs them on the device path.
 """
