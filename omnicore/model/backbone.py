@@ -371,7 +371,7 @@ def audio_logits(params: BackboneParams, cfg: OmniVoiceConfig, h):
 
 
 def forward_rows(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, pack: Packing,
-                 num_out: Sequence[int], work: Workspace | None = None) -> list:
+                 num_out: Sequence[int], work: Workspace | None = None, whole: bool = False):
     """Logits of the last `num_out[r]` positions of every packed row r.
 
     ids [C, N], audio_mask [N] hold the rows back to back as described by `pack`. Returns one
@@ -379,6 +379,8 @@ def forward_rows(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, 
     positions only: a 1024 x 8200 head on every prompt token would be pure waste. `work`
     (from make_workspace for this packing) is reused when given; the logits then live in it
     and are overwritten by its next call (the layers and heads run as one `backend.replay`).
+    With `whole`, one [C, sum(num_out), V] array instead (the rows back to back), for scoring
+    every row in one call.
     """
     work = work or make_workspace(cfg, pack)
     embed(params, cfg, ids, audio_mask, out=work.x)  # [N, D]; reads text rows from the host
@@ -389,6 +391,8 @@ def forward_rows(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, 
         return audio_logits(params, cfg, h[tails])  # [C, sum(num_out), V]
 
     logits = backend.replay(work.replays, (id(params), tuple(num_out)), layers_and_heads)
+    if whole:
+        return logits
     bounds = np.cumsum(num_out)[:-1].tolist()
     return xp.split(logits, bounds, axis=1)
 
