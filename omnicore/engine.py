@@ -9,8 +9,9 @@
                                                                  passes of the requests
                                                                  `schedule` picks into one
                                                                  forward_rows
-                                                              3. score and fill each pass by its
-                                                                 own schedule (unmasking.iterate)
+                                                              3. score, pick and fill every pass,
+                                                                 each by its own schedule, in one
+                                                                 call each (unmasking.iterate)
                                                               4. retire finished passes; drop
                                                                  cancelled ones
 
