@@ -347,3 +347,15 @@ def test_scale_heads_into_puts_heads_in_checkpoint_order(length, kv, group, e, s
         fn(o, inv, full[1:length + 1])
         np.testing.assert_allclose(full[1:length + 1], want, rtol=1e-6)
         assert np.isnan(full[0]).all() and np.isnan(full[length + 1:]).all()
+
+
+def test_packed_scores_twin_is_the_same_in_slices(monkeypatch):
+    rng, C, v = _rng(3), 4, 33
+    Ts = [5, 2, 7]
+    plan, n, _ = _plan(rng, Ts, [True, False, True], [2.0, 0.0, 2.0], [5.0] * 3, [0.0] * 3, C)
+    logits = (20 * rng.standard_normal((n, C, v))).astype(np.float32)
+    whole = K.packed_scores_np(logits, plan, v - 1)
+    monkeypatch.setattr(K, "TWIN_SLICE_CELLS", 1)  # slices of the longest pass's cells, 28
+    sliced = K.packed_scores_np(logits, plan, v - 1)
+    for a, b in zip(whole, sliced):
+        np.testing.assert_array_equal(a, b)

@@ -680,13 +680,18 @@ def _packed_scores_impl(logits, cond_row, uncond_row, T, cell_off, guidance, mas
 _packed_scores_nb, _packed_scores_nb_par = _twice(_packed_scores_impl, fastmath=_FAST)
 
 
+# Cells the twin scores per slice at least (~34 MB per [cells, V] temporary): on a device the
+# passes of an iteration then take one slice or a few, not one each.
+TWIN_SLICE_CELLS = 8192
+
+
 def packed_scores_np(logits, plan: ScorePlan, mask_id: int):
-    """Twin of `packed_scores`: the per-cell rows gathered, in slices of at most the longest
-    pass's cells, so its temporaries stay those of scoring one pass."""
+    """Twin of `packed_scores`: the per-cell rows gathered, in slices of the longest pass's
+    cells or TWIN_SLICE_CELLS, whichever is more, so its temporaries stay bounded."""
     d = plan.dev
     pred = xp.empty(plan.num_cells, dtype=xp.int64)
     conf = xp.empty(plan.num_cells, dtype=xp.float32)
-    step = max(plan.max_cells, 1)
+    step = max(plan.max_cells, TWIN_SLICE_CELLS)
     for a in range(0, plan.num_cells, step):
         sl = slice(a, min(a + step, plan.num_cells))
         cb = d.cb[sl]
