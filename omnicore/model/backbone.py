@@ -425,10 +425,12 @@ def forward_bytes(cfg, lengths, num_out, class_sampling: bool = False) -> int:
     query and attention output [3 H*E], keys and values [2 K*E], the MLP's gate and up [2 F],
     rotary tables and their temporaries [4 E] and the embedding gather [(C+1) D] plus its ids;
     per the longest row its [K, L*G, L] scores with [K, L*G, E] outputs; per scored position
-    the heads' logits [C*V] (freed before the next step's forward) and two [D] rows; per item
-    the [C, T, V] log-probabilities, or four times that with class sampling (negated copy and
-    int64 indices of the top-k selection). An upper bound, and a close one, so that the budget
-    means what it says (tests/test_limits.py).
+    the heads' logits [C*V] (freed before the next step's forward) and two [D] rows; for the
+    scoring one pass's [C, T, V] log-probabilities, or four times that with class sampling
+    (negated copy and int64 indices of the top-k selection): class-sampled passes are scored
+    one at a time, and greedy scoring of all passes at once keeps no such array (counted as
+    one all the same: the margin). An upper bound, and a close one, so that the budget means
+    what it says (tests/test_limits.py).
     """
     q = cfg.llm_config
     C, V = cfg.num_audio_codebook, cfg.audio_vocab_size
