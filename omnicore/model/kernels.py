@@ -618,11 +618,12 @@ def guided_scores(cond, uncond, guidance: float, mask_id: int):
 class ScorePlan:
     """Where every pass's target cells and rows are, for `packed_scores` and `pick_fill`.
 
-    Per pass b (arrays [B], host and device): T_b; cond_row (first of its T_b conditional
+    Per pass b (host arrays [B], for the Numba kernels): T_b; cond_row (first of its T_b conditional
     target rows in the forward's [n, C, V] logits) and uncond_row (-1 without guidance);
     cond_col / uncond_col (first target column of its rows in the packed ids [C, N]);
     guidance, layer penalty and position temperature (float32); cell_off [B + 1]. Per cell
-    (device, for the twins): its pass, codebook, both logits rows and both ids columns.
+    (device arrays [cells], for the twins): its pass, codebook, both logits rows, both ids
+    columns and its pass's settings.
     """
 
     def __init__(self, T, cond_row, uncond_row, cond_col, uncond_col, guidance, penalty,
@@ -657,8 +658,7 @@ class ScorePlan:
                  "temperature": np.where(host["temperature"][seg] > 0, host["temperature"][seg],
                                          _F32(1)).astype(_F32),
                  "off": host["cell_off"][seg]}
-        self.dev = types.SimpleNamespace(**{k: to_device(v) for k, v in {**host, **cells}.items()})
-        self.cells = cells
+        self.dev = types.SimpleNamespace(**{k: to_device(v) for k, v in cells.items()})
 
 
 def _packed_scores_impl(logits, cond_row, uncond_row, T, cell_off, guidance, mask_id, pred, conf):
