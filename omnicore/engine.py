@@ -155,10 +155,10 @@ class Request:
         self.specs = list(specs)
         self.on_step = on_step
         self.id = next(engine._ids)
-        # Progress and the outcome are handed over under one condition: the engine never waits
-        # for the caller, and a late caller sees the latest step only (no backlog to work off).
+        # Progress and the outcome are handed over under one condition: the engine only appends
+        # (it never waits for the caller); at most num_steps entries can pile up.
         self._handoff = threading.Condition(threading.Lock())
-        self._progress: tuple[int, int] | None = None  # (step, num_steps) not yet reported
+        self._progress: list[tuple[int, int]] = []  # (step, num_steps) not yet reported
         self._cancel = threading.Event()
         self._finished = threading.Event()
         self._results: list[PassResult | None] = [None] * len(self.specs)
@@ -190,17 +190,17 @@ class Request:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._handoff:
-                while self._outcome is None and self._progress is None:
+                while self._outcome is None and not self._progress:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         raise TimeoutError("the request did not finish in time")
                     self._handoff.wait(left)
-                progress, self._progress = self._progress, None
+                progress, self._progress = self._progress, []
                 ev = self._outcome
-            if progress is not None:  # the callback runs outside the lock: it may be slow
-                if self.on_step is not None:
+            if progress:  # the callback runs outside the lock: it may be slow
+                for step in progress:
                     try:
-                        self.on_step(*progress)
+                        self.on_step(*step)
                     except BaseException:
                         self.cancel()
                         raise
@@ -223,9 +223,9 @@ class Request:
                 self._handoff.notify_all()
 
     def _report(self, step: int, num_steps: int) -> None:
-        """The latest progress, for the caller's on_step (replaces one it has not seen yet)."""
+        """Progress for the caller's on_step, in order."""
         with self._handoff:
-            self._progress = (step, num_steps)
+            self._progress.append((step, num_steps))
             self._handoff.notify_all()
 
 
@@ -309,8 +309,8 @@ class Engine:
         """Queue the passes of one request; returns its handle. Inputs and memory are checked
         here, in the caller's thread (InputError before anything is queued). on_step(step,
         num_steps) is called from `Request.result()` after iterations that advanced the request
-        (step = the least advanced of its passes that ran); iterations that end while the caller
-        is still busy with an earlier call are merged into one call with the latest step."""
+        (step = the least advanced of its passes that ran), in order, each once; the engine
+        never waits for the callback."""
         if not specs:
             raise InputError("a request needs at least one pass")
         prepared = self.check(specs)
