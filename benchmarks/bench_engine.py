@@ -20,6 +20,16 @@ Cases (times are wall seconds of unmasking: generate_codes, no decode):
               sgemm roofline (roofline.py: numpy's time for exactly those GEMMs)
   long text   a voice-prompt text of 4 chunks (5 s reference): packed (one request) vs chunk
               after chunk
+
+On a small checkpoint (--small-model, default weights/tiny-random: tiny GEMMs, so the host's
+per-iteration work is what a step costs, as on a GPU):
+  host        1, 4 and 8 passes packed in one unmasking loop: per iteration, the time outside
+              the forward (noise, scoring, picking and filling: one call each for all passes)
+              and the forward's, medians over the steps; at --small-s and at 0.2 s (5 frames,
+              where the per-cell arithmetic vanishes and per-pass overhead would show)
+  concurrency 4 and 8 concurrent greedy requests on the engine against the same requests one
+              after another (codes checked equal to each request alone); --busy N runs N
+              `nice` busy loops beside it, to see the hand-offs under competition
 """
 
 from __future__ import annotations
@@ -201,11 +211,95 @@ def case_longtext(model, a) -> dict:
     return {"packed": packed, "one_by_one": one_by_one, "chunks": len(specs)}
 
 
-CASES = {"fairness": case_fairness, "throughput": case_throughput, "longtext": case_longtext}
+def case_host(model, a) -> dict:
+    """Per-iteration time outside the forward for 1, 4 and 8 packed passes (median)."""
+    from omnicore.engine import PassSpec
+    from omnicore.model import unmasking
+    from omnicore.model.config import GenerationConfig
+
+    gen = GenerationConfig(num_step=a.steps_small, **GREEDY)
+    orig_fwd, orig_it = unmasking.forward_rows, unmasking.iterate
+    fwd, its = [], []
+
+    def forward_rows(*args, **kw):
+        t0 = time.perf_counter()
+        out = orig_fwd(*args, **kw)
+        fwd.append(time.perf_counter() - t0)
+        return out
+
+    def iterate(*args, **kw):
+        t0 = time.perf_counter()
+        orig_it(*args, **kw)
+        its.append(time.perf_counter() - t0)
+
+    unmasking.forward_rows, unmasking.iterate = forward_rows, iterate
+    out = {}
+    try:
+        # the requests' length, and 5 frames: per-cell work then vanishes, per-pass work shows
+        for seconds in (a.small_s, 0.2):
+            items = [model.engine.prepare(PassSpec(f"Request number {i}. " + SENTENCE,
+                                                   round(seconds * 25), None, None, None, None,
+                                                   None, gen)) for i in range(8)]
+            for n in (1, 4, 8):
+                unmasking.generate_codes(model.params, model.config, items[:n], gen)  # warm
+                host, forward = [], []
+                for _ in range(a.repeats):
+                    fwd.clear(), its.clear()
+                    unmasking.generate_codes(model.params, model.config, items[:n], gen)
+                    host += [i - f for i, f in zip(its, fwd)]
+                    forward += fwd
+                out[f"{seconds:g}/{n}"] = {"host_ms": 1e3 * statistics.median(host),
+                                           "forward_ms": 1e3 * statistics.median(forward)}
+    finally:
+        unmasking.forward_rows, unmasking.iterate = orig_fwd, orig_it
+    return out
+
+
+def case_concurrency(model, a) -> dict:
+    """n concurrent greedy requests against the same n one after another (n = 4, 8), codes
+    checked equal to each request alone; best of --repeats for each, and the median of the
+    ratios of each concurrent run to the serial run before it."""
+    import numpy as np
+
+    texts = [f"Request number {i}. " + SENTENCE for i in range(8)]
+
+    def call(i):
+        return model.generate_codes(texts[i], duration=a.small_s, num_step=a.steps_small, **GREEDY)[0]
+
+    call(0)  # warm
+    out = {}
+    for n in (4, 8):
+        alone, serial, together = [call(i) for i in range(n)], [], []
+        for _ in range(a.repeats):
+            t0 = time.perf_counter()
+            for i in range(n):
+                call(i)
+            serial.append(time.perf_counter() - t0)
+            got = [None] * n
+            ths = [threading.Thread(target=lambda i=i: got.__setitem__(i, call(i))) for i in range(n)]
+            t0 = time.perf_counter()
+            for t in ths:
+                t.start()
+            for t in ths:
+                t.join()
+            together.append(time.perf_counter() - t0)
+            if not all(np.array_equal(x, y) for x, y in zip(got, alone)):
+                raise SystemExit("concurrent codes differ from each request alone")
+        # paired: each concurrent run against the serial run just before it (the load drifts)
+        out[str(n)] = {"serial": min(serial), "together": min(together),
+                       "ratio": statistics.median(t / s for t, s in zip(together, serial))}
+    return out
+
+
+CASES = {"fairness": case_fairness, "throughput": case_throughput, "longtext": case_longtext,
+         "host": case_host, "concurrency": case_concurrency}
+SMALL_CASES = ("host", "concurrency")
 
 
 def child(a) -> None:
     a.long_s = a.long_s[0]  # one fairness run per child
+    if a.case in SMALL_CASES:
+        a.model = a.small_model
     model = _load(a)
     res = CASES[a.case](model, a)
     res["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -222,6 +316,12 @@ def main() -> None:
                    help="fairness: the long request's seconds, one run each")
     p.add_argument("--mid-s", type=float, default=3.0)
     p.add_argument("--chunk-s", type=float, default=6.0)
+    p.add_argument("--small-model", default=str(ROOT / "weights" / "tiny-random"))
+    p.add_argument("--small-s", type=float, default=3.0, help="host, concurrency: seconds per request")
+    p.add_argument("--steps-small", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--busy", type=int, default=0,
+                   help="run this many `nice` busy loops beside the cases (competing processes)")
     p.add_argument("--case", choices=sorted(CASES))
     p.add_argument("--only", nargs="*", default=sorted(CASES))
     p.add_argument("--markdown")
@@ -233,18 +333,37 @@ def main() -> None:
     runs = [(case, long_s) for case in a.only
             for long_s in (a.long_s if case == "fairness" else a.long_s[:1])]
     res = {}
-    for case, long_s in runs:
-        cmd = [sys.executable, __file__, "--case", case, f"--long-s={long_s}"] + [
-            f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items()
-            if k in ("model", "steps", "threads", "short_s", "mid_s", "chunk_s")]
-        print(f"running {case} ...", file=sys.stderr, flush=True)
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-        if not lines:
-            sys.exit(f"{case} failed:\n{out.stderr[-3000:]}")
-        res[case, long_s] = json.loads(lines[-1][7:])
-        print(case, res[case, long_s], file=sys.stderr, flush=True)
+    busy = [subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"])
+            for _ in range(a.busy)]
+    try:
+        for case, long_s in runs:
+            res[case, long_s] = _run_case(cmd_for(a, case, long_s), env, case)
+    finally:
+        for b in busy:
+            b.kill()
     load = os.getloadavg()[0]
+    print_table(a, res, load)
+
+
+def cmd_for(a, case, long_s):
+    return [sys.executable, __file__, "--case", case, f"--long-s={long_s}"] + [
+        f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items()
+        if k in ("model", "steps", "threads", "short_s", "mid_s", "chunk_s", "small_model",
+                 "small_s", "steps_small", "repeats")]
+
+
+def _run_case(cmd, env, case):
+    print(f"running {case} ...", file=sys.stderr, flush=True)
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    if not lines:
+        sys.exit(f"{case} failed:\n{out.stderr[-3000:]}")
+    r = json.loads(lines[-1][7:])
+    print(case, r, file=sys.stderr, flush=True)
+    return r
+
+
+def print_table(a, res, load) -> None:
     rows = ["| case | time | vs | ratio | peak RSS |", "|---|---|---|---|---|"]
     for long_s in a.long_s if "fairness" in a.only else ():
         f = res["fairness", long_s]
@@ -276,8 +395,24 @@ def main() -> None:
         rows.append(f"| voice-prompt text, {lt['chunks']} chunks of ~{a.chunk_s:g} s: packed | "
                     f"{lt['packed']:.1f} s | chunk after chunk {lt['one_by_one']:.1f} s | "
                     f"{lt['one_by_one'] / lt['packed']:.2f}x faster | {lt['rss_mb']:.0f} MB |")
-    table = "\n".join(rows) + (f"\n\n{a.steps} steps, greedy, {a.threads} threads, "
-                               f"load average {load:.1f} at the end.\n")
+    if "host" in a.only:
+        h = res["host", a.long_s[0]]
+        for seconds in (a.small_s, 0.2):
+            for n in ("1", "4", "8"):
+                r, one = h[f"{seconds:g}/{n}"], h[f"{seconds:g}/1"]
+                rows.append(f"| small checkpoint, {n} packed passes of {seconds:g} s: one "
+                            f"iteration outside the forward | {r['host_ms']:.2f} ms | forward "
+                            f"{r['forward_ms']:.2f} ms | {r['host_ms'] / one['host_ms']:.2f}x "
+                            f"of 1 pass | |")
+    if "concurrency" in a.only:
+        c = res["concurrency", a.long_s[0]]
+        for n in ("4", "8"):
+            rows.append(f"| small checkpoint, {n} concurrent greedy {a.small_s:g} s requests"
+                        f"{f' beside {a.busy} busy loops' if a.busy else ''} | "
+                        f"{c[n]['together']:.2f} s | one after another {c[n]['serial']:.2f} s | "
+                        f"**{c[n]['ratio']:.2f}x** the serial time (median of paired runs) | |")
+    table = "\n".join(rows) + (f"\n\n{a.steps} steps (small checkpoint: {a.steps_small}), greedy, "
+                               f"{a.threads} threads, load average {load:.1f} at the end.\n")
     print(table)
     if a.markdown:
         Path(a.markdown).write_text(table)

@@ -9,8 +9,9 @@
                                                                  passes of the requests
                                                                  `schedule` picks into one
                                                                  forward_rows
-                                                              3. score and fill each pass by its
-                                                                 own schedule (unmasking.iterate)
+                                                              3. score, pick and fill every pass,
+                                                                 each by its own schedule, in one
+                                                                 call each (unmasking.iterate)
                                                               4. retire finished passes; drop
                                                                  cancelled ones
 
@@ -44,8 +45,8 @@ Dimension legend: C codebooks, T target frames of a pass, R reference frames, N 
 from __future__ import annotations
 
 import itertools
-import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
@@ -154,13 +155,16 @@ class Request:
         self.specs = list(specs)
         self.on_step = on_step
         self.id = next(engine._ids)
-        self._events: queue.Queue = queue.Queue()
+        # Progress and the outcome are handed over under one condition: the engine only appends
+        # (it never waits for the caller); at most num_steps entries can pile up.
+        self._handoff = threading.Condition(threading.Lock())
+        self._progress: list[tuple[int, int]] = []  # (step, num_steps) not yet reported
         self._cancel = threading.Event()
         self._finished = threading.Event()
         self._results: list[PassResult | None] = [None] * len(self.specs)
         self._left = len(self.specs)
         self._error: BaseException | None = None
-        self._outcome: tuple | None = None  # the final event, once result() has seen it
+        self._outcome: tuple | None = None  # (kind, exception) once finished
         self._held = 0  # cost (FLOPs) of the iterations run without it since it last ran
 
     # -- caller side ----------------------------------------------------------------------------
@@ -183,25 +187,25 @@ class Request:
         Raises CancelledError when cancelled, the worker's exception when a pass failed, and
         TimeoutError after `timeout` seconds. An exception from the progress callback cancels
         the request and propagates."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if self._outcome is not None:  # a second result() call gives the same answer
+            with self._handoff:
+                while self._outcome is None and not self._progress:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise TimeoutError("the request did not finish in time")
+                    self._handoff.wait(left)
+                progress, self._progress = self._progress, []
                 ev = self._outcome
-            else:
-                try:
-                    ev = self._events.get(timeout=timeout)
-                except queue.Empty:
-                    raise TimeoutError("the request did not finish in time") from None
-                if ev[0] != "step":
-                    self._outcome = ev
-            kind = ev[0]
-            if kind == "step":
-                if self.on_step is not None:
+            if progress:  # the callback runs outside the lock: it may be slow
+                for step in progress:
                     try:
-                        self.on_step(ev[1], ev[2])
+                        self.on_step(*step)
                     except BaseException:
                         self.cancel()
                         raise
                 continue
+            kind = ev[0]
             if kind == "done":
                 return list(self._results)
             if kind == "cancelled":
@@ -214,7 +218,15 @@ class Request:
         if not self._finished.is_set():
             self._finished.set()
             self._error = exc
-            self._events.put((kind, exc))
+            with self._handoff:
+                self._outcome = (kind, exc)
+                self._handoff.notify_all()
+
+    def _report(self, step: int, num_steps: int) -> None:
+        """Progress for the caller's on_step, in order."""
+        with self._handoff:
+            self._progress.append((step, num_steps))
+            self._handoff.notify_all()
 
 
 class _Pass:
@@ -296,8 +308,9 @@ class Engine:
                ) -> Request:
         """Queue the passes of one request; returns its handle. Inputs and memory are checked
         here, in the caller's thread (InputError before anything is queued). on_step(step,
-        num_steps) is called from `Request.result()`, once per iteration that advanced the
-        request (step = the least advanced of its passes that ran)."""
+        num_steps) is called from `Request.result()` after iterations that advanced the request
+        (step = the least advanced of its passes that ran), in order, each once; the engine
+        never waits for the callback."""
         if not specs:
             raise InputError("a request needs at least one pass")
         prepared = self.check(specs)
@@ -446,7 +459,7 @@ class Engine:
             progress[req.id] = (req, s.step if prev is None else min(prev[1], s.step))
         for req, step in progress.values():
             if req.on_step is not None and not req._finished.is_set():
-                req._events.put(("step", step, req.specs[0].gen.num_step))
+                req._report(step, req.specs[0].gen.num_step)
         with self._cond:
             for p in active:
                 if p.state.done and p in self._active:

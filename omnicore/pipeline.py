@@ -34,6 +34,7 @@ from .audio.loading import load_audio
 from .engine import Engine, PassSpec
 from .errors import AudioError, InputError, RefTextMismatchWarning
 from .model import backbone, codec as codec_mod, tokenizer as tok_mod
+from .model.backend import check_precision
 from .model.config import GenerationConfig, OmniVoiceConfig
 from .model.weights import ParamReader, resolve_codec_dir, resolve_model_dir
 from .request import Request, build_requests
@@ -59,13 +60,24 @@ class OmniVoice:
         self._engine: Engine | None = None
         self._engine_lock = threading.Lock()
 
+    @property
+    def precision(self) -> str:
+        """The backbone's precision profile (`from_pretrained(precision=...)`)."""
+        return getattr(self.params, "precision", "fp32")
+
     @classmethod
-    def from_pretrained(cls, name_or_path: str = "k2-fsa/OmniVoice") -> "OmniVoice":
-        """Load from a local checkpoint directory or a hub repo id (downloaded once, then cached)."""
+    def from_pretrained(cls, name_or_path: str = "k2-fsa/OmniVoice", precision: str = "fp32"
+                        ) -> "OmniVoice":
+        """Load from a local checkpoint directory or a hub repo id (downloaded once, then cached).
+
+        precision: what the backbone's GEMMs take as inputs: "fp32" (exact, the default),
+        "tf32", "bf16" or "fp16" (inputs rounded to that format, float32 accumulation, norms,
+        softmax and scoring in float32; docs/configuration.md). ConfigError for another value."""
+        check_precision(precision)
         model_dir = resolve_model_dir(name_or_path)
         cfg = OmniVoiceConfig.from_file(model_dir / "config.json")
         reader = ParamReader.open(model_dir / "model.safetensors")
-        params = backbone.load_params(reader, cfg)
+        params = backbone.load_params(reader, cfg, precision)
         reader.finish()
         tokenizer = tok_mod.load_tokenizer(model_dir)
         codec = Codec(resolve_codec_dir(model_dir))

@@ -562,3 +562,27 @@ def test_a_transcript_that_cannot_be_the_clips_is_one_warning_line(tmp_path):
                                    "ref_text": "The quick brown fox jumps over the lazy dog."}])
     (line,) = run("batch", jobs, "--out-dir", str(tmp_path / "out"))
     assert line.startswith(f"omnicore: warning: {jobs}:1: id 'a': ref_text does not fit")
+
+
+def test_precision_option_loads_the_profile(tmp_path, monkeypatch):
+    """--precision on every model command (serve included) reaches from_pretrained; the choices
+    are the backend's profiles; a profile changes the numbers, not what the command does."""
+    from omnicore import OmniVoice
+    from omnicore.cli import common
+    from omnicore.model import backend
+
+    assert common.PRECISIONS == backend.PRECISIONS
+    p = build_parser()
+    assert p.parse_args(["serve", "--precision", "bf16"]).precision == "bf16"
+    assert p.parse_args(["say", "x", "-o", "x.wav"]).precision == "fp32"
+    seen = []
+    real = OmniVoice.from_pretrained.__func__
+
+    def spy(cls, path, precision="fp32"):
+        seen.append(precision)
+        return real(cls, path, precision=precision)
+
+    monkeypatch.setattr(OmniVoice, "from_pretrained", classmethod(spy))
+    out = tmp_path / "a.wav"
+    assert main(["say", "Hello there.", "-o", str(out), "--precision", "fp16", *FAST]) == 0
+    assert seen == ["fp16"] and len(_wav(out)) > 0

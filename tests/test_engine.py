@@ -426,3 +426,25 @@ def test_load_counts_requests_passes_and_each_iterations_packed_tokens(model, sp
     assert polled and all(ld.active_passes + ld.waiting_passes <= len(specs)
                           and ld.last_tokens <= eng.max_tokens for ld in polled)
     assert eng.load() == E.EngineLoad(0, 0, 0, 0, len(seen), seen[-1][1].last_tokens)
+
+
+def test_progress_is_handed_over_without_the_engine_waiting(model, specs):
+    """The engine never waits for the caller: every iteration of a request runs while nobody is
+    in result(), and the caller, coming late (or with a slow callback), still sees every step
+    once, in order."""
+    eng = _fresh(model)
+    spec = replace(specs[0], gen=replace(GREEDY, num_step=12))
+    want = eng.run([spec])
+    iterations = threading.Semaphore(0)
+    eng.trace = lambda ids: iterations.release()
+    seen = []
+    r = eng.submit([spec], on_step=lambda step, total: seen.append((step, total)))
+    for _ in range(12):  # every iteration runs while nobody is in result()
+        assert iterations.acquire(timeout=WAIT_S)
+    _assert_same(r.result(timeout=WAIT_S), want)
+    assert seen == [(s, 12) for s in range(1, 13)]
+    # a caller waiting from the start, with a slow callback
+    seen.clear()
+    r = eng.submit([spec], on_step=lambda step, total: (seen.append(step), threading.Event().wait(0.02)))
+    _assert_same(r.result(timeout=WAIT_S), want)
+    assert seen == list(range(1, 13)), seen

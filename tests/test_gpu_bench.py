@@ -34,7 +34,8 @@ def test_dry_run_runs_every_step_and_writes_the_table(tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     steps = dict(line.split() for line in (out / "steps.txt").read_text().splitlines())
-    assert steps == {"wheels": "0", "checkpoint": "0", "tests": "0", "omnicore": "0", "report": "0"}
+    assert steps == {"wheels": "0", "checkpoint": "0", "tests": "0", "omnicore": "0", "report": "0",
+                     "omnicore_tf32": "0", "omnicore_bf16": "0", "omnicore_fp16": "0"}
     assert "1 passed" in (out / "tests.log").read_text()  # the equivalence step really ran pytest
     side = json.loads((out / "omnicore.json").read_text())
     assert side["backend"] == "strict" and side["errors"] == {}
@@ -43,9 +44,16 @@ def test_dry_run_runs_every_step_and_writes_the_table(tmp_path):
     assert side["generate"]["forward_count"] == 2  # one forward per step
     assert side["decode"]["samples"] == 2 * 24000 and side["encode"]["frames"] == 25
     assert side["throughput"]["passes"] == 1  # both requests packed into one pass
+    # fp32 is the float64 forward's to float32 rounding; the profiles are within their format's
+    assert side["precision"] == "fp32" and side["accuracy"]["logits_rel_err"] < 1e-4
+    for name in ("tf32", "bf16", "fp16"):
+        prof = json.loads((out / f"omnicore_{name}.json").read_text())
+        assert prof["precision"] == name and prof["errors"] == {}, prof["errors"]
+        assert 1e-4 < prof["accuracy"]["logits_rel_err"] < 0.1 and prof["accuracy"]["argmax_agree"] > 0.9
     table = (out / "table.md").read_text()
     for label in ("backbone step", "generate() 2.0 s @ 2 steps", "RTF", "decode", "encode",
-                  "2 requests in one call", "peak GPU memory", "DRY RUN", "reference_float32: not run"):
+                  "2 requests in one call", "peak GPU memory", "DRY RUN", "reference_float32: not run",
+                  "| omnicore profile |", "| bf16 |", "| reference fp16 |"):
         assert label in table, label
     assert json.loads((out / "timings.json").read_text())["omnicore"]["steps"] == 2
 

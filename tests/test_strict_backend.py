@@ -260,3 +260,48 @@ def test_strict_arrays_refuse_what_cupy_refuses_and_float64():
     assert float(s) == 55.0 and int(a[1, 2]) == 5 and bool(a[0, 1]) and a[1].tolist() == [3, 4, 5]
     assert counts == ["scalar"] * 4  # each a device -> host read, counted
     np.testing.assert_array_equal(strictxp.to_host(b), np.arange(6, dtype=np.float32).reshape(2, 3) ** 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Precision profiles: their dtype flow on the device path
+# ---------------------------------------------------------------------------------------------
+
+_PROFILE_CHILD = r"""
+import json, sys
+import numpy as np
+from omnicore import OmniVoice
+from omnicore.model import backend, strictxp
+out = {}
+for precision in backend.PRECISIONS:
+    m = OmniVoice.from_pretrained(sys.argv[1], precision=precision)
+    before = strictxp.seen_dtypes() if backend.IS_STRICT else set()
+    codes = m.generate_codes("Rounded on the way in.", duration=1.5, num_step=6,
+                             position_temperature=0.0, class_temperature=0.0)[0]
+    out[precision] = {"codes": np.asarray(codes).tolist(),
+                      "dtypes": sorted(strictxp.seen_dtypes()) if backend.IS_STRICT else []}
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_precision_profiles_run_their_dtype_flow_on_the_device_path():
+    """Each profile on the strict backend: what it rounds is made on the device (float16 for
+    fp16, the float32 bits as uint32 for tf32 / bf16), never float64. fp32's greedy codes are
+    the numpy backend's token for token; a rounded profile's nearly so: the device path's
+    float32 twins differ from the Numba kernels in the last bits, and a value that straddles a
+    rounding boundary of the format moves by a whole unit of it (measured: 1 cell of 296)."""
+    if DEVICE_BACKEND != "strict":
+        pytest.skip("the dtype census is kept by the strict backend")
+    runs = {}
+    for backend_name in ("strict", "numpy"):
+        proc = subprocess.run([sys.executable, "-c", _PROFILE_CHILD, str(ROOT / "weights" / "tiny-random")],
+                              env=_child_env(backend_name), capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs[backend_name] = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    strict, host = runs["strict"], runs["numpy"]
+    assert strict["fp32"]["codes"] == host["fp32"]["codes"]
+    for precision in ("tf32", "bf16", "fp16"):
+        same = np.mean(np.array(strict[precision]["codes"]) == np.array(host[precision]["codes"]))
+        assert same >= 0.95, (precision, same)
+    assert "float64" not in strict["fp16"]["dtypes"]
+    assert "float16" in strict["fp16"]["dtypes"] and "uint32" in strict["bf16"]["dtypes"]
+    assert host["bf16"]["codes"] != host["fp32"]["codes"]  # the profile changes the numbers

@@ -188,8 +188,9 @@ unconditional one. For codebook 0, frame 0, the first four logits are
 {cond_head} (conditional) and
 {uncond_head} (unconditional).
 
-[`kernels.guided_scores`](../omnicore/model/kernels.py), called by
-[`PassState.fill`](../omnicore/model/unmasking.py), takes log-softmaxes c and u of the two and
+[`kernels.guided_scores`](../omnicore/model/kernels.py) (what
+[`unmasking.iterate`](../omnicore/model/unmasking.py) runs for all passes of a step at once, as
+`kernels.packed_scores`) takes log-softmaxes c and u of the two and
 scores every cell by log_softmax(c + {guidance}·(c − u)), with MASK ruled out
 (its score is {lp_mask}): lp **{lp_shape}**. Cell (0, 0): lp starts
 {lp_head}; its best token is {tok00} with log-probability {conf00} (the conditional logits

@@ -20,6 +20,9 @@ Lines (per side; ratio = omnicore / reference float32):
                     per wall second, and that throughput against one request's
   peak GPU memory   omnicore: the CuPy pool's peak use; reference: torch.cuda.max_memory_allocated
                     (neither counts the CUDA context)
+  accuracy          omnicore (--precision: every profile run.sh asks for, one side each): the
+                    logits of one forward against a float64 forward of the same checkpoint on
+                    the host (`forward_f64`): max relative error and argmax agreement
 Every measurement is written to the side's JSON as soon as it is taken; a time budget (--budget-s)
 cuts repeats short so that run.sh's 8 minutes hold.
 """
@@ -62,6 +65,9 @@ def parse_args(argv=None):
     s.add_argument("--repeats", type=int, default=3)
     s.add_argument("--budget-s", type=float, default=150.0)
     s.add_argument("--generate-only", action="store_true", help="skip codec lines (float16 reference)")
+    s.add_argument("--precision", default="fp32", help="omnicore: the precision profile")
+    s.add_argument("--accuracy-seconds", type=float, default=4.0,
+                   help="omnicore: target length of the logits-vs-float64 line")
     r = sub.add_parser("report")
     r.add_argument("out", type=Path)
     return ap.parse_args(argv)
@@ -155,7 +161,8 @@ class OmnicoreSide(Side):
 
         a = self.args
         t0 = time.perf_counter()
-        self.model = m = OmniVoice.from_pretrained(str(a.model))
+        self.model = m = OmniVoice.from_pretrained(str(a.model), precision=a.precision)
+        self.res["precision"] = a.precision
         self.sync()
         self.res["load_s"] = time.perf_counter() - t0
         self.save()
@@ -199,6 +206,7 @@ class OmnicoreSide(Side):
             if n_tok:
                 self.res["step_gflop"] = self._step_gflop(n_tok)
             self.measure("throughput", lambda: self._packed(a), repeats=1)
+            self.measure("accuracy", self.accuracy, repeats=1)
         finally:
             um.forward_rows = orig
         if not a.generate_only:
@@ -223,10 +231,82 @@ class OmnicoreSide(Side):
         return flops / 1e9
 
     def _packed(self, a):
-        passes = []
+        eng = self.model.engine
+        before = eng.iterations
         self.model.generate_codes([TEXT] * a.batch, language="en", duration=a.seconds, num_step=a.steps,
-                                  on_step=lambda i, n: passes.append(i) if i == 1 else None, **GREEDY)
-        return {"passes": len(passes)}
+                                  **GREEDY)
+        return {"passes": (eng.iterations - before) // a.steps}  # forwards per step
+
+    def accuracy(self):
+        """The backbone's logits (conditional and unconditional rows, all-MASK targets: a
+        first step) in this profile against a float64 forward of the same checkpoint on the
+        host: max |diff| / max |float64|, and the share of cells whose argmax agrees."""
+        from omnicore.engine import PassSpec
+        from omnicore.model import backbone
+        from omnicore.model.config import GenerationConfig
+
+        m, a = self.model, self.args
+        T = max(1, round(a.accuracy_seconds * 25))
+        item = m.engine.prepare(PassSpec(TEXT, T, "en", None, None, None, None,
+                                         GenerationConfig(**GREEDY)))
+        rows = [(item.input_ids, item.audio_mask), (item.uncond_ids, item.uncond_audio_mask)]
+        ids = np.concatenate([r[0] for r in rows], axis=1)
+        mask = np.concatenate([r[1] for r in rows])
+        pack = backbone.make_packing([r[0].shape[1] for r in rows], m.config)
+        got = [self.backend.to_numpy(x) for x in backbone.forward_rows(
+            m.params, m.config, self.backend.to_device(ids), self.backend.to_device(mask), pack, [T, T])]
+        want = [forward_f64(a.model / "model.safetensors", m.config, r[0], r[1], T) for r in rows]
+        err = max(float(np.abs(g - w).max() / np.abs(w).max()) for g, w in zip(got, want))
+        agree = float(np.mean([np.mean(g.argmax(-1) == w.argmax(-1)) for g, w in zip(got, want)]))
+        return {"logits_rel_err": err, "argmax_agree": agree, "cells": 2 * m.config.num_audio_codebook * T}
+
+
+def forward_f64(path, cfg, ids, audio_mask, T):
+    """Float64 oracle of one row on the host, straight from the checkpoint file: [C, T, V]
+    logits of its last T positions (the model's definition, nothing shared with omnicore's
+    float32 code but the file reader)."""
+    from omnicore.model.weights import SafetensorsFile
+
+    q = cfg.llm_config
+    C, V, D, E = cfg.num_audio_codebook, cfg.audio_vocab_size, q.hidden_size, q.head_dim
+    H, K, eps = q.num_attention_heads, q.num_key_value_heads, q.rms_norm_eps
+    ids, audio_mask = np.asarray(ids), np.asarray(audio_mask, bool)
+    L = ids.shape[1]
+    with SafetensorsFile(path) as st:
+        def w(key):
+            return st.read(key).astype(np.float64)
+
+        x = np.zeros((L, D))
+        x[~audio_mask] = st.read_rows("llm.embed_tokens.weight", ids[0, ~audio_mask]).astype(np.float64)
+        table = w("audio_embeddings.weight")
+        x[audio_mask] = sum(table[ids[c, audio_mask] + c * V] for c in range(C))
+        inv = 1.0 / q.rope_theta ** (np.arange(0, E, 2) / E)
+        ang = np.arange(L)[:, None] * inv[None, :]
+        cos, sin = (f(np.concatenate([ang, ang], 1))[:, None, :] for f in (np.cos, np.sin))  # [L, 1, E]
+
+        def rms(v, g):
+            return v / np.sqrt((v * v).mean(-1, keepdims=True) + eps) * g
+
+        def rope(t):  # half-split rotation
+            return t * cos + np.concatenate([-t[..., E // 2:], t[..., :E // 2]], -1) * sin
+
+        for i in range(q.num_hidden_layers):
+            p = f"llm.layers.{i}."
+            h = rms(x, w(p + "input_layernorm.weight"))
+            qh = rope(rms((h @ w(p + "self_attn.q_proj.weight").T).reshape(L, H, E), w(p + "self_attn.q_norm.weight")))
+            kh = rope(rms((h @ w(p + "self_attn.k_proj.weight").T).reshape(L, K, E), w(p + "self_attn.k_norm.weight")))
+            vh = (h @ w(p + "self_attn.v_proj.weight").T).reshape(L, K, E)
+            kh, vh = np.repeat(kh, H // K, axis=1), np.repeat(vh, H // K, axis=1)  # head h reads kv h // G
+            s = np.einsum("lhe,mhe->hlm", qh, kh) / np.sqrt(E)  # no causal mask
+            s = np.exp(s - s.max(-1, keepdims=True))
+            s /= s.sum(-1, keepdims=True)
+            o = np.einsum("hlm,mhe->lhe", s, vh).reshape(L, H * E)
+            x = x + o @ w(p + "self_attn.o_proj.weight").T
+            h = rms(x, w(p + "post_attention_layernorm.weight"))
+            g, u = h @ w(p + "mlp.gate_proj.weight").T, h @ w(p + "mlp.up_proj.weight").T
+            x = x + (g / (1 + np.exp(-g)) * u) @ w(p + "mlp.down_proj.weight").T
+        h = rms(x[-T:], w("llm.norm.weight"))
+        return (h @ w("audio_heads.weight").T).reshape(T, C, V).transpose(1, 0, 2)  # [C, T, V]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,10 +495,46 @@ def report(out: Path) -> str:
     if o and o.get("backend") != "cupy":
         info.append(f"- DRY RUN: omnicore ran on the {o.get('backend')} backend on the CPU; its "
                     "timings test the script, they measure nothing")
-    table = "\n".join(head + rows + info)
+    table = "\n".join(head + rows + info + profile_table(out, sides))
     (out / "table.md").write_text(table + "\n")
     (out / "timings.json").write_text(json.dumps(sides, indent=1))
     return table
+
+
+def profile_table(out: Path, sides: dict) -> list[str]:
+    """Omnicore's precision profiles side by side: step, RTF, packed throughput, and the
+    logits' error against a float64 forward (the reference's float16 beside them)."""
+    profiles = {"fp32": sides.get("omnicore", {})}
+    for name in ("tf32", "bf16", "fp16"):
+        p = out / f"omnicore_{name}.json"
+        if p.is_file():
+            profiles[name] = json.loads(p.read_text())
+    if not any(s.get("accuracy") for s in profiles.values()):
+        return []
+
+    def get(s, key, field="median"):
+        v = s.get(key)
+        return v.get(field) if isinstance(v, dict) else None
+
+    def f(v, fmt, unit=""):
+        return "n/a" if v is None else format(v, fmt) + unit
+
+    rows = ["", "| omnicore profile | backbone step | RTF | packed throughput vs 1 request | "
+                "logits max rel. error vs float64 | argmax agreement vs float64 |",
+            "|---|---|---|---|---|---|"]
+    for name, s in list(profiles.items()) + [("reference fp16", sides.get("reference_float16", {}))]:
+        gen, many = get(s, "generate"), get(s, "throughput")
+        sec = s.get("seconds")
+        rtf = gen / sec if gen and sec else None
+        x = (s.get("batch", 1) * gen / many) if gen and many else None
+        fwd = get(s, "generate", "forward_median")
+        rows.append(f"| {name} | {f(fwd and fwd * 1e3, '.1f', ' ms')} | {f(rtf, '.3f')} | {f(x, '.2f', 'x')} | "
+                    f"{f(get(s, 'accuracy', 'logits_rel_err'), '.2e')} | "
+                    f"{f(get(s, 'accuracy', 'argmax_agree'), '.4f')} |")
+    rows.append("(float64: a host forward of the same checkpoint and inputs, conditional and "
+                "unconditional rows, all-MASK targets; the reference's own float16 error is not "
+                "measured by this script yet)")
+    return rows
 
 
 def main(argv=None):

@@ -16,7 +16,9 @@
 #                (tests/test_strict_backend.py with OMNICORE_TEST_DEVICE_BACKEND=cupy), and
 #                tests/test_pipeline.py's generate cases with OMNICORE_BACKEND=cupy
 #   4. sides     benchmarks/gpu/bench_gpu.py: omnicore (CuPy), the reference in float32 and in
-#                float16 (torch CUDA), each in its own process
+#                float16 (torch CUDA), each in its own process; then omnicore's precision
+#                profiles tf32, bf16 and fp16 (generate, packed throughput, and every omnicore
+#                side's logits against a float64 forward of the same checkpoint on the host)
 #   5. report    $OUT/table.md (markdown) and $OUT/timings.json (raw timings of every side)
 #
 # --dry-run: the same steps on the CPU: the tiny checkpoint, omnicore on the strict backend
@@ -25,7 +27,8 @@
 #
 # Environment: PYTHON (python3), REF_PYTHON (the reference's interpreter; default $PYTHON on a
 # GPU), CKPT, NO_REFERENCE=1 (omnicore only), BENCH_SECONDS / BENCH_STEPS / BENCH_BATCH /
-# BENCH_REPEATS / BENCH_ENCODE_SECONDS (sizes), BENCH_TESTS (a pytest -k expression for step 3),
+# BENCH_REPEATS / BENCH_ENCODE_SECONDS (sizes), BENCH_PRECISIONS (profiles besides fp32, default
+# "tf32 bf16 fp16"), BENCH_TESTS (a pytest -k expression for step 3),
 # BENCH_FORCE_WHEELS (distributions to install from the wheels folder even when present, e.g.
 # "transformers" if the image's is older than omnivoice needs).
 set -uo pipefail
@@ -153,6 +156,10 @@ fi
 rm -f "$OUT"/*.skipped
 OMNICORE_BACKEND=$BACKEND step omnicore 110 $PY "$BENCH" side omnicore --model "$CKPT" \
   --json "$OUT/omnicore.json" --budget-s 90 "${SIZES[@]}"
+for P in ${BENCH_PRECISIONS:-tf32 bf16 fp16}; do
+  OMNICORE_BACKEND=$BACKEND step omnicore_$P 50 $PY "$BENCH" side omnicore --model "$CKPT" \
+    --precision "$P" --generate-only --json "$OUT/omnicore_$P.json" --budget-s 35 "${SIZES[@]}"
+done
 if [ "${NO_REFERENCE:-0}" = 1 ]; then
   echo "NO_REFERENCE=1" > "$OUT/reference_float32.skipped"
 elif ! [ -x "$(command -v "$REF_PY")" ]; then

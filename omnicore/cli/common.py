@@ -17,12 +17,17 @@ import warnings
 from ..errors import InputError, RefTextMismatchWarning
 
 DEFAULT_MODEL = os.environ.get("OMNICORE_MODEL", "k2-fsa/OmniVoice")
+# omnicore.model.backend.PRECISIONS, spelt out so that parsing arguments loads no array library
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 
 def add_model_options(sp) -> None:
     """--model and --quiet, which every command takes."""
     sp.add_argument("--model", default=DEFAULT_MODEL,
                     help="checkpoint directory or hub repo id (default: %(default)s; env OMNICORE_MODEL)")
+    sp.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                    help="the backbone's GEMM inputs: fp32 (exact, default) or tf32 / bf16 / fp16 "
+                         "(rounded to that format, float32 accumulation; docs/configuration.md)")
     sp.add_argument("-q", "--quiet", action="store_true", help="no progress or summary on stderr")
 
 
@@ -77,8 +82,10 @@ def load_model(args):
     from ..pipeline import OmniVoice
 
     t0 = time.perf_counter()
-    model = OmniVoice.from_pretrained(args.model)
-    log(args, f"loaded {args.model} in {time.perf_counter() - t0:.1f} s")
+    precision = getattr(args, "precision", "fp32")
+    model = OmniVoice.from_pretrained(args.model, precision=precision)
+    log(args, f"loaded {args.model}{'' if precision == 'fp32' else f' ({precision})'} in "
+              f"{time.perf_counter() - t0:.1f} s")
     return model
 
 

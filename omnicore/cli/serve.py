@@ -25,7 +25,8 @@ def cmd_serve(args) -> int:
                  log_level="warning" if args.quiet else "info",
                  max_concurrency=args.max_concurrency, ui=args.ui, send_timeout=args.send_timeout,
                  idle_timeout=args.idle_timeout, grace=args.grace,
-                 metrics_public=args.metrics_public, require_consent=args.require_consent)
+                 metrics_public=args.metrics_public, require_consent=args.require_consent,
+                 precision=args.precision)
     return 0
 
 

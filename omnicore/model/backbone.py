@@ -75,16 +75,20 @@ class BackboneParams:
     layers: tuple[LayerParams, ...]
     norm: np.ndarray  # [D]
     audio_heads: np.ndarray  # [C*V, D] as stored; logits are h @ audio_heads.T
+    # what every GEMM's inputs are rounded to (backend.PRECISIONS; the weights already are)
+    precision: str = "fp32"
 
 
-def load_params(reader, cfg: OmniVoiceConfig) -> BackboneParams:
+def load_params(reader, cfg: OmniVoiceConfig, precision: str = "fp32") -> BackboneParams:
     """Take every backbone tensor from `reader` (a weights.ParamReader), checked against `cfg`.
 
     Nothing is transposed: every tensor keeps the checkpoint's layout, read once into process
     memory (never memory-mapped: a mapped file truncated under a running model is a SIGBUS).
     The 151676-row text table is the exception: a prompt uses a few hundred of its rows, so it
     stays on disk as a weights.RowTable and `embed` reads just those rows.
+    `precision` (backend.PRECISIONS): the GEMMs' matrices are rounded to it here, once.
     """
+    backend.check_precision(precision)
     q = cfg.llm_config
     D, F, E = q.hidden_size, q.intermediate_size, q.head_dim
     H, K = q.num_attention_heads, q.num_key_value_heads
@@ -94,7 +98,8 @@ def load_params(reader, cfg: OmniVoiceConfig) -> BackboneParams:
         return to_device(reader.take(key, (n,), np.float32))
 
     def linear(key, n_out, n_in):  # kept [out, in]; used as x @ W.T
-        return to_device(reader.take(key, (n_out, n_in), np.float32))
+        w = to_device(reader.take(key, (n_out, n_in), np.float32))
+        return w if precision == "fp32" else backend.round_gemm_input(w.copy(), precision)
 
     layers = []
     for i in range(q.num_hidden_layers):
@@ -127,6 +132,7 @@ def load_params(reader, cfg: OmniVoiceConfig) -> BackboneParams:
         layers=tuple(layers),
         norm=vec("llm.norm.weight", D),
         audio_heads=linear("audio_heads.weight", CV, D),
+        precision=precision,
     )
 
 
@@ -266,23 +272,29 @@ def embed(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, out=Non
     return x
 
 
-def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Workspace):
+def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Workspace,
+              precision: str = "fp32"):
     """Bidirectional grouped-query self-attention within each packed row.
 
-    h [N, D] -> work.attn [N, H*E] (before o_proj).
+    h [N, D] -> work.attn [N, H*E] (before o_proj). `precision`: what the GEMMs' inputs are
+    rounded to (in place: h, queries, keys, values and the softmax weights).
     """
+    rnd = backend.round_gemm_input
     q_cfg = cfg.llm_config
     E, K = q_cfg.head_dim, q_cfg.num_key_value_heads
     G = q_cfg.num_attention_heads // K
+    rnd(h, precision)
     backend.matmul(h, lp.q_proj.T, out=work.q)  # [N, D] -> [N, H*E]
     backend.matmul(h, lp.k_proj.T, out=work.k)  # [N, D] -> [N, K*E]
     backend.matmul(h, lp.v_proj.T, out=work.v)  # [N, D] -> [N, K*E]
     # Qwen3 normalises every query/key head before the rotation (keeps the logits bounded).
     kernels.qk_norm_rope(work.q, work.k, lp.q_norm, lp.k_norm, pack.cos, pack.sin,
                          q_cfg.rms_norm_eps, work.qg)  # q -> qg [K, N, G*E]; k in place
+    for t in (work.qg, work.k, work.v):
+        rnd(t, precision)
     scale = E ** -0.5
     if not IS_NUMPY:
-        return _attention_batched(pack, work, K, G, E, scale)
+        return _attention_batched(pack, work, K, G, E, scale, precision)
     for start, L in zip(pack.starts, pack.lengths):
         rows, lg = slice(start, start + L), L * G
         # Query head h = kv * G + g reads key/value head kv (the reference's repeat_kv order):
@@ -297,13 +309,15 @@ def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Wor
         # weights stay unnormalised; the [L*G, E] output rows are scaled instead.
         inv = work.inv_sums[:K * lg]
         kernels.softmax_rows(s.reshape(K * lg, L), scale, inv)
+        rnd(s, precision)
         o = work.heads_out[:K * lg * E].reshape(K, lg, E)
         backend.matmul(s, v3, out=o)  # [K, L*G, L] @ [K, L, E] -> [K, L*G, E]
         kernels.scale_heads_into(o, inv, work.attn[rows])  # -> [L, H*E], heads in order
     return work.attn
 
 
-def _attention_batched(pack: Packing, work: Workspace, K: int, G: int, E: int, scale: float):
+def _attention_batched(pack: Packing, work: Workspace, K: int, G: int, E: int, scale: float,
+                       precision: str = "fp32"):
     """`attention`'s per-row loop as one padded batch (the device path: a loop over rows would
     launch a dozen small kernels per row and layer). Keys past a row's end get -inf scores,
     so every real query sees exactly its own row, as in the loop; the results differ from the
@@ -322,6 +336,7 @@ def _attention_batched(pack: Packing, work: Workspace, K: int, G: int, E: int, s
     rows = s.reshape(-1, Lmax)
     kernels.softmax_rows(rows, scale, inv)  # unnormalised, inv = 1 / row sums
     s = rows.reshape(s.shape)
+    backend.round_gemm_input(s, precision)
     o = backend.matmul(s, v4) * inv.reshape(K, R, Lmax * G, 1)  # -> [K, R, Lmax*G, E]
     o = o.reshape(K, R, Lmax, G, E).transpose(1, 2, 0, 3, 4).reshape(R * Lmax, K * G * E)  # -> [R*Lmax, H*E]
     work.attn[...] = o[scatter]  # back to the packed order, heads h = kv*G + g
@@ -329,7 +344,7 @@ def _attention_batched(pack: Packing, work: Workspace, K: int, G: int, E: int, s
 
 
 def _layer_inplace(lp: LayerParams, cfg: OmniVoiceConfig, pack: Packing, work: Workspace,
-                   next_norm=None):
+                   next_norm=None, precision: str = "fp32"):
     """One pre-norm transformer layer on work.x, in place.
 
     On entry work.h holds rms_norm(x) with this layer's input norm. Each residual add is fused
@@ -337,12 +352,14 @@ def _layer_inplace(lp: LayerParams, cfg: OmniVoiceConfig, pack: Packing, work: W
     input norm) if given, so work.h is ready for the next layer.
     """
     eps = cfg.llm_config.rms_norm_eps
-    attn = attention(lp, cfg, work.h, pack, work)
+    rnd = backend.round_gemm_input
+    attn = rnd(attention(lp, cfg, work.h, pack, work, precision), precision)
     backend.matmul(attn, lp.o_proj.T, out=work.d)  # [N, H*E] -> [N, D]
     kernels.add_rms_norm(work.x, work.d, lp.post_attention_layernorm, eps, work.h)
+    rnd(work.h, precision)
     backend.matmul(work.h, lp.gate_proj.T, out=work.gate)  # [N, D] -> [N, F]
     backend.matmul(work.h, lp.up_proj.T, out=work.up)  # [N, D] -> [N, F]
-    gated = kernels.swiglu(work.gate, work.up)  # silu(gate) * up
+    gated = rnd(kernels.swiglu(work.gate, work.up), precision)  # silu(gate) * up
     backend.matmul(gated, lp.down_proj.T, out=work.d)  # [N, F] -> [N, D]
     if next_norm is None:
         xp.add(work.x, work.d, out=work.x)
@@ -362,20 +379,21 @@ def hidden_states(params: BackboneParams, cfg: OmniVoiceConfig, x, pack: Packing
     rms_norm(work.x, layers[0].input_layernorm, cfg.llm_config.rms_norm_eps, out=work.h)
     for i, lp in enumerate(layers):
         nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else None
-        _layer_inplace(lp, cfg, pack, work, next_norm=nxt)
+        _layer_inplace(lp, cfg, pack, work, next_norm=nxt, precision=params.precision)
     return work.x
 
 
 def audio_logits(params: BackboneParams, cfg: OmniVoiceConfig, h):
     """Final norm and audio heads on selected positions: h [n, D] -> logits [C, n, V]."""
     C, V = cfg.num_audio_codebook, cfg.audio_vocab_size
-    h = rms_norm(h, params.norm, cfg.llm_config.rms_norm_eps)
+    h = backend.round_gemm_input(rms_norm(h, params.norm, cfg.llm_config.rms_norm_eps),
+                                 params.precision)
     logits = backend.matmul(h, params.audio_heads.T).reshape(h.shape[0], C, V)  # [n, D] -> [n, C*V] -> [n, C, V]
     return logits.transpose(1, 0, 2)  # [n, C, V] -> [C, n, V]
 
 
 def forward_rows(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, pack: Packing,
-                 num_out: Sequence[int], work: Workspace | None = None) -> list:
+                 num_out: Sequence[int], work: Workspace | None = None, whole: bool = False):
     """Logits of the last `num_out[r]` positions of every packed row r.
 
     ids [C, N], audio_mask [N] hold the rows back to back as described by `pack`. Returns one
@@ -383,6 +401,8 @@ def forward_rows(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, 
     positions only: a 1024 x 8200 head on every prompt token would be pure waste. `work`
     (from make_workspace for this packing) is reused when given; the logits then live in it
     and are overwritten by its next call (the layers and heads run as one `backend.replay`).
+    With `whole`, one [C, sum(num_out), V] array instead (the rows back to back), for scoring
+    every row in one call.
     """
     work = work or make_workspace(cfg, pack)
     embed(params, cfg, ids, audio_mask, out=work.x)  # [N, D]; reads text rows from the host
@@ -393,6 +413,8 @@ def forward_rows(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, 
         return audio_logits(params, cfg, h[tails])  # [C, sum(num_out), V]
 
     logits = backend.replay(work.replays, (id(params), tuple(num_out)), layers_and_heads)
+    if whole:
+        return logits
     bounds = np.cumsum(num_out)[:-1].tolist()
     return xp.split(logits, bounds, axis=1)
 
@@ -407,10 +429,12 @@ def forward_bytes(cfg, lengths, num_out, class_sampling: bool = False) -> int:
     query and attention output [3 H*E], keys and values [2 K*E], the MLP's gate and up [2 F],
     rotary tables and their temporaries [4 E] and the embedding gather [(C+1) D] plus its ids;
     per the longest row its [K, L*G, L] scores with [K, L*G, E] outputs; per scored position
-    the heads' logits [C*V] (freed before the next step's forward) and two [D] rows; per item
-    the [C, T, V] log-probabilities, or four times that with class sampling (negated copy and
-    int64 indices of the top-k selection). An upper bound, and a close one, so that the budget
-    means what it says (tests/test_limits.py).
+    the heads' logits [C*V] (freed before the next step's forward) and two [D] rows; for the
+    scoring one pass's [C, T, V] log-probabilities, or four times that with class sampling
+    (negated copy and int64 indices of the top-k selection): class-sampled passes are scored
+    one at a time, and greedy scoring of all passes at once keeps no such array (counted as
+    one all the same: the margin). An upper bound, and a close one, so that the budget means
+    what it says (tests/test_limits.py).
     """
     q = cfg.llm_config
     C, V = cfg.num_audio_codebook, cfg.audio_vocab_size

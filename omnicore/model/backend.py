@@ -132,6 +132,40 @@ def f32(a) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
+# Precision profiles: what a GEMM's inputs are rounded to
+# ---------------------------------------------------------------------------------------------
+# "fp32" (exact, the default) leaves them alone. The others give the dtype flow of tensor-core
+# GEMMs: inputs (weights once at load, activations before every product) rounded to TF32
+# (10-bit mantissa), bfloat16 or float16, products accumulated in float32, and everything
+# between the GEMMs (norms, softmax, scoring) kept in float32. Here the rounding is written
+# out on float32 arrays (round to nearest even), so every backend runs the same numbers.
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+_DROP_BITS = {"tf32": 13, "bf16": 16}  # float32 mantissa bits the format does not keep
+
+
+def check_precision(precision) -> str:
+    """The profile's name, or ConfigError for an unknown one."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision={precision!r} is not one of {', '.join(map(repr, PRECISIONS))}")
+    return precision
+
+
+def round_gemm_input(x, precision: str):
+    """x (float32) rounded in place to what `precision` feeds a GEMM; returns x."""
+    if precision == "fp32":
+        return x
+    if precision == "fp16":
+        x[...] = x.astype(xp.float16)  # out of range -> inf, as a float16 GEMM input
+        return x
+    drop = _DROP_BITS[precision]
+    bits = x.view(xp.uint32)
+    bits += ((bits >> drop) & 1) + ((1 << (drop - 1)) - 1)  # ties to even
+    bits &= xp.uint32((0xFFFFFFFF >> drop) << drop)
+    return x
+
+
+# ---------------------------------------------------------------------------------------------
 # Replayed device work (CUDA graphs)
 # ---------------------------------------------------------------------------------------------
 # A backbone step is a few thousand small kernels; launched one by one from Python, the launches

@@ -205,7 +205,7 @@ def gelu(x):
 # ---------------------------------------------------------------------------------------------
 
 
-@nb.njit(cache=True, error_model="numpy")
+@nb.njit(cache=True, nogil=True, error_model="numpy")
 def _group_norm_nb(x, num_groups, weight, bias, eps, out):  # x, out [B, T, C] float32
     b_, t_, c_ = x.shape
     cg = c_ // num_groups

@@ -108,19 +108,6 @@ def step_noise(draws) -> list:
     return out
 
 
-def noise_draws(gen: GenerationConfig, cfg: OmniVoiceConfig, rng: np.random.Generator, T: int) -> list:
-    """The (rng, shape) Gumbel draws one pass makes in a step that fills cells, in the order it
-    uses them: class noise [C, T, k] (class_temperature > 0), then position noise [C, T]
-    (position_temperature > 0). Collect every pass's and hand them to `step_noise` at once."""
-    C = cfg.num_audio_codebook
-    draws = []
-    if gen.class_temperature > 0:
-        draws.append((rng, (C, T, class_top_k(cfg.audio_vocab_size))))
-    if gen.position_temperature > 0:
-        draws.append((rng, (C, T)))
-    return draws
-
-
 def class_top_k(vocab: int) -> int:
     """Candidates per cell for class sampling: the best ceil(10 % of V) tokens."""
     return math.ceil(CLASS_TOP_RATIO * vocab)
@@ -201,50 +188,73 @@ class PassState:
     def done(self) -> bool:
         return self.step >= len(self.schedule)
 
-    def noise_draws(self, cfg: OmniVoiceConfig) -> list:
-        """The Gumbel draws this step needs (none when it fills no cell)."""
-        return noise_draws(self.gen, cfg, self.rng, self.T) if self.schedule[self.step] > 0 else []
-
-    def fill(self, cond_logits, uncond_logits, noise=()) -> None:
-        """Score this step's logits [C, T, V] and fill the step's share of cells; `noise` is
-        this step's Gumbel noise in `noise_draws` order (drawn here when not given)."""
-        gen, k = self.gen, self.schedule[self.step]
-        if k > 0:
-            # one fused pass: guided log-probs, greedy token and confidence of every cell
-            lp, pred, confidence = kernels.guided_scores(
-                cond_logits, uncond_logits if self.use_uncond else None, gen.guidance_scale,
-                self.mask_id)
-            noise = iter(noise)
-            if gen.class_temperature > 0:
-                pred, _ = predict_tokens(lp, gen.class_temperature, self.rng, next(noise, None))
-            filled = self.tokens != self.mask_id
-            pos_noise = next(noise, None) if gen.position_temperature > 0 else None
-            chosen = choose_cells(confidence, filled, k, gen, self.rng, pos_noise)
-            flat = self.tokens.reshape(-1)  # a view: writes land in self.tokens
-            flat[chosen] = pred.reshape(-1)[chosen]
-            self._fill_step.reshape(-1)[chosen] = self.step
-            for ids, _ in self.rows:
-                ids[:, ids.shape[1] - self.T:] = self.tokens
-        self.step += 1
-
     def codes(self) -> np.ndarray:
-        return to_numpy(self.tokens)
+        # a copy: the tokens are a view into the buffers of the pack the pass last ran in
+        return np.array(to_numpy(self.tokens))
 
     @property
     def fill_step(self) -> np.ndarray:
         """[C, T] int64 on the host: the step (0-based) at which each cell was filled."""
-        return to_numpy(self._fill_step)
+        return np.array(to_numpy(self._fill_step))
+
+
+class _Packed:
+    """The unmasking state of a set of passes as packed arrays, which the passes' own arrays
+    are views of (so a pass leaving the set keeps its state): ids [C, N] of every row back to
+    back, tokens and fill steps [cells] (pass b's C x T_b cells C-major from plan's cell_off),
+    and each pass's schedule and step on the device (the step advances there, no copy)."""
+
+    def __init__(self, cfg: OmniVoiceConfig, states: Sequence["PassState"]):
+        C = cfg.num_audio_codebook
+        guided = [s for s in states if s.use_uncond]
+        rows = [(s, 0) for s in states] + [(s, 1) for s in guided]
+        self.ids = xp.concatenate([s.rows[i][0] for s, i in rows], axis=1)  # [C, N]
+        starts, at = {}, 0
+        for s, i in rows:  # the passes' rows become views of the packed ids
+            ids, mask = s.rows[i]
+            L = ids.shape[1]
+            s.rows[i] = (self.ids[:, at:at + L], mask)
+            starts[s.serial, i] = at
+            at += L
+        self.tokens = xp.concatenate([s.tokens.reshape(-1) for s in states])  # [cells]
+        self.fill = xp.concatenate([s._fill_step.reshape(-1) for s in states])  # [cells]
+        off = 0
+        for s in states:
+            n = C * s.T
+            s.tokens = self.tokens[off:off + n].reshape(C, s.T)
+            s._fill_step = self.fill[off:off + n].reshape(C, s.T)
+            off += n
+        Ts = [s.T for s in states]
+        cond_row = np.cumsum([0] + Ts[:-1])
+        uncond_row, u = [], sum(Ts)
+        for s in states:
+            uncond_row.append(u if s.use_uncond else -1)
+            u += s.T if s.use_uncond else 0
+        self.plan = kernels.ScorePlan(
+            Ts, cond_row, uncond_row,
+            [starts[s.serial, 0] + s.rows[0][0].shape[1] - s.T for s in states],
+            [starts[s.serial, 1] if s.use_uncond else -1 for s in states],
+            [s.gen.guidance_scale for s in states], [s.gen.layer_penalty_factor for s in states],
+            [s.gen.position_temperature for s in states], C, to_device)
+        S = max(len(s.schedule) for s in states)
+        sched = np.zeros((len(states), S + 1), np.int64)  # [B, S + 1]: 0 past a pass's end
+        for b, s in enumerate(states):
+            sched[b, :len(s.schedule)] = s.schedule
+        self.schedule = to_device(sched)
+        self.step = to_device(np.array([s.step for s in states], np.int64))  # [B]
+        self.no_noise = xp.zeros(self.plan.num_cells, dtype=xp.float32)
 
 
 class PackCache:
-    """The packing and workspace of the last set of row lengths: the set of passes changes only
-    when one joins or leaves, so most iterations reuse both (no fresh pages to fault in)."""
+    """The packing, workspace and packed state of the last set of passes: it changes only when
+    one joins or leaves, so most iterations reuse them (no fresh pages to fault in)."""
 
     def __init__(self):
         self.key: tuple[int, ...] | None = None
         self.pack = self.work = None
         self.mask_key: tuple[int, ...] | None = None
         self.audio_mask = None
+        self.packed: _Packed | None = None
 
     def get(self, cfg: OmniVoiceConfig, rows, serials: tuple[int, ...]):
         key = tuple(ids.shape[1] for ids, _ in rows)
@@ -258,27 +268,79 @@ class PackCache:
             self.mask_key = serials
         return self.pack, self.work, self.audio_mask
 
+    def packed_state(self, cfg: OmniVoiceConfig, states: Sequence["PassState"]) -> _Packed:
+        serials = tuple(s.serial for s in states)
+        if self.packed is None or self.packed_key != serials:
+            self.packed = None
+            self.packed = _Packed(cfg, states)
+            self.packed_key = serials
+        return self.packed
+
+
+def _step_noise(cfg: OmniVoiceConfig, states: Sequence["PassState"], ks: Sequence[int], packed):
+    """This step's Gumbel noise, each pass drawing from its own generator in the order it always
+    has (class noise [C, T, k], then position noise [C, T]), in one host -> device copy:
+    position noise per cell [cells] (0 for passes without it) and each class-sampled pass's
+    class noise (None for the others)."""
+    C, top = cfg.num_audio_codebook, class_top_k(cfg.audio_vocab_size)
+    pos, cls, drawn = [], [], False
+    for s, k in zip(states, ks):
+        g = s.gen
+        c = gumbel_noise(s.rng, (C, s.T, top)) if k > 0 and g.class_temperature > 0 else None
+        p = gumbel_noise(s.rng, (C, s.T)) if k > 0 and g.position_temperature > 0 else None
+        drawn |= c is not None or p is not None
+        pos.append(p.reshape(-1) if p is not None else np.zeros(C * s.T, np.float32))
+        cls.append(c)
+    if not drawn:
+        return packed.no_noise, cls
+    dev = to_device(np.concatenate(pos + [c.reshape(-1) for c in cls if c is not None]))  # one copy
+    at, out = packed.plan.num_cells, []
+    for c in cls:
+        if c is not None:
+            out.append(dev[at:at + c.size].reshape(c.shape))
+            at += c.size
+        else:
+            out.append(None)
+    return dev[:packed.plan.num_cells], out
+
 
 def iterate(params: BackboneParams, cfg: OmniVoiceConfig, states: Sequence[PassState],
             cache: PackCache | None = None) -> None:
     """One unmasking step of every pass in `states` (each at its own step index): the rows of
-    all passes packed into one forward, then each pass scored and filled by its own schedule."""
+    all passes packed into one forward, then every pass scored, picked and filled by its own
+    schedule in one call each (only class sampling goes pass by pass, its [C, T, V]
+    log-probabilities one pass at a time)."""
+    cache = cache or PackCache()
+    packed = cache.packed_state(cfg, states)
     # Packed rows: every conditional row, then the unconditional ones (passes with guidance).
     guided = [s for s in states if s.use_uncond]
     rows = [s.rows[0] for s in states] + [s.rows[1] for s in guided]
     num_out = [s.T for s in states] + [s.T for s in guided]
-    serials = tuple(s.serial for s in states)
-    pack, work, audio_mask = (cache or PackCache()).get(cfg, rows, serials)
-    ids = xp.concatenate([r[0] for r in rows], axis=1)  # [C, N]
-    logits = forward_rows(params, cfg, ids, audio_mask, pack, num_out, work=work)
-    # Every pass's Gumbel noise for this step, each from its own generator in the order it
-    # always drew, in one host -> device copy.
-    draws = [s.noise_draws(cfg) for s in states]
-    noise = iter(step_noise([d for ds in draws for d in ds]))
-    u = len(states)
-    for b, s in enumerate(states):
-        s.fill(logits[b], logits[u] if s.use_uncond else None, [next(noise) for _ in draws[b]])
-        u += s.use_uncond
+    pack, work, audio_mask = cache.get(cfg, rows, tuple(s.serial for s in states))
+    logits = forward_rows(params, cfg, packed.ids, audio_mask, pack, num_out, work=work,
+                          whole=True)  # [C, n, V]
+    ks = [s.schedule[s.step] for s in states]
+    noise, class_noise = _step_noise(cfg, states, ks, packed)
+    plan = packed.plan
+    pred, conf = kernels.packed_scores(logits.transpose(1, 0, 2), plan, cfg.audio_mask_id)  # [n, C, V] -> [cells]
+    for b, (s, k, cn) in enumerate(zip(states, ks, class_noise)):
+        if cn is None:
+            continue
+        # class sampling: this pass's log-probabilities alone (the memory of one pass)
+        r, u, off = (int(v) for v in (plan.host["cond_row"][b], plan.host["uncond_row"][b],
+                                      plan.host["cell_off"][b]))
+        lp, _, _ = kernels.guided_scores(logits[:, r:r + s.T], logits[:, u:u + s.T] if u >= 0 else None,
+                                         s.gen.guidance_scale, cfg.audio_mask_id)
+        tokens, _ = predict_tokens(lp, s.gen.class_temperature, s.rng, cn)
+        pred[off:off + tokens.size] = tokens.reshape(-1)
+        del lp
+    step = xp.minimum(packed.step, packed.schedule.shape[1] - 1)
+    k = xp.take_along_axis(packed.schedule, step[:, None], axis=1)[:, 0]  # [B]
+    kernels.pick_fill(pred, conf, noise, k, packed.step, plan, cfg.audio_mask_id,
+                      packed.tokens, packed.fill, packed.ids)
+    packed.step += 1
+    for s in states:
+        s.step += 1
 
 
 def pass_seeds(seed, B: int) -> list:

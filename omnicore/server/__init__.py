@@ -54,9 +54,9 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir
           api_key: str | None = None, max_queue: int = 16, log_level: str = "warning",
           max_concurrency: int | None = None, ui: bool = False, send_timeout: float = 30.0,
           idle_timeout: float = 30.0, grace: float = 30.0, metrics_public: bool = False,
-          require_consent: bool = False) -> None:
+          require_consent: bool = False, precision: str = "fp32") -> None:
     """Load the model once and serve until a signal, then drain (see runtime.py); with `ui`,
-    the demo at /ui too."""
+    the demo at /ui too. `precision`: the model's profile (OmniVoice.from_pretrained)."""
     import importlib.util
 
     if importlib.util.find_spec("uvicorn") is None:  # the extra, checked before the model loads
@@ -67,7 +67,7 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir
     from .state import ServerState
 
     demo = demo_module() if ui else None
-    model = OmniVoice.from_pretrained(model_path)
+    model = OmniVoice.from_pretrained(model_path, precision=precision)
     name = Path(str(model_path)).name
     server = ServerState(model, voices_dir, api_key, max_queue, model_name=name,
                          max_concurrency=max_concurrency, metrics_public=metrics_public,
