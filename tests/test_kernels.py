@@ -181,6 +181,32 @@ def test_guided_scores_twins_agree(c, t, v, guidance, with_uncond, scale, seed):
         np.testing.assert_array_equal(tokens, lp.argmax(-1))  # first index of the maximum
 
 
+@pytest.mark.parametrize("guidance", [0.0, 2.0])
+def test_confidence_of_a_sure_cell_keeps_float32_relative_precision(guidance):
+    """A near-certain cell's confidence, -log(1 + rest) with rest far below 1, to float32's
+    relative precision: summing 1 + rest as one float32 would leave it only 6e-8 absolute, and
+    near-tied confidences of two such cells are told apart below that."""
+    rng = _rng(7)
+    cond = (3 * rng.standard_normal((40, 8, 1025))).astype(np.float32)
+    uncond = (3 * rng.standard_normal((40, 8, 1025))).astype(np.float32)
+    best = rng.integers(0, 1024, size=(40, 8))
+    lead = rng.uniform(12, 40, size=(40, 8, 1)) if guidance == 0 else rng.uniform(3, 14, size=(40, 8, 1))
+    np.put_along_axis(cond, best[..., None], lead.astype(np.float32), -1)
+    cond, uncond = cond.transpose(1, 0, 2), uncond.transpose(1, 0, 2)
+
+    def lsm(x):  # float64, the sum of exp as 1 + the rest too (else float64 too keeps 1e-16)
+        d = x - x.max(-1, keepdims=True)
+        return d - np.log1p(np.where(d < 0, np.exp(d), 0).sum(-1, keepdims=True))
+
+    c64 = lsm(cond.astype(np.float64))
+    want = lsm(c64 + guidance * (c64 - lsm(uncond.astype(np.float64)))) if guidance else c64
+    want = want[..., :1024].max(-1)
+    assert want.max() < 0 and np.mean((want > -1e-3) & (want < -1e-10)) > 0.15  # many sure cells
+    for fn in (K.guided_scores, K.guided_scores_np):
+        _, _, conf = fn(cond, uncond if guidance else None, guidance, 1024)
+        assert np.all(np.abs(conf - want) <= 1e-5 * np.abs(want))
+
+
 def test_guided_scores_ties_take_the_first_index():
     cond = np.zeros((2, 3, 9), np.float32)
     cond[:, :, [2, 5]] = 4.0  # two equal best tokens per cell

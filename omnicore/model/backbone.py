@@ -331,7 +331,11 @@ def _attention_batched(pack: Packing, work: Workspace, K: int, G: int, E: int, s
     s = backend.matmul(q, k4)  # -> [K, R, Lmax*G, Lmax]
     s += key_bias  # [R, 1, Lmax] broadcast: padded keys get no weight
     inv = xp.empty(K * R * Lmax * G, dtype=xp.float32)
-    kernels.softmax_rows(s.reshape(-1, Lmax), scale, inv)  # unnormalised, inv = 1 / row sums
+    # matmul may lay s out in its inputs' order (with G = 1, q is a gather's strided result), and
+    # then reshape copies: keep the 2-D array the softmax ran on in place, not the original s
+    rows = s.reshape(-1, Lmax)
+    kernels.softmax_rows(rows, scale, inv)  # unnormalised, inv = 1 / row sums
+    s = rows.reshape(s.shape)
     backend.round_gemm_input(s, precision)
     o = backend.matmul(s, v4) * inv.reshape(K, R, Lmax * G, 1)  # -> [K, R, Lmax*G, E]
     o = o.reshape(K, R, Lmax, G, E).transpose(1, 2, 0, 3, 4).reshape(R * Lmax, K * G * E)  # -> [R*Lmax, H*E]

@@ -523,6 +523,7 @@ def swiglu(gate, up):
 
 @nb.njit(inline="always", fastmath=_FAST, error_model="numpy")
 def _log_sum_exp(row, n):
+    # its rounding shifts a whole row of cl or ul alike, which the final normalisation cancels
     mx = _row_max(row, n)
     tot = _F32(0.0)
     for j in range(n):
@@ -530,26 +531,52 @@ def _log_sum_exp(row, n):
     return mx, math.log(tot)
 
 
+@nb.njit(cache=True, fastmath={"contract", "nsz"}, error_model="numpy")
+def _shift_row(out, n, mx, lse):
+    # Its own function, compiled without reassociation: in the caller's fastmath
+    # (x - max) - lse would become x - (max + lse), and the best entry would carry max's rounding.
+    for j in range(n):
+        out[j] = (out[j] - mx) - lse
+
+
+@nb.njit(inline="always", fastmath=_FAST, error_model="numpy")
+def _log_normalise(out, n):
+    """out <- log_softmax(out) in place; returns lse, and the best entries are exactly -lse.
+    The sum of exp(x - max) is 1 + rest: as one float32 it loses rest's digits below 6e-8, and
+    near-tied confidences (near 0) differ there, so rest is summed apart and log1p taken."""
+    mx = _row_max(out, n)
+    rest = _F32(0.0)
+    ties = np.int32(0)
+    for j in range(n):
+        d = out[j] - mx
+        rest += _exp_nonpos(d) if d < _F32(0.0) else _F32(0.0)
+        # an integer count: a float one fastmath could fold back into rest
+        ties += np.int32(1) if d >= _F32(0.0) else np.int32(0)
+    lse = math.log1p(rest + _F32(ties - 1))  # maxima beyond the first add exactly 1 each
+    _shift_row(out, n, mx, lse)
+    return lse
+
+
 @nb.njit(inline="always", fastmath=_FAST, error_model="numpy")
 def _score_cell(x, y, use_uncond, guidance, mask_id, out):
     """One cell: out [V] <- guided log-probs of logits x (and y, unconditional); returns the
     first index of the maximum and the maximum (MASK excluded)."""
     v_ = x.shape[0]
-    mx, log_tot = _log_sum_exp(x, v_)
     if use_uncond:
+        mx, log_tot = _log_sum_exp(x, v_)
         my, log_tot_u = _log_sum_exp(y, v_)
         for j in range(v_):  # z = cl + g (cl - ul) with cl, ul the two log-softmaxes
             cl = (x[j] - mx) - log_tot
             ul = (y[j] - my) - log_tot_u
             out[j] = cl + guidance * (cl - ul)
-        mz, log_tot_z = _log_sum_exp(out, v_)
-        for j in range(v_):
-            out[j] = (out[j] - mz) - log_tot_z
     else:
         for j in range(v_):
-            out[j] = (x[j] - mx) - log_tot
+            out[j] = x[j]
+    lse = _log_normalise(out, v_)
+    # the maxima are exactly -lse: no pass to find the best, unless MASK was one of them
+    masked_max = out[mask_id] == -lse
     out[mask_id] = -np.inf  # MASK is never a prediction
-    best = _row_max(out, v_)
+    best = _row_max(out, v_) if masked_max else -lse
     arg = 0
     while out[arg] != best:  # first index of the maximum, as argmax
         arg += 1
@@ -570,9 +597,12 @@ _guided_scores_nb, _guided_scores_nb_par = _twice(_guided_scores_impl, fastmath=
 
 
 def log_softmax_np(x):
-    """Log-softmax over the last axis (the one used everywhere: scoring and its tests)."""
+    """Log-softmax over the last axis (the one used everywhere: scoring and its tests). As the
+    kernel: the sum of exp(x - max) as 1 + the other terms, through log1p."""
     x = x - x.max(axis=-1, keepdims=True)
-    return x - xp.log(xp.exp(x).sum(axis=-1, keepdims=True))
+    top = x >= 0
+    rest = xp.where(top, xp.float32(0), xp.exp(x)).sum(axis=-1, keepdims=True)
+    return x - xp.log1p(rest + (top.sum(axis=-1, keepdims=True) - 1).astype(x.dtype))
 
 
 def guided_scores_np(cond, uncond, guidance: float, mask_id: int):

@@ -48,7 +48,7 @@ import make_checkpoint  # noqa: E402
 import oracle_f64  # noqa: E402
 
 SEED = 2024
-NUM_CASES = 120
+NUM_CASES = 360
 OUT_NAME = "property_cases.npz"
 TEXTS = {
     "en": ["Nice to meet you, this is a quick test.", "Good evening, everyone.",

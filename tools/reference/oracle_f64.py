@@ -288,6 +288,8 @@ def main() -> None:
     ap.add_argument("--ckpt", type=Path, default=ROOT / "weights" / "tiny-random")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    ap.add_argument("--case-json", help="one case of your own instead, as JSON: name, text and any "
+                    "of language, instruct, duration, ref (e.g. a property case, to see where it turns)")
     ap.add_argument("--num-step", type=int, default=8)
     ap.add_argument("--probe-steps", help="comma-separated steps whose layers and logits are dumped "
                     "(default: first, middle, last)")
@@ -300,9 +302,13 @@ def main() -> None:
     torch.manual_seed(0)
     args.out.mkdir(parents=True, exist_ok=True)
     m64, m32 = load(args.ckpt, torch.float64), load(args.ckpt, torch.float32)
-    for name in args.cases.split(","):
+    cases = dict(CASES)
+    if args.case_json:
+        own = json.loads(args.case_json)
+        cases = {own.pop("name"): own}
+    for name in (cases if args.case_json else args.cases.split(",")):
         probes = [int(x) for x in args.probe_steps.split(",")] if args.probe_steps else None
-        arrs = generation_case(m64, m32, CASES[name], args.num_step, probes)
+        arrs = generation_case(m64, m32, cases[name], args.num_step, probes)
         np.savez(args.out / f"gen_{name}.npz", **arrs)
         same = np.array_equal(arrs["codes64"], arrs["codes32"])
         print(f"{name}: T={arrs['codes64'].shape[1]} reference f32 codes "
