@@ -14,6 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from omnicore.model import backbone as bb
@@ -152,3 +153,21 @@ def params(cfg):
     p = bb.load_params(reader, cfg)
     reader.finish()  # every tensor of the checkpoint is used
     return p
+
+
+def codebook_gaps(model, wav):
+    """omnicore's encoder codes [Q, T] of `wav`, and for each pick the gap between the nearest
+    and second-nearest codeword's distance, relative to the largest nearest distance of that
+    codebook [Q, T]: how close each code is to a tie."""
+    from omnicore.model import codec as codec_mod
+
+    params, cfg = model.codec.params, model.codec.cfg
+    fused = codec_mod.encode_features(params, wav, cfg)["fused"]
+    codes, residuals = codec_mod.quantize(params, fused, cfg, return_residuals=True)
+    enc, gaps = params.encoder, []
+    for q, r in enumerate(residuals):
+        z = r @ enc.in_w[q] + enc.in_b[q]  # [T, D] -> [T, d]
+        dist = np.sort((z * z).sum(1, keepdims=True) - 2 * (z @ enc.embed_t[q]) + enc.embed_sq[q],
+                       axis=1)  # [T, K] squared distances, nearest first
+        gaps.append((dist[:, 1] - dist[:, 0]) / np.abs(dist[:, 0]).max())
+    return codes, np.array(gaps)

@@ -44,7 +44,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import require_file
+from conftest import codebook_gaps, require_file
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "weights" / "tiny-random"
@@ -108,22 +108,6 @@ def _greedy(case: dict) -> dict:
     return dict(position_temperature=0.0, class_temperature=0.0, num_step=case["num_step"])
 
 
-def _codebook_gaps(model, wav):
-    """omnicore's codes [Q, T] of `wav` and each pick's gap between the nearest and second
-    nearest codeword's distance, relative to that codebook's largest nearest distance."""
-    from omnicore.model import codec as codec_mod
-
-    params, cfg = model.codec.params, model.codec.cfg
-    fused = codec_mod.encode_features(params, wav, cfg)["fused"]
-    codes, residuals = codec_mod.quantize(params, fused, cfg, return_residuals=True)
-    enc, gaps = params.encoder, []
-    for q, r in enumerate(residuals):
-        z = r @ enc.in_w[q] + enc.in_b[q]
-        dist = np.sort((z * z).sum(1, keepdims=True) - 2 * (z @ enc.embed_t[q]) + enc.embed_sq[q], axis=1)
-        gaps.append((dist[:, 1] - dist[:, 0]) / np.abs(dist[:, 0]).max())
-    return codes, np.array(gaps)
-
-
 def check_case(i: int, workdir: Path) -> dict:
     """Run case i and assert; returns what was compared (for the counts)."""
     from omnicore import OmniVoice, VoiceClonePrompt
@@ -146,7 +130,7 @@ def check_case(i: int, workdir: Path) -> dict:
         if differ.any():
             wav, _ = postprocess.prepare_reference_audio(str(SPEECH), True, sr=model.sampling_rate,
                                                          hop_length=model.codec.hop_length)
-            codes, gaps = _codebook_gaps(model, wav)
+            codes, gaps = codebook_gaps(model, wav)
             np.testing.assert_array_equal(codes, prompt.ref_audio_tokens)
             for t in np.nonzero(differ)[0]:
                 q = int(np.argmax(prompt.ref_audio_tokens[:, t] != p64[:, t]))

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import codebook_gaps
 from omnicore import OmniVoice, Synthesis, VoiceClonePrompt
 from omnicore.audio import postprocess
 from omnicore.text import frontend, planner
-from omnicore.model import codec as codec_mod
 from omnicore.errors import AudioError, InputError, OmniCoreError, VoicePromptError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,20 +115,6 @@ def test_duration_is_honoured_for_chunked_text(model):
     assert 0 <= inp["duration"] * model.frame_rate - r.codes.shape[1] <= len(texts)
 
 
-def _tie_gaps(model, wav):
-    """Codes [Q, T] of `wav`, and for each pick the gap between the nearest and second-nearest
-    codeword's distance, relative to the largest nearest distance of that codebook [Q, T]."""
-    params, cfg = model.codec.params, model.codec.cfg
-    fused = codec_mod.encode_features(params, wav, cfg)["fused"]
-    codes, residuals = codec_mod.quantize(params, fused, cfg, return_residuals=True)
-    enc, gaps = params.encoder, []
-    for q, r in enumerate(residuals):
-        z = r @ enc.in_w[q] + enc.in_b[q]
-        dist = np.sort((z * z).sum(1, keepdims=True) - 2 * (z @ enc.embed_t[q]) + enc.embed_sq[q], axis=1)
-        gaps.append((dist[:, 1] - dist[:, 0]) / np.abs(dist[:, 0]).max())
-    return codes, np.array(gaps)
-
-
 @pytest.mark.parametrize("name", ["clone_prompt", "clone_prompt_16k_stereo"])
 def test_voice_clone_prompt_matches_reference(model, name):
     z, inp, _ = _case(name)
@@ -144,7 +130,7 @@ def test_voice_clone_prompt_matches_reference(model, name):
     # (clone_prompt has one such pick, 5e-6 from a tie; clone_prompt_16k_stereo none.)
     wav, _ = postprocess.prepare_reference_audio(inp["ref_audio"], inp.get("preprocess_prompt", True),
                                            sr=model.sampling_rate, hop_length=model.codec.hop_length)
-    codes, gaps = _tie_gaps(model, wav)
+    codes, gaps = codebook_gaps(model, wav)
     np.testing.assert_array_equal(codes, p.ref_audio_tokens)  # the gaps are of these very picks
     for t in np.nonzero((p.ref_audio_tokens != want).any(axis=0))[0]:
         q = int(np.argmax(p.ref_audio_tokens[:, t] != want[:, t]))
