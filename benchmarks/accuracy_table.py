@@ -92,7 +92,7 @@ def _count_selection(pool, conf, conf64, tokens_in, step, mask_id):
 def omnicore_errors(oracle: Path, ckpt: Path, cases) -> dict:
     """Errors of omnicore on the current backend against float64 (pooled over cases)."""
     from omnicore import OmniVoice
-    from omnicore.model import backbone as bb, codec as codec_mod, hubert, kernels
+    from omnicore.model import backbone as bb, codec as codec_mod, hubert, scoring_kernels
     from omnicore.model.backend import to_numpy
     from omnicore.model.resample import resample
 
@@ -115,7 +115,7 @@ def omnicore_errors(oracle: Path, ckpt: Path, cases) -> dict:
             ids = np.concatenate([ids, ids[:, -T:]], axis=1)  # [C, S + T]: cond row, uncond row
             work = bb.make_workspace(cfg, pack)
             c, u = bb.forward_rows(params, cfg, ids, audio_mask, pack, [T, T], work=work)
-            lp, pred, conf = kernels.guided_scores(c, u, guidance, mask_id)
+            lp, pred, conf = scoring_kernels.guided_scores(c, u, guidance, mask_id)
             lp, pred, conf = to_numpy(lp), to_numpy(pred), to_numpy(conf)
             lp64 = z["x64_lp"][step]
             pool.add("log-probs", _finite_lp(lp, mask_id), _finite_lp(lp64, mask_id))

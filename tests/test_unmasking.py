@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omnicore.model import backbone as bb
-from omnicore.model import kernels
+from omnicore.model import scoring_kernels
 from omnicore.model import unmasking as um
 from omnicore.model.config import GenerationConfig
 from omnicore.errors import InputError
@@ -20,7 +20,7 @@ from omnicore.model.tokenizer import PreparedItem, load_tokenizer, prepare_item
 def guided_log_probs(cond_logits, uncond_logits, guidance_scale: float, mask_id: int):
     """Per-cell log-probabilities after guidance, MASK excluded: [C, T, V] -> [C, T, V] (the
     scores the fused scoring kernel fills cells from)."""
-    return kernels.guided_scores(cond_logits, uncond_logits, guidance_scale, mask_id)[0]
+    return scoring_kernels.guided_scores(cond_logits, uncond_logits, guidance_scale, mask_id)[0]
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "weights" / "tiny-random"

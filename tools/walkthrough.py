@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))  # the checkout's omnicore, the one the page descr
 from omnicore import OmniVoice  # noqa: E402
 from omnicore.audio import postprocess  # noqa: E402
 from omnicore.audio.writers import write_atomic  # noqa: E402
-from omnicore.model import backbone, codec, kernels, unmasking  # noqa: E402
+from omnicore.model import backbone, codec, kernels, scoring_kernels, unmasking  # noqa: E402
 from omnicore.model import tokenizer as tok_mod  # noqa: E402
 from omnicore.model.backend import IS_NUMPY  # noqa: E402
 from omnicore.model.config import GenerationConfig  # noqa: E402
@@ -188,9 +188,9 @@ unconditional one. For codebook 0, frame 0, the first four logits are
 {cond_head} (conditional) and
 {uncond_head} (unconditional).
 
-[`kernels.guided_scores`](../omnicore/model/kernels.py) (what
+[`scoring_kernels.guided_scores`](../omnicore/model/scoring_kernels.py) (what
 [`unmasking.iterate`](../omnicore/model/unmasking.py) runs for all passes of a step at once, as
-`kernels.packed_scores`) takes log-softmaxes c and u of the two and
+`scoring_kernels.packed_scores`) takes log-softmaxes c and u of the two and
 scores every cell by log_softmax(c + {guidance}·(c − u)), with MASK ruled out
 (its score is {lp_mask}): lp **{lp_shape}**. Cell (0, 0): lp starts
 {lp_head}; its best token is {tok00} with log-probability {conf00} (the conditional logits
@@ -435,7 +435,7 @@ def stage_step_one(m: OmniVoice, item, ids, audio_mask, pack, v: dict) -> dict:
     C, T, mask = cfg.num_audio_codebook, item.num_target, cfg.audio_mask_id
     cond, uncond = (np.array(x) for x in
                     backbone.forward_rows(m.params, cfg, ids, audio_mask, pack, [T, T]))  # [C, T, V] each
-    lp, tokens, confidence = kernels.guided_scores(cond, uncond, GEN.guidance_scale, mask)
+    lp, tokens, confidence = scoring_kernels.guided_scores(cond, uncond, GEN.guidance_scale, mask)
     plain = unmasking.log_softmax(cond)  # without guidance
     schedule = unmasking.unmask_schedule(C * T, GEN.num_step, GEN.t_shift)
     chosen = unmasking.choose_cells(confidence, np.zeros((C, T), bool), schedule[0], GEN, None)

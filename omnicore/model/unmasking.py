@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import InputError
-from . import kernels
+from . import scoring_kernels
 from .backbone import BackboneParams, check_pass_memory, forward_rows, make_packing, make_workspace
 from .backend import to_device, to_numpy, xp
 from .config import GenerationConfig, OmniVoiceConfig, validate_sampling, validate_seed
@@ -83,7 +83,7 @@ def unmask_schedule(num_cells: int, num_step: int, t_shift: float) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 
-log_softmax = kernels.log_softmax_np  # the twin the fused scoring kernel is tested against
+log_softmax = scoring_kernels.log_softmax_np  # the twin the fused scoring kernel is tested against
 
 
 def gumbel_noise(rng: np.random.Generator, shape) -> np.ndarray:
@@ -230,7 +230,7 @@ class _Packed:
         for s in states:
             uncond_row.append(u if s.use_uncond else -1)
             u += s.T if s.use_uncond else 0
-        self.plan = kernels.ScorePlan(
+        self.plan = scoring_kernels.ScorePlan(
             Ts, cond_row, uncond_row,
             [starts[s.serial, 0] + s.rows[0][0].shape[1] - s.T for s in states],
             [starts[s.serial, 1] if s.use_uncond else -1 for s in states],
@@ -322,22 +322,24 @@ def iterate(params: BackboneParams, cfg: OmniVoiceConfig, states: Sequence[PassS
     ks = [s.schedule[s.step] for s in states]
     noise, class_noise = _step_noise(cfg, states, ks, packed)
     plan = packed.plan
-    pred, conf = kernels.packed_scores(logits.transpose(1, 0, 2), plan, cfg.audio_mask_id)  # [n, C, V] -> [cells]
+    pred, conf = scoring_kernels.packed_scores(logits.transpose(1, 0, 2), plan,
+                                               cfg.audio_mask_id)  # [n, C, V] -> [cells]
     for b, (s, k, cn) in enumerate(zip(states, ks, class_noise)):
         if cn is None:
             continue
         # class sampling: this pass's log-probabilities alone (the memory of one pass)
         r, u, off = (int(v) for v in (plan.host["cond_row"][b], plan.host["uncond_row"][b],
                                       plan.host["cell_off"][b]))
-        lp, _, _ = kernels.guided_scores(logits[:, r:r + s.T], logits[:, u:u + s.T] if u >= 0 else None,
-                                         s.gen.guidance_scale, cfg.audio_mask_id)
+        lp, _, _ = scoring_kernels.guided_scores(
+            logits[:, r:r + s.T], logits[:, u:u + s.T] if u >= 0 else None,
+            s.gen.guidance_scale, cfg.audio_mask_id)
         tokens, _ = predict_tokens(lp, s.gen.class_temperature, s.rng, cn)
         pred[off:off + tokens.size] = tokens.reshape(-1)
         del lp
     step = xp.minimum(packed.step, packed.schedule.shape[1] - 1)
     k = xp.take_along_axis(packed.schedule, step[:, None], axis=1)[:, 0]  # [B]
-    kernels.pick_fill(pred, conf, noise, k, packed.step, plan, cfg.audio_mask_id,
-                      packed.tokens, packed.fill, packed.ids)
+    scoring_kernels.pick_fill(pred, conf, noise, k, packed.step, plan, cfg.audio_mask_id,
+                              packed.tokens, packed.fill, packed.ids)
     packed.step += 1
     for s in states:
         s.step += 1
