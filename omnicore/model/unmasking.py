@@ -255,6 +255,7 @@ class PackCache:
         self.mask_key: tuple[int, ...] | None = None
         self.audio_mask = None
         self.packed: _Packed | None = None
+        self.packed_key: tuple[int, ...] | None = None
 
     def get(self, cfg: OmniVoiceConfig, rows, serials: tuple[int, ...]):
         key = tuple(ids.shape[1] for ids, _ in rows)
@@ -270,8 +271,8 @@ class PackCache:
 
     def packed_state(self, cfg: OmniVoiceConfig, states: Sequence["PassState"]) -> _Packed:
         serials = tuple(s.serial for s in states)
-        if self.packed is None or self.packed_key != serials:
-            self.packed = None
+        if self.packed_key != serials:
+            self.packed = None  # let the old buffers go before the new ones are allocated
             self.packed = _Packed(cfg, states)
             self.packed_key = serials
         return self.packed
