@@ -52,6 +52,12 @@ def shutting_down() -> HTTPError:
                      "server_shutting_down", {"Retry-After": "5"})
 
 
+def warming_up() -> HTTPError:
+    """What a request is told while the server compiles its kernels at start-up."""
+    return HTTPError(503, "the server is warming up (compiling its kernels, once per machine); "
+                          "retry shortly", None, "server_warming_up", {"Retry-After": "5"})
+
+
 def as_http(exc: BaseException) -> HTTPError:
     """Any failure of a route as what the client is told: omnicore's errors by kind (a client
     that left is a 499), Starlette's own refusals (e.g. a multipart body over its limits) by
