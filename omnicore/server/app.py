@@ -12,6 +12,7 @@ Dimensions: N samples of mono float32 audio at SAMPLE_RATE.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import json
@@ -30,7 +31,7 @@ from ..model.config import SAMPLE_RATE, GenerationConfig, validate_seed
 from ..text import frontend
 from .formats import FORMATS, encode_audio, encoded
 from .library import VoiceLibrary
-from .protocol import (MAX_UPLOAD_BYTES, HTTPError, as_http, blame, body_field, check_fields,
+from .protocol import (CUT, MAX_UPLOAD_BYTES, HTTPError, as_http, blame, body_field, check_fields,
                        checked, concerning, error_body, forget, parse_speech, read_json,
                        read_object, shutting_down, synth_kwargs, timings_header)
 from .state import ServerState, Slot, client_gone
@@ -45,11 +46,12 @@ def error_response(e: HTTPError) -> JSONResponse:
     return JSONResponse(error_body(e.status, e.message, e.param, e.code), e.status, e.headers)
 
 
-def route(name: str, needs_auth=True, probe: bool = False):
+def route(name: str, needs_auth=True, probe: bool = False, query: tuple = ()):
     """A handler with what every route shares: the API key (when `needs_auth`, or when
     `needs_auth(server)` says so), a 503 while the server drains unless it is a `probe` (/,
-    /health, /metrics answer to the end), every failure as an OpenAI-shaped JSON error (never a
-    traceback, and nothing it held kept alive), the request counted by route and status."""
+    /health, /metrics answer to the end), no query parameter but those in `query`, every
+    failure as an OpenAI-shaped JSON error (never a traceback, and nothing it held kept alive),
+    the request counted by route and status."""
     def wrap(fn):
         @functools.wraps(fn)
         async def handler(request: Request):
@@ -60,6 +62,7 @@ def route(name: str, needs_auth=True, probe: bool = False):
                     check_key(server, request.headers.get("authorization"))
                 if server.draining and not probe:
                     raise shutting_down()
+                check_fields(request.query_params, query, "the query")
                 resp = await fn(request)
             except Exception as exc:  # noqa: BLE001 - every failure becomes JSON
                 resp = error_response(as_http(exc))
@@ -99,7 +102,8 @@ async def speech(request: Request):
                 return await speak_whole(server, slot, req, kw, t0, queued)
             # Streams: the model starts here (argument errors are a 400 before any byte leaves).
             stream = await server.in_thread(lambda: server.model.stream(req["input"], **kw))
-        response = stream_response(server, slot, req, stream, t0, queued)
+        cut = request.scope.get("extensions", {}).get(CUT)
+        response = stream_response(server, slot, req, stream, t0, queued, cut)
         slot.hand_over()  # from here the stream's body gives the slot back when it ends
         return response
 
@@ -127,24 +131,31 @@ async def speak_whole(server: ServerState, slot: Slot, req: dict, kw: dict, t0: 
     return Response(data, 200, headers, media_type=FORMATS[req["format"]][2])
 
 
-def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: float, queued: float):
+def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: float, queued: float,
+                    cut=None):
     """The stream's body in the response format: wav, pcm and opus leave piece by piece (wav
     with a header of unknown sizes first); mp3 and flac are encoded once, at the end (see
-    OpusStream). SSE carries the same bytes, base64, per event. The body releases `slot`."""
+    OpusStream). SSE carries the same bytes, base64, per event. The body releases `slot`.
+    A raw stream the server stops can only be cut: `cut()` drops its connection (without it,
+    the body fails, and the server closes the connection)."""
+    raw_cut = cut if req["stream_format"] != "sse" else None
     fmt = req["format"]
     state = {"ttfb": None, "audio_s": 0.0, "ended": False, "finished": False}
 
     async def finish():
         """Once, whether the body ran to its end, stopped early or never started (a client
         gone before the first byte: then only the response's background task runs): count
-        a stream cut short, stop its passes, free its slot."""
+        a stream cut short, stop its passes, and free its slot once they have left the engine
+        (a stream's close returns then), so a freed slot never sits beside a cut client's
+        passes."""
         if state["finished"]:
             return
         state["finished"] = True
         if not state["ended"]:
             server.m_cancelled.inc()
-        server.pool.submit(stream.close)  # not awaited: a cancelled task cannot await
-        slot.release()
+        loop = asyncio.get_running_loop()
+        closed = server.pool.submit(stream.close)  # not awaited: a cancelled task cannot await
+        closed.add_done_callback(lambda _: loop.call_soon_threadsafe(slot.release))
 
     async def pieces():
         """float32 pieces [N] from the SpeechStream, read in a worker thread; a stream the
@@ -152,6 +163,8 @@ def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: floa
         while True:
             x = await server.in_thread(next, stream, None)
             if slot.stopping:
+                if raw_cut is not None:
+                    return  # already cut: nothing written now reaches the client
                 raise shutting_down()
             if x is None:
                 state["ended"] = True
@@ -188,7 +201,11 @@ def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: floa
         finally:
             await finish()
 
-    slot.on_stop(lambda: server.pool.submit(stream.close))  # wakes the body's next()
+    def stop():
+        server.pool.submit(stream.close)  # wakes the body's next()
+        if raw_cut is not None:
+            raw_cut()
+    slot.on_stop(stop)
     headers = {"X-Omnicore-Timings": timings_header(
         {"queue": queued, "start": time.perf_counter() - t0})}
     if req["stream_format"] == "sse":
@@ -443,13 +460,12 @@ async def consents_create(request: Request):
                                                data, ext))
 
 
-@route("voice_consents")
+@route("voice_consents", query=("limit", "after"))
 async def consents_list(request: Request):
     """GET /v1/audio/voice_consents: oldest first, `limit` (1-100, default 20) after the id
     `after` (OpenAI's cursor page)."""
     server: ServerState = request.app.state.server
     query = request.query_params
-    check_fields(query, ("limit", "after"), "the query")
     limit = query.get("limit", "20")
     if not limit.isdigit() or not 1 <= int(limit) <= 100:
         raise HTTPError(400, f"limit must lie in [1, 100], got {limit!r}", "limit",

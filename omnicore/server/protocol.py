@@ -35,6 +35,9 @@ GEN_FIELDS = {f.name: _JSON_TYPES[f.type] for f in fields(GenerationConfig)}
 SPEECH_FIELDS = ("model", "input", "voice", "instructions", "response_format", "speed",
                  "stream_format", "language", "seed", "duration", "normalize_text", *GEN_FIELDS)
 OPENAI_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")  # what OpenAI's API offers
+# The ASGI scope extension the server's runtime gives each request: a function that drops its
+# connection at once (runtime.py).
+CUT = "omnicore.cut"
 
 
 # Speech speeds OpenAI's API takes (the model itself takes any speed > 0).
@@ -125,8 +128,9 @@ def check_fields(body: dict, known, what: str = "the request body") -> None:
     setting that was applied)."""
     for key in body:
         if key not in known:
-            raise HTTPError(400, f"unknown field {key!r} in {what}; the fields are "
-                                 f"{', '.join(known)}", str(key), "unknown_parameter")
+            fields = f"the fields are {', '.join(known)}" if known else "it takes none"
+            raise HTTPError(400, f"unknown field {key!r} in {what}; {fields}", str(key),
+                            "unknown_parameter")
 
 
 def forget(exc: BaseException) -> None:
