@@ -135,7 +135,8 @@ done
 if [ "$(cat "$ROOT/.stage-venv" 2>/dev/null)" != "${pins[*]}" ]; then
   log "PyPI aarch64 wheels into /opt/venv: ${pins[*]}"
   inside "$FIRST_CPU" sh -c '[ -x /opt/venv/bin/python ] || python3 -m venv /opt/venv'
-  inside "$FIRST_CPU" python -m pip install -q --only-binary=:all: "${pins[@]}"
+  # --no-compile: under emulation byte-compiling every module costs more than compiling the few imported ones
+  inside "$FIRST_CPU" python -m pip install -q --no-compile --only-binary=:all: "${pins[@]}"
   echo "${pins[*]}" > "$ROOT/.stage-venv"
 fi
 
