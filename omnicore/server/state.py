@@ -283,9 +283,12 @@ class ServerState:
         return hmac.compare_digest(got, want) and scheme.lower() == "bearer"
 
     def load(self) -> dict:
-        """Requests in flight and queued, and the engine's own view (Engine.load)."""
-        ld = self.engine.load()
+        """Requests in flight and queued, and the engine's own view (Engine.load). The slots
+        are read first: a stream's passes leave the engine before its slot comes back, so a
+        cut stream never shows as passes beside a free slot."""
         with self._lock:
-            in_flight, queued = self._in_flight, self._slot_waiting + ld.waiting_requests
+            in_flight, slot_waiting = self._in_flight, self._slot_waiting
+        ld = self.engine.load()
+        queued = slot_waiting + ld.waiting_requests
         return {"in_flight": in_flight, "queued": queued,
                 "engine_passes": ld.active_passes + ld.waiting_passes, "engine": asdict(ld)}
