@@ -13,9 +13,12 @@ largest moment of the work together. Durations are fixed, so the text sets only 
     clone    load + a voice from the 9 s test clip (the codec's encoder half is read too)
              + 10 s in that voice
     stream   load + `stream()` of four sentences
+    say-cold `say` with an empty kernel cache: the first run on a machine, compiling its kernels
 
-The step count does not change the peak (every step has the same shapes), so `--steps` is kept
-small. Figures: docs/platforms.md and benchmarks/README.md, "Memory".
+The kernels are compiled first (`omnicore.warmup`, in a process of its own), so that every case
+but say-cold measures the model, not the compiler. The step count does not change the peak
+(every step has the same shapes), so `--steps` is kept small. Figures: docs/platforms.md and
+benchmarks/README.md, "Memory".
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = ("load", "say", "long", "clone", "stream")
+CASES = ("load", "say", "long", "clone", "stream", "say-cold")
 TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs across the field to the "
         "river, where it stops to drink.")
 LONG = " ".join([TEXT] * 6)
@@ -43,7 +47,7 @@ def _child(model_dir: str, case: str, steps: int) -> dict:
     t0 = time.perf_counter()
     model = OmniVoice.from_pretrained(model_dir)
     kw = dict(language="en", num_step=steps, seed=0)
-    if case == "say":
+    if case in ("say", "say-cold"):
         model.generate(TEXT, duration=10, **kw)
     elif case == "long":
         model.generate(LONG, duration=60, **kw)
@@ -54,6 +58,10 @@ def _child(model_dir: str, case: str, steps: int) -> dict:
     elif case == "stream":
         for _ in model.stream(" ".join([TEXT] * 4), **kw):
             pass
+    elif case == "warm-up":
+        from omnicore.warmup import warm_up
+
+        warm_up(model)
     return {"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "seconds": time.perf_counter() - t0}
 
@@ -70,12 +78,22 @@ def main() -> None:
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     print("| case | peak RSS | time |\n|---|---:|---:|", flush=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for case in args.cases:
+
+    def child(case: str, extra_env=None) -> dict:
         done = subprocess.run([sys.executable, __file__, "--child", args.model, case,
-                               str(args.steps)], capture_output=True, text=True, env=env, cwd=ROOT)
+                               str(args.steps)], capture_output=True, text=True,
+                              env={**env, **(extra_env or {})}, cwd=ROOT)
         if done.returncode != 0:
             raise SystemExit(f"{case} failed:\n{done.stderr[-3000:]}")
-        res = json.loads(done.stdout.strip().splitlines()[-1])
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    child("warm-up")
+    for case in args.cases:
+        if case == "say-cold":
+            with tempfile.TemporaryDirectory(prefix="numba-cold-") as cache:
+                res = child(case, {"NUMBA_CACHE_DIR": cache})
+        else:
+            res = child(case)
         print(f"| {case} | {res['rss_mb']:,.0f} MB | {res['seconds']:.0f} s |", flush=True)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
