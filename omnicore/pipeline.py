@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import streaming
+from . import settings, streaming
 from .audio import postprocess
 from .audio.loading import load_audio
 from .engine import Engine, PassSpec
@@ -72,7 +72,9 @@ class OmniVoice:
 
         precision: what the backbone's GEMMs take as inputs: "fp32" (exact, the default),
         "tf32", "bf16" or "fp16" (inputs rounded to that format, float32 accumulation, norms,
-        softmax and scoring in float32; docs/configuration.md). ConfigError for another value."""
+        softmax and scoring in float32; docs/configuration.md). ConfigError for another value.
+        The process's runtime settings (backend, threads) are read first (settings.configure)."""
+        settings.configure()
         check_precision(precision)
         model_dir = resolve_model_dir(name_or_path)
         cfg = OmniVoiceConfig.from_file(model_dir / "config.json")
@@ -261,6 +263,7 @@ class Codec:
     """
 
     def __init__(self, codec_dir: Path):
+        settings.configure()
         self.dir = Path(codec_dir)
         self.cfg, self.params = codec_mod.load_codec(self.dir, encoder=False)
         self.sampling_rate = self.cfg.sample_rate

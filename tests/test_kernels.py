@@ -1,13 +1,12 @@
-"""The shared kernel machinery and the backbone and scoring kernels: each Numba kernel, serial and
-parallel, agrees with its plain-array twin and a float64 definition (the codec's kernels:
-test_conv_kernels.py)."""
+"""The backbone and scoring kernels: each Numba kernel, serial and parallel, agrees with its
+plain-array twin and a float64 definition (the codec's kernels: test_conv_kernels.py; the shared
+machinery: test_jit.py)."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnicore.model import conv_kernels as CK
 from omnicore.model import kernels as K
 from omnicore.model import scoring_kernels as SK
 
@@ -33,24 +32,6 @@ F32_TINY = np.finfo(np.float32).tiny
 def _rms_f64(x, w, eps=1e-6):
     x = x.astype(np.float64)
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
-
-
-def test_exp_polynomial_within_one_ulp_and_flushes_subnormals():
-    x = np.concatenate([-np.geomspace(1e-8, 110, 20000), [0.0, -87.3, -87.34, -103.0, -np.inf]]).astype(np.float32)
-    got = np.array([K._exp_nonpos(v) for v in x], np.float32)
-    want = np.exp(x.astype(np.float64))
-    normal = want >= F32_TINY
-    assert np.all(np.abs(got[normal] - want[normal]) <= 1.5 * np.spacing(want[normal].astype(np.float32)))
-    # where the exact result is subnormal the kernel gives 0 (never a subnormal)
-    assert np.all((got[~normal] == 0) | (got[~normal] >= F32_TINY))
-    assert got[x == -np.inf][0] == 0 and got[x == 0][0] == 1
-
-
-def test_parallel_twins_have_their_own_cache_entries():
-    # Numba caches by function name: the parallel twin must be a separately named function
-    for ser, par in ((K._softmax_nb, K._softmax_nb_par), (CK._snake_nb, CK._snake_nb_par)):
-        assert par.py_func.__qualname__ == ser.py_func.__qualname__ + "_par"
-        assert par.targetoptions.get("parallel") and not ser.targetoptions.get("parallel")
 
 
 @SETTINGS
@@ -323,25 +304,6 @@ def test_pick_fill_twins_agree_with_choosing_cells_pass_by_pass(Ts, data, seed):
         if guided[b]:
             uc = plan.host["uncond_col"][b]
             np.testing.assert_array_equal(ids[:, uc:uc + T], ids[:, col:col + T])
-
-
-@pytest.mark.parametrize("module", ["kernels", "conv_kernels"])  # whichever kernel module loads first
-def test_omnicore_num_threads_sizes_the_pools(module):
-    import os
-    import subprocess
-    import sys
-
-    code = (f"from omnicore.model import {module}; import threading, numba; "
-            "out = [numba.get_num_threads()]; "
-            "t = threading.Thread(target=lambda: out.append(numba.get_num_threads())); t.start(); t.join(); "
-            "print(numba.config.NUMBA_NUM_THREADS, *out)")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, OMNICORE_NUM_THREADS="1", PYTHONPATH=root)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["1", "1", "1"]  # the pool, this thread and any other thread
-    env["OMNICORE_NUM_THREADS"] = "two"
-    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert bad.returncode != 0 and "OMNICORE_NUM_THREADS" in bad.stderr and "ConfigError" in bad.stderr
 
 
 @SETTINGS

@@ -36,9 +36,8 @@ sys.path.insert(0, str(ROOT))  # the checkout's omnicore, the one the page descr
 from omnicore import OmniVoice  # noqa: E402
 from omnicore.audio import postprocess  # noqa: E402
 from omnicore.audio.writers import write_atomic  # noqa: E402
-from omnicore.model import backbone, codec, kernels, scoring_kernels, unmasking  # noqa: E402
+from omnicore.model import backbone, backend, codec, kernels, scoring_kernels, unmasking  # noqa: E402
 from omnicore.model import tokenizer as tok_mod  # noqa: E402
-from omnicore.model.backend import IS_NUMPY  # noqa: E402
 from omnicore.model.config import GenerationConfig  # noqa: E402
 from omnicore.text import frontend, planner  # noqa: E402
 
@@ -522,9 +521,9 @@ def stage_clone(m: OmniVoice, wav: np.ndarray, v: dict) -> None:
 
 def render() -> str:
     """Run every stage on the tiny checkpoint and return the page."""
-    if not IS_NUMPY:
-        raise SystemExit("the walkthrough reads the numpy backend's workspace: unset OMNICORE_BACKEND")
     m = OmniVoice.from_pretrained(str(CHECKPOINT))
+    if backend.name() != "numpy":
+        raise SystemExit("the walkthrough reads the numpy backend's workspace: unset OMNICORE_BACKEND")
     v: dict = {}
     stage_dims(m, v)
     item = stage_text(m, v)

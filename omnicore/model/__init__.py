@@ -10,10 +10,14 @@ Read it top-down, in this order:
     hubert.py      the codec encoder's semantic branch
     resample.py    the band-limited resampler both ends of the codec rely on
     kernels.py     the Numba loops between the backbone's GEMMs, each beside its numpy twin
+    scoring_kernels.py  the unmasking loop's scoring: guided log-softmax, pick and fill
     conv_kernels.py  the codec's convolutions as GEMMs, and its Numba loops (Snake, GELU, ...)
-    backend.py     the one numpy/CuPy switch (`xp`); strictxp.py checks device-path code on the CPU
+    jit.py         the kernels' shared machinery: Numba on demand, one implementation per kernel
+    backend.py     the one numpy/CuPy switch (`xp`)
 
 docs/walkthrough.md follows one sentence through these stages with real shapes and values.
 Nothing here imports the product around it (engine, API, streaming, server, CLI, ...); the
-shared vocabulary is `omnicore.errors`.
+shared vocabulary is `omnicore.errors`. Nothing here reads a setting when it is imported: the
+configuration step (`omnicore.settings.configure`) hands the backend and threads to `backend`
+and `jit` before the first kernel.
 """

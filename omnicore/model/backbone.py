@@ -36,8 +36,8 @@ from typing import Sequence
 
 import numpy as np
 
-from . import backend, kernels
-from .backend import IS_NUMPY, to_device, to_numpy, xp
+from . import backend, jit, kernels
+from .backend import to_device, to_numpy, xp
 from ..errors import InputError, WeightsError
 from .config import FRAME_RATE, OmniVoiceConfig
 
@@ -292,33 +292,12 @@ def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Wor
                          q_cfg.rms_norm_eps, work.qg)  # q -> qg [K, N, G*E]; k in place
     for t in (work.qg, work.k, work.v):
         rnd(t, precision)
-    scale = E ** -0.5
-    if not IS_NUMPY:
-        return _attention_batched(pack, work, K, G, E, scale, precision)
-    for start, L in zip(pack.starts, pack.lengths):
-        rows, lg = slice(start, start + L), L * G
-        # Query head h = kv * G + g reads key/value head kv (the reference's repeat_kv order):
-        # per kv head, its G heads' queries of every position form one [L*G, E] matrix, and K/V
-        # are read in place. One batched call runs the K GEMMs of each kind.
-        q3 = work.qg[:, rows].reshape(K, lg, E)  # [K, L, G*E] -> [K, L*G, E] (view)
-        k3 = work.k[rows].reshape(L, K, E).transpose(1, 2, 0)  # [L, K*E] -> [K, E, L] (view)
-        v3 = work.v[rows].reshape(L, K, E).transpose(1, 0, 2)  # [L, K*E] -> [K, L, E] (view)
-        s = work.scores[:K * lg * L].reshape(K, lg, L)
-        backend.matmul(q3, k3, out=s)  # [K, L*G, E] @ [K, E, L] -> [K, L*G, L]
-        # No causal mask: every frame attends to the whole row, future included. The
-        # weights stay unnormalised; the [L*G, E] output rows are scaled instead.
-        inv = work.inv_sums[:K * lg]
-        kernels.softmax_rows(s.reshape(K * lg, L), scale, inv)
-        rnd(s, precision)
-        o = work.heads_out[:K * lg * E].reshape(K, lg, E)
-        backend.matmul(s, v3, out=o)  # [K, L*G, L] @ [K, L, E] -> [K, L*G, E]
-        kernels.scale_heads_into(o, inv, work.attn[rows])  # -> [L, H*E], heads in order
-    return work.attn
+    return _attend(pack, work, K, G, E, E ** -0.5, precision)
 
 
-def _attention_batched(pack: Packing, work: Workspace, K: int, G: int, E: int, scale: float,
-                       precision: str = "fp32"):
-    """`attention`'s per-row loop as one padded batch (the device path: a loop over rows would
+def _attend_padded(pack: Packing, work: Workspace, K: int, G: int, E: int, scale: float,
+                   precision: str = "fp32"):
+    """`_attend`'s per-row loop as one padded batch (the device path: a loop over rows would
     launch a dozen small kernels per row and layer). Keys past a row's end get -inf scores,
     so every real query sees exactly its own row, as in the loop; the results differ from the
     loop's only by the rounding of GEMMs of another shape."""
@@ -340,6 +319,33 @@ def _attention_batched(pack: Packing, work: Workspace, K: int, G: int, E: int, s
     o = backend.matmul(s, v4) * inv.reshape(K, R, Lmax * G, 1)  # -> [K, R, Lmax*G, E]
     o = o.reshape(K, R, Lmax, G, E).transpose(1, 2, 0, 3, 4).reshape(R * Lmax, K * G * E)  # -> [R*Lmax, H*E]
     work.attn[...] = o[scatter]  # back to the packed order, heads h = kv*G + g
+    return work.attn
+
+
+@jit.kernel(twin=_attend_padded)
+def _attend(pack: Packing, work: Workspace, K: int, G: int, E: int, scale: float,
+            precision: str = "fp32"):
+    """Attention of the rotated queries work.qg over keys work.k and values work.v, row by row
+    -> work.attn [N, H*E]. (On a device: `_attend_padded`, the rows as one padded batch.)"""
+    rnd = backend.round_gemm_input
+    for start, L in zip(pack.starts, pack.lengths):
+        rows, lg = slice(start, start + L), L * G
+        # Query head h = kv * G + g reads key/value head kv (the reference's repeat_kv order):
+        # per kv head, its G heads' queries of every position form one [L*G, E] matrix, and K/V
+        # are read in place. One batched call runs the K GEMMs of each kind.
+        q3 = work.qg[:, rows].reshape(K, lg, E)  # [K, L, G*E] -> [K, L*G, E] (view)
+        k3 = work.k[rows].reshape(L, K, E).transpose(1, 2, 0)  # [L, K*E] -> [K, E, L] (view)
+        v3 = work.v[rows].reshape(L, K, E).transpose(1, 0, 2)  # [L, K*E] -> [K, L, E] (view)
+        s = work.scores[:K * lg * L].reshape(K, lg, L)
+        backend.matmul(q3, k3, out=s)  # [K, L*G, E] @ [K, E, L] -> [K, L*G, L]
+        # No causal mask: every frame attends to the whole row, future included. The
+        # weights stay unnormalised; the [L*G, E] output rows are scaled instead.
+        inv = work.inv_sums[:K * lg]
+        kernels.softmax_rows(s.reshape(K * lg, L), scale, inv)
+        rnd(s, precision)
+        o = work.heads_out[:K * lg * E].reshape(K, lg, E)
+        backend.matmul(s, v3, out=o)  # [K, L*G, L] @ [K, L, E] -> [K, L*G, E]
+        kernels.scale_heads_into(o, inv, work.attn[rows])  # -> [L, H*E], heads in order
     return work.attn
 
 
