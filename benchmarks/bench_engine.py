@@ -139,7 +139,7 @@ class IterationLog:
         the idle wait): GFLOP, median forward and iteration seconds, numpy's roofline seconds."""
         from roofline import sgemm_roofline_seconds
 
-        from omnicore.model.backbone import forward_flops
+        from omnicore.model.cost import forward_flops
 
         its = [(f, e - p) for f, p, e in zip(self.forwards[1:], self.ends, self.ends[1:])]
         shape = statistics.mode((rows, heads) for (_, rows, heads), _ in its)

@@ -419,7 +419,7 @@ def main():
     cfg = OmniVoiceConfig.from_file(ARGS.model / "config.json")
     go, gr = gens[step_case]
     from omnicore.model.codec import pad_to_hop
-    from omnicore.model.backbone import forward_flops
+    from omnicore.model.cost import forward_flops
 
     flops_o = forward_flops(cfg, go["rows"], [go["heads"]])
     flops_r = forward_flops(cfg, gr["rows"], [gr["heads"]])

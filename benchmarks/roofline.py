@@ -1,5 +1,5 @@
 """The numpy sgemm roofline of one forward pass: how long numpy's BLAS alone takes for exactly
-its GEMMs (FLOPs: omnicore.model.backbone.forward_flops). Shared by the benchmarks."""
+its GEMMs (FLOPs: omnicore.model.cost.forward_flops). Shared by the benchmarks."""
 
 from __future__ import annotations
 

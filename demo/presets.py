@@ -8,7 +8,7 @@
     planned_work(model, text, streamed=..., ...)
                                  the passes a request will run, as the pipeline plans them
                                  (`OmniVoice.synthesize`'s plan, or the stream's chunks), each as
-                                 its steps and `backbone.forward_flops` of its rows, plus the
+                                 its steps and `cost.forward_flops` of its rows, plus the
                                  frames it decodes
     estimate(rate, work)         (seconds to the first audio, seconds to all of it)
     Tracker(rate).observe(...)   the rate kept true as the load changes: each run moves it
@@ -34,7 +34,7 @@ import numpy as np
 
 from omnicore import GenerationConfig, VoiceClonePrompt
 from omnicore.errors import InputError
-from omnicore.model import backbone
+from omnicore.model import cost
 from omnicore.model.codec import decoder_receptive_field
 from omnicore.request import build_requests
 from omnicore.streaming import LATER_WINDOWS
@@ -207,7 +207,7 @@ def planned_work(model, text: str, *, streamed: bool, rule=None, ref_audio=None,
     cfg = model.config
     forwards = tuple(
         (specs[g[0]].gen.num_step,
-         backbone.forward_flops(cfg, [n for i in g for n in rows[i]],
+         cost.forward_flops(cfg, [n for i in g for n in rows[i]],
                                 [specs[i].frames for i in g for _ in rows[i]]))
         for g in groups)
     if streamed:

@@ -54,14 +54,14 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from .errors import CancelledError, InputError
-from .model import backbone, tokenizer as tok_mod, unmasking
+from .model import cost, tokenizer as tok_mod, unmasking
 from .model.config import GenerationConfig, validate_sampling
 
 __all__ = ["PassSpec", "Request", "Engine", "EngineLoad", "default_token_budget", "pass_seed",
            "schedule"]
 
 IDLE_EXIT_S = 10.0  # the worker thread ends after this long without work
-# Costs are backbone.forward_flops of a request's rows. Requests costing up to SIMILAR_COST times the
+# Costs are cost.forward_flops of a request's rows. Requests costing up to SIMILAR_COST times the
 # least-work request per iteration share its forwards (packing similar work is cheap per row).
 SIMILAR_COST = 2.0
 # A request sitting out runs once the others have run HOLD x its own per-iteration cost, so it
@@ -140,10 +140,10 @@ def schedule(costs: Sequence[float], work: Sequence[float], held: Sequence[float
 
 
 def default_token_budget(cfg) -> int:
-    """Packed tokens per iteration whose working memory stays within backbone.MAX_PASS_BYTES (the
-    bound every single pass is held to), from the model's per-token cost in backbone.forward_bytes."""
-    per_token = backbone.forward_bytes(cfg, [2], [0]) - backbone.forward_bytes(cfg, [1], [0])
-    return max(1, backbone.MAX_PASS_BYTES // per_token)
+    """Packed tokens per iteration whose working memory stays within cost.MAX_PASS_BYTES (the
+    bound every single pass is held to), from the model's per-token cost in cost.forward_bytes."""
+    per_token = cost.forward_bytes(cfg, [2], [0]) - cost.forward_bytes(cfg, [1], [0])
+    return max(1, cost.MAX_PASS_BYTES // per_token)
 
 
 class Request:
@@ -237,7 +237,7 @@ class _Pass:
         self.spec = request.specs[index]
         self.prepared: tok_mod.PreparedItem | None = None
         self.state: unmasking.PassState | None = None
-        self.cost = 0  # backbone.forward_flops of its rows: one iteration's cost, set on admission
+        self.cost = 0  # cost.forward_flops of its rows: one iteration's cost, set on admission
 
     def work(self) -> int:
         """What running it to the end still costs."""
@@ -253,8 +253,8 @@ class Engine:
 
     One worker thread (started on first use, a daemon; it ends after IDLE_EXIT_S without work)
     owns the forward. `max_tokens` bounds the packed tokens of one iteration (default:
-    `default_token_budget`) and backbone.forward_bytes of the pack stays within
-    backbone.MAX_PASS_BYTES; passes beyond either wait, first come first served. A pass alone is
+    `default_token_budget`) and cost.forward_bytes of the pack stays within
+    cost.MAX_PASS_BYTES; passes beyond either wait, first come first served. A pass alone is
     always admitted (its memory was checked at submit).
     `trace`, when set, is called on the engine thread after each iteration with the request ids
     of the passes it ran (for tests, benchmarks and metrics; `load()` then describes that
@@ -299,7 +299,7 @@ class Engine:
                 C = self.cfg.num_audio_codebook
                 item = self.prepare(spec, np.zeros((C, specs[spec.after].frames), np.int64))
             rows = [item.input_ids.shape[1]] + ([spec.frames] if spec.gen.guidance_scale else [])
-            backbone.check_pass_memory(self.cfg, rows, [spec.frames] * len(rows),
+            cost.check_pass_memory(self.cfg, rows, [spec.frames] * len(rows),
                                        spec.gen.class_temperature > 0)
             prepared.append(item if spec.after is None else None)
         return prepared
@@ -355,12 +355,12 @@ class Engine:
     # -- the worker -----------------------------------------------------------------------------
 
     def _fits(self, passes: list[_Pass]) -> bool:
-        """The pack of `passes` within the token budget and backbone.MAX_PASS_BYTES of memory."""
+        """The pack of `passes` within the token budget and cost.MAX_PASS_BYTES of memory."""
         lengths = [ids.shape[1] for p in passes for ids, _ in p.state.rows]
         num_out = [n for p in passes for n in p.state.num_out]
         sampling = any(p.spec.gen.class_temperature > 0 for p in passes)
-        return (sum(lengths) <= self.max_tokens and backbone.forward_bytes(
-            self.cfg, lengths, num_out, sampling) <= backbone.MAX_PASS_BYTES)
+        return (sum(lengths) <= self.max_tokens and cost.forward_bytes(
+            self.cfg, lengths, num_out, sampling) <= cost.MAX_PASS_BYTES)
 
     def _admit(self) -> None:
         """Move ready waiting passes to the active set, FIFO, within the token budget."""
@@ -379,7 +379,7 @@ class Engine:
                     p.prepared = self.prepare(p.spec, req._results[p.spec.after][0])
                 if p.state is None:
                     p.state = unmasking.PassState(p.prepared, p.spec.gen, p.spec.seed, self.cfg)
-                    p.cost = backbone.forward_flops(
+                    p.cost = cost.forward_flops(
                         self.cfg, [ids.shape[1] for ids, _ in p.state.rows], p.state.num_out)
             except BaseException as exc:  # surfaces in the caller's result()
                 req._finish("error", exc)

@@ -14,7 +14,7 @@ import pytest
 
 from omnicore import OmniVoice, VoiceClonePrompt
 from omnicore.text import limits, planner
-from omnicore.model import backbone as backbone_mod, unmasking
+from omnicore.model import cost, unmasking
 from omnicore.model.config import GenerationConfig
 from omnicore import engine as E
 from omnicore.engine import Engine, PassSpec
@@ -291,7 +291,7 @@ def _cost(model, spec) -> int:
     """The engine's per-iteration cost of a one-pass request (text.forward_flops of its rows)."""
     item = Engine.prepare(model.engine, spec)
     rows = [item.input_ids.shape[1]] + ([spec.frames] if spec.gen.guidance_scale else [])
-    return backbone_mod.forward_flops(model.config, rows, [spec.frames] * len(rows))
+    return cost.forward_flops(model.config, rows, [spec.frames] * len(rows))
 
 
 def test_a_short_request_overtakes_a_long_one(model):
@@ -370,7 +370,7 @@ def test_schedule_at_full_size_costs(model, long_s, steps, long_joins):
 
     def cost(seconds, text_tokens):
         T_ = seconds * 25
-        return backbone_mod.forward_flops(cfg, [text_tokens + T_, T_], [T_, T_])
+        return cost.forward_flops(cfg, [text_tokens + T_, T_], [T_, T_])
 
     costs = [cost(long_s, 135), cost(2, 50)]
     left, held, packs = [steps - 2, steps], [0, 0], []  # the long one ran 2 steps alone

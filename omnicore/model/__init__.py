@@ -12,6 +12,7 @@ Read it top-down, in this order:
     kernels.py     the Numba loops between the backbone's GEMMs, each beside its numpy twin
     scoring_kernels.py  the unmasking loop's scoring: guided log-softmax, pick and fill
     conv_kernels.py  the codec's convolutions as GEMMs, and its Numba loops (Snake, GELU, ...)
+    cost.py        what one forward pass costs (memory, FLOPs) and the limits a pass is held to
     jit.py         the kernels' shared machinery: Numba on demand, one implementation per kernel
     backend.py     the one numpy/CuPy switch (`xp`)
 

@@ -35,7 +35,8 @@ import numpy as np
 
 from ..errors import InputError
 from . import scoring_kernels
-from .backbone import BackboneParams, check_pass_memory, forward_rows, make_packing, make_workspace
+from .backbone import BackboneParams, forward_rows, make_packing, make_workspace
+from .cost import check_pass_memory
 from .backend import to_device, to_numpy, xp
 from .config import GenerationConfig, OmniVoiceConfig, validate_sampling, validate_seed
 from .tokenizer import PreparedItem
