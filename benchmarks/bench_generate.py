@@ -141,12 +141,12 @@ class OmnicoreSide:
 
     def __init__(self, model_dir):
         from omnicore import OmniVoice
-        from omnicore.model import unmasking
+        from omnicore.model import packed_unmasking
 
         with Timer() as t:
             self.model = OmniVoice.from_pretrained(str(model_dir))
         self.load_s = t.wall
-        self.um = unmasking
+        self.um = packed_unmasking
         self.sr = self.model.sampling_rate
 
     def generate(self, text, seconds, steps):
@@ -162,7 +162,7 @@ class OmnicoreSide:
             info["rows"], info["heads"] = list(pack.lengths), int(sum(num_out))
             return out
 
-        # The engine thread runs every step as unmasking.iterate (forward + scoring + fill):
+        # The engine thread runs every step as packed_unmasking.iterate (forward + scoring + fill):
         # the end of the last one ends the unmasking loop.
         def iterate(params, cfg, states, *a, **k):
             res = orig_it(params, cfg, states, *a, **k)

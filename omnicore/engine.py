@@ -10,8 +10,9 @@
                                                                  `schedule` picks into one
                                                                  forward_rows
                                                               3. score, pick and fill every pass,
-                                                                 each by its own schedule, in one
-                                                                 call each (unmasking.iterate)
+                                                                 each by its own cells per step,
+                                                                 in one call each
+                                                                 (packed_unmasking.iterate)
                                                               4. retire finished passes; drop
                                                                  cancelled ones
 
@@ -54,7 +55,7 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from .errors import CancelledError, InputError
-from .model import cost, tokenizer as tok_mod, unmasking
+from .model import cost, packed_unmasking, tokenizer as tok_mod, unmasking
 from .model.config import GenerationConfig, validate_sampling
 
 __all__ = ["PassSpec", "Request", "Engine", "EngineLoad", "default_token_budget", "pass_seed",
@@ -241,7 +242,7 @@ class _Pass:
 
     def work(self) -> int:
         """What running it to the end still costs."""
-        return self.cost * (len(self.state.schedule) - self.state.step)
+        return self.cost * (len(self.state.cells_per_step) - self.state.step)
 
     def ready(self) -> bool:
         a = self.spec.after
@@ -275,7 +276,7 @@ class Engine:
         self._waiting: deque[_Pass] = deque()
         self._active: list[_Pass] = []
         self._thread: threading.Thread | None = None
-        self._cache = unmasking.PackCache()
+        self._cache = packed_unmasking.PackCache()
 
     # -- submitting -----------------------------------------------------------------------------
 
@@ -418,7 +419,7 @@ class Engine:
                     for p in list(self._active) + list(self._waiting):
                         p.request._finish("error", exc)
                     self._active, self._waiting = [], deque()
-                self._cache = unmasking.PackCache()
+                self._cache = packed_unmasking.PackCache()
 
     def _iteration(self) -> None:
         while True:
@@ -439,11 +440,12 @@ class Engine:
                 active = self._select(self._active)
                 tokens = sum(ids.shape[1] for p in active for ids, _ in p.state.rows)
             try:
-                unmasking.iterate(self.params, self.cfg, [p.state for p in active], self._cache)
+                packed_unmasking.iterate(self.params, self.cfg, [p.state for p in active],
+                                         self._cache)
             except BaseException as exc:  # the shared forward failed: every pass in it fails
                 for p in active:
                     p.request._finish("error", exc)
-                self._cache = unmasking.PackCache()
+                self._cache = packed_unmasking.PackCache()
                 return
             with self._cond:
                 self.iterations += 1

@@ -14,7 +14,7 @@ import pytest
 
 from omnicore import OmniVoice, VoiceClonePrompt
 from omnicore.text import limits, planner
-from omnicore.model import cost, unmasking
+from omnicore.model import cost, packed_unmasking, unmasking
 from omnicore.model.config import GenerationConfig
 from omnicore import engine as E
 from omnicore.engine import Engine, PassSpec
@@ -242,7 +242,7 @@ def test_cancel_stops_one_request_and_not_the_others(model, specs, alone):
 
 def test_failures_reach_the_callers_and_the_engine_keeps_running(model, specs, alone, monkeypatch):
     eng = _fresh(model)
-    real = unmasking.iterate
+    real = packed_unmasking.iterate
     calls = {"n": 0}
 
     def flaky(*a, **k):
@@ -251,7 +251,7 @@ def test_failures_reach_the_callers_and_the_engine_keeps_running(model, specs, a
             raise MemoryError("simulated")
         return real(*a, **k)
 
-    monkeypatch.setattr(unmasking, "iterate", flaky)
+    monkeypatch.setattr(packed_unmasking, "iterate", flaky)
     r = eng.submit([specs[0]])
     with pytest.raises(MemoryError, match="simulated"):
         r.result(timeout=WAIT_S)

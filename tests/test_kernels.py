@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from omnicore.model import kernels as K
 from omnicore.model import scoring_kernels as SK
+from omnicore.model.packed_unmasking import ScorePlan
 
 SETTINGS = settings(max_examples=25, deadline=None)
 
@@ -214,8 +215,8 @@ def _plan(rng, Ts, guided, guidance, penalty, temperature, C):
     for b in range(B):
         ucols.append(starts[j] if guided[b] else -1)
         j += guided[b]
-    plan = SK.ScorePlan(Ts, cond_row, uncond_row, cond_col, ucols, guidance, penalty, temperature,
-                       C, np.asarray)
+    plan = ScorePlan(Ts, cond_row, uncond_row, cond_col, ucols, guidance, penalty, temperature,
+                     C, np.asarray)
     return plan, u, sum(lengths)
 
 
@@ -294,7 +295,7 @@ def test_pick_fill_twins_agree_with_choosing_cells_pass_by_pass(Ts, data, seed):
         sl = slice(off[b], off[b + 1])
         gen = GenerationConfig(layer_penalty_factor=pens[b], position_temperature=temps[b])
         chosen = um.choose_cells(conf[sl].reshape(C, T), tokens0[sl].reshape(C, T) != mask, int(k[b]),
-                                 gen, None, noise[sl].reshape(C, T) if temps[b] else None)
+                                 gen, noise[sl].reshape(C, T) if temps[b] else None)
         want = tokens0[sl].copy()
         want[chosen] = pred[sl][chosen]
         np.testing.assert_array_equal(tokens[sl], want)

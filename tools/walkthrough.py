@@ -126,7 +126,7 @@ audio. With a voice prompt, its codes would sit between the two (section 12).
 
 Classifier-free guidance needs a second, **unconditional** row: the target frames alone, no
 text ([`PreparedItem.uncond_ids`](../omnicore/model/tokenizer.py)), shape **{uncond_shape}**.
-[`unmasking.iterate`](../omnicore/model/unmasking.py) packs both rows back to back into one
+[`unmasking.generate_codes`](../omnicore/model/unmasking.py) packs both rows back to back into one
 sequence of N = {N} tokens ([`backbone.make_packing`](../omnicore/model/backbone.py): rows
 start at {starts}), so that every projection is one matrix product over both rows, while
 attention stays within each row.
@@ -187,23 +187,23 @@ unconditional one. For codebook 0, frame 0, the first four logits are
 {cond_head} (conditional) and
 {uncond_head} (unconditional).
 
-[`scoring_kernels.guided_scores`](../omnicore/model/scoring_kernels.py) (what
-[`unmasking.iterate`](../omnicore/model/unmasking.py) runs for all passes of a step at once, as
-`scoring_kernels.packed_scores`) takes log-softmaxes c and u of the two and
+[`unmasking.unmask_step`](../omnicore/model/unmasking.py), one step of one pass, first calls
+[`scoring_kernels.guided_scores`](../omnicore/model/scoring_kernels.py), which takes
+log-softmaxes c and u of the two and
 scores every cell by log_softmax(c + {guidance}·(c − u)), with MASK ruled out
 (its score is {lp_mask}): lp **{lp_shape}**. Cell (0, 0): lp starts
 {lp_head}; its best token is {tok00} with log-probability {conf00} (the conditional logits
 alone would give {plain_tok00} at {plain_conf00}).
 
 [`unmasking.choose_cells`](../omnicore/model/unmasking.py) ranks the cells by confidence minus
-{layer_penalty} × codebook index, so coarse codebooks come first, and fills the best
-{k1} (the schedule's share of step 1, next section). Step 1 fills (codebook, frame) → token:
+{layer_penalty} × codebook index, so coarse codebooks come first, and the step fills the best
+{k1} (step 1's share of the cells, next section). Step 1 fills (codebook, frame) → token:
 
 ```
 {chosen}
 ```
 
-## 7. The schedule
+## 7. Cells per step
 
 Over {num_step} steps, every one of the C × T = {cells} cells gets filled.
 [`unmasking.time_steps`](../omnicore/model/unmasking.py) warps the grid i / {num_step} by
@@ -211,17 +211,19 @@ t_shift = {t_shift}:
 
 t = {t_grid}
 
-[`unmasking.unmask_schedule`](../omnicore/model/unmasking.py) gives step i
+[`unmasking.cells_per_step`](../omnicore/model/unmasking.py) gives step i
 ceil({cells} × (t[i+1] − t[i])) cells and the last step the rest: **{schedule}**. Few cells
 early, while the canvas is nearly all MASK; most at the end.
 
 ## 8. The loop
 
 [`unmasking.generate_codes`](../omnicore/model/unmasking.py) runs sections 4 to 6 once per step,
-{num_step} steps in all ([`unmasking.iterate`](../omnicore/model/unmasking.py)): each step embeds
-the cells filled so far, runs the whole forward again, and fills its share of the still-masked
-cells; a filled cell is never revisited. (The server and `generate` run the same step in
-[`engine.Engine`](../omnicore/engine.py), packing the rows of concurrent requests together.)
+{num_step} steps in all: each step embeds the cells filled so far, runs the whole forward again,
+and fills its share of the still-masked cells; a filled cell is never revisited. (The server and
+`generate` run the same step in [`engine.Engine`](../omnicore/engine.py), packing the rows of
+concurrent requests together, in its fast form
+[`packed_unmasking.iterate`](../omnicore/model/packed_unmasking.py): every pass scored, picked
+and filled in one kernel call each, tested equal to `unmask_step` bit for bit.)
 Cells filled per step and codebook:
 
 {fill_table}
@@ -399,7 +401,7 @@ def stage_backbone(m: OmniVoice, item: tok_mod.PreparedItem, v: dict):
     S, T, n_text = item.input_ids.shape[1], item.num_target, item.num_prompt
     K = cfg.llm_config.num_key_value_heads
     G = cfg.llm_config.num_attention_heads // K
-    # the packed rows of one pass, as unmasking.iterate builds them
+    # the packed rows of one pass, as unmasking.generate_codes builds them
     ids = np.concatenate([item.input_ids, item.uncond_ids], axis=1)  # [C, S] + [C, T] -> [C, N]
     audio_mask = np.concatenate([item.audio_mask, item.uncond_audio_mask])  # [N]
     pack, work = layer0_attention(m, ids, audio_mask, [S, T])
@@ -435,24 +437,24 @@ def stage_step_one(m: OmniVoice, item, ids, audio_mask, pack, v: dict) -> dict:
     cond, uncond = (np.array(x) for x in
                     backbone.forward_rows(m.params, cfg, ids, audio_mask, pack, [T, T]))  # [C, T, V] each
     lp, tokens, confidence = scoring_kernels.guided_scores(cond, uncond, GEN.guidance_scale, mask)
-    plain = unmasking.log_softmax(cond)  # without guidance
-    schedule = unmasking.unmask_schedule(C * T, GEN.num_step, GEN.t_shift)
-    chosen = unmasking.choose_cells(confidence, np.zeros((C, T), bool), schedule[0], GEN, None)
+    plain = scoring_kernels.log_softmax_np(cond)  # without guidance
+    counts = unmasking.cells_per_step(C * T, GEN.num_step, GEN.t_shift)
+    chosen = unmasking.choose_cells(confidence, np.zeros((C, T), bool), counts[0], GEN)
     picks = {divmod(int(i), T): int(tokens.reshape(-1)[i]) for i in chosen}  # (c, t) -> token
     plain_best = plain[0, 0, :mask]  # MASK excluded, as the scoring does
     v.update(logits_shape=shape(cond), cond_head=floats(cond[0, 0, :4]),
              uncond_head=floats(uncond[0, 0, :4]), lp_shape=shape(lp), lp_head=floats(lp[0, 0, :4]),
              lp_mask=f4(lp[0, 0, mask]), tok00=int(tokens[0, 0]), conf00=f4(confidence[0, 0]),
-             plain_tok00=int(plain_best.argmax()), plain_conf00=f4(plain_best.max()), k1=schedule[0],
+             plain_tok00=int(plain_best.argmax()), plain_conf00=f4(plain_best.max()), k1=counts[0],
              chosen="\n".join(f"({c}, {t:>2}) -> {tok}" for (c, t), tok in sorted(picks.items())))
     return picks
 
 
 def stage_loop(m: OmniVoice, item, picks: dict, v: dict) -> np.ndarray:
-    """Sections 7 to 9: the schedule, the whole loop, its codes."""
+    """Sections 7 to 9: cells per step, the whole loop, its codes."""
     C, T = m.config.num_audio_codebook, item.num_target
     t = unmasking.time_steps(GEN.num_step, GEN.t_shift)
-    schedule = unmasking.unmask_schedule(C * T, GEN.num_step, GEN.t_shift)
+    counts_per_step = unmasking.cells_per_step(C * T, GEN.num_step, GEN.t_shift)
     (codes,), (fills,) = unmasking.generate_codes(m.params, m.config, [item], GEN, seed=SEED,
                                                   return_fill_steps=True)  # [C, T] each
     first = {divmod(int(i), T) for i in np.flatnonzero(fills == 0)}
@@ -460,7 +462,7 @@ def stage_loop(m: OmniVoice, item, picks: dict, v: dict) -> np.ndarray:
         raise AssertionError("the loop's first step filled other cells than section 6 shows")
     counts = [[int((fills[c] == s).sum()) for c in range(C)] for s in range(GEN.num_step)]
     rows = [[s + 1] + n + [sum(n)] for s, n in enumerate(counts)]
-    v.update(t_grid=floats(t), cells=C * T, schedule=", ".join(map(str, schedule)),
+    v.update(t_grid=floats(t), cells=C * T, schedule=", ".join(map(str, counts_per_step)),
              fill_table=table(["step"] + [f"cb {c}" for c in range(C)] + ["all"], rows),
              fill_map="\n".join("".join(str(s + 1) for s in fills[c]) for c in range(C)),
              last_codebook=C - 1, last_frame=T - 1, codes_shape=shape(codes),

@@ -161,7 +161,7 @@ class OmnicoreSide(Side):
 
     def run(self):
         from omnicore import OmniVoice
-        from omnicore.model import unmasking
+        from omnicore.model import packed_unmasking
 
         a = self.args
         t0 = time.perf_counter()
@@ -170,7 +170,7 @@ class OmnicoreSide(Side):
         self.sync()
         self.res["load_s"] = time.perf_counter() - t0
         self.save()
-        um = unmasking
+        um = packed_unmasking
         fwd = []
         orig = um.forward_rows
 

@@ -10,7 +10,8 @@ Read it top-down, in this order:
     hubert.py      the codec encoder's semantic branch
     resample.py    the band-limited resampler both ends of the codec rely on
     kernels.py     the Numba loops between the backbone's GEMMs, each beside its numpy twin
-    scoring_kernels.py  the unmasking loop's scoring: guided log-softmax, pick and fill
+    packed_unmasking.py  the fast form of unmasking's step: every pass of an iteration at once
+    scoring_kernels.py  the unmasking step's scoring: guided log-softmax, pick and fill
     conv_kernels.py  the codec's convolutions as GEMMs, and its Numba loops (Snake, GELU, ...)
     cost.py        what one forward pass costs (memory, FLOPs) and the limits a pass is held to
     jit.py         the kernels' shared machinery: Numba on demand, one implementation per kernel

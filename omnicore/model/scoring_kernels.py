@@ -1,11 +1,12 @@
 """The unmasking loop's scoring kernels: guided log-softmax, confidences, pick and fill.
 
-Each step of `unmasking.iterate` turns the audio heads' logits of every pass into a best token
-and a confidence per cell (classifier-free guidance, log-softmax with MASK ruled out), then
-picks the step's share of cells per pass by confidence minus the layer penalty and fills them.
-`guided_scores` does that for one pass (class sampling needs its log-probabilities);
-`packed_scores` and `pick_fill` do it for every pass of an iteration in one call each, over the
-ragged cell offsets of a `ScorePlan`. As in `kernels`, every Numba kernel sits beside a plain
+An unmasking step turns the audio heads' logits of a pass into a best token and a confidence
+per cell (classifier-free guidance, log-softmax with MASK ruled out), then picks the step's
+share of cells by confidence minus the layer penalty and fills them. `guided_scores` scores one
+pass (`unmasking.unmask_step` calls it; class sampling needs its log-probabilities);
+`packed_scores` and `pick_fill` score, pick and fill every pass of an iteration in one call
+each, over the ragged cell offsets of a `packed_unmasking.ScorePlan` (`packed_unmasking.iterate`,
+the fast form of the step). As in `kernels`, every Numba kernel sits beside a plain
 array twin written with `xp` (the shared machinery, float32 exp and running max are `jit`'s),
 and `tests/test_kernels.py` checks each pair agrees.
 
@@ -18,7 +19,6 @@ Dimension legend:
 from __future__ import annotations
 
 import math
-import types
 
 import numpy as np
 
@@ -148,55 +148,11 @@ def guided_scores(cond, uncond, guidance: float, mask_id: int):
 
 # --- packed scoring, pick and fill: every pass of an iteration in one call each ------------
 #
-# The passes' target cells are laid out back to back, pass b's C x T_b cells C-major from
-# cell_off[b] (its tokens array flattened). A `ScorePlan` holds the ragged offsets once per set
-# of passes; the per-cell index arrays are what the twins gather with.
-
-
-class ScorePlan:
-    """Where every pass's target cells and rows are, for `packed_scores` and `pick_fill`.
-
-    Per pass b (host arrays [B], for the Numba kernels): T_b; cond_row (first of its T_b conditional
-    target rows in the forward's [n, C, V] logits) and uncond_row (-1 without guidance);
-    cond_col / uncond_col (first target column of its rows in the packed ids [C, N]);
-    guidance, layer penalty and position temperature (float32); cell_off [B + 1]. Per cell
-    (device arrays [cells], for the twins): its pass, codebook, both logits rows, both ids
-    columns and its pass's settings.
-    """
-
-    def __init__(self, T, cond_row, uncond_row, cond_col, uncond_col, guidance, penalty,
-                 temperature, num_codebooks: int, to_device):
-        host = {"T": np.asarray(T, np.int64), "cond_row": np.asarray(cond_row, np.int64),
-                "uncond_row": np.asarray(uncond_row, np.int64),
-                "cond_col": np.asarray(cond_col, np.int64),
-                "uncond_col": np.asarray(uncond_col, np.int64),
-                "guidance": np.asarray(guidance, _F32), "penalty": np.asarray(penalty, _F32),
-                "temperature": np.asarray(temperature, _F32)}
-        C = num_codebooks
-        T = host["T"]
-        host["cell_off"] = np.concatenate([[0], np.cumsum(C * T)]).astype(np.int64)  # [B + 1]
-        self.host, self.C = host, C
-        self.num_cells = int(host["cell_off"][-1])
-        self.max_cells = int(C * T.max()) if T.size else 0
-        seg = np.repeat(np.arange(T.size), C * T)  # [cells] pass of every cell
-        local = np.arange(self.num_cells) - host["cell_off"][seg]  # index within its pass
-        cb, t = local // T[seg], local % T[seg]
-        guided = host["uncond_row"][seg] >= 0
-        cells = {"seg": seg, "cb": cb, "cb_f32": cb.astype(_F32),
-                 "row_cond": host["cond_row"][seg] + t,
-                 "row_uncond": np.where(guided, host["uncond_row"][seg] + t, host["cond_row"][seg] + t),
-                 "guided": guided & (host["guidance"][seg] != 0),
-                 "guidance": host["guidance"][seg],
-                 "col_cond": host["cond_col"][seg] + t,
-                 # without an unconditional row its target is written to the conditional one again
-                 "col_uncond": np.where(host["uncond_col"][seg] >= 0,
-                                        host["uncond_col"][seg] + t, host["cond_col"][seg] + t),
-                 "penalty": host["penalty"][seg],
-                 "sampled": host["temperature"][seg] > 0,
-                 "temperature": np.where(host["temperature"][seg] > 0, host["temperature"][seg],
-                                         _F32(1)).astype(_F32),
-                 "off": host["cell_off"][seg]}
-        self.dev = types.SimpleNamespace(**{k: to_device(v) for k, v in cells.items()})
+# The kernels of `packed_unmasking.iterate`, the fast form of `unmasking.unmask_step`. The
+# passes' target cells are laid out back to back, pass b's C x T_b cells C-major from
+# cell_off[b] (its tokens array flattened). A `packed_unmasking.ScorePlan` (`plan` below) holds
+# the ragged offsets once per set of passes: `plan.host` the per-pass arrays the Numba kernels
+# read, `plan.dev` the per-cell index arrays the twins gather with.
 
 
 def _packed_scores_impl(logits, cond_row, uncond_row, T, cell_off, guidance, mask_id, pred, conf):
@@ -223,7 +179,7 @@ _packed_scores_nb, _packed_scores_nb_par = jit.twice(_packed_scores_impl, fastma
 TWIN_SLICE_CELLS = 8192
 
 
-def packed_scores_np(logits, plan: ScorePlan, mask_id: int):
+def packed_scores_np(logits, plan, mask_id: int):
     """Twin of `packed_scores`: the per-cell rows gathered, in slices of the longest pass's
     cells or TWIN_SLICE_CELLS, whichever is more, so its temporaries stay bounded."""
     d = plan.dev
@@ -244,7 +200,7 @@ def packed_scores_np(logits, plan: ScorePlan, mask_id: int):
 
 
 @jit.kernel(twin=packed_scores_np)
-def packed_scores(logits, plan: ScorePlan, mask_id: int):
+def packed_scores(logits, plan, mask_id: int):
     """Greedy token and confidence of every target cell of every pass, in one call.
 
     logits [n, C, V] (the forward's scored rows, back to back) -> pred [cells] int64, conf
@@ -288,7 +244,7 @@ def _pick_fill_nb(pred, conf, noise, k, step, cell_off, T, penalty, temperature,
                 ids[c, uncond_col[b] + t] = pred[cell]
 
 
-def pick_fill_np(pred, conf, noise, k, step, plan: ScorePlan, mask_id: int, tokens, fill, ids):
+def pick_fill_np(pred, conf, noise, k, step, plan, mask_id: int, tokens, fill, ids):
     """Twin of `pick_fill` (whole-array operations only: no size read back from the device)."""
     d = plan.dev
     score = conf - d.penalty * d.cb_f32
@@ -307,7 +263,7 @@ def pick_fill_np(pred, conf, noise, k, step, plan: ScorePlan, mask_id: int, toke
 
 
 @jit.kernel(twin=pick_fill_np)
-def pick_fill(pred, conf, noise, k, step, plan: ScorePlan, mask_id: int, tokens, fill, ids):
+def pick_fill(pred, conf, noise, k, step, plan, mask_id: int, tokens, fill, ids):
     """Fill the k[b] best still-masked cells of every pass b, in one call.
 
     score = conf - penalty * codebook, then (temperature > 0) / temperature + noise; masked
