@@ -168,15 +168,15 @@ class _Plan:
         self.total_frames = limits.check_total_frames(self.total_frames + plan.frames,
                                                       self.model.frame_rate)
         spec = self.request.spec(plan, k, self.instruct, chunk0_codes=self.ref0_codes)
-        request = self.model.engine.submit([spec], on_step or self.on_step)
+        ticket = self.model.engine.submit([spec], on_step or self.on_step)
         if shared is not None:
-            shared.request = request  # so that closing the stream cancels it at once
+            shared.ticket = ticket  # so that closing the stream cancels it at once
             if shared.cancel.is_set():
-                request.cancel()
+                ticket.cancel()
         try:
-            result, = request.result()
+            result, = ticket.result()
         except BaseException:
-            request.cancel()
+            ticket.cancel()
             raise
         if k == 0:
             self.first = plan
@@ -255,7 +255,7 @@ class _Shared:
         self.threads: list[threading.Thread] = []
         self.stats: list[dict] = []                   # per chunk: text, frames, codes, timings
         self.pauses: list[int | None] = [None]        # per chunk boundary: pause samples or None
-        self.request = None                           # the engine request of the current chunk
+        self.ticket = None                            # the current chunk's engine.Ticket
 
     def check(self) -> None:
         if self.cancel.is_set():
@@ -279,8 +279,8 @@ class _Shared:
 def _shutdown(shared: _Shared) -> None:
     """Stop and join the threads (idempotent; the stream's finaliser)."""
     shared.cancel.set()
-    if shared.request is not None:
-        shared.request.cancel()  # the chunk on the engine leaves before its next step
+    if shared.ticket is not None:
+        shared.ticket.cancel()  # the chunk on the engine leaves before its next step
     with shared.cond:
         shared.cond.notify_all()
     shared.texts.put(_END)  # wakes a worker waiting for text
