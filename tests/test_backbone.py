@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from conftest import read_safetensors, require_file, require_module
 from omnicore.model import backbone as bb
+from omnicore.model import kernels
 from omnicore.errors import WeightsError
 from omnicore.model.weights import ParamReader, RowTable
 
@@ -124,7 +125,7 @@ def test_hidden_states_and_logits_match_reference(params, cfg, batch):
         if i in kept:
             err = rel_err(x, batch[f"hidden_layer{i}"])
             assert err <= RTOL, f"layer {i}: relative error {err:.2e}"
-    final = bb.rms_norm(x, params.norm, cfg.llm_config.rms_norm_eps)
+    final = kernels.rms_norm(x, params.norm, cfg.llm_config.rms_norm_eps)
     assert rel_err(final, batch["final_hidden"]) <= RTOL
 
     logits = bb.forward_rows(params, cfg, ids, mask, pack, T * 2)
@@ -176,6 +177,24 @@ def test_batched_device_attention_equals_the_row_loop(params, cfg, batch, monkey
         assert rel_err(a, b) <= 5e-6  # measured <= 7.6e-7 (OpenBLAS Haswell)
     if group == "checkpoint":
         assert rel_err(batched[1], batch["item1_cond_logits"]) <= RTOL
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_fused_layer_is_the_readable_layer_bit_for_bit(cfg, batch, precision):
+    """hidden_states runs `_layer_fused` (each residual add fused with the next norm, in the
+    workspace's buffers); `decoder_layer` is the layer as written to be read. The same
+    operations in the same order: equal bit for bit, every layer, any precision profile."""
+    params = bb.load_params(ParamReader.open(CKPT / "model.safetensors"), cfg, precision)
+    ids, mask, lengths, _ = packed_rows(batch)
+    pack = bb.make_packing(lengths, cfg)
+    x = bb.embed(params, cfg, ids, mask)
+    work = bb.make_workspace(cfg, pack)
+    fused = bb.hidden_states(params, cfg, x, pack, work).copy()
+    readable = x
+    for lp in params.layers:
+        readable = bb.decoder_layer(lp, cfg, readable, pack, work, precision)
+    assert readable is not x and readable.dtype == np.float32
+    np.testing.assert_array_equal(readable, fused)
 
 
 def test_attention_is_bidirectional(params, cfg, batch):

@@ -390,7 +390,7 @@ def layer0_attention(m: OmniVoice, ids, audio_mask, lengths):
     work = backbone.make_workspace(cfg, pack)
     backbone.embed(params, cfg, ids, audio_mask, out=work.x)  # [N, D]
     lp = params.layers[0]
-    backbone.rms_norm(work.x, lp.input_layernorm, cfg.llm_config.rms_norm_eps, out=work.h)
+    kernels.rms_norm(work.x, lp.input_layernorm, cfg.llm_config.rms_norm_eps, out=work.h)
     backbone.attention(lp, cfg, work.h, pack, work)  # -> work.q, k, v, qg, attn; scores of the last row
     return pack, work
 
