@@ -414,11 +414,11 @@ def main():
     enc_agree = float((ca == cb).mean())
 
     # Roofline on the shapes of the step case
-    from omnicore.model.config import OmniVoiceConfig
+    from omnicore import checkpoint
 
-    cfg = OmniVoiceConfig.from_file(ARGS.model / "config.json")
+    cfg = checkpoint.read_config(ARGS.model / "config.json")
     go, gr = gens[step_case]
-    from omnicore.model.codec import pad_to_hop
+    from omnicore.model.higgs_codec import pad_to_hop
     from omnicore.model.cost import forward_flops
 
     flops_o = forward_flops(cfg, go["rows"], [go["heads"]])

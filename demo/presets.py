@@ -35,7 +35,7 @@ import numpy as np
 from omnicore import GenerationConfig, VoiceClonePrompt
 from omnicore.errors import InputError
 from omnicore.model import cost
-from omnicore.model.codec import decoder_receptive_field
+from omnicore.model.higgs_codec import decoder_receptive_field
 from omnicore.request import build_requests
 from omnicore.streaming import LATER_WINDOWS
 from omnicore.text import limits, planner
@@ -167,7 +167,7 @@ def _rows(model, specs) -> list[list[int]]:
 
 
 def _windows(frames: int, first: int, overlap: int) -> list[int]:
-    """Frames each window of `codec.decode_stream` decodes (its own plus the overlaps)."""
+    """Frames each window of `higgs_codec.decode_stream` decodes (its own plus the overlaps)."""
     out, start = [], 0
     while start < frames:
         stop = min(frames, start + (first if start == 0 else LATER_WINDOWS * first))

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from omnicore.model import backbone as bb
-from omnicore.model.config import OmniVoiceConfig
-from omnicore.model.weights import ParamReader, SafetensorsFile
+from omnicore import checkpoint
+from omnicore.checkpoint import SafetensorsFile
 
 TINY = Path(__file__).resolve().parents[1] / "weights" / "tiny-random"
 # CI installs every test dependency and ships every fixture, so there a missing one is a failure
@@ -144,12 +144,12 @@ def stop_process(proc, seconds: float = 20) -> None:
 
 @pytest.fixture(scope="module")
 def cfg():
-    return OmniVoiceConfig.from_file(TINY / "config.json")
+    return checkpoint.read_config(TINY / "config.json")
 
 
 @pytest.fixture(scope="module")
 def params(cfg):
-    reader = ParamReader.open(TINY / "model.safetensors")
+    reader = checkpoint.open_params(TINY / "model.safetensors")
     p = bb.load_params(reader, cfg)
     reader.finish()  # every tensor of the checkpoint is used
     return p
@@ -159,11 +159,11 @@ def codebook_gaps(model, wav):
     """omnicore's encoder codes [Q, T] of `wav`, and for each pick the gap between the nearest
     and second-nearest codeword's distance, relative to the largest nearest distance of that
     codebook [Q, T]: how close each code is to a tie."""
-    from omnicore.model import codec as codec_mod
+    from omnicore.model import higgs_codec
 
     params, cfg = model.codec.params, model.codec.cfg
-    fused = codec_mod.encode_features(params, wav, cfg)["fused"]
-    codes, residuals = codec_mod.quantize(params, fused, cfg, return_residuals=True)
+    fused = higgs_codec.encode_features(params, wav, cfg)["fused"]
+    codes, residuals = higgs_codec.quantize(params, fused, cfg, return_residuals=True)
     enc, gaps = params.encoder, []
     for q, r in enumerate(residuals):
         z = r @ enc.in_w[q] + enc.in_b[q]  # [T, D] -> [T, d]

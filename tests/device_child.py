@@ -116,7 +116,7 @@ def produce(device_checks: bool = True) -> tuple[dict, dict]:
     device checks: transfers per step, backend.matmul and the kernels against their twins)."""
     from omnicore import OmniVoice, settings
     from omnicore.model import backend
-    from omnicore.model import codec as codec_mod
+    from omnicore.model import higgs_codec
     from omnicore.testing import transfers as counter
 
     settings.configure()
@@ -160,13 +160,13 @@ def produce(device_checks: bool = True) -> tuple[dict, dict]:
     dec = np.load(REF / "codec_decode.npz")
     codec = model.codec
     for key in ("50", "batch"):
-        out[f"decode/wav_{key}"] = codec_mod.decode(codec.params, dec[f"codes_{key}"], codec.cfg)
-    out["decode/wav_chunked_50"] = codec_mod.decode_chunked(codec.params, dec["codes_50"], codec.cfg,
+        out[f"decode/wav_{key}"] = higgs_codec.decode(codec.params, dec[f"codes_{key}"], codec.cfg)
+    out["decode/wav_chunked_50"] = higgs_codec.decode_chunked(codec.params, dec["codes_50"], codec.cfg,
                                                         chunk_frames=20)
     enc = np.load(REF / "codec_encode.npz")
-    feats = codec_mod.encode_features(codec.params, enc["input"], codec.cfg)
+    feats = higgs_codec.encode_features(codec.params, enc["input"], codec.cfg)
     out["encode/fused"] = feats["fused"]
-    out["encode/codes"] = codec_mod.quantize(codec.params, feats["fused"], codec.cfg)
+    out["encode/codes"] = higgs_codec.quantize(codec.params, feats["fused"], codec.cfg)
     out["encode/codes_api"] = codec.encode(enc["input"], codec.sampling_rate)
     timings["codec"] = time.perf_counter() - t0
 

@@ -20,7 +20,9 @@ from conftest import read_safetensors, require_file, require_module
 from omnicore.model import backbone as bb
 from omnicore.model import kernels
 from omnicore.errors import WeightsError
-from omnicore.model.weights import ParamReader, RowTable
+from omnicore import checkpoint
+from omnicore.checkpoint import RowTable
+from omnicore.model.weights import ParamReader
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "weights" / "tiny-random"
@@ -184,7 +186,7 @@ def test_the_fused_layer_is_the_readable_layer_bit_for_bit(cfg, batch, precision
     """hidden_states runs `_layer_fused` (each residual add fused with the next norm, in the
     workspace's buffers); `decoder_layer` is the layer as written to be read. The same
     operations in the same order: equal bit for bit, every layer, any precision profile."""
-    params = bb.load_params(ParamReader.open(CKPT / "model.safetensors"), cfg, precision)
+    params = bb.load_params(checkpoint.open_params(CKPT / "model.safetensors"), cfg, precision)
     ids, mask, lengths, _ = packed_rows(batch)
     pack = bb.make_packing(lengths, cfg)
     x = bb.embed(params, cfg, ids, mask)
@@ -329,7 +331,7 @@ def test_precision_profiles_round_the_gemm_weights_and_keep_the_rest(cfg):
     from omnicore.model import backend
 
     def load(precision):
-        reader = ParamReader.open(CKPT / "model.safetensors")
+        reader = checkpoint.open_params(CKPT / "model.safetensors")
         p = bb.load_params(reader, cfg, precision)
         reader.finish()
         return p

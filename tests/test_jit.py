@@ -50,7 +50,7 @@ def test_a_kernel_runs_the_numba_body_on_numpy_and_its_twin_elsewhere(monkeypatc
 
 _CHILD = r"""
 import sys
-import omnicore.model.backbone, omnicore.model.unmasking, omnicore.model.codec, omnicore.model.hubert
+import omnicore.model.backbone, omnicore.model.unmasking, omnicore.model.higgs_codec, omnicore.model.hubert
 from omnicore.model import backend, jit
 assert "numba" not in sys.modules, "a model import imported Numba"
 assert not jit.started() and not backend._fixed

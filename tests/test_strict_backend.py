@@ -45,7 +45,7 @@ REF = ROOT / "tests" / "fixtures" / "reference"
 # see the module docstring.
 DEVICE_REL = 1e-5
 WAVE_TOL = 2e-5  # vs the reference's waveform, as tests/test_pipeline.py
-CHUNK_TOL = 2e-5  # windowed vs one-shot decode, as tests/test_codec.py
+CHUNK_TOL = 2e-5  # windowed vs one-shot decode, as tests/test_higgs_codec.py
 # Per unmasking step: text ids to the host and their embedding rows back (the text table is
 # read from disk by rows), plus one copy of all items' Gumbel noise when sampling.
 MAX_TRANSFERS_PER_STEP = 3
@@ -114,7 +114,7 @@ def test_codec_matches_the_reference(device):
     assert device_child.rel(arrays["decode/wav_chunked_50"], arrays["decode/wav_50"]) <= CHUNK_TOL
     np.testing.assert_array_equal(arrays["encode/codes"], enc["codes"])
     np.testing.assert_array_equal(arrays["encode/codes_api"], enc["codes"])
-    assert device_child.rel(arrays["encode/fused"], enc["fused"]) <= 5e-6  # tests/test_codec.py's bound
+    assert device_child.rel(arrays["encode/fused"], enc["fused"]) <= 5e-6  # tests/test_higgs_codec.py's bound
 
 
 # ---------------------------------------------------------------------------------------------

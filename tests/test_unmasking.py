@@ -15,7 +15,8 @@ from omnicore.model import scoring_kernels
 from omnicore.model import unmasking as um
 from omnicore.model.config import GenerationConfig
 from omnicore.errors import InputError
-from omnicore.model.tokenizer import PreparedItem, load_tokenizer, prepare_item
+from omnicore.checkpoint import load_tokenizer
+from omnicore.model.tokenizer import PreparedItem, prepare_item
 
 
 def guided_log_probs(cond_logits, uncond_logits, guidance_scale: float, mask_id: int):

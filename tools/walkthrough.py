@@ -8,7 +8,7 @@ The page is PAGE below, prose written once, with this run's shapes and values fi
 value comes from omnicore's own functions on the tiny random checkpoint; nothing of the model
 is computed again here. Two inner tensors are observed in passing: layer 0's attention weights,
 read from the backbone's workspace after `backbone.attention` (numpy backend only), and the
-decoder's intermediate arrays, recorded by `spy` while `codec.decode` runs.
+decoder's intermediate arrays, recorded by `spy` while `higgs_codec.decode` runs.
 
 Floats are printed with 4 significant digits, and `differences` compares pages with a relative
 tolerance on them: BLAS kernels round differently from one CPU to the next (AVX-512 against
@@ -33,10 +33,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout's omnicore, the one the page describes
 
-from omnicore import OmniVoice  # noqa: E402
+from omnicore import OmniVoice, checkpoint  # noqa: E402
 from omnicore.audio import postprocess  # noqa: E402
 from omnicore.audio.writers import write_atomic  # noqa: E402
-from omnicore.model import backbone, backend, codec, kernels, scoring_kernels, unmasking  # noqa: E402
+from omnicore.model import backbone, backend, higgs_codec, kernels, scoring_kernels, unmasking  # noqa: E402
 from omnicore.model import tokenizer as tok_mod  # noqa: E402
 from omnicore.model.config import GenerationConfig  # noqa: E402
 from omnicore.text import frontend, planner  # noqa: E402
@@ -247,8 +247,8 @@ survives). The first frames:
 
 ## 10. The decoder
 
-[`codec.decode`](../omnicore/model/codec.py) turns codes back into sound.
-[`codec.dequantize`](../omnicore/model/codec.py) looks up each codebook's entry and projects it,
+[`higgs_codec.decode`](../omnicore/model/higgs_codec.py) turns codes back into sound.
+[`higgs_codec.dequantize`](../omnicore/model/higgs_codec.py) looks up each codebook's entry and projects it,
 summing the {C} codebooks into a latent **{latent_shape}** (batch × T × latent width); `fc2`
 maps it to {fc2_width} channels and a first convolution to {conv1_width}. Then one DAC block per
 upsampling ratio: Snake activation, a transposed convolution that makes `stride` samples of
@@ -271,17 +271,34 @@ at both ends: {final_samples} samples, the waveform the public API returns (chec
 ## 12. Voice cloning: the encoder
 
 With a voice prompt, a reference clip and its transcript condition every pass. Taking the
-waveform above as the clip ([`codec.encode_features`](../omnicore/model/codec.py)): the
+waveform above as the clip ([`higgs_codec.encode_features`](../omnicore/model/higgs_codec.py)): the
 {num_samples} samples, resampled to 16 kHz, go through HuBERT (averaged hidden states, every
 second frame: {hubert_shape}) and a semantic convolution stack ({semantic_shape}); the DAC
 encoder takes the 24 kHz samples down by the same strides ({acoustic_shape}); the two,
 concatenated and projected, give {fused_shape}, and
-[`codec.quantize`](../omnicore/model/codec.py) picks the nearest codeword of each codebook in
+[`higgs_codec.quantize`](../omnicore/model/higgs_codec.py) picks the nearest codeword of each codebook in
 turn (residual vector quantisation): codes {ref_codes_shape}, R = {R} reference frames.
 [`tokenizer.prepare_item`](../omnicore/model/tokenizer.py) then builds the conditional row
 `<|denoise|>`, language, instruct, transcript + " " + text ({clone_text} tokens), the R reference
 frames and T = {clone_T} target frames (estimated at the clip's own pace): shape
 {clone_shape}. The unconditional row is still the T target frames alone.
+
+## 13. What this page did not show
+
+Sections 2 to 12 follow the model's reading order
+([`omnicore/model/__init__.py`](../omnicore/model/__init__.py)): the tokenizer, the backbone,
+the unmasking loop, the codec with HuBERT and the resampler. Two parts of the folder come
+after it. How it is made fast: the Numba kernels between the GEMMs, each beside the plain twin
+it is tested against ([`kernels.py`](../omnicore/model/kernels.py),
+[`scoring_kernels.py`](../omnicore/model/scoring_kernels.py),
+[`conv_kernels.py`](../omnicore/model/conv_kernels.py)), the packed step the engine runs
+([`packed_unmasking.iterate`](../omnicore/model/packed_unmasking.py)), the backbone's fused
+layer (`backbone._layer_fused`), the numpy/CuPy switch
+([`backend.py`](../omnicore/model/backend.py)) and what a forward costs
+([`cost.py`](../omnicore/model/cost.py)). How a checkpoint is read: `config.json` into frozen
+dataclasses ([`config.py`](../omnicore/model/config.py)) and every tensor taken by its key
+([`weights.ParamReader`](../omnicore/model/weights.py)), from files that
+[`omnicore/checkpoint.py`](../omnicore/checkpoint.py) finds and reads safely.
 """
 
 
@@ -476,10 +493,10 @@ def stage_loop(m: OmniVoice, item, picks: dict, v: dict) -> np.ndarray:
 def stage_decoder(m: OmniVoice, codes: np.ndarray, v: dict) -> np.ndarray:
     """Sections 10 and 11: codes -> waveform, with the shapes on the way."""
     ccfg, dec = m.codec.cfg, m.codec.params.decoder
-    with spy(codec, "dequantize") as latents, spy(codec, "conv_transpose1d") as ups:
-        wav = codec.decode(m.codec.params, codes, ccfg)  # [C, T] -> [L]
+    with spy(higgs_codec, "dequantize") as latents, spy(higgs_codec, "conv_transpose1d") as ups:
+        wav = higgs_codec.decode(m.codec.params, codes, ccfg)  # [C, T] -> [L]
     if len(latents) != 1 or not ups:
-        raise AssertionError("codec.decode no longer calls dequantize / conv_transpose1d")
+        raise AssertionError("higgs_codec.decode no longer calls dequantize / conv_transpose1d")
     rows = []
     for i, (args, kw, out) in enumerate(ups):
         rows.append([i + 1, kw["stride"], shape(args[0]), shape(out),
@@ -508,9 +525,9 @@ def stage_decoder(m: OmniVoice, codes: np.ndarray, v: dict) -> np.ndarray:
 def stage_clone(m: OmniVoice, wav: np.ndarray, v: dict) -> None:
     """Section 12: the waveform as a voice prompt, through the codec's encoder."""
     ccfg = m.codec.cfg
-    params = codec.ensure_encoder(m.codec.params, ccfg, m.codec.dir)
-    feats = codec.encode_features(params, wav, ccfg)
-    ref_codes = codec.quantize(params, feats["fused"], ccfg)  # [T, D] -> [C, R]
+    params = checkpoint.load_codec_encoder(m.codec.params, ccfg, m.codec.dir)
+    feats = higgs_codec.encode_features(params, wav, ccfg)
+    ref_codes = higgs_codec.quantize(params, feats["fused"], ccfg)  # [T, D] -> [C, R]
     R = ref_codes.shape[1]
     T = frontend.estimate_target_frames(TEXT, TEXT, R)
     clone = tok_mod.prepare_item(m.tokenizer, m.config, TEXT, T, ref_text=TEXT, ref_codes=ref_codes,

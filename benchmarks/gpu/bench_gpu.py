@@ -269,7 +269,7 @@ def forward_f64(path, cfg, ids, audio_mask, T):
     """Float64 oracle of one row on the host, straight from the checkpoint file: [C, T, V]
     logits of its last T positions (the model's definition, nothing shared with omnicore's
     float32 code but the file reader)."""
-    from omnicore.model.weights import SafetensorsFile
+    from omnicore.checkpoint import SafetensorsFile
 
     q = cfg.llm_config
     C, V, D, E = cfg.num_audio_codebook, cfg.audio_vocab_size, q.hidden_size, q.head_dim

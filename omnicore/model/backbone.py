@@ -74,7 +74,7 @@ class LayerParams:
 
 @dataclass(frozen=True)
 class BackboneParams:
-    embed_tokens: object  # [text vocab, D]: a weights.RowTable (rows read on use) or an array
+    embed_tokens: object  # [text vocab, D]: an array, or a table read by rows on use
     audio_embeddings: np.ndarray  # [C*V, D]: codebook c's table is rows c*V .. c*V+V-1
     layers: tuple[LayerParams, ...]
     norm: np.ndarray  # [D]
@@ -406,7 +406,7 @@ def load_params(reader, cfg: OmniVoiceConfig, precision: str = "fp32") -> Backbo
     Nothing is transposed: every tensor keeps the checkpoint's layout, read once into process
     memory (never memory-mapped: a mapped file truncated under a running model is a SIGBUS).
     The 151676-row text table is the exception: a prompt uses a few hundred of its rows, so it
-    stays on disk as a weights.RowTable and `embed` reads just those rows.
+    stays on disk (reader.take_rows) and `embed` reads just those rows.
     `precision` (backend.PRECISIONS): the GEMMs' matrices are rounded to it here, once.
     """
     backend.check_precision(precision)
