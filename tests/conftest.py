@@ -33,6 +33,23 @@ def read_safetensors(path) -> dict:
         return {key: f.read(key) for key in f}
 
 
+@pytest.fixture
+def good(tmp_path):
+    """A small well-formed safetensors file (float, int64 and a one-element tensor) and its
+    tensors."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    tensors = {
+        "w": rng.standard_normal((4, 3)).astype(np.float32),
+        "ids": np.arange(8, dtype=np.int64),
+        "scalarish": np.ones((1,), np.float32),
+    }
+    p = tmp_path / "good.safetensors"
+    save_file(tensors, str(p), metadata={"format": "pt"})
+    return p, tensors
+
+
 def missing(what: str, how: str):
     """Fail under CI, skip elsewhere; either way say what is missing and how to get it."""
     message = f"{what} is not available ({how})"

@@ -26,19 +26,6 @@ def _write_raw(path, header: dict, data: bytes, header_len: int | None = None):
     return path
 
 
-@pytest.fixture
-def good(tmp_path):
-    rng = np.random.default_rng(0)
-    tensors = {
-        "w": rng.standard_normal((4, 3)).astype(np.float32),
-        "ids": np.arange(8, dtype=np.int64),
-        "scalarish": np.ones((1,), np.float32),
-    }
-    p = tmp_path / "good.safetensors"
-    save_file(tensors, str(p), metadata={"format": "pt"})
-    return p, tensors
-
-
 def test_tensors_are_private_aligned_read_only_copies(good):
     path, ref = good
     got = read_safetensors(path)

@@ -4,24 +4,10 @@ every key of the file used. The files themselves: test_checkpoint.py."""
 
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
 from omnicore import checkpoint
 from omnicore.errors import WeightsError
 from omnicore.model.weights import ParamReader
-
-
-@pytest.fixture
-def good(tmp_path):
-    rng = np.random.default_rng(0)
-    tensors = {
-        "w": rng.standard_normal((4, 3)).astype(np.float32),
-        "ids": np.arange(8, dtype=np.int64),
-        "scalarish": np.ones((1,), np.float32),
-    }
-    p = tmp_path / "good.safetensors"
-    save_file(tensors, str(p), metadata={"format": "pt"})
-    return p, tensors
 
 
 @pytest.mark.parametrize("source", ["file", "dict"])
