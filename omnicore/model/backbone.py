@@ -215,11 +215,13 @@ def decoder_layer(lp: LayerParams, cfg: OmniVoiceConfig, x, pack: Packing, work:
     scratch.) `hidden_states` runs its fused form, `_layer_fused`, which gives the same bits."""
     eps = cfg.llm_config.rms_norm_eps
     h = kernels.rms_norm(x, lp.input_layernorm, eps)  # [N, D]
-    x = x + linear(attention(lp, cfg, h, pack, work, precision), lp.o_proj, None, precision)  # [N, H*E] -> [N, D]
+    attn = attention(lp, cfg, h, pack, work, precision)  # [N, D] -> [N, H*E]
+    x = x + linear(attn, lp.o_proj, None, precision)  # [N, H*E] -> [N, D]
     h = kernels.rms_norm(x, lp.post_attention_layernorm, eps)
     gate = linear(h, lp.gate_proj, None, precision)  # [N, D] -> [N, F]
     up = linear(h, lp.up_proj, None, precision)  # [N, D] -> [N, F]
-    return x + linear(kernels.swiglu(gate, up), lp.down_proj, None, precision)  # silu(gate) * up: [N, F] -> [N, D]
+    mlp = kernels.swiglu(gate, up)  # silu(gate) * up, in gate's buffer
+    return x + linear(mlp, lp.down_proj, None, precision)  # [N, F] -> [N, D]
 
 
 def hidden_states(params: BackboneParams, cfg: OmniVoiceConfig, x, pack: Packing,
@@ -330,11 +332,13 @@ def _layer_fused(lp: LayerParams, cfg: OmniVoiceConfig, pack: Packing, work: Wor
     same order as decoder_layer's: equal bit for bit.
     """
     eps = cfg.llm_config.rms_norm_eps
-    linear(attention(lp, cfg, work.h, pack, work, precision), lp.o_proj, work.d, precision)  # [N, H*E] -> [N, D]
+    attn = attention(lp, cfg, work.h, pack, work, precision)  # [N, D] -> [N, H*E]
+    linear(attn, lp.o_proj, work.d, precision)  # [N, H*E] -> [N, D]
     kernels.add_rms_norm(work.x, work.d, lp.post_attention_layernorm, eps, work.h)
     linear(work.h, lp.gate_proj, work.gate, precision)  # [N, D] -> [N, F]
     linear(work.h, lp.up_proj, work.up, precision)  # [N, D] -> [N, F]
-    linear(kernels.swiglu(work.gate, work.up), lp.down_proj, work.d, precision)  # [N, F] -> [N, D]
+    mlp = kernels.swiglu(work.gate, work.up)  # silu(gate) * up, in place
+    linear(mlp, lp.down_proj, work.d, precision)  # [N, F] -> [N, D]
     if next_norm is None:
         xp.add(work.x, work.d, out=work.x)
     else:
