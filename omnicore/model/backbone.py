@@ -157,14 +157,17 @@ def linear(x, w, out=None, precision: str = "fp32"):
     """x [..., in] @ w.T for a projection w kept in the checkpoint's [out, in] layout, into
     `out` when given. x is first rounded, in place, to what `precision` feeds a GEMM
     (backend.PRECISIONS; w was rounded once, at load; "fp32" leaves both as they are)."""
-    return backend.matmul(backend.round_gemm_input(x, precision), w.T, out=out)
+    if precision != "fp32":
+        backend.round_gemm_input(x, precision)
+    return backend.matmul(x, w.T, out=out)
 
 
 def bmm(a, b, out=None, precision: str = "fp32"):
     """a @ b for attention's batched products of activations ([..., M, K] @ [..., K, N]), both
     rounded in place to `precision` first, into `out` when given."""
-    backend.round_gemm_input(a, precision)
-    backend.round_gemm_input(b, precision)
+    if precision != "fp32":
+        backend.round_gemm_input(a, precision)
+        backend.round_gemm_input(b, precision)
     return backend.matmul(a, b, out=out)
 
 
