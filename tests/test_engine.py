@@ -368,11 +368,11 @@ def test_schedule_at_full_size_costs(model, long_s, steps, long_joins):
     one keeps its place behind it. Rows are text + target (cond) and target (uncond)."""
     cfg = replace(model.config, llm_config=replace(model.config.llm_config, **FULL_SIZE))
 
-    def cost(seconds, text_tokens):
+    def flops(seconds, text_tokens):
         T_ = seconds * 25
         return cost.forward_flops(cfg, [text_tokens + T_, T_], [T_, T_])
 
-    costs = [cost(long_s, 135), cost(2, 50)]
+    costs = [flops(long_s, 135), flops(2, 50)]
     left, held, packs = [steps - 2, steps], [0, 0], []  # the long one ran 2 steps alone
     while left[1]:
         live = [i for i in (0, 1) if left[i]]

@@ -286,19 +286,19 @@ frames and T = {clone_T} target frames (estimated at the clip's own pace): shape
 ## 13. What this page did not show
 
 Sections 2 to 12 follow the model's reading order
-([`omnicore/model/__init__.py`](../omnicore/model/__init__.py)): the tokenizer, the backbone,
+([omnicore/model/__init__.py](../omnicore/model/__init__.py)): the tokenizer, the backbone,
 the unmasking loop, the codec with HuBERT and the resampler. Two parts of the folder come
 after it. How it is made fast: the Numba kernels between the GEMMs, each beside the plain twin
-it is tested against ([`kernels.py`](../omnicore/model/kernels.py),
-[`scoring_kernels.py`](../omnicore/model/scoring_kernels.py),
-[`conv_kernels.py`](../omnicore/model/conv_kernels.py)), the packed step the engine runs
+it is tested against ([kernels.py](../omnicore/model/kernels.py),
+[scoring_kernels.py](../omnicore/model/scoring_kernels.py),
+[conv_kernels.py](../omnicore/model/conv_kernels.py)), the packed step the engine runs
 ([`packed_unmasking.iterate`](../omnicore/model/packed_unmasking.py)), the backbone's fused
 layer (`backbone._layer_fused`), the numpy/CuPy switch
-([`backend.py`](../omnicore/model/backend.py)) and what a forward costs
-([`cost.py`](../omnicore/model/cost.py)). How a checkpoint is read: `config.json` into frozen
-dataclasses ([`config.py`](../omnicore/model/config.py)) and every tensor taken by its key
+([backend.py](../omnicore/model/backend.py)) and what a forward costs
+([cost.py](../omnicore/model/cost.py)). How a checkpoint is read: `config.json` into frozen
+dataclasses ([config.py](../omnicore/model/config.py)) and every tensor taken by its key
 ([`weights.ParamReader`](../omnicore/model/weights.py)), from files that
-[`omnicore/checkpoint.py`](../omnicore/checkpoint.py) finds and reads safely.
+[omnicore/checkpoint.py](../omnicore/checkpoint.py) finds and reads safely.
 """
 
 
