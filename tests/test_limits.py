@@ -21,7 +21,7 @@ import pytest
 
 from omnicore import OmniVoice
 from omnicore.text import limits
-from omnicore.model import config as config_mod, cost, tokenizer as tok, unmasking
+from omnicore.model import config as config_mod, cost, packed_unmasking, tokenizer as tok, unmasking
 from omnicore.model.config import FRAME_RATE, GenerationConfig, OmniVoiceConfig
 from omnicore.errors import InputError
 
@@ -211,7 +211,8 @@ def test_budget_fits_normal_use_and_refuses_the_extremes():
     (100, 0, 0.0, 2.0), (1200, 0, 0.0, 2.0), (1200, 400, 0.0, 0.0), (800, 200, 0.7, 2.0)])
 def test_memory_estimate_bounds_what_a_pass_allocates(frames, ref, class_temperature, guidance):
     """forward_bytes is an upper bound of a pass's peak allocations (numpy reports them to
-    tracemalloc), and a close one (measured 75-90 %), so the budget means what it says."""
+    tracemalloc) in the loop the engine runs (packed_unmasking.iterate), and a close one
+    (measured 75-90 %), so the budget means what it says."""
     m = _model()
     # three steps: a step's logits and scores overlap with the next step's forward
     gen = GenerationConfig(num_step=3, class_temperature=class_temperature,
@@ -219,11 +220,18 @@ def test_memory_estimate_bounds_what_a_pass_allocates(frames, ref, class_tempera
     item = tok.prepare_item(m.tokenizer, m.config, "A pass whose memory is measured.", frames,
                             ref_text="Hi." if ref else None,
                             ref_codes=np.zeros((8, ref), np.int64) if ref else None)
-    unmasking.generate_codes(m.params, m.config, [item, item], gen, seed=0)  # compile first
+
+    def run():  # the engine's loop: two passes packed, one cache, every step
+        states = [unmasking.PassState(item, gen, 0, m.config) for _ in range(2)]
+        cache = packed_unmasking.PackCache()
+        for _ in range(gen.num_step):
+            packed_unmasking.iterate(m.params, m.config, states, cache)
+
+    run()  # compile first
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
-        unmasking.generate_codes(m.params, m.config, [item, item], gen, seed=0)
+        run()
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
