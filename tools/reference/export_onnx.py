@@ -1,8 +1,15 @@
 #!/usr/bin/env python3
-"""Export the tiny checkpoint's sub-models to ONNX for onnxruntime property tests.
+"""Export a checkpoint's sub-models to ONNX: the tiny one's for onnxruntime property tests,
+the full-size one's for the ONNX Runtime column of benchmarks/bench_generate.py.
 
     $OMNICORE_REF_VENV/bin/python tools/reference/export_onnx.py [--ckpt weights/tiny-random]
                                                               [--out tests/fixtures/onnx]
+    $OMNICORE_REF_VENV/bin/python tools/reference/export_onnx.py --ckpt checkpoints/full \
+        --out checkpoints/full-onnx --external-data \
+        --only audio_embeddings_encoder llm_decoder audio_heads_decoder higgs_decoder
+
+--external-data writes each model's weights to NAME.onnx.data beside it (a protobuf file holds
+at most 2 GB; the full-size decoder is 1.8 GB of weights and the text table 0.6 GB).
 
 torch.onnx.export(dynamo=True, opset 18) with dynamic batch and sequence axes; after each export
 ONNX Runtime is run on inputs of a *different* batch and length than the export example and
@@ -201,10 +208,11 @@ def dynamic_shapes(name: str):
 
 def strip_metadata(path: Path) -> None:
     """Drop the exporter's per-node provenance (stack traces with this checkout's paths, FX node
-    text) so the file depends only on the weights and the graph, not on where it was exported."""
+    text) so the file depends only on the weights and the graph, not on where it was exported.
+    External weights stay where they are: only the graph file is rewritten."""
     import onnx
 
-    model = onnx.load(str(path))
+    model = onnx.load(str(path), load_external_data=False)
 
     def clean_graph(g):
         del g.metadata_props[:]
@@ -229,7 +237,7 @@ def strip_metadata(path: Path) -> None:
     onnx.save(model, str(path))
 
 
-def export_one(model, name: str, module, path: Path) -> dict:
+def export_one(model, name: str, module, path: Path, external_data: bool = False) -> dict:
     import onnxruntime as ort
     import torch
 
@@ -239,10 +247,11 @@ def export_one(model, name: str, module, path: Path) -> dict:
     with torch.no_grad():
         prog = torch.onnx.export(
             module, args, dynamo=True, opset_version=OPSET, input_names=inputs,
-            output_names=outputs, dynamic_shapes=dynamic_shapes(name), external_data=False,
+            output_names=outputs, dynamic_shapes=dynamic_shapes(name), external_data=external_data,
             optimize=True, verbose=False,
         )
-    prog.save(str(path), external_data=False)
+    prog.save(str(path), external_data=external_data)
+    del prog  # the graph's copy of the weights, before ONNX Runtime loads its own
     strip_metadata(path)
 
     # Check on other shapes than the export example.
@@ -261,7 +270,9 @@ def export_one(model, name: str, module, path: Path) -> dict:
             err = float(np.abs(got - ref).max() / max(1.0, float(np.abs(ref).max())))
             worst = max(worst, err)
     assert worst < TOL, f"{name}: onnxruntime differs from torch by {worst:.2e}"
-    return {"bytes": path.stat().st_size, "max_rel_err": worst}
+    data = path.with_name(path.name + ".data")
+    size = path.stat().st_size + (data.stat().st_size if external_data and data.exists() else 0)
+    return {"bytes": size, "max_rel_err": worst}
 
 
 def main() -> None:
@@ -271,6 +282,8 @@ def main() -> None:
     ap.add_argument("--ckpt", type=Path, default=ROOT / "weights" / "tiny-random")
     ap.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "onnx")
     ap.add_argument("--only", nargs="+")
+    ap.add_argument("--external-data", action="store_true",
+                    help="weights in NAME.onnx.data beside each graph (needed above 2 GB)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -287,7 +300,7 @@ def main() -> None:
             continue
         path = args.out / f"{name}.onnx"
         try:
-            info = export_one(model, name, module.eval(), path)
+            info = export_one(model, name, module.eval(), path, args.external_data)
             print(f"{name}: {info['bytes']} bytes, ORT vs torch max rel err {info['max_rel_err']:.2e}")
         except Exception as exc:  # report and continue with the other parts
             failed.append(name)
