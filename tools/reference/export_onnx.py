@@ -237,6 +237,28 @@ def strip_metadata(path: Path) -> None:
     onnx.save(model, str(path))
 
 
+def float64_check(name: str, module, checks) -> tuple[bool, float]:
+    """When ONNX Runtime and torch differ by more than TOL: at full size float32 rounding alone
+    moves the decoder's output by ~1e-3 of its range (28 layers of sharp random attention), so
+    both are compared with the module run in float64. ONNX Runtime passes when it is no further
+    from float64 than twice torch's own float32 error. Returns (passed, its error there)."""
+    import torch
+
+    ort_err, torch_err = 0.0, 0.0
+    module = module.double()
+    try:
+        for chk, got, ref in checks:
+            with torch.no_grad():
+                exact = module(*(a.double() if a.is_floating_point() else a for a in chk)).numpy()
+            scale = max(1.0, float(np.abs(exact).max()))
+            ort_err = max(ort_err, float(np.abs(got - exact).max()) / scale)
+            torch_err = max(torch_err, float(np.abs(ref - exact).max()) / scale)
+    finally:
+        module.float()
+    print(f"{name}: against float64, onnxruntime {ort_err:.2e}, torch float32 {torch_err:.2e}")
+    return ort_err <= 2 * torch_err, ort_err
+
+
 def export_one(model, name: str, module, path: Path, external_data: bool = False) -> dict:
     import onnxruntime as ort
     import torch
@@ -256,7 +278,7 @@ def export_one(model, name: str, module, path: Path, external_data: bool = False
 
     # Check on other shapes than the export example.
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    worst = 0.0
+    worst, checks, against = 0.0, [], "torch"
     for batch, length in ((1, 7), (3, 20)):
         chk = example_inputs(model, name, batch=batch, length=length, gen=gen)
         with torch.no_grad():
@@ -269,10 +291,15 @@ def export_one(model, name: str, module, path: Path, external_data: bool = False
         else:
             err = float(np.abs(got - ref).max() / max(1.0, float(np.abs(ref).max())))
             worst = max(worst, err)
-    assert worst < TOL, f"{name}: onnxruntime differs from torch by {worst:.2e}"
+            checks.append((chk, got, ref))
+    if worst >= TOL and checks:
+        passed, err = float64_check(name, module, checks)
+        assert passed, f"{name}: onnxruntime is {err:.2e} from float64, torch float32 much closer"
+        worst, against = err, "float64"
+    assert against == "float64" or worst < TOL, f"{name}: onnxruntime differs from torch by {worst:.2e}"
     data = path.with_name(path.name + ".data")
     size = path.stat().st_size + (data.stat().st_size if external_data and data.exists() else 0)
-    return {"bytes": size, "max_rel_err": worst}
+    return {"bytes": size, "max_rel_err": worst, "against": against}
 
 
 def main() -> None:
@@ -301,7 +328,8 @@ def main() -> None:
         path = args.out / f"{name}.onnx"
         try:
             info = export_one(model, name, module.eval(), path, args.external_data)
-            print(f"{name}: {info['bytes']} bytes, ORT vs torch max rel err {info['max_rel_err']:.2e}")
+            print(f"{name}: {info['bytes']} bytes, ORT vs {info['against']} max rel err "
+                  f"{info['max_rel_err']:.2e}")
         except Exception as exc:  # report and continue with the other parts
             failed.append(name)
             print(f"{name}: FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
