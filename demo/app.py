@@ -527,7 +527,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         except OmniCoreError as exc:
             return (presets.describe(None, None, 0, str(exc)),) * 3
         kwargs["normalize_text"] = bool(normalize_text)
-        steps, rate = kwargs["num_step"], tracker.rate
+        steps, rate, load = kwargs["num_step"], tracker.rate, presets.machine_load()
 
         def line(text, **voice):
             try:
@@ -535,7 +535,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                             **voice, **kwargs)
             except OmniCoreError as exc:
                 return presets.describe(rate, None, steps, str(exc))
-            return presets.describe(rate, work, steps)
+            return presets.describe(rate, work, steps, load=load)
 
         if voice_file:
             try:
@@ -829,8 +829,21 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     demo = build_demo(model, args.model, args.concurrency, args.max_queue, defaults)
+    make_examples(demo)
     demo.launch(server_name=args.host, server_port=args.port, **launch_options())
     return 0
+
+
+def make_examples(demo: gr.Blocks) -> None:
+    """Make the examples now, before the server listens: gradio would make them once it
+    serves, and a visitor who came then (right after a Space starts) would share the cores
+    with them. A Space reports ready when its port answers, so it does once they are made;
+    at launch gradio finds them in its cache."""
+    import asyncio
+
+    if demo.extra_startup_events:
+        print("making the examples ...", flush=True)
+        asyncio.run(demo.run_extra_startup_events())
 
 
 if __name__ == "__main__":

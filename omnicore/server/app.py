@@ -576,9 +576,13 @@ async def metrics(request: Request):
 
 
 async def not_found(request: Request, exc):
-    code = getattr(exc, "status_code", 404)
-    return JSONResponse(error_body(code, f"{request.method} {request.url.path}: not found"
-                                   if code == 404 else "method not allowed"), code)
+    status = getattr(exc, "status_code", 404)
+    if status == 404:
+        e = HTTPError(404, f"{request.method} {request.url.path}: not found", None, "not_found")
+    else:
+        e = HTTPError(405, f"{request.method} is not allowed on {request.url.path}", None,
+                      "method_not_allowed")
+    return error_response(e)
 
 
 def create_app(server: ServerState) -> Starlette:
