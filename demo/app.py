@@ -26,8 +26,11 @@ The wait, said before it starts (presets.py): at start-up the app times the mode
 (`presets.measure`) and opens with the speed preset (Fast / Balanced / Best: the reference's
 `num_step`, nothing else) whose first audio of a typical input fits the goal of 15 s, streaming
 on (on a GPU: Best, not streamed). Above each Generate button the estimate of the wait updates as
-the text and settings change; the timings compare it with what the run took. A few examples per
-tab are made at start-up with those defaults (gradio's example cache), so they play at once.
+the text and settings change (and, when other work keeps the machine's cores busy, says so and
+how long it may take instead); the timings compare it with what the run took. A few examples per
+tab are made at start-up with those defaults (gradio's example cache), before the server listens
+(`make_examples`: a Space reports ready only then), so they play at once and no visitor's first
+request shares the cores with them.
 With an NVIDIA GPU and CuPy installed the app runs on the CuPy backend. `--no-warmup` (and the
 page `omnicore serve --ui` mounts) skips the measurement: the reference's defaults, no estimate,
 examples that only fill the inputs.
