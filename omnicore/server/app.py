@@ -159,7 +159,8 @@ def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: floa
 
     async def pieces():
         """float32 pieces [N] from the SpeechStream, read in a worker thread; a stream the
-        server stops (shutdown) ends with its 503, not as if the audio were complete."""
+        server stops (shutdown) ends with its 503 (SSE) or cut (raw), never as if the audio
+        were complete."""
         while True:
             x = await server.in_thread(next, stream, None)
             if slot.stopping:
