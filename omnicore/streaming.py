@@ -14,10 +14,10 @@ pieces:
 Each call is checked and resolved like `generate` (request.build_requests); the voice follows
 the long-form rule (a voice prompt conditions every chunk, else chunk 0's codes are the later
 chunks' reference) and chunk k draws from child k of the seed. The pieces joined equal the
-offline composition of the same passes (one-shot decodes, `streamjoin.join_offline`) up to
-float32 rounding; text in fragments gives the same audio as the whole string, bit for bit.
-The chunking rule, the post-processing a stream can and cannot do like `generate`, and what it
-holds back are in docs/streaming.md.
+offline composition of the same passes (one-shot decodes, trimmed whole, joined by
+`postprocess.join_chunks`) up to float32 rounding; text in fragments gives the same audio as
+the whole string, bit for bit. The chunking rule, the post-processing a stream can and cannot
+do like `generate`, and what it holds back are in docs/streaming.md.
 
 Cancellation: leaving the loop (break, `close()`, the stream being collected) stops the worker
 within one unmasking step or decode window and joins it. Errors in the worker or the text source
@@ -202,13 +202,6 @@ def _text_source(text, rule: ChunkRule | None):
         return None, iter(text)
     except TypeError:
         raise InputError(f"text must be a string or an iterable of strings, got {type(text).__name__}") from None
-
-
-def _chunks_of(fragments: Iterator[str], rule: ChunkRule | None) -> Iterator[str]:
-    chunker = TextChunker(rule)
-    for frag in fragments:
-        yield from chunker.feed(frag)
-    yield from chunker.flush()
 
 
 LATER_WINDOWS = 4  # windows after a chunk's first are this many times longer

@@ -135,14 +135,15 @@ def test_requests_from_threads_equal_each_alone(model, specs, alone):
         _assert_same(results, alone)
 
 
-def test_two_generate_threads_share_forwards_and_get_what_each_gets_alone(model):
+def test_two_generate_threads_share_forwards(model):
+    """Callers in two threads are packed into one forward (that each still gets what it gets
+    alone is test_concurrency's)."""
     texts = ("The first thread speaks this sentence.", "A second and rather different one!")
     kw = dict(num_step=6, seed=9, position_temperature=0.0)
-    want = [model.synthesize(t, **kw)[0] for t in texts]
     together = []
     model.engine.trace = lambda ids: together.append(len(set(ids)))
     try:
-        got = [None, None]
+        got = []
         barrier = threading.Barrier(2, timeout=WAIT_S)
 
         def call(i):
@@ -151,15 +152,13 @@ def test_two_generate_threads_share_forwards_and_get_what_each_gets_alone(model)
 
         for _ in range(5):  # two threads start within microseconds; retry if one finished first
             together.clear()
+            got[:] = [None, None]
             threads = [threading.Thread(target=call, args=(i,)) for i in (0, 1)]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join(WAIT_S)
-            for g, w in zip(got, want):
-                np.testing.assert_array_equal(g.codes, w.codes)
-                np.testing.assert_array_equal(g.fill_steps, w.fill_steps)
-                assert np.abs(g.audio - w.audio).max(initial=0) <= INT16_STEP
+            assert all(g is not None for g in got)
             if max(together) == 2:
                 break
         assert max(together) == 2, "the two calls never shared a forward"

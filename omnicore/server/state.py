@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ..errors import CancelledError
 from .library import VoiceLibrary
-from .protocol import MODEL_ALIASES, HTTPError, shutting_down
+from .protocol import MODEL_ALIASES, HTTPError, shutting_down, warming_up
 
 # Tokens packed into one engine iteration: from one short pass to the default budget's order.
 TOKEN_BUCKETS = tuple(2 ** k for k in range(5, 17))
@@ -122,6 +123,7 @@ class ServerState:
         self.ui_path: str | None = None  # where the demo is mounted, if it is
         self.idle_timeout = idle_timeout  # a WebSocket with nothing to say and no message closes
         self.draining = False
+        self.warming = False  # warm_up_in_background is compiling the kernels: not ready yet
         self._stopped = False
         self.max_queue = max_queue
         # Requests synthesising at once (None: all admitted ones; the engine packs them). 1 is
@@ -199,6 +201,8 @@ class ServerState:
         with self._lock:
             if self.draining:
                 raise shutting_down()
+            if self.warming:
+                raise warming_up()
             if self._in_flight >= self.max_queue:
                 raise HTTPError(429, f"the server is busy ({self.max_queue} requests in flight); "
                                      "retry shortly", None, "queue_full", {"Retry-After": "1"})
@@ -237,6 +241,29 @@ class ServerState:
         with self._lock:
             self._in_flight -= 1
             self.m_in_flight.set(self._in_flight)
+
+    # -- start-up -------------------------------------------------------------------------------
+
+    def warm_up_in_background(self) -> threading.Thread:
+        """Compile the kernels (omnicore.warmup) in a thread while the port is open: /health and
+        speech requests say "warming up" (503) until it is done, so that no client waits for a
+        compile, and the log says how long it took."""
+        from ..warmup import warm_up
+
+        log = logging.getLogger("uvicorn.error")
+        self.warming = True
+
+        def run():
+            try:
+                done = warm_up(self.model)
+                log.info("Ready: kernels warm (%s in %.1f s)", ", ".join(done.seconds), done.total_s)
+            except Exception:  # serve anyway: each request then reports what is wrong
+                log.exception("Warm-up failed; serving without it")
+            finally:
+                self.warming = False
+        thread = threading.Thread(target=run, name="omnicore-warmup", daemon=True)
+        thread.start()
+        return thread
 
     # -- shutdown -------------------------------------------------------------------------------
 
@@ -283,9 +310,12 @@ class ServerState:
         return hmac.compare_digest(got, want) and scheme.lower() == "bearer"
 
     def load(self) -> dict:
-        """Requests in flight and queued, and the engine's own view (Engine.load)."""
-        ld = self.engine.load()
+        """Requests in flight and queued, and the engine's own view (Engine.load). The slots
+        are read first: a stream's passes leave the engine before its slot comes back, so a
+        cut stream never shows as passes beside a free slot."""
         with self._lock:
-            in_flight, queued = self._in_flight, self._slot_waiting + ld.waiting_requests
+            in_flight, slot_waiting = self._in_flight, self._slot_waiting
+        ld = self.engine.load()
+        queued = slot_waiting + ld.waiting_requests
         return {"in_flight": in_flight, "queued": queued,
                 "engine_passes": ld.active_passes + ld.waiting_passes, "engine": asdict(ld)}

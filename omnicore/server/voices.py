@@ -37,15 +37,28 @@ PRESET_VOICES = {
 
 
 def describe_voice(name: str, prompt, record: dict) -> dict:
-    """A voice as /v1/voices shows it: its prompt's transcript and length, and its record."""
-    codes = np.asarray(prompt.ref_audio_tokens)  # [C, T]
+    """A voice as /v1/voices shows it: its prompt's transcript and length, and its record. A
+    preset not made yet (`prompt` None) has the same fields, those of its prompt null."""
+    codes = None if prompt is None else np.asarray(prompt.ref_audio_tokens)  # [C, T]
     consent = record.get("consent")
+    preset = PRESET_VOICES.get(name)
     return {"id": name, "object": "voice", "name": record.get("name", name),
             "type": record.get("type"), "created_at": record.get("created_at"),
-            "ref_text": prompt.ref_text, "frames": int(codes.shape[1]),
-            "seconds": codes.shape[1] / FRAME_RATE,
-            "preset": PRESET_VOICES.get(name, (None,))[0],
+            "ref_text": None if prompt is None else prompt.ref_text,
+            "frames": None if codes is None else int(codes.shape[1]),
+            "seconds": None if codes is None else codes.shape[1] / FRAME_RATE,
+            "preset": preset[0] if preset else None, "seed": preset[1] if preset else None,
+            "made": prompt is not None,
             "consent": consent["id"] if isinstance(consent, dict) else None}
+
+
+def list_voices(voices: VoiceLibrary) -> list[dict]:
+    """GET /v1/voices: the library's voices by name, then the presets not made yet (blocking:
+    it reads the folder)."""
+    items = voices.items()
+    made = {n for n, _ in items}
+    return ([describe_voice(n, prompt, voices.record(n)) for n, prompt in items]
+            + [describe_voice(n, None, {"type": "prompt"}) for n in PRESET_VOICES if n not in made])
 
 
 def openai_voice(name: str, record: dict) -> dict:
@@ -102,13 +115,27 @@ def designed_voice(model, instruct: str, seed: int, language=None, sample: str |
     return result.as_voice()
 
 
-def resolve_voice(model, voices: VoiceLibrary, voice, on_step=None):
-    """A request's `voice` (a name or {"id": name}) -> a VoiceClonePrompt; a preset name not
-    made yet is designed now and stored (once, even for concurrent first uses)."""
+def voice_name(voice) -> str:
+    """A request's `voice` (a name or {"id": name}) -> the name, checked whole."""
     if isinstance(voice, dict):
         voice = voice.get("id")
     if not isinstance(voice, str) or not voice:
         raise HTTPError(400, "voice must be a voice name or {\"id\": name}", "voice", "invalid_voice")
+    return VoiceLibrary.check_name(voice, "voice")
+
+
+def check_voice(voices: VoiceLibrary, voice) -> None:
+    """Before admission: a request's `voice` names a voice of the library or a preset (404
+    otherwise). Blocking: it reads the folder."""
+    name = voice_name(voice)
+    if name not in PRESET_VOICES and voices.get(name) is None:
+        raise voice_not_found(name)
+
+
+def resolve_voice(model, voices: VoiceLibrary, voice, on_step=None):
+    """A request's `voice` (a name or {"id": name}) -> a VoiceClonePrompt; a preset name not
+    made yet is designed now and stored (once, even for concurrent first uses)."""
+    voice = voice_name(voice)
     prompt = voices.get(voice)
     if prompt is not None:
         return prompt
@@ -125,5 +152,9 @@ def resolve_voice(model, voices: VoiceLibrary, voice, on_step=None):
                         raise
                     prompt = voices.get(voice) or prompt
             return prompt
-    raise HTTPError(404, f"unknown voice {voice!r}; GET /v1/voices lists them", "voice",
-                    "voice_not_found")
+    raise voice_not_found(voice)
+
+
+def voice_not_found(name: str, param: str = "voice") -> HTTPError:
+    return HTTPError(404, f"unknown voice {name!r}; GET /v1/voices lists them", param,
+                     "voice_not_found")

@@ -77,10 +77,11 @@ def resolve_language(language: str | None) -> str | None:
     logger.warning(
         "Language %r is not supported%s; continuing without a language tag "
         "(language-agnostic). Use an id such as 'en', 'zh', 'ja', 'de' or an English name such "
-        "as 'English'; supported_language_ids() and supported_language_names() list all %d.",
+        "as 'English'; %s.",
         language,
         _language_hint(language),
-        len(ID_TO_NAME),
+        f"supported_language_ids() and supported_language_names() list all {len(ID_TO_NAME)}",
+        extra={"listing": "languages"},  # a front end may name its own way to list them
     )
     return None
 
@@ -108,15 +109,6 @@ def supported_language_ids() -> frozenset[str]:
 def supported_language_names() -> frozenset[str]:
     """All language names, lower-case, as the reference lists them."""
     return frozenset(NAME_TO_ID)
-
-
-def language_display_name(lang_id: str) -> str:
-    """English display name of a language id (``"en"`` -> ``"English"``); ``InputError`` if
-    the id is unknown."""
-    try:
-        return ID_TO_NAME[lang_id]
-    except (KeyError, TypeError):
-        raise InputError(f"unknown language id {lang_id!r}.") from None
 
 
 def language_choices() -> list[tuple[str, str]]:
