@@ -19,7 +19,7 @@ file system can hold:
    SIGBUS, a short read is a WeightsError. The one table too large to copy (the 151676 x 1024
    text embedding, of which a prompt uses a few hundred rows) is a `RowTable` read row by row
    on use. BF16/F16/F64 tensors are converted to float32 once, here.
-4. The parts of a checkpoint: `read_json` / `load_config` (config.json), `load_tokenizer`,
+4. The parts of a checkpoint: `read_json` / `read_config` (config.json), `load_tokenizer`,
    `open_params` (a ParamReader on a SafetensorsFile), `load_codec` and `load_codec_encoder`.
 """
 
