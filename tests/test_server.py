@@ -119,6 +119,18 @@ def _close(a, b) -> None:
     assert np.abs(a - b).max(initial=0) <= 1
 
 
+def _decoded(data: bytes) -> tuple[np.ndarray, int]:
+    """A response format's bytes -> (float32 samples [N], rate): libsndfile, or FFmpeg (PyAV)
+    for aac, which libsndfile does not read."""
+    import av
+
+    if data[:2] != b"\xff\xf1":  # not an ADTS frame
+        return sf.read(io.BytesIO(data), dtype="float32")
+    with av.open(io.BytesIO(data)) as container:
+        frames = [f.to_ndarray().reshape(-1) for f in container.decode(audio=0)]
+        return np.concatenate(frames).astype(np.float32), container.streams.audio[0].rate
+
+
 def _streamed(model, text, prompt) -> np.ndarray:
     """What the server streams for `text` (wav, pcm and opus, unless asked otherwise): the
     pieces of `model.stream` as int16 [N]."""
@@ -127,12 +139,13 @@ def _streamed(model, text, prompt) -> np.ndarray:
 
 def test_formats_match_generate(client, clip_voice, model):
     """wav and pcm are streamed (OpenAI's default): the pieces of `model.stream`; flac is a
-    whole file: `generate`'s audio."""
+    whole file: `generate`'s audio; the lossy ones (mp3, aac and opus, streamed) decode to
+    about the streamed audio's length."""
     text = "Hello from the server."
     want = to_pcm16(model.generate(text, voice_clone_prompt=clip_voice, **GREEDY)[0])
     streamed = _streamed(model, text, clip_voice)
     bodies = {}
-    for fmt in ("wav", "flac", "mp3", "opus", "pcm"):
+    for fmt in ("wav", "flac", "mp3", "opus", "aac", "pcm"):
         resp = client.audio.speech.create(model="omnivoice", voice="clip", input=text,
                                           response_format=fmt, extra_body=GREEDY)
         bodies[fmt] = resp.content
@@ -143,14 +156,14 @@ def test_formats_match_generate(client, clip_voice, model):
         got, sr = sf.read(io.BytesIO(bodies[fmt]), dtype="int16")
         assert sr == 24000
         _close(got, audio)
-    for fmt in ("mp3", "opus"):  # lossy: decodes, about the same length
-        got, sr = sf.read(io.BytesIO(bodies[fmt]), dtype="float32")
-        assert abs(len(got) / sr - len(want) / 24000) < 0.15, fmt
+    assert bodies["aac"][:2] == b"\xff\xf1"  # an ADTS frame (MPEG-4, no CRC), as OpenAI's aac
+    for fmt in ("mp3", "opus", "aac"):  # lossy: decodes, about the same length
+        got, sr = _decoded(bodies[fmt])
+        assert sr == 24000 and abs(len(got) - len(streamed)) / sr < 0.15, fmt
 
 
-def test_aac_and_bad_requests_are_json_4xx(client, server, clip_voice):
+def test_bad_requests_are_json_4xx(client, server, clip_voice):
     cases = [
-        (dict(voice="clip", input="Hi.", response_format="aac"), 400, "aac"),
         (dict(voice="clip", input="Hi.", response_format="ogg"), 400, "response_format"),
         (dict(voice="clip", input=""), 400, "input"),
         (dict(voice="clip", input="Hi.", speed=9.0), 400, "speed"),
@@ -235,9 +248,9 @@ def test_streaming_first_bytes_early_and_same_audio(client, clip_voice, model):
     assert sr == 24000 and got.shape == whole.shape
     assert np.abs(got - whole).max() < 0.02
 
-    # SSE deltas carry the response_format's bytes: wav piece by piece after its header, the
-    # default mp3 (what an unmodified client gets) as one encoded file at the end.
-    for fmt, n_deltas in (("wav", len(deltas) + 1), (None, 1)):
+    # SSE deltas carry the response_format's bytes, piece by piece: wav after its header, and
+    # the default mp3 (what an unmodified client gets: LiveKit's OpenAI plugin) frame by frame.
+    for fmt, n_deltas in (("wav", len(deltas) + 1), (None, len(deltas) + 1)):
         extra = {} if fmt is None else {"response_format": fmt}
         with client.audio.speech.with_streaming_response.create(
                 model="omnivoice", voice="clip", input=text, stream_format="sse",
@@ -250,15 +263,22 @@ def test_streaming_first_bytes_early_and_same_audio(client, clip_voice, model):
             assert data[:4] == b"RIFF" and data[40:44] == b"\xff\xff\xff\xff"
             _close(np.frombuffer(data[44:], "<i2"), want)
         else:
-            got, sr = sf.read(io.BytesIO(data), dtype="float32")
+            got, sr = _decoded(data)
             assert sr == 24000 and abs(len(got) - len(want)) / sr < 0.15
+
+    # mp3 and aac leave frame by frame as the audio is made, like wav.
+    for fmt in ("mp3", "aac"):
+        arrivals, body, total = _timed_stream(client, text, fmt)
+        assert arrivals[0][0] < total - later, (fmt, arrivals, later)
+        got, sr = _decoded(body)
+        assert sr == 24000 and abs(len(got) - len(want)) / sr < 0.15, fmt
 
 
 def test_openai_defaults_stream_and_model_is_checked(client, clip_voice, model):
-    """As OpenAI's API: an unmodified client's with_streaming_response gets wav, pcm and opus
-    as they are made (no stream_format given; chunked, no Content-Length), mp3 and flac as
-    one file; `model` is one of /v1/models (OpenAI's names are aliases), else a 404 in
-    OpenAI's error shape."""
+    """As OpenAI's API: an unmodified client's with_streaming_response gets wav, pcm, opus, mp3
+    and aac as they are made (no stream_format given; chunked, no Content-Length), flac as one
+    file; `model` is one of /v1/models (OpenAI's names are aliases), else a 404 in OpenAI's
+    error shape."""
     text = STORY
     pieces, later = _made_here(model, text, clip_voice)
     want = np.concatenate([to_pcm16(x) for x in pieces])
@@ -267,7 +287,7 @@ def test_openai_defaults_stream_and_model_is_checked(client, clip_voice, model):
         first_audio = next(t for t, n in arrivals if n > (44 if fmt == "wav" else 0))
         assert first_audio < total - later, (fmt, first_audio, total, later)
         _close(np.frombuffer(body[44:] if fmt == "wav" else body, "<i2"), want)
-    for fmt, streamed in (("opus", True), ("mp3", False), ("flac", False)):
+    for fmt, streamed in (("opus", True), ("mp3", True), ("aac", True), ("flac", False)):
         with client.audio.speech.with_streaming_response.create(
                 model="gpt-4o-mini-tts", voice="clip", input="Hi.", response_format=fmt,
                 extra_body=GREEDY) as resp:

@@ -12,7 +12,7 @@ from dataclasses import fields
 from ..errors import AudioError, CancelledError, ConfigError, InputError, OmniCoreError, VoicePromptError
 from ..model.config import GenerationConfig
 from ..text import limits
-from .formats import FORMATS, PIECEWISE
+from .formats import FORMATS, PIECEWISE, encoder_missing
 
 MAX_BODY_BYTES = 1 * 2**20       # a JSON speech request: text is capped at MAX_TEXT_CHARS anyway
 MAX_UPLOAD_BYTES = 20 * 2**20    # a reference clip (a 30 s 48 kHz stereo float WAV is ~11 MB)
@@ -171,12 +171,11 @@ def speech_options(body: dict, default_format: str = "mp3", models=None) -> dict
                              f"the names this server answers to ({', '.join(models)})", "model",
                         "model_not_found")
     fmt = body_field(body, "response_format", str, default_format)
-    if fmt == "aac":
-        raise HTTPError(400, "response_format 'aac' is not available (no AAC encoder here); use "
-                             "mp3, opus, flac, wav or pcm", "response_format", "unsupported_format")
     if fmt not in FORMATS:
         raise HTTPError(400, f"unknown response_format {fmt!r}; one of {', '.join(FORMATS)}",
                         "response_format", "invalid_format")
+    if encoder_missing(fmt):
+        raise HTTPError(400, encoder_missing(fmt), "response_format", "unsupported_format")
     stream_format = body_field(body, "stream_format", str, None)
     if stream_format not in (None, "audio", "sse"):
         raise HTTPError(400, f"stream_format must be 'audio' or 'sse', got {stream_format!r}",
