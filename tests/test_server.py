@@ -170,8 +170,12 @@ def test_bad_requests_are_json_4xx(client, server, clip_voice):
         (dict(voice="nobody", input="Hi."), 404, "nobody"),
         (dict(voice="clip", input="Hi.", extra_body={"num_step": "many"}), 400, "num_step"),
         (dict(voice="clip", input="x" * 20_001), 400, "limit"),
-        # free-form instructions are not OmniVoice's instruct items: the message lists them
-        (dict(voice="clip", input="Hi.", instructions="Speak cheerfully."), 400, "pitch"),
+        # omnicore's own `instruct` is strict (OpenAI's `instructions` is prose): the message
+        # lists the items
+        (dict(voice="clip", input="Hi.", extra_body={"instruct": "Speak cheerfully."}), 400,
+         "pitch"),
+        (dict(voice="clip", input="Hi.", instructions="warm", extra_body={"instruct": "male"}),
+         400, "not both"),
     ]
     for kw, status, word in cases:
         with pytest.raises(openai.APIStatusError) as exc:
@@ -523,7 +527,8 @@ def test_restart_auth_queue_and_disconnect(voices_dir, clip_voice):
         got = _samples(url)
         assert got[("omnicore_streams_cancelled_total", ())] == 1
         # A whole-file request whose client goes away mid-way is cancelled too (499).
-        sock = _raw_post(url, {"input": long_text, "voice": "clip", "num_step": 64}, auth)
+        sock = _raw_post(url, {"input": long_text, "voice": "clip", "num_step": 64,
+                               "response_format": "flac"}, auth)
         _leaves_within_steps(url, sock.close)
         h = _health_until(url, lambda h: h["in_flight"] == 0)
         assert h["in_flight"] == 0, h

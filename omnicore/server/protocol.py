@@ -11,7 +11,7 @@ from dataclasses import fields
 
 from ..errors import AudioError, CancelledError, ConfigError, InputError, OmniCoreError, VoicePromptError
 from ..model.config import GenerationConfig
-from ..text import limits
+from ..text import frontend, limits
 from .formats import FORMATS, PIECEWISE, encoder_missing
 
 MAX_BODY_BYTES = 1 * 2**20       # a JSON speech request: text is capped at MAX_TEXT_CHARS anyway
@@ -181,9 +181,10 @@ def speech_options(body: dict, default_format: str = "mp3", models=None) -> dict
         raise HTTPError(400, f"stream_format must be 'audio' or 'sse', got {stream_format!r}",
                         "stream_format", "invalid_value")
     speed = body_field(body, "speed", (int, float), None, check=lambda v: 0.25 <= v <= 4.0)
+    instruct, ignored = voice_design(body)
     out = {
         "voice": body.get("voice"), "format": fmt, "stream_format": stream_format,
-        "instruct": body_field(body, "instructions", str, None) or None,
+        "instruct": instruct, "instructions_ignored": ignored,
         "speed": None if speed is None or speed == 1 else float(speed),
         "language": body_field(body, "language", str, None),
         "seed": body_field(body, "seed", int, None, check=lambda v: v >= 0),
@@ -193,6 +194,32 @@ def speech_options(body: dict, default_format: str = "mp3", models=None) -> dict
     gen = {name: body_field(body, name, types) for name, types in GEN_FIELDS.items()}
     out["gen"] = {name: v for name, v in gen.items() if v is not None}  # absent: the defaults
     return out
+
+
+def voice_design(body: dict) -> tuple[str | None, list[str]]:
+    """The voice-design instruct of a speech body: (instruct or None, what was ignored).
+    OpenAI's `instructions` is free prose: the voice-design items found in it are used, the
+    rest is ignored and named (frontend.instruct_from_prose), never a 400. omnicore's own
+    `instruct` is read strictly: an unknown item is a 400 naming the closest one."""
+    prose = body_field(body, "instructions", str, None)
+    strict = body_field(body, "instruct", str, None)
+    if prose is not None and strict is not None:
+        raise HTTPError(400, "give either instructions (free prose) or instruct (voice-design "
+                             "items), not both", "instruct", "invalid_value")
+    if strict is None:
+        return frontend.instruct_from_prose(prose)
+    try:
+        frontend.resolve_instruct(strict)
+    except InputError as exc:
+        raise HTTPError(400, str(exc), "instruct", "invalid_instruct") from None
+    return strict.strip() or None, []
+
+
+def ignored_header(ignored: list[str]) -> dict:
+    """The response header that names what a speech request's `instructions` left unused (a
+    JSON list of the prose's fragments, ASCII-escaped as a header must be); none when nothing
+    was."""
+    return {"X-Omnicore-Instructions-Ignored": json.dumps(ignored)} if ignored else {}
 
 
 def synth_kwargs(req: dict, prompt) -> dict:

@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from ..errors import CancelledError
 from .library import VoiceLibrary
 from .protocol import MODEL_ALIASES, HTTPError, shutting_down
+from .voices import PRESET_VOICES, resolve_voice, unknown_voice
 
 # Tokens packed into one engine iteration: from one short pass to the default budget's order.
 TOKEN_BUCKETS = tuple(2 ** k for k in range(5, 17))
@@ -90,7 +91,11 @@ class Slot:
         """fn(*args) in a worker thread; when the client leaves first, `cancelled` makes the
         work's next step raise CancelledError (the request ends as a 499)."""
         fut = asyncio.wrap_future(self._server.pool.submit(fn, *args))
-        await asyncio.wait({fut, self.gone}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait({fut, self.gone}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the awaiting task was cancelled (an MCP request's cancel)
+            self.cancelled.set()
+            raise
         if not fut.done():
             self.cancelled.set()
         return await fut
@@ -113,7 +118,7 @@ class ServerState:
     def __init__(self, model, voices_dir=None, api_key: str | None = None, max_queue: int = 16,
                  model_name: str = "omnivoice", max_concurrency: int | None = None,
                  metrics_public: bool = False, idle_timeout: float = 30.0,
-                 require_consent: bool = False):
+                 require_consent: bool = False, voice_aliases: dict | None = None):
         self.model = model
         self.engine = model.engine
         self.voices = VoiceLibrary(voices_dir)
@@ -131,6 +136,7 @@ class ServerState:
         # What /v1/models lists and a speech request's `model` may name: all this one model.
         self.model_ids = list(dict.fromkeys([model_name, *MODEL_ALIASES]))
         self.require_consent = require_consent  # cloned voices need a consent recording's id
+        self.voice_aliases = dict(voice_aliases or {})  # name -> library voice (--voice-alias)
         self.pool = ThreadPoolExecutor(max_workers=max_queue + 4, thread_name_prefix="omnicore-serve")
         self._in_flight = 0
         self._slot_waiting = 0  # admitted, waiting for a run slot
@@ -171,6 +177,18 @@ class ServerState:
             if previous is not None:
                 previous(ids)
         self.engine.trace = on_iteration
+
+    def voice(self, voice, on_step=None):
+        """A request's `voice` -> its prompt (voices.resolve_voice, with the aliases); blocking:
+        a preset's first use designs it."""
+        return resolve_voice(self.model, self.voices, voice, on_step, self.voice_aliases)
+
+    def check_voice(self, voice: str) -> None:
+        """A 404 now, before admission, for a name that is neither a voice, a preset nor an
+        alias (cheap: nothing is designed)."""
+        if (voice not in PRESET_VOICES and voice not in self.voice_aliases
+                and self.voices.get(voice) is None):
+            raise unknown_voice(voice)
 
     async def in_thread(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)

@@ -41,7 +41,6 @@ from .formats import encoded
 from .protocol import (HTTPError, as_http, check_input_length, error_body, forget, has_words,
                        parse_json, shutting_down, speech_options, synth_kwargs)
 from .state import ServerState, Slot
-from .voices import resolve_voice
 
 ROUTE = "speech_stream_input"  # its name in the request counter
 MESSAGE_KEYS = ("text", "flush", "cancel", "close")
@@ -264,8 +263,8 @@ class Session:
                     queued = time.perf_counter() - t_admit
                     slot.on_stop(lambda: u.cancel(server.pool))
                     if self.prompt is None and self.opts["voice"] is not None:
-                        self.prompt = await slot.run(resolve_voice, server.model, server.voices,
-                                                     self.opts["voice"], slot.on_step)
+                        self.prompt = await slot.run(server.voice, self.opts["voice"],
+                                                     slot.on_step)
                     kw = synth_kwargs(self.opts, self.prompt)
                     u.stream = await server.in_thread(
                         lambda: server.model.stream(u.fragments(), **kw))

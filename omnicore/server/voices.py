@@ -12,8 +12,9 @@ import secrets
 
 import numpy as np
 
+from ..errors import InputError
 from ..model.config import FRAME_RATE, GenerationConfig
-from .library import VoiceLibrary
+from .library import VOICE_NAME, VoiceLibrary
 from .protocol import HTTPError
 
 MAX_LABEL_CHARS = 256  # an OpenAI voice's or consent's `name`: a label, not an identifier
@@ -33,6 +34,8 @@ PRESET_VOICES = {
     "sage": ("female, middle-aged, low pitch, american accent", 19),
     "shimmer": ("female, young adult, very high pitch, american accent", 20),
     "verse": ("male, teenager, moderate pitch, american accent", 21),
+    "marin": ("female, middle-aged, moderate pitch, american accent", 22),
+    "cedar": ("male, elderly, low pitch, american accent", 23),
 }
 
 
@@ -46,6 +49,15 @@ def describe_voice(name: str, prompt, record: dict) -> dict:
             "seconds": codes.shape[1] / FRAME_RATE,
             "preset": PRESET_VOICES.get(name, (None,))[0],
             "consent": consent["id"] if isinstance(consent, dict) else None}
+
+
+def list_voices(voices: VoiceLibrary) -> list[dict]:
+    """Every voice as /v1/voices lists it: the library's, then the presets not made yet."""
+    items = voices.items()
+    made = {n for n, _ in items}
+    presets = [{"id": n, "object": "voice", "name": n, "preset": ins, "seed": seed,
+                "created": False} for n, (ins, seed) in PRESET_VOICES.items() if n not in made]
+    return [describe_voice(n, prompt, voices.record(n)) for n, prompt in items] + presets
 
 
 def openai_voice(name: str, record: dict) -> dict:
@@ -102,13 +114,32 @@ def designed_voice(model, instruct: str, seed: int, language=None, sample: str |
     return result.as_voice()
 
 
-def resolve_voice(model, voices: VoiceLibrary, voice, on_step=None):
+def parse_alias(spec: str) -> tuple[str, str]:
+    """`NAME=VOICE` (omnicore serve --voice-alias) -> (NAME, VOICE), both valid voice names."""
+    name, sep, target = spec.partition("=")
+    if not sep or not VOICE_NAME.fullmatch(name) or not VOICE_NAME.fullmatch(target):
+        raise InputError(f"--voice-alias takes NAME=VOICE, two voice names (letters, digits, "
+                         f"'_' or '-'), e.g. alloy=my_voice; got {spec!r}")
+    return name, target
+
+
+def resolve_voice(model, voices: VoiceLibrary, voice, on_step=None, aliases=None):
     """A request's `voice` (a name or {"id": name}) -> a VoiceClonePrompt; a preset name not
-    made yet is designed now and stored (once, even for concurrent first uses)."""
+    made yet is designed now and stored (once, even for concurrent first uses). `aliases`
+    (name -> library voice) lets a name a client insists on (OpenAI's presets) speak as a
+    library voice: an alias wins over a preset or a voice of that name."""
     if isinstance(voice, dict):
         voice = voice.get("id")
     if not isinstance(voice, str) or not voice:
         raise HTTPError(400, "voice must be a voice name or {\"id\": name}", "voice", "invalid_voice")
+    target = (aliases or {}).get(voice)
+    if target is not None:
+        prompt = voices.get(target)
+        if prompt is None:
+            raise HTTPError(404, f"voice {voice!r} is an alias of {target!r} (--voice-alias), "
+                                 f"which is not in the voice library; GET /v1/voices lists them",
+                            "voice", "voice_not_found")
+        return prompt
     prompt = voices.get(voice)
     if prompt is not None:
         return prompt
@@ -125,5 +156,9 @@ def resolve_voice(model, voices: VoiceLibrary, voice, on_step=None):
                         raise
                     prompt = voices.get(voice) or prompt
             return prompt
-    raise HTTPError(404, f"unknown voice {voice!r}; GET /v1/voices lists them", "voice",
-                    "voice_not_found")
+    raise unknown_voice(voice)
+
+
+def unknown_voice(voice) -> HTTPError:
+    return HTTPError(404, f"unknown voice {voice!r}; GET /v1/voices lists them", "voice",
+                     "voice_not_found")
