@@ -22,7 +22,7 @@ One module per family of commands, each with its parser next to what it runs:
     batch.py      batch, locally or on Ray (--ray)
     script.py     script (several speakers, one file)
     codec.py      codec encode / decode / roundtrip
-    serve.py      serve (the HTTP server)
+    serve.py      serve (the HTTP server), wyoming (Home Assistant), mcp (LLM agents)
     reference.py  infer / infer-batch: the reference's command lines, verbatim
     options.py    the voice and generation options, and what they mean to generate()
     progress.py   progress on a terminal: chunk or job i/n, step, ETA

@@ -5,7 +5,9 @@ takes its type and default from the dataclass, and its help from `FIELD_HELP`, t
 per field below. They come in two spellings:
     say, batch, script      a few fields in this command line's style: --steps, --guidance,
                             --no-denoise, --no-postprocess (`add_generation_options`), and
-                            clone-prompt's --no-preprocess (`add_field_option`)
+                            clone-prompt's --no-preprocess (`add_field_option`); the servers
+                            whose protocol carries only text and voice (wyoming, mcp) the
+                            same, for every text (`add_speech_options`)
     infer, infer-batch      `--<field>` as the reference spells them, booleans as
                             `--denoise False` (`add_reference_options`)
 Either way the value lands on `args.<field>`, which is where `gen_kwargs` reads it.
@@ -93,6 +95,24 @@ def add_generation_options(sp) -> None:
     g.add_argument("--normalize-text", action="store_true",
                    help="read numbers, dates, currency as words first, as the reference's "
                         "normalize_text (needs pip install 'omnicore[tn]')")
+
+
+def add_speech_options(sp) -> None:
+    """The generation settings of a server whose protocol carries only the text and voice."""
+    g = sp.add_argument_group("generation (every text)")
+    g.add_argument("--language", help="language of texts whose voice names none, a name or code "
+                                      "(default: agnostic)")
+    g.add_argument("--speed", type=float, help="speaking rate factor, >1 faster (default 1.0)")
+    add_field_option(g, "num_step", "--steps")
+    add_field_option(g, "guidance_scale", "--guidance")
+    g.add_argument("--seed", type=_seed, help="random seed (>= 0): same text, voice and seed, same audio")
+    g.add_argument("--greedy", action="store_true",
+                   help="deterministic decoding (position and class temperature 0)")
+    add_field_option(g, "denoise", "--no-denoise")
+    add_field_option(g, "postprocess_output", "--no-postprocess")
+    g.add_argument("--normalize-text", action="store_true",
+                   help="read numbers, dates, currency as words first (pip install 'omnicore[tn]')")
+    sp.set_defaults(instruct=None, duration=None)
 
 
 def add_reference_options(sp, names) -> None:
