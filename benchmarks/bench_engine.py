@@ -16,7 +16,7 @@ Cases (times are wall seconds of unmasking: generate_codes, no decode):
   throughput  4 concurrent MID requests: packed on the engine, one after another, and 4
               threads each running its own forward (unmasking.generate_codes: the code path
               before the engine); per iteration of the packed and the serial runs: GFLOP
-              (text.forward_flops), median forward and iteration time, and the % of the numpy
+              (backbone.forward_flops), median forward and iteration time, and the % of the numpy
               sgemm roofline (roofline.py: numpy's time for exactly those GEMMs)
   long text   a voice-prompt text of 4 chunks (5 s reference): packed (one request) vs chunk
               after chunk

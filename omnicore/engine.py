@@ -1,8 +1,8 @@
 """The unmasking engine: one thread per model runs every pass of every caller, packed together.
 
     caller threads (generate, stream, batch, demo)         engine thread (owns the forward)
-      plan -> [PassSpec, ...] -> Engine.submit -> Request   loop, one iteration at a time:
-      Request.result(): runs progress callbacks,              1. admit ready passes (their
+      plan -> [PassSpec, ...] -> Engine.submit -> Ticket    loop, one iteration at a time:
+      Ticket.result(): runs progress callbacks,               1. admit ready passes (their
         returns codes once every pass retired                    dependencies done) FIFO within
       decode + post-process in the caller's thread               the token budget
                                                               2. pack the rows of the active
@@ -14,6 +14,10 @@
                                                                  call each (unmasking.iterate)
                                                               4. retire finished passes; drop
                                                                  cancelled ones
+
+A request, here, is the passes one call submits together (the chunks of its texts); `Engine.submit`
+hands back its `Ticket`. (`request.Request`, one text's checked settings, is what those passes
+are built from.)
 
 Continuous batching: a pass joins at the next iteration, whatever step the others are at, so
 no request waits for another to finish; passes of one request that do not depend on each other
@@ -57,7 +61,7 @@ from .errors import CancelledError, InputError
 from .model import backbone, tokenizer as tok_mod, unmasking
 from .model.config import GenerationConfig, validate_sampling
 
-__all__ = ["PassSpec", "Request", "Engine", "EngineLoad", "default_token_budget", "pass_seed",
+__all__ = ["PassSpec", "Ticket", "Engine", "EngineLoad", "default_token_budget", "pass_seed",
            "schedule"]
 
 IDLE_EXIT_S = 10.0  # the worker thread ends after this long without work
@@ -146,9 +150,10 @@ def default_token_budget(cfg) -> int:
     return max(1, backbone.MAX_PASS_BYTES // per_token)
 
 
-class Request:
-    """Handle of one submitted request (future-like): `result()` waits for the codes of every
-    pass and runs the progress callback in the waiting thread; `cancel()` stops it."""
+class Ticket:
+    """The caller's handle of one submitted request (the passes of one call), future-like:
+    `result()` waits for the codes of every pass and runs the progress callback in the waiting
+    thread; `cancel()` stops it."""
 
     def __init__(self, engine: "Engine", specs: Sequence[PassSpec], on_step):
         self.engine = engine
@@ -232,9 +237,9 @@ class Request:
 class _Pass:
     """A submitted pass: its spec, its rows once prepared, its unmasking state once admitted."""
 
-    def __init__(self, request: Request, index: int):
-        self.request, self.index = request, index
-        self.spec = request.specs[index]
+    def __init__(self, ticket: Ticket, index: int):
+        self.ticket, self.index = ticket, index
+        self.spec = ticket.specs[index]
         self.prepared: tok_mod.PreparedItem | None = None
         self.state: unmasking.PassState | None = None
         self.cost = 0  # backbone.forward_flops of its rows: one iteration's cost, set on admission
@@ -245,7 +250,7 @@ class _Pass:
 
     def ready(self) -> bool:
         a = self.spec.after
-        return a is None or self.request._results[a] is not None
+        return a is None or self.ticket._results[a] is not None
 
 
 class Engine:
@@ -305,17 +310,17 @@ class Engine:
         return prepared
 
     def submit(self, specs: Sequence[PassSpec], on_step: Callable[[int, int], None] | None = None
-               ) -> Request:
-        """Queue the passes of one request; returns its handle. Inputs and memory are checked
+               ) -> Ticket:
+        """Queue the passes of one request; returns its `Ticket`. Inputs and memory are checked
         here, in the caller's thread (InputError before anything is queued). on_step(step,
-        num_steps) is called from `Request.result()` after iterations that advanced the request
+        num_steps) is called from `Ticket.result()` after iterations that advanced the request
         (step = the least advanced of its passes that ran), in order, each once; the engine
         never waits for the callback."""
         if not specs:
             raise InputError("a request needs at least one pass")
         prepared = self.check(specs)
-        req = Request(self, specs, on_step)
-        passes = [_Pass(req, i) for i in range(len(specs))]
+        ticket = Ticket(self, specs, on_step)
+        passes = [_Pass(ticket, i) for i in range(len(specs))]
         for p, item in zip(passes, prepared):
             p.prepared = item
         with self._cond:
@@ -325,15 +330,15 @@ class Engine:
                                                 daemon=True)
                 self._thread.start()
             self._cond.notify_all()
-        return req
+        return ticket
 
     def run(self, specs: Sequence[PassSpec], on_step=None) -> list[PassResult]:
         """submit + result; a KeyboardInterrupt (or any exception) while waiting cancels it."""
-        req = self.submit(specs, on_step)
+        ticket = self.submit(specs, on_step)
         try:
-            return req.result()
+            return ticket.result()
         except BaseException:
-            req.cancel()
+            ticket.cancel()
             raise
 
     def load(self) -> EngineLoad:
@@ -341,10 +346,10 @@ class Engine:
         passes are not counted; a cancelled one counts until the engine drops it, which it does
         before its next iteration."""
         with self._cond:
-            active = [p for p in self._active if not p.request._finished.is_set()]
-            waiting = [p for p in self._waiting if not p.request._finished.is_set()]
-            active_ids = {p.request.id for p in active}
-            waiting_ids = {p.request.id for p in waiting} - active_ids
+            active = [p for p in self._active if not p.ticket._finished.is_set()]
+            waiting = [p for p in self._waiting if not p.ticket._finished.is_set()]
+            active_ids = {p.ticket.id for p in active}
+            waiting_ids = {p.ticket.id for p in waiting} - active_ids
             return EngineLoad(len(waiting_ids), len(active_ids), len(waiting), len(active),
                               self.iterations, self._last_tokens)
 
@@ -368,21 +373,21 @@ class Engine:
         blocked = False
         while self._waiting:
             p = self._waiting.popleft()
-            req = p.request
-            if req._finished.is_set():
+            ticket = p.ticket
+            if ticket._finished.is_set():
                 continue  # cancelled or failed: drop
             if blocked or not p.ready():
                 kept.append(p)
                 continue
             try:
                 if p.prepared is None:  # the reference pass just retired: its codes are the voice
-                    p.prepared = self.prepare(p.spec, req._results[p.spec.after][0])
+                    p.prepared = self.prepare(p.spec, ticket._results[p.spec.after][0])
                 if p.state is None:
                     p.state = unmasking.PassState(p.prepared, p.spec.gen, p.spec.seed, self.cfg)
                     p.cost = backbone.forward_flops(
                         self.cfg, [ids.shape[1] for ids, _ in p.state.rows], p.state.num_out)
             except BaseException as exc:  # surfaces in the caller's result()
-                req._finish("error", exc)
+                ticket._finish("error", exc)
                 continue
             if self._active and not self._fits(self._active + [p]):
                 blocked = True  # first come first served: later passes do not overtake it
@@ -394,18 +399,18 @@ class Engine:
     @staticmethod
     def _select(active: list[_Pass]) -> list[_Pass]:
         """The passes this iteration runs: those of the requests `schedule` picks."""
-        reqs = list(dict.fromkeys(p.request for p in active))  # in admission order
-        cost = {r: 0 for r in reqs}
+        tickets = list(dict.fromkeys(p.ticket for p in active))  # in admission order
+        cost = {t: 0 for t in tickets}
         work = dict(cost)
         for p in active:
-            cost[p.request] += p.cost
-            work[p.request] += p.work()
-        runs, held = schedule([cost[r] for r in reqs], [work[r] for r in reqs],
-                              [r._held for r in reqs])
-        for r, h in zip(reqs, held):
-            r._held = h
-        chosen = {r for r, run in zip(reqs, runs) if run}
-        return [p for p in active if p.request in chosen]
+            cost[p.ticket] += p.cost
+            work[p.ticket] += p.work()
+        runs, held = schedule([cost[t] for t in tickets], [work[t] for t in tickets],
+                              [t._held for t in tickets])
+        for t, h in zip(tickets, held):
+            t._held = h
+        chosen = {t for t, run in zip(tickets, runs) if run}
+        return [p for p in active if p.ticket in chosen]
 
     def _run(self) -> None:
         while True:
@@ -416,18 +421,18 @@ class Engine:
             except BaseException as exc:  # never die silently: every waiting caller hears of it
                 with self._cond:
                     for p in list(self._active) + list(self._waiting):
-                        p.request._finish("error", exc)
+                        p.ticket._finish("error", exc)
                     self._active, self._waiting = [], deque()
                 self._cache = unmasking.PackCache()
 
     def _iteration(self) -> None:
         while True:
             with self._cond:
-                self._active = [p for p in self._active if not p.request._finished.is_set()]
+                self._active = [p for p in self._active if not p.ticket._finished.is_set()]
                 for p in list(self._active) + list(self._waiting):
-                    if p.request._cancel.is_set():
-                        p.request._finish("cancelled")
-                self._active = [p for p in self._active if not p.request._finished.is_set()]
+                    if p.ticket._cancel.is_set():
+                        p.ticket._finish("cancelled")
+                self._active = [p for p in self._active if not p.ticket._finished.is_set()]
                 self._admit()
                 if not self._active:
                     if not self._waiting and not self._cond.wait(IDLE_EXIT_S) and not self._waiting:
@@ -442,7 +447,7 @@ class Engine:
                 unmasking.iterate(self.params, self.cfg, [p.state for p in active], self._cache)
             except BaseException as exc:  # the shared forward failed: every pass in it fails
                 for p in active:
-                    p.request._finish("error", exc)
+                    p.ticket._finish("error", exc)
                 self._cache = unmasking.PackCache()
                 return
             with self._cond:
@@ -452,26 +457,26 @@ class Engine:
             return
 
     def _after_iteration(self, active: list[_Pass]) -> None:
-        progress: dict[int, tuple[Request, int]] = {}
+        progress: dict[int, tuple[Ticket, int]] = {}
         for p in active:
-            req, s = p.request, p.state
-            prev = progress.get(req.id)
-            progress[req.id] = (req, s.step if prev is None else min(prev[1], s.step))
-        for req, step in progress.values():
-            if req.on_step is not None and not req._finished.is_set():
-                req._report(step, req.specs[0].gen.num_step)
+            ticket, s = p.ticket, p.state
+            prev = progress.get(ticket.id)
+            progress[ticket.id] = (ticket, s.step if prev is None else min(prev[1], s.step))
+        for ticket, step in progress.values():
+            if ticket.on_step is not None and not ticket._finished.is_set():
+                ticket._report(step, ticket.specs[0].gen.num_step)
         with self._cond:
             for p in active:
                 if p.state.done and p in self._active:
                     self._active.remove(p)
-                    req = p.request
-                    req._results[p.index] = PassResult(p.state.codes(), p.state.fill_step)
+                    ticket = p.ticket
+                    ticket._results[p.index] = PassResult(p.state.codes(), p.state.fill_step)
                     p.state = None  # its buffers go now, not when the request is collected
-                    req._left -= 1
-                    if req._left == 0:
-                        req._finish("done")
+                    ticket._left -= 1
+                    if ticket._left == 0:
+                        ticket._finish("done")
         if self.trace is not None:
             try:
-                self.trace([p.request.id for p in active])
+                self.trace([p.ticket.id for p in active])
             except Exception:  # a diagnostic hook must not stop the engine
                 pass

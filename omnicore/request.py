@@ -3,8 +3,8 @@
 `generate` / `synthesize` (and through them batch, the server and scripts) and `stream` all
 build their requests here, so each input is checked in one place, with one message:
 
-    build_requests(model, texts, **arguments) -> [Request, ...]   one per text
-    Request.spec(chunk, k, ...)                -> the PassSpec of chunk k (its voice, its seed)
+    build_requests(model, paused, **arguments) -> [Request, ...]  one per text (split at pauses)
+    Request.spec(chunk, k, ...)                 -> the PassSpec of chunk k (its voice, its seed)
 
 A `Request` holds one text's settings; its voice is either ready (a checked voice prompt, or
 none: auto / design) or a reference clip still to encode (`Request.encode_voice`), because a

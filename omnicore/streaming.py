@@ -14,10 +14,10 @@ pieces:
 Each call is checked and resolved like `generate` (request.build_requests); the voice follows
 the long-form rule (a voice prompt conditions every chunk, else chunk 0's codes are the later
 chunks' reference) and chunk k draws from child k of the seed. The pieces joined equal the
-offline composition of the same passes (one-shot decodes, `streamjoin.join_offline`) up to
-float32 rounding; text in fragments gives the same audio as the whole string, bit for bit.
-The chunking rule, the post-processing a stream can and cannot do like `generate`, and what it
-holds back are in docs/streaming.md.
+offline composition of the same passes (one-shot decodes, trimmed whole, joined by
+`postprocess.join_chunks`) up to float32 rounding; text in fragments gives the same audio as
+the whole string, bit for bit. The chunking rule, the post-processing a stream can and cannot
+do like `generate`, and what it holds back are in docs/streaming.md.
 
 Cancellation: leaving the loop (break, `close()`, the stream being collected) stops the worker
 within one unmasking step or decode window and joins it. Errors in the worker or the text source
@@ -168,15 +168,15 @@ class _Plan:
         self.total_frames = limits.check_total_frames(self.total_frames + plan.frames,
                                                       self.model.frame_rate)
         spec = self.request.spec(plan, k, self.instruct, chunk0_codes=self.ref0_codes)
-        request = self.model.engine.submit([spec], on_step or self.on_step)
+        ticket = self.model.engine.submit([spec], on_step or self.on_step)
         if shared is not None:
-            shared.request = request  # so that closing the stream cancels it at once
+            shared.ticket = ticket  # so that closing the stream cancels it at once
             if shared.cancel.is_set():
-                request.cancel()
+                ticket.cancel()
         try:
-            result, = request.result()
+            result, = ticket.result()
         except BaseException:
-            request.cancel()
+            ticket.cancel()
             raise
         if k == 0:
             self.first = plan
@@ -202,13 +202,6 @@ def _text_source(text, rule: ChunkRule | None):
         return None, iter(text)
     except TypeError:
         raise InputError(f"text must be a string or an iterable of strings, got {type(text).__name__}") from None
-
-
-def _chunks_of(fragments: Iterator[str], rule: ChunkRule | None) -> Iterator[str]:
-    chunker = TextChunker(rule)
-    for frag in fragments:
-        yield from chunker.feed(frag)
-    yield from chunker.flush()
 
 
 LATER_WINDOWS = 4  # windows after a chunk's first are this many times longer
@@ -255,7 +248,7 @@ class _Shared:
         self.threads: list[threading.Thread] = []
         self.stats: list[dict] = []                   # per chunk: text, frames, codes, timings
         self.pauses: list[int | None] = [None]        # per chunk boundary: pause samples or None
-        self.request = None                           # the engine request of the current chunk
+        self.ticket = None                            # the current chunk's engine.Ticket
 
     def check(self) -> None:
         if self.cancel.is_set():
@@ -279,8 +272,8 @@ class _Shared:
 def _shutdown(shared: _Shared) -> None:
     """Stop and join the threads (idempotent; the stream's finaliser)."""
     shared.cancel.set()
-    if shared.request is not None:
-        shared.request.cancel()  # the chunk on the engine leaves before its next step
+    if shared.ticket is not None:
+        shared.ticket.cancel()  # the chunk on the engine leaves before its next step
     with shared.cond:
         shared.cond.notify_all()
     shared.texts.put(_END)  # wakes a worker waiting for text

@@ -1,10 +1,11 @@
 """Several threads using ONE loaded model at the same time (the demo's queue with --concurrency > 1,
 a web server, an app with a worker pool): each call must get exactly what it gets alone.
 
-Nothing in a call's working state is shared: the backbone's Workspace and packing are made per
-`generate_codes` call, random generators per call and item, stream state per stream; the model's
-parameters are read-only; the codec's encoder half is loaded on first use under a lock. These
-tests force the calls to overlap (the threads meet at a barrier inside their first unmasking step,
+The calls share the model's one engine: its thread runs the passes of every call packed into
+shared forwards, on one workspace and packing (the engine's PackCache). What stays a call's own
+is each pass's state (its schedule, step, codes and random generator, from the call's seed) and
+each stream's state; the model's parameters are read-only; the codec's encoder half is loaded
+on first use under a lock. These tests force the calls to overlap (the threads meet at a barrier inside their first unmasking step,
 so both are mid-generation together) and compare with the same calls made alone: codes exactly;
 audio within one int16 step (the same GEMM shapes run, so it is normally bit-identical; the
 allowance covers BLAS builds whose kernel choice depends on how many threads are free).

@@ -94,25 +94,25 @@ def test_staggered_arrivals_equal_each_alone(model, specs, alone, lag):
     """Requests join while others are mid-way (continuous batching): pass k arrives `lag`
     iterations after pass k-1, so every pass meets others at different steps."""
     eng = _fresh(model)
-    reqs, seen = [], []
+    tickets, seen = [], []
     lock = threading.Lock()
 
     def trace(ids):
         seen.append(sorted(set(ids)))
         with lock:
-            if len(reqs) < len(specs) and len(seen) % max(lag, 1) == 0:
-                reqs.append(eng.submit([specs[len(reqs)]]))  # from the engine thread itself
+            if len(tickets) < len(specs) and len(seen) % max(lag, 1) == 0:
+                tickets.append(eng.submit([specs[len(tickets)]]))  # from the engine thread itself
 
     eng.trace = trace
     with lock:
-        reqs.append(eng.submit([specs[0]]))
-    for r in list(reqs):
-        r.result(timeout=WAIT_S)
-    while len(reqs) < len(specs):  # the trace may submit the last ones after the first ended
+        tickets.append(eng.submit([specs[0]]))
+    for t in list(tickets):
+        t.result(timeout=WAIT_S)
+    while len(tickets) < len(specs):  # the trace may submit the last ones after the first ended
         with lock:
-            if len(reqs) < len(specs):
-                reqs.append(eng.submit([specs[len(reqs)]]))
-    got = [r.result(timeout=WAIT_S)[0] for r in reqs]
+            if len(tickets) < len(specs):
+                tickets.append(eng.submit([specs[len(tickets)]]))
+    got = [t.result(timeout=WAIT_S)[0] for t in tickets]
     _assert_same(got, alone)
     assert any(len(ids) >= 2 for ids in seen)
 
@@ -135,14 +135,15 @@ def test_requests_from_threads_equal_each_alone(model, specs, alone):
         _assert_same(results, alone)
 
 
-def test_two_generate_threads_share_forwards_and_get_what_each_gets_alone(model):
+def test_two_generate_threads_share_forwards(model):
+    """Callers in two threads are packed into one forward (that each still gets what it gets
+    alone is test_concurrency's)."""
     texts = ("The first thread speaks this sentence.", "A second and rather different one!")
     kw = dict(num_step=6, seed=9, position_temperature=0.0)
-    want = [model.synthesize(t, **kw)[0] for t in texts]
     together = []
     model.engine.trace = lambda ids: together.append(len(set(ids)))
     try:
-        got = [None, None]
+        got = []
         barrier = threading.Barrier(2, timeout=WAIT_S)
 
         def call(i):
@@ -151,15 +152,13 @@ def test_two_generate_threads_share_forwards_and_get_what_each_gets_alone(model)
 
         for _ in range(5):  # two threads start within microseconds; retry if one finished first
             together.clear()
+            got[:] = [None, None]
             threads = [threading.Thread(target=call, args=(i,)) for i in (0, 1)]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join(WAIT_S)
-            for g, w in zip(got, want):
-                np.testing.assert_array_equal(g.codes, w.codes)
-                np.testing.assert_array_equal(g.fill_steps, w.fill_steps)
-                assert np.abs(g.audio - w.audio).max(initial=0) <= INT16_STEP
+            assert all(g is not None for g in got)
             if max(together) == 2:
                 break
         assert max(together) == 2, "the two calls never shared a forward"
@@ -225,18 +224,18 @@ def test_cancel_stops_one_request_and_not_the_others(model, specs, alone):
     _assert_same(other.result(timeout=WAIT_S), [alone[1]])
     assert state["n"] < 64  # the cancelled pass left early
     # cancelling before admission, and a callback that raises, both end the request
-    r = eng.submit([long])
-    r.cancel()
+    t = eng.submit([long])
+    t.cancel()
     with pytest.raises(CancelledError):
-        r.result(timeout=WAIT_S)
+        t.result(timeout=WAIT_S)
 
     def stop(step, total):
         raise KeyboardInterrupt
 
-    r = eng.submit([long], on_step=stop)
+    t = eng.submit([long], on_step=stop)
     with pytest.raises(KeyboardInterrupt):
-        r.result(timeout=WAIT_S)
-    assert r.cancelled()
+        t.result(timeout=WAIT_S)
+    assert t.cancelled()
     _assert_same(eng.run([specs[2]]), [alone[2]])
 
 
@@ -252,9 +251,9 @@ def test_failures_reach_the_callers_and_the_engine_keeps_running(model, specs, a
         return real(*a, **k)
 
     monkeypatch.setattr(unmasking, "iterate", flaky)
-    r = eng.submit([specs[0]])
+    t = eng.submit([specs[0]])
     with pytest.raises(MemoryError, match="simulated"):
-        r.result(timeout=WAIT_S)
+        t.result(timeout=WAIT_S)
     _assert_same(eng.run([specs[1]]), [alone[1]])  # the same thread serves the next request
     assert eng._thread.is_alive()
 
@@ -276,10 +275,10 @@ def test_token_budget_queues_passes_first_come_first_served(model, specs, alone)
     packs = []
     eng.trace = lambda ids: packs.append(sorted(ids))
     with eng._cond:
-        reqs = [eng.submit([s]) for s in specs]
-    _assert_same([r.result(timeout=WAIT_S)[0] for r in reqs], alone)
+        tickets = [eng.submit([s]) for s in specs]
+    _assert_same([t.result(timeout=WAIT_S)[0] for t in tickets], alone)
     assert max(len(p) for p in packs) < len(specs)
-    assert packs[0] == [reqs[0].id, reqs[1].id] or packs[0] == [reqs[0].id]
+    assert packs[0] == [tickets[0].id, tickets[1].id] or packs[0] == [tickets[0].id]
 
 
 LONG = PassSpec("A long request that keeps the engine busy for many steps. " * 2, 200, "en", None,
@@ -300,18 +299,18 @@ def test_a_short_request_overtakes_a_long_one(model):
     what they get alone."""
     assert SHORT.gen.num_step * _cost(model, SHORT) < E.HOLD * _cost(model, LONG)
     eng = _fresh(model)
-    runs, reqs = [], {}
+    runs, tickets = [], {}
 
     def trace(ids):
         runs.append(sorted(set(ids)))
-        if len(runs) == 3 and "short" not in reqs:
-            reqs["short"] = eng.submit([SHORT])
+        if len(runs) == 3 and "short" not in tickets:
+            tickets["short"] = eng.submit([SHORT])
 
     eng.trace = trace
-    reqs["long"] = eng.submit([LONG])
-    long_codes = reqs["long"].result(timeout=WAIT_S)[0][0]
-    short_codes = reqs["short"].result(timeout=WAIT_S)[0][0]
-    lid, sid = reqs["long"].id, reqs["short"].id
+    tickets["long"] = eng.submit([LONG])
+    long_codes = tickets["long"].result(timeout=WAIT_S)[0][0]
+    short_codes = tickets["short"].result(timeout=WAIT_S)[0][0]
+    lid, sid = tickets["long"].id, tickets["short"].id
     assert runs == [[lid]] * 3 + [[sid]] * 8 + [[lid]] * 13, runs
     for spec, got in ((LONG, long_codes), (SHORT, short_codes)):
         item = Engine.prepare(model.engine, spec)
@@ -325,20 +324,20 @@ def test_a_long_request_is_held_back_at_most_its_bound(model):
     cost (plus the iteration that crosses it), then gets exactly what it gets alone."""
     long_spec = replace(LONG, gen=replace(GREEDY, num_step=5))
     eng = _fresh(model)
-    runs, reqs = [], {"short": []}
+    runs, tickets = [], {"short": []}
 
     def trace(ids):
         runs.append(sorted(set(ids)))
-        if not reqs["long"].done() and all(r.done() for r in reqs["short"]):
-            reqs["short"].append(eng.submit([SHORT]))
+        if not tickets["long"].done() and all(t.done() for t in tickets["short"]):
+            tickets["short"].append(eng.submit([SHORT]))
 
     eng.trace = trace  # the first short one arrives after the long one's first iteration
-    with eng._cond:  # (which waits for the lock: reqs["long"] is set before the trace runs)
-        reqs["long"] = eng.submit([long_spec])
-    long_codes = reqs["long"].result(timeout=WAIT_S)[0][0]
-    for r in reqs["short"]:
-        r.result(timeout=WAIT_S)
-    lid = reqs["long"].id
+    with eng._cond:  # (which waits for the lock: tickets["long"] is set before the trace runs)
+        tickets["long"] = eng.submit([long_spec])
+    long_codes = tickets["long"].result(timeout=WAIT_S)[0][0]
+    for t in tickets["short"]:
+        t.result(timeout=WAIT_S)
+    lid = tickets["long"].id
     c_long, c_short = _cost(model, long_spec), _cost(model, SHORT)
     assert sum(lid in r for r in runs) == 5
     gaps, gap = [], 0
@@ -411,12 +410,12 @@ def test_load_counts_requests_passes_and_each_iterations_packed_tokens(model, sp
     poller.start()
     try:
         with eng._cond:
-            reqs = [eng.submit([s]) for s in specs]
-        _assert_same([r.result(timeout=WAIT_S)[0] for r in reqs], alone)
+            tickets = [eng.submit([s]) for s in specs]
+        _assert_same([t.result(timeout=WAIT_S)[0] for t in tickets], alone)
     finally:
         stop.set()
         poller.join(WAIT_S)
-    index = {r.id: i for i, r in enumerate(reqs)}
+    index = {t.id: i for i, t in enumerate(tickets)}
     first_ids, first = seen[0]
     assert first.active_requests == first.active_passes == len(first_ids) < len(specs)
     assert first.waiting_requests == first.waiting_passes == len(specs) - len(first_ids)
@@ -438,13 +437,13 @@ def test_progress_is_handed_over_without_the_engine_waiting(model, specs):
     iterations = threading.Semaphore(0)
     eng.trace = lambda ids: iterations.release()
     seen = []
-    r = eng.submit([spec], on_step=lambda step, total: seen.append((step, total)))
+    t = eng.submit([spec], on_step=lambda step, total: seen.append((step, total)))
     for _ in range(12):  # every iteration runs while nobody is in result()
         assert iterations.acquire(timeout=WAIT_S)
-    _assert_same(r.result(timeout=WAIT_S), want)
+    _assert_same(t.result(timeout=WAIT_S), want)
     assert seen == [(s, 12) for s in range(1, 13)]
     # a caller waiting from the start, with a slow callback
     seen.clear()
-    r = eng.submit([spec], on_step=lambda step, total: (seen.append(step), threading.Event().wait(0.02)))
-    _assert_same(r.result(timeout=WAIT_S), want)
+    t = eng.submit([spec], on_step=lambda step, total: (seen.append(step), threading.Event().wait(0.02)))
+    _assert_same(t.result(timeout=WAIT_S), want)
     assert seen == list(range(1, 13)), seen

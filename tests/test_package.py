@@ -1,11 +1,14 @@
 """Packaging promises: omnicore imports without the reference stack, exposes its API, and ships
 its licence."""
 
+import ast
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = ("torch", "torchaudio", "transformers", "onnxruntime", "omnivoice", "onnx")
@@ -26,6 +29,21 @@ def test_import_loads_nothing_heavy_and_every_stage_imports_cleanly():
             f"bad = [m for m in {FORBIDDEN!r} if m in sys.modules]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_every_declared_dependency_is_imported():
+    """pyproject.toml's runtime dependencies are what the package imports: no leftover."""
+    tomllib = pytest.importorskip("tomllib")
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]["dependencies"]
+    names = {re.split(r"[<>=!~;\[ ]", d, maxsplit=1)[0].lower().replace("-", "_") for d in declared}
+    imported = set()
+    for p in (ROOT / "omnicore").rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text("utf-8"))):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                imported.add(node.module.split(".")[0])
+    assert names and names <= imported, f"declared, never imported: {sorted(names - imported)}"
 
 
 def test_console_script_is_declared():

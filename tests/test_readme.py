@@ -1,6 +1,7 @@
 """The README and docs/ stay true: every line count they state is within 10 % of the tree (the
 counts are refreshed by tools/readme_counts.py), every path and relative link they name exists,
-the README's file map names every module of the package, and every Python example runs as
+the README's file map names every module of the package, every omnicore name, file and signature
+that they and the docstrings name exists (tools/doc_names.py), and every Python example runs as
 written (on the tiny checkpoint)."""
 
 from __future__ import annotations
@@ -14,10 +15,18 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("readme_counts", ROOT / "tools" / "readme_counts.py")
-counts = importlib.util.module_from_spec(_spec)
-sys.modules["readme_counts"] = counts  # its dataclass looks its module up while being made
-_spec.loader.exec_module(counts)
+
+
+def _tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up while being made
+    spec.loader.exec_module(module)
+    return module
+
+
+counts = _tool("readme_counts")
+names = _tool("doc_names")
 
 DOCS = counts.markdown_files(ROOT)
 INSTALL = "python3 -m pip install -e . && omnicore say \"Hello! This is OmniVoice running on numpy.\" -o hello.wav"
@@ -130,6 +139,125 @@ def test_a_module_that_became_a_package_keeps_its_row(tmp_path):
     (root / "omnicore" / "b" / "part.py").write_text("w = 4\n" * 20)
     new = counts.refresh(text, root / "README.md", root)
     assert "| [`b/`](omnicore/b/) | 50 |" in new
+
+
+# --- what the docs and docstrings name exists ---------------------------------------------------
+
+def test_the_names_docs_and_docstrings_give_exist():
+    assert names.problems(ROOT) == [], \
+        "fix the name (or qualify an external one with its package: `omnivoice.OmniVoice.x`)"
+
+
+PACKAGE_A = '''"""A module.
+
+    run(params, x, cfg, *, steps=8, later=None) -> y      the whole signature
+    run(params, x, cfg, steps=8, later=None) -> y        in order, with its defaults
+    run(params, x, ...) -> y                              or a part, then `...`
+"""
+from .b import Thing
+
+__all__ = ["run", "Thing"]
+
+
+def run(params, x, cfg, *, steps=8, later=None):
+    """Calls `b.Thing.go`, `Thing.count` and `omnicore.b.helper(1, 2)`."""
+
+
+def _private():
+    pass
+'''
+
+PACKAGE_B = '''"""Things; see `a.run(params, x, cfg, steps=4)` and `omnicore/a.py`."""
+
+
+class Thing:
+    """A thing: `Thing(size, name="x")`."""
+
+    limit = 3
+
+    def __init__(self, size, name="t"):
+        self.count = size
+
+    def go(self, fast=False):
+        pass
+
+
+def helper(a, b):
+    pass
+'''
+
+
+def _package(tmp_path: Path, extra: dict[str, str] | None = None) -> Path:
+    files = {"omnicore/__init__.py": "", "omnicore/a.py": PACKAGE_A, "omnicore/b.py": PACKAGE_B,
+             "README.md": "", **(extra or {})}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    return tmp_path
+
+
+def _named(tmp_path: Path, doc: str, where: str = "omnicore/c.py", code: str = "") -> list[str]:
+    """What the check finds in one more file whose docstring (or Markdown text) is `doc`."""
+    text = doc if where.endswith(".md") else f'"""{doc}"""\n{code}'
+    return names.problems(_package(tmp_path, {where: text}))
+
+
+def test_a_tree_whose_names_exist_passes(tmp_path):
+    assert names.problems(_package(tmp_path)) == []
+
+
+@pytest.mark.parametrize("doc, says", [
+    ("See `b.gone`.", "omnicore/c.py:1: `b.gone`: omnicore.b has no `gone`"),
+    ("Calls b.Thing.stop() then Thing.count.", "`b.Thing.stop`: omnicore.b.Thing has no `stop`"),
+    ("`omnicore.b.Thing.limit` and omnicore.z.run", "`omnicore.z.run`: omnicore has no `z`"),
+    ("Line one.\n\nUses Thing.gone here.", "omnicore/c.py:3: `Thing.gone`"),
+    ("`b.helper(1, 2, 3)`", "omnicore.b.helper takes 2 positional arguments, 3 given"),
+    ("`Thing.go(slow=True)`", "omnicore.b.Thing.go has no parameter `slow`"),
+    ("`b.Thing(4, title='x')`", "omnicore.b.Thing has no parameter `title`"),
+    ("See omnicore/gone.py.", "omnicore/c.py:1: omnicore/gone.py does not exist"),
+    ("Beside `gone.py`.", "gone.py does not exist"),
+])
+def test_a_name_that_does_not_exist_is_reported(tmp_path, doc, says):
+    found = _named(tmp_path, doc)
+    assert len(found) == 1 and says in found[0], found
+
+
+@pytest.mark.parametrize("signature, says", [
+    ("run(params, x, cfg, steps=8) -> y", "leaves out `later` of omnicore.a.run"),
+    ("run(params, x, cfg, steps=4, later=None) -> y", "`steps` defaults to 8 in omnicore.a.run, not 4"),
+    ("run(params, y, cfg, steps=8, later=None) -> y", "positional parameter `y` is `x`"),
+])
+def test_a_signature_that_is_not_the_function_s_is_reported(tmp_path, signature, says):
+    imports = "from .a import run\n"
+    found = _named(tmp_path, f"From a.\n\n    {signature}\n", code=imports)
+    assert len(found) == 1 and says in found[0], found
+    # a call in prose (no `->`) states no signature: only its keywords and count are checked
+    assert _named(tmp_path, f"From a: {signature.split(' ->')[0]}.", code=imports) == []
+
+
+@pytest.mark.parametrize("doc", [
+    "`omnivoice.OmniVoice._generate_iterative` and `openai.OpenAI().audio.speech.create(x=1)`",
+    "Not ours: `np.zeros(3)`, `json.dumps`, `self.gone`, `cfg.gone`, e.g. this; config.json, "
+    "`gone(x=1)`, https://example.com/omnicore/gone.py, x.y.z in `text.split`",
+    "Reads omnicore/*.npz and omnicore/a_<name>.py.",
+    "A local name: `Thing.limit`, and the re-exported `a.Thing.go(fast=True)`.",
+])
+def test_what_is_external_or_exists_is_not_reported(tmp_path, doc):
+    assert _named(tmp_path, doc) == []
+
+
+def test_markdown_code_spans_are_checked_and_fenced_blocks_run_instead(tmp_path):
+    doc = ("# D\n\nCall `helper(1, 2, 3)` and `b.gone`, not b.gone2 in prose.\n\n"
+           "```python\nb.gone3\n```\n")
+    found = _named(tmp_path, doc, where="docs/d.md")
+    assert [f.split(": ", 1)[0] for f in found] == ["docs/d.md:3"] * 2, found
+    assert "3 given" in found[0] and "`b.gone`" in found[1]
+
+
+def test_a_usual_variable_is_read_as_its_class(tmp_path, monkeypatch):
+    monkeypatch.setattr(names, "INSTANCES", {"thing": ("omnicore.b", "Thing")})
+    assert _named(tmp_path, "`thing.go()`, `thing.count`") == []
+    assert "omnicore.b.Thing has no `stop`" in _named(tmp_path, "`thing.stop()`")[0]
 
 
 # --- the Python examples run as written ------------------------------------------------------

@@ -67,11 +67,9 @@ def timeouts(url: str, kind: str) -> float:
 
 
 def upload(url: str, name: str, data: bytes, files=None):
-    t0 = time.perf_counter()
-    r = httpx.post(url + "/v1/voices", headers=AUTH, timeout=60,
-                   data={"name": name, "ref_text": "A short test clip."},
-                   files=files or {"audio": ("clip", data, "application/octet-stream")})
-    return r, time.perf_counter() - t0
+    return httpx.post(url + "/v1/voices", headers=AUTH, timeout=60,
+                      data={"name": name, "ref_text": "A short test clip."},
+                      files=files or {"audio": ("clip", data, "application/octet-stream")})
 
 
 def assert_client_error(r, status: int = 400) -> dict:
@@ -98,8 +96,9 @@ def flac_bomb(tmp_path_factory) -> bytes:
 
 
 def test_uploads_are_bounded_by_their_header(ops, flac_bomb):
-    """A 1 Hz WAV and a FLAC bomb are 400s in under a second, three tries leave the server's
-    memory where it was, and the messages name what to fix (never an object's address)."""
+    """A 1 Hz WAV and a FLAC bomb are 400s refused by their header (three tries leave the
+    server's memory where it was: nothing was decoded), and the messages name what to fix
+    (never an object's address)."""
     proc, url, _, _ = ops
     tiny = io.BytesIO()
     sf.write(tiny, np.zeros(3500, np.int16), 1, format="WAV", subtype="PCM_16")  # 7 KB: 1 hour
@@ -110,15 +109,13 @@ def test_uploads_are_bounded_by_their_header(ops, flac_bomb):
     for _ in range(3):
         for data, what in ((tiny.getvalue(), "1 Hz"), (flac_bomb, "s long"),
                            (long_clip.getvalue(), "70.0 s")):
-            r, took = upload(url, "bomb", data)
-            assert what in assert_client_error(r)["message"]
-            assert took < 1.0, (what, took)
+            assert what in assert_client_error(upload(url, "bomb", data))["message"]
     assert rss_mb(proc.pid) - before < 100
-    err = assert_client_error(upload(url, "junk", b"RIFF" + os.urandom(200))[0])
+    err = assert_client_error(upload(url, "junk", b"RIFF" + os.urandom(200)))
     assert "could not read the uploaded audio" in err["message"]
     two = {"audio": ("a.wav", tiny.getvalue(), "audio/wav"),
            "other": ("b.wav", tiny.getvalue(), "audio/wav")}
-    assert "files" in assert_client_error(upload(url, "two", b"", files=two)[0])["message"]
+    assert "files" in assert_client_error(upload(url, "two", b"", files=two))["message"]
     assert "bomb" not in httpx.get(url + "/v1/voices", headers=AUTH).text
 
 
@@ -185,51 +182,84 @@ def speech_head(body: bytes, length: int | None = None) -> str:
             f"Authorization: Bearer {KEY}\r\nContent-Length: {length or len(body)}\r\n\r\n")
 
 
-def test_a_client_that_stops_reading_loses_its_slot(ops):
-    """A stream whose client reads nothing holds the one slot (the next request is a 429)
-    until --send-timeout after the buffers filled: then it is cut, counted, and the slot
-    serves the next request."""
-    _, url, _, _ = ops
-    sent = timeouts(url, "send")
+def kernel_send_queue(server_port: int, client_port: int) -> int | None:
+    """The bytes the kernel holds for the server's end of a loopback connection (Linux's
+    /proc/net/tcp tx_queue; 0 once the connection is gone), or None where it cannot be read."""
+    try:
+        with open("/proc/net/tcp") as f:
+            rows = [line.split() for line in f.read().splitlines()[1:]]
+    except OSError:
+        return None
+    for row in rows:
+        if (int(row[1].rsplit(":", 1)[1], 16), int(row[2].rsplit(":", 1)[1], 16)) == (
+                server_port, client_port):
+            return int(row[4].split(":")[0], 16)
+    return 0
+
+
+STALLED = 3  # clients that never read: the load, and the whole queue
+
+
+def test_stalled_readers_are_cut_and_leave_the_engine(tmp_path):
+    """Three clients ask for endless streams and never read, holding the whole queue: a normal
+    request is refused (429) meanwhile. Each is cut by the send clock (the idle one is set far
+    off), the kernel holding at most 128 KiB for any of them until then (the documented cap;
+    Linux shows it in /proc/net/tcp), and a slot comes back only once the cut reader's passes
+    have left the engine: no /health read shows more engine requests than requests in flight.
+    The freed slots then serve the normal request. (How long after its client stopped reading
+    each cut comes, under this load, is benchmarks/bench_server_clocks.py's.)"""
+    send_s = 4
+    proc, url = start_server(tmp_path / "voices", "--max-queue", str(STALLED), "--send-timeout",
+                             str(send_s), "--idle-timeout", "600", log_path=tmp_path / "log")
+    port = int(url.rsplit(":", 1)[1])
     body = json.dumps({"input": LONG, "response_format": "pcm", "stream_format": "audio",
                        **GREEDY}).encode()
-    stalled = raw_request(url, speech_head(body), body, rcvbuf=4096)
+    readers = []
     try:
-        deadline = time.monotonic() + 20
-        while httpx.get(url + "/health").json()["in_flight"] == 0 and time.monotonic() < deadline:
+        readers = [raw_request(url, speech_head(body), body, rcvbuf=4096) for _ in range(STALLED)]
+        ports = [r.getsockname()[1] for r in readers]
+        deadline = time.monotonic() + 60
+        while httpx.get(url + "/health").json()["in_flight"] < STALLED:
+            assert time.monotonic() < deadline, "the stalled readers were not admitted"
             time.sleep(0.05)
-        r = httpx.post(url + "/v1/audio/speech", headers=AUTH, json={"input": "Hi.", **GREEDY})
-        assert r.status_code == 429
+        normal = {"input": "Hi.", "response_format": "wav", **GREEDY}
+        r = httpx.post(url + "/v1/audio/speech", json=normal, timeout=60)
+        assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
+        peak, held = 0, []
         deadline = time.monotonic() + 240
-        while timeouts(url, "send") == sent and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert timeouts(url, "send") == sent + 1
-        deadline = time.monotonic() + 30
-        while httpx.get(url + "/health").json()["in_flight"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        r = httpx.post(url + "/v1/audio/speech", headers=AUTH, timeout=60,
-                       json={"input": "Hi.", "response_format": "wav", **GREEDY})
-        assert r.status_code == 200
+        while timeouts(url, "send") < STALLED or not held or held[-1]["in_flight"]:
+            assert time.monotonic() < deadline, "the stalled readers were not all cut"
+            held.append(httpx.get(url + "/health").json())
+            peak = max([peak] + [q or 0 for q in (kernel_send_queue(port, p) for p in ports)])
+            time.sleep(0.02)
+        for h in held:
+            engine = h["engine"]["active_requests"] + h["engine"]["waiting_requests"]
+            assert engine <= h["in_flight"], h
+        if kernel_send_queue(port, ports[0]) is not None:
+            assert 0 < peak <= 128 * 1024, peak
+        assert timeouts(url, "send") == STALLED and timeouts(url, "idle") == 0
+        r = httpx.post(url + "/v1/audio/speech", json=normal, timeout=60)
+        assert r.status_code == 200 and r.content[:4] == b"RIFF"
     finally:
-        stalled.close()
+        for r in readers:
+            r.close()
+        stop_process(proc, 30)
 
 
 def test_idle_connections_time_out(ops):
-    """No request head, half a head, or a body that stalls: closed after --idle-timeout (the
-    stalled body with a 408 in the error shape), each counted."""
+    """No request head, half a head, or a body that stalls: closed by the idle clock (the
+    stalled body with a 408 in the error shape), each counted as an idle timeout (when, is
+    benchmarks/bench_server_clocks.py's)."""
     _, url, _, _ = ops
     idle = timeouts(url, "idle")
     silent = raw_request(url, "")
     half = raw_request(url, "POST /v1/audio/speech HTTP/1.1\r\nHost: t")
     body = json.dumps({"input": "Hi."}).encode()
     stalls = raw_request(url, speech_head(body, len(body) + 50), body)
-    t0 = time.monotonic()
     assert silent.recv(100) == b"" and half.recv(100) == b""
     reply = b""
     while chunk := stalls.recv(4096):
         reply += chunk
-    waited = time.monotonic() - t0
-    assert IDLE_S - 0.5 <= waited <= IDLE_S + 10
     head, _, payload = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408")
     assert json.loads(payload)["error"]["code"] == "request_timeout"
@@ -239,10 +269,11 @@ def test_idle_connections_time_out(ops):
 
 
 def test_sigterm_drains_then_stops_and_exits(tmp_path):
-    """On SIGTERM: new work is a 503 with Retry-After and /health says draining; a request in
-    flight that finishes within --grace gets its audio; what is still running after it is
-    stopped with the error shape (a JSON 503, an SSE error event); then the process exits,
-    its worker threads done."""
+    """On SIGTERM: new work is a 503 with Retry-After (the voices and the WebSocket too, and
+    the refusals are not logged as errors) and /health says draining; a request in flight that
+    finishes within --grace gets its audio; what is still running after it is stopped with the
+    error shape (a JSON 503, an SSE error event) or, a raw audio stream, cut without a
+    traceback in the log; then the process exits, its worker threads done."""
     grace = 20
     log = tmp_path / "server.log"
     proc, url = start_server(tmp_path / "voices", "--grace", str(grace), "--metrics-public",
@@ -276,19 +307,20 @@ def test_sigterm_drains_then_stops_and_exits(tmp_path):
     threads = [threading.Thread(target=call, args=(n,), kwargs=kw, daemon=True) for n, kw in (
         ("whole", {**endless, "response_format": "flac"}),  # a whole file, not a stream
         ("sse", {**endless, "response_format": "pcm", "stream_format": "sse"}),
+        ("raw", {**endless, "response_format": "pcm", "stream_format": "audio"}),
         ("short", {"input": "Hello there.", "response_format": "wav", "num_step": 32,
                    "position_temperature": 0.0}))]
     threads.insert(2, threading.Thread(target=agent, daemon=True))
     try:
-        for t, running in zip(threads, (1, 2, 3)):  # the endless ones run, then the short one
+        for t, running in zip(threads, (1, 2, 3, 4)):  # the endless ones run, then the short one
             t.start()
             deadline = time.monotonic() + 60
             while (httpx.get(url + "/health").json()["engine"]["active_requests"] < running
                    and time.monotonic() < deadline):
                 time.sleep(0.02)
-        threads[3].start()
+        threads[4].start()
         deadline = time.monotonic() + 60
-        while (httpx.get(url + "/health").json()["in_flight"] < 4 and "short" not in results
+        while (httpx.get(url + "/health").json()["in_flight"] < 5 and "short" not in results
                and time.monotonic() < deadline):
             time.sleep(0.01)
         t_term = time.monotonic()
@@ -303,6 +335,11 @@ def test_sigterm_drains_then_stops_and_exits(tmp_path):
         assert refused.status_code == 503 and refused.headers["retry-after"]
         assert err["code"] == "server_shutting_down" and err["type"] == "server_error"
         assert httpx.get(url + "/metrics").status_code == 200  # --metrics-public
+        assert httpx.get(url + "/v1/voices").status_code == 503
+        with pytest.raises(websockets.InvalidStatus) as refused_ws:
+            from websockets.sync.client import connect
+            connect(url.replace("http://", "ws://") + "/v1/audio/speech/stream-input").close()
+        assert refused_ws.value.response.status_code == 503
         proc.wait(grace + 60)
         exited = time.monotonic() - t_term
         for t in threads:
@@ -317,9 +354,100 @@ def test_sigterm_drains_then_stops_and_exits(tmp_path):
     assert json.loads(data)["error"]["code"] == "server_shutting_down"
     status, data, _ = results["sse"]
     assert status == 200 and b"event: error" in data and b"server_shutting_down" in data
+    assert isinstance(results["raw"], httpx.RemoteProtocolError)  # cut: no end that passes for one
     events, closed = results["agent"]
     assert [e["error"]["code"] for e in events] == ["server_shutting_down"]
     assert isinstance(closed, websockets.ConnectionClosed) and closed.rcvd.code == 1012
     text = log.read_text()
-    assert "Draining" in text and "Stopping 3 requests" in text
+    assert "Draining" in text and "Stopping 4 requests" in text
     assert "Finished server process" in text and "still running" not in text
+    assert "Metrics: http://127.0.0.1:" in text and "open (no --api-key)" in text
+    for error in ("Traceback", "Exception in ASGI", "without completing handshake"):
+        assert error not in text, text
+
+
+# A field out of its range, of the wrong type or unknown to the model: (extra fields of a speech
+# request, status, param, code, words the message has: the range or what to do).
+BAD_FIELDS = [
+    ({"num_step": 0}, 400, "num_step", "invalid_value", "between 1 and 1000"),
+    ({"guidance_scale": 1e6}, 400, "guidance_scale", "invalid_value", "between 0 and 100"),
+    ({"position_temperature": -1}, 400, "position_temperature", "invalid_value", ">= 0"),
+    ({"class_temperature": 1e9}, 400, "class_temperature", "invalid_value", "and 1000"),
+    ({"t_shift": 0}, 400, "t_shift", "invalid_value", "> 0"),
+    ({"seed": 2**64}, 400, "seed", "invalid_value", "2**64 - 1"),
+    ({"seed": "zero"}, 400, "seed", "invalid_type", "wrong type"),
+    ({"duration": 9000}, 400, "duration", "invalid_value", "7200 s"),
+    ({"duration": 5000, "response_format": "flac"}, 400, "duration", "invalid_value", "180 s per pass"),
+    ({"speed": 10}, 400, "speed", "invalid_value", "[0.25, 4]"),
+    ({"instructions": "purple voice"}, 400, "instructions", "invalid_instruct", "purple"),
+    ({"response_format": "ogg"}, 400, "response_format", "invalid_format", "mp3"),
+    ({"voice": "nobody"}, 404, "voice", "voice_not_found", "GET /v1/voices"),
+    ({"voice": {"name": "x"}}, 400, "voice", "invalid_voice", "id"),
+    ({"stream_format": "chunks"}, 400, "stream_format", "invalid_value", "'sse'"),
+    ({"input": "x" * 20_001}, 400, "input", "input_too_long", "20,000"),
+    ({"model": "gpt-5-tts"}, 404, "model", "model_not_found", "tts-1"),
+    ({"speeed": 1.2}, 400, "speeed", "unknown_parameter", "speed"),
+]
+
+
+def test_every_error_names_its_code_and_param(ops):
+    """Each bad field is refused before admission with an OpenAI-style code (never a Python
+    class's name) naming that field, and a message that gives the range or what to do."""
+    _, url, _, _ = ops
+    for fields, status, param, code, words in BAD_FIELDS:
+        r = httpx.post(url + "/v1/audio/speech", headers=AUTH, timeout=60,
+                       json={"input": "Hi.", **GREEDY, **fields})
+        err = assert_client_error(r, status)
+        assert (err["param"], err["code"]) == (param, code), (fields, err)
+        assert words in err["message"], (fields, err)
+
+
+def test_unknown_fields_are_refused_on_every_route(ops):
+    """As OpenAI's API does: a field a route does not take is a 400 naming it, in a JSON body,
+    a form or the query (a typo must not pass for a setting that was applied)."""
+    _, url, _, _ = ops
+    wav = io.BytesIO()
+    sf.write(wav, np.zeros(8000, np.int16), 8000, format="WAV", subtype="PCM_16")
+    clip = {"audio": ("a.wav", wav.getvalue(), "audio/wav")}
+    calls = [
+        ("POST", "/v1/audio/speech", {"json": {"input": "Hi.", "voise": "alloy"}}, "voise"),
+        ("POST", "/v1/voices", {"json": {"name": "v", "instruct": "male", "sed": 1}}, "sed"),
+        ("POST", "/v1/voices", {"data": {"name": "v", "ref_text": "Hi.", "lang": "en"},
+                                "files": clip}, "lang"),
+        ("POST", "/v1/audio/voices", {"json": {"name": "v", "type": "prompt", "prompt": "male",
+                                               "voice": "x"}}, "voice"),
+        ("POST", "/v1/audio/voices", {"data": {"name": "v", "consnet": "c"},
+                                      "files": {"audio_sample": clip["audio"]}}, "consnet"),
+        ("POST", "/v1/audio/voice_consents", {"data": {"name": "v", "language": "en",
+                                                       "lang": "en"},
+                                              "files": {"recording": clip["audio"]}}, "lang"),
+        ("POST", "/v1/audio/voice_consents/cons_" + "0" * 24, {"json": {"name": "v",
+                                                                        "label": "w"}}, "label"),
+        ("GET", "/v1/audio/voice_consents?limit=2&order=asc", {}, "order"),
+        ("GET", "/v1/voices?limit=2", {}, "limit"),
+    ]
+    for method, path, kw, field in calls:
+        r = httpx.request(method, url + path, headers=AUTH, timeout=60, **kw)
+        err = assert_client_error(r)
+        assert (err["param"], err["code"]) == (field, "unknown_parameter"), (path, err)
+
+
+def test_every_error_code_is_documented():
+    """Each code a route can answer with is in docs/errors.md's table and docs/server.md."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    codes = set()
+    for path in (root / "omnicore" / "server").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "HTTPError"
+                    and len(node.args) >= 4 and isinstance(node.args[3], ast.Constant)):
+                codes.add(node.args[3].value)
+    from omnicore.server.protocol import ERROR_KINDS
+
+    codes |= {code for _, _, code in ERROR_KINDS}
+    assert len(codes) > 30, codes
+    for doc in ("errors.md", "server.md"):
+        text = (root / "docs" / doc).read_text()
+        assert not [c for c in codes if f"`{c}`" not in text], (doc, sorted(codes))

@@ -5,6 +5,7 @@
 
 import io
 import json
+import os
 import threading
 import time
 
@@ -42,12 +43,18 @@ def voices_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def servers(voices_dir):
+def logs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("logs")
+    return [folder / f"server{i}.log" for i in range(2)]
+
+
+@pytest.fixture(scope="module")
+def servers(voices_dir, logs):
     """Two servers on one folder, as replicas behind a load balancer."""
     started = []
     try:
-        for _ in range(2):
-            started.append(start_server(voices_dir, "--require-consent"))
+        for log in logs:
+            started.append(start_server(voices_dir, "--require-consent", log_path=log))
         yield [url for _, url in started]
     finally:
         for proc, _ in started:
@@ -264,3 +271,118 @@ def test_library_start_removes_what_a_killed_change_left(tmp_path):
     assert [c["id"] for c in again.consents()] == [consent["id"]]
     assert again.consent(bad) is None and not again.delete_consent(bad)
     assert (tmp_path / "notes.txt").exists() and (tmp_path / "consents" / f"{bad}.json").exists()
+
+
+def _get(url: str, **kw):
+    """A request that must be answered: a server whose event loop is blocked fails it with a
+    timeout instead of hanging the test."""
+    return httpx.request(kw.pop("method", "GET"), url, timeout=30, **kw)
+
+
+def test_a_hostile_file_costs_its_own_entry_only(servers, voices_dir, logs):
+    """A FIFO in place of a voice's record or a consent, a record nested 1,100 deep, a consent
+    over the size of any record: every route still answers on both replicas (a FIFO read on
+    the event loop would freeze the whole server, /health included), each bad file costs its
+    own entry (a voice is then shown as a voice with no record) and is logged once, and a
+    voice behind a FIFO record is deleted like any other. Every entry of the list has one
+    shape, presets not made yet included."""
+    made = []
+    for name in ("fifo_rec", "deep_rec"):
+        r = _get(servers[0] + "/v1/voices", method="POST", json={
+            "name": name, "instruct": "male, low pitch", "num_step": 1, "text": "Hi there."})
+        assert r.status_code == 201, r.text
+        made.append(name)
+    consent = _get(servers[1] + "/v1/audio/voice_consents", method="POST",
+                   data={"name": "Kept", "language": "en"},
+                   files={"recording": ("c.wav", _wav(1.0), "audio/wav")}).json()["id"]
+    (voices_dir / "fifo_rec.voice.json").unlink()
+    os.mkfifo(voices_dir / "fifo_rec.voice.json")
+    (voices_dir / "deep_rec.voice.json").write_text("[" * 1100 + "]" * 1100)
+    deep, fifo, big = ("cons_" + c * 24 for c in "bcd")
+    (voices_dir / "consents" / f"{deep}.json").write_text("[" * 1100 + "]" * 1100)
+    os.mkfifo(voices_dir / "consents" / f"{fifo}.json")
+    (voices_dir / "consents" / f"{big}.json").write_text(json.dumps({"id": big, "pad": "x" * 70_000}))
+    for url in servers:
+        assert _get(url + "/health").json()["status"] == "ok"
+        listed = _get(url + "/v1/voices").json()["data"]
+        shown = {v["id"]: v for v in listed}
+        assert {"fifo_rec", "deep_rec", "alloy"} <= set(shown)
+        assert len({tuple(v) for v in listed}) == 1, listed  # one shape for every entry
+        assert shown["alloy"]["made"] is False and shown["deep_rec"]["made"] is True
+        for name in made:  # a voice whose record is unreadable is a voice without one
+            v = _get(f"{url}/v1/voices/{name}").json()
+            assert v["id"] == name and v["frames"] > 0 and v["name"] == name
+        consents = _get(url + "/v1/audio/voice_consents?limit=100").json()["data"]
+        ids = [c["id"] for c in consents]
+        assert consent in ids and not {deep, fifo, big} & set(ids)
+        for cid in (deep, fifo, big):
+            assert _get(f"{url}/v1/audio/voice_consents/{cid}").status_code == 404
+    assert _get(servers[1] + "/v1/voices/fifo_rec", method="DELETE").status_code == 200
+    assert not (voices_dir / "fifo_rec.voice.json").exists()
+    assert _get(servers[0] + "/v1/voices/fifo_rec").status_code == 404
+    for log in logs:
+        text = log.read_text()
+        assert text.count("deep_rec.voice.json is skipped") == 1, text
+        assert f"{fifo}.json is skipped (" in text and "a FIFO" in text
+        assert "Traceback" not in text
+    for p in [voices_dir / "deep_rec.voice.json"] + [voices_dir / "consents" / f"{c}.json"
+                                                     for c in (deep, fifo, big)]:
+        p.unlink()
+    assert _get(servers[0] + "/v1/voices/deep_rec", method="DELETE").status_code == 200
+
+
+def test_names_are_matched_whole_on_every_route(servers, voices_dir):
+    """A name with a trailing newline (or any other character a name cannot hold) is not the
+    voice of the name before it: on the path of every voice route, and in the speech body."""
+    r = _get(servers[0] + "/v1/voices", method="POST", json={
+        "name": "racer", "instruct": "female", "num_step": 1, "text": "Hi there."})
+    assert r.status_code == 201, r.text
+    for url in servers:
+        for method, path in (("GET", "/v1/voices/racer%0a"), ("DELETE", "/v1/voices/racer%0a"),
+                             ("DELETE", "/v1/audio/voices/racer%0a"),
+                             ("DELETE", "/v1/audio/voices/racer%0d"),
+                             ("GET", "/v1/voices/racer%20")):
+            r = _get(url + path, method=method)
+            err = r.json()["error"]
+            assert (r.status_code, err["code"]) == (400, "invalid_voice_name"), (path, r.text)
+        r = _get(url + "/v1/audio/speech", method="POST", json={"input": "Hi.", "voice": "racer\n"})
+        assert (r.status_code, r.json()["error"]["param"]) == (400, "voice"), r.text
+    assert _get(servers[1] + "/v1/voices/racer").status_code == 200
+    assert (voices_dir / "racer.npz").exists()
+    assert _get(servers[1] + "/v1/voices/racer", method="DELETE").status_code == 200
+
+
+def _audio_file(kind: str) -> bytes:
+    """Audio a consent or a clip must not be: a rate of 1 Hz or 1 GHz, NaN samples, digital
+    silence, garbage with an MP3 frame header."""
+    buf = io.BytesIO()
+    if kind == "nan":
+        sf.write(buf, np.full(24000, np.nan, np.float32), 24000, format="WAV", subtype="FLOAT")
+    elif kind == "silent":
+        sf.write(buf, np.zeros(24000, np.int16), 24000, format="WAV", subtype="PCM_16")
+    elif kind == "mp3":
+        return b"\xff\xfb\x90\x64" + bytes(range(256)) * 40
+    else:
+        sf.write(buf, np.zeros(3000, np.int16), {"1hz": 1, "1ghz": 10**9}[kind], format="WAV",
+                 subtype="PCM_16")
+    return buf.getvalue()
+
+
+def test_consent_recordings_are_checked_as_clips(servers, clients):
+    """A consent recording is decoded and checked as a clip to clone is: every file refused
+    as a clip is refused as a consent, naming `recording`; a good one is kept as uploaded."""
+    a, _ = clients
+    kept = a.audio.voice_consents.create(name="ok", language="en",
+                                         recording=("c.wav", _wav(1.0), "audio/wav"))
+    for kind in ("1hz", "1ghz", "nan", "silent", "mp3"):
+        data = _audio_file(kind)
+        with pytest.raises(openai.BadRequestError) as exc:
+            a.audio.voice_consents.create(name="x", language="en",
+                                          recording=("c.wav", data, "audio/wav"))
+        err = _error(exc)
+        assert (err["param"], err["code"]) == ("recording", "invalid_audio"), (kind, err)
+        r = _get(servers[1] + "/v1/voices", method="POST", files={"audio": ("c.wav", data)},
+                 data={"name": "clip_" + kind, "ref_text": "Hello there.", "consent": kept.id})
+        err = r.json()["error"]
+        assert (err["param"], err["code"]) == ("audio", "invalid_audio"), (kind, r.text)
+    assert a.audio.voice_consents.delete(kept.id).deleted

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from omnicore import OmniVoice
 from omnicore.audio import postprocess, streamjoin, writers
+from omnicore.audio.postprocess import fade_and_pad, join_chunks
 from omnicore.text import planner
 from omnicore import streaming as S
 from omnicore.cli import main
@@ -62,11 +63,34 @@ def model():
     return OmniVoice.from_pretrained(TINY)
 
 
+def trim_chunk(wav: np.ndarray, lead_ms: int = 100, trail_ms: int = 100) -> np.ndarray:
+    """`SilenceTrimmer` on a whole chunk at once."""
+    t = streamjoin.SilenceTrimmer(SR, lead_ms, trail_ms)
+    return np.concatenate([t.push(wav), t.end()])
+
+
+def join_offline(chunks, gain, *, postprocess: bool, pad_duration: float, fade_duration: float,
+                 pauses=None) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """What a stream's pieces must join into, from the library's one-shot functions: each
+    decoded chunk trimmed whole, `join_chunks`, the gain, `fade_and_pad`.
+    Returns the audio and the (start, length) of every pause's zeros in it. `pauses`: see
+    `join_chunks` (None: no pause marks); a chunk's edge next to a pause keeps none of its quiet."""
+    marks = list(pauses) if pauses is not None else [None] * (len(chunks) + 1)
+    pieces = [trim_chunk(c, 0 if marks[i] is not None else 100, 0 if marks[i + 1] is not None else 100)
+              if postprocess else np.asarray(c, np.float32) for i, c in enumerate(chunks)]
+    wav, spans = join_chunks(pieces, marks, SR, silence_duration=streamjoin.CROSS_FADE_S)
+    if wav.shape[-1] == 0:
+        return wav, []
+    pad = int(pad_duration * SR)
+    return (fade_and_pad(np.asarray(gain(wav), np.float32), pad_duration, fade_duration, SR),
+            [(start + pad, n) for start, n in spans])
+
+
 def offline_twin(model, text, *, decode_frames: int = 25, **kw):
     """A stream of `text` run to its end, and its synchronous twin: the same passes' codes,
     each chunk decoded in ONE shot (`codec.decode`), trimmed whole and joined by
-    `streamjoin.join_offline` with the gain the stream uses (the voice prompt's loudness, else
-    the peak of chunk 0's first `decode_frames` frames)."""
+    `join_offline` with the gain the stream uses (the voice prompt's loudness, else the peak of
+    chunk 0's first `decode_frames` frames)."""
     st = model.stream(text, decode_frames=decode_frames, **kw)
     streamed = np.concatenate(list(st))
     codes = [s["codes"] for s in st.chunk_stats]
@@ -76,9 +100,10 @@ def offline_twin(model, text, *, decode_frames: int = 25, **kw):
     prompt = kw.get("voice_clone_prompt")
     gain = (streamjoin.rms_gain(prompt.ref_rms) if prompt is not None
             else streamjoin.peak_gain(wavs[0][:decode_frames * model.codec.hop_length]))
-    audio, spans = streamjoin.join_offline(
+    assert model.sampling_rate == SR
+    audio, spans = join_offline(
         wavs, gain, postprocess=gen.postprocess_output, pad_duration=gen.pad_duration,
-        fade_duration=gen.fade_duration, sr=model.sampling_rate, pauses=st.pause_samples)
+        fade_duration=gen.fade_duration, pauses=st.pause_samples)
     return SimpleNamespace(audio=audio, streamed=streamed, codes=np.concatenate(codes, axis=1),
                            text_chunks=[s["text"] for s in st.chunk_stats], pauses=tuple(spans))
 
@@ -166,13 +191,13 @@ def _quiet(seconds):
 def test_silence_trimmer_rules():
     wav = np.concatenate([_quiet(0.5), _tone(0.4), _quiet(1.5), _tone(0.3, seed=1), _quiet(0.3),
                           _tone(0.2, seed=2), _quiet(0.8)])
-    out = streamjoin.trim_chunk(wav)
+    out = trim_chunk(wav)
     # lead 0.5 -> 0.1, pause 1.5 -> 2 x 0.5, pause 0.3 kept, tail 0.8 -> 0.1
     assert len(out) == int(SR * (0.1 + 0.4 + 1.0 + 0.3 + 0.3 + 0.2 + 0.1))
     assert np.array_equal(out[int(0.1 * SR):int(0.5 * SR)], wav[int(0.5 * SR):int(0.9 * SR)])
-    assert len(streamjoin.trim_chunk(_quiet(1.0))) == 0
+    assert len(trim_chunk(_quiet(1.0))) == 0
     loud = _tone(1.0)
-    assert np.array_equal(streamjoin.trim_chunk(loud), loud)
+    assert np.array_equal(trim_chunk(loud), loud)
 
 
 @settings(max_examples=40, deadline=None)
@@ -185,7 +210,7 @@ def test_silence_trimmer_is_independent_of_how_samples_arrive(segments, cuts):
         parts.append(t.push(wav[i:i + n]))
         i += n
     parts += [t.push(wav[i:]), t.end()]
-    assert np.array_equal(np.concatenate(parts), streamjoin.trim_chunk(wav))
+    assert np.array_equal(np.concatenate(parts), trim_chunk(wav))
 
 
 @settings(max_examples=60, deadline=None)
@@ -203,10 +228,10 @@ def test_joiner_equals_join_chunks_and_fade_and_pad(lengths, piece, postprocess,
     marks = marks[:len(chunks) + 1]  # per boundary: None, or the pauses of one or two marks
     gain = S.rms_gain(0.03) if with_rms else S.peak_gain(chunks[0][:piece])
     pauses = [None if m is None else sum(m) for m in marks]
-    want, spans = streamjoin.join_offline(chunks, gain, postprocess=postprocess, pad_duration=pad,
+    want, spans = join_offline(chunks, gain, postprocess=postprocess, pad_duration=pad,
                                  fade_duration=fade, pauses=pauses)
     if all(p is None for p in pauses):  # without marks: the reference's cross-fade
-        np.testing.assert_array_equal(want, streamjoin.join_offline(
+        np.testing.assert_array_equal(want, join_offline(
             chunks, gain, postprocess=postprocess, pad_duration=pad, fade_duration=fade)[0])
     j, out = streamjoin.StreamJoiner(SR, pad, fade), []
     j.set_gain(gain)
@@ -239,7 +264,7 @@ def test_join_offline_is_the_reference_post_processing_without_trim():
     a, b = _tone(0.5), _tone(0.7, seed=3)
     gain = S.rms_gain(0.05)
     want = postprocess.postprocess_output([a, b], 0.05, postprocess=False)
-    assert np.array_equal(streamjoin.join_offline([a, b], gain, postprocess=False, pad_duration=0.1,
+    assert np.array_equal(join_offline([a, b], gain, postprocess=False, pad_duration=0.1,
                                          fade_duration=0.1)[0], want)
 
 

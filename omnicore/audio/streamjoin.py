@@ -1,20 +1,18 @@
 """The stream's audio: each chunk trimmed to its sound as it is decoded, and joined on the fly.
 
 `SilenceTrimmer` and `StreamJoiner` give, piece by piece, the samples the offline composition
-(`postprocess.postprocess_output` over all chunks) gives at once; `join_offline` is that
-composition for chunks already made. Dimension legend: L samples (24 000 per second).
+(`postprocess.postprocess_output` over all chunks) gives at once (tests/test_streaming.py holds
+them to it). Dimension legend: L samples (24 000 per second).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 
-from ..errors import AudioError
 from ..model.config import SAMPLE_RATE
-from .postprocess import (PAUSE_FADE_S, PEAK_TARGET, fade_and_pad, join_chunks, match_output_volume,
-                          pause_ramp)
+from .postprocess import PAUSE_FADE_S, PEAK_TARGET, match_output_volume, pause_ramp
 
 # ---------------------------------------------------------------------------------------------
 # Audio: per-chunk silence trim and the incremental join
@@ -88,13 +86,6 @@ class SilenceTrimmer:
         self._quiet, self._quiet_n = [], 0
         return (np.concatenate(out) if out else np.zeros(0, np.float32),
                 np.concatenate(tail) if tail else np.zeros(0, np.float32))
-
-
-def trim_chunk(wav: np.ndarray, sr: int = SAMPLE_RATE, lead_ms: int = 100,
-               trail_ms: int = 100) -> np.ndarray:
-    """`SilenceTrimmer` on a whole chunk at once (the non-streamed path)."""
-    t = SilenceTrimmer(sr, lead_ms, trail_ms)
-    return np.concatenate([t.push(wav), t.end()])
 
 
 def peak_gain(first_window: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
@@ -254,26 +245,3 @@ class StreamJoiner:
         if final:
             parts.append(np.zeros(self.pad, np.float32))
         return np.concatenate(parts)
-
-
-def join_offline(chunks: list[np.ndarray], gain, *, postprocess: bool, pad_duration: float,
-                 fade_duration: float, sr: int = SAMPLE_RATE,
-                 pauses: Sequence[int | None] | None = None
-                 ) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """The non-streamed join of decoded chunks, from the library's one-shot functions; returns
-    the audio and the (start, length) of every pause's zeros in it. `pauses`: see
-    `join_chunks` (None: no pause marks); a chunk's edge next to a pause keeps none of its
-    quiet."""
-    for c in chunks:
-        if not np.isfinite(c).all():
-            raise AudioError("decoded audio contains NaN or infinite samples (a decoding fault); nothing to save")
-    marks = list(pauses) if pauses is not None else [None] * (len(chunks) + 1)
-    pieces = [trim_chunk(c, sr, 0 if marks[i] is not None else 100,
-                         0 if marks[i + 1] is not None else 100)
-              if postprocess else np.asarray(c, np.float32) for i, c in enumerate(chunks)]
-    wav, spans = join_chunks(pieces, marks, sr, silence_duration=CROSS_FADE_S)
-    if wav.shape[-1] == 0:
-        return wav, []
-    pad = int(pad_duration * sr)
-    return (fade_and_pad(np.asarray(gain(wav), np.float32), pad_duration, fade_duration, sr),
-            [(start + pad, n) for start, n in spans])

@@ -22,7 +22,10 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 
 def add_model_options(sp) -> None:
-    """--model and --quiet, which every command takes."""
+    """--model, --precision, --quiet and --version, which every command takes."""
+    from .. import __version__
+
+    sp.add_argument("--version", action="version", version=f"omnicore {__version__}")
     sp.add_argument("--model", default=DEFAULT_MODEL,
                     help="checkpoint directory or hub repo id (default: %(default)s; env OMNICORE_MODEL)")
     sp.add_argument("--precision", choices=PRECISIONS, default="fp32",

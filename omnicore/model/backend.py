@@ -10,7 +10,7 @@ plain-xp twins when the backend is not numpy (that choice, too, is made there, f
 
 OMNICORE_BACKEND=strict is a test backend, no faster than numpy: device arrays that are not
 numpy arrays and refuse what CuPy refuses (implicit conversion to numpy, host arrays mixed into
-device operations, Numba) plus float64 on the device (`omnicore/strictxp.py` lists the rules).
+device operations, Numba) plus float64 on the device (`strictxp.py` lists the rules).
 The test suite runs the pipeline under it, so a CPU-only machine proves the CuPy path has no
 hidden host round trips and no float64.
 

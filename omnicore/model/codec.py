@@ -13,9 +13,11 @@ Public API (pure functions over params, arrays and the config):
     load_encoder_params(reader, cfg, params) -> CodecParams   (add the encoder half later)
     load_codec(codec_dir, encoder=True) -> (cfg, params);  ensure_encoder(params, cfg, codec_dir)
     decode(params, codes, cfg) -> float32 waveform [hop*T] (or [B, hop*T] for codes [B, Q, T])
-    decode_stream(params, codes, cfg, chunk_frames=50, overlap_frames=None) -> waveform pieces
+    decode_stream(params, codes, cfg, chunk_frames=50, overlap_frames=None, later_frames=None)
+        -> waveform pieces (a first window of `chunk_frames`, then windows of `later_frames`)
     decode_chunked(...) -> the joined pieces (`decode` to rounding); decoder_receptive_field(cfg)
-    encode(params, waveform, cfg, pad=True) -> int64 codes [Q, T]   (waveform at cfg.sample_rate)
+    encode(params, waveform, cfg, sample_rate=None, pad=True) -> int64 codes [Q, T]
+        (waveform at cfg.sample_rate; `sample_rate`, when given, checks that)
     encode_features(...) -> the encoder's intermediate tensors; quantize(params, latent, cfg)
 
 Dimension legend:

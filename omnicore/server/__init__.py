@@ -98,9 +98,9 @@ def log_startup(server, model_path, host: str, port: int) -> None:
     log_model(log, server, model_path)
     log.info("Auth: %s", "API key required (Authorization: Bearer KEY)" if server.api_key
              else "off: anyone who reaches this port can use it (set --api-key)")
-    if server.api_key:
-        log.info("Metrics: /metrics %s", "open (--metrics-public)" if server.metrics_public
-                 else "behind the API key (--metrics-public opens it)")
+    log.info("Metrics: http://%s/metrics, %s", base,
+             "open (no --api-key)" if not server.api_key else "open (--metrics-public)"
+             if server.metrics_public else "behind the API key (--metrics-public opens it)")
     log.info("Demo: %s", f"http://{base}{server.ui_path}" if server.ui_path else "off (--ui)")
     log.info("Voice agents: ws://%s/v1/audio/speech/stream-input", base)
 

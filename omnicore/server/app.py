@@ -12,9 +12,9 @@ Dimensions: N samples of mono float32 audio at SAMPLE_RATE.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
-import io
 import json
 import re
 import secrets
@@ -29,29 +29,32 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 
-from ..errors import ConfigError, InputError, OmniCoreError
-from ..model.config import SAMPLE_RATE, GenerationConfig
+from ..errors import AudioError, ConfigError, InputError, OmniCoreError
+from ..model.config import SAMPLE_RATE, GenerationConfig, validate_seed
 from ..text import frontend
 from .formats import FORMATS, encode_audio, encoded
 from .library import VoiceLibrary
-from .protocol import (MAX_UPLOAD_BYTES, HTTPError, as_http, body_field, error_body, forget,
-                       ignored_header, parse_speech, read_json, read_object, shutting_down,
-                       synth_kwargs, timings_header)
+from .protocol import (CUT, MAX_UPLOAD_BYTES, HTTPError, as_http, blame, body_field, check_fields,
+                       checked, concerning, error_body, forget, ignored_header, parse_speech,
+                       read_json, read_object, shutting_down, synth_kwargs, timings_header)
 from .state import ServerState, Slot, client_gone
 from .stream_input import stream_input
-from .uploads import decode_clip
-from .voices import (PRESET_SAMPLE_TEXT, PRESET_VOICES, check_label, check_language_tag, describe_voice,
-                     designed_voice, list_voices, new_voice_id, new_voice_name, openai_voice)
+from .uploads import check_recording, decode_clip
+from .voices import (PRESET_SAMPLE_TEXT, PRESET_VOICES, check_label, check_language_tag,
+                     describe_voice, designed_voice, list_voices, new_voice_id, new_voice_name,
+                     openai_voice, voice_not_found)
 
 
 def error_response(e: HTTPError) -> JSONResponse:
     return JSONResponse(error_body(e.status, e.message, e.param, e.code), e.status, e.headers)
 
 
-def route(name: str, needs_auth=True):
+def route(name: str, needs_auth=True, probe: bool = False, query: tuple = ()):
     """A handler with what every route shares: the API key (when `needs_auth`, or when
-    `needs_auth(server)` says so), every failure as an OpenAI-shaped JSON error (never a
-    traceback, and nothing it held kept alive), the request counted by route and status."""
+    `needs_auth(server)` says so), a 503 while the server drains unless it is a `probe` (/,
+    /health, /metrics answer to the end), no query parameter but those in `query`, every
+    failure as an OpenAI-shaped JSON error (never a traceback, and nothing it held kept alive),
+    the request counted by route and status."""
     def wrap(fn):
         @functools.wraps(fn)
         async def handler(request: Request):
@@ -60,6 +63,9 @@ def route(name: str, needs_auth=True):
                 auth = needs_auth(server) if callable(needs_auth) else needs_auth
                 if auth:
                     check_key(server, request.headers.get("authorization"))
+                if server.draining and not probe:
+                    raise shutting_down()
+                check_fields(request.query_params, query, "the query")
                 resp = await fn(request)
             except Exception as exc:  # noqa: BLE001 - every failure becomes JSON
                 resp = error_response(as_http(exc))
@@ -81,9 +87,11 @@ def check_key(server: ServerState, header: str | None) -> None:
 @route("speech")
 async def speech(request: Request):
     """POST /v1/audio/speech: admitted, then a stream (OpenAI's default for the formats sent
-    piece by piece, or asked for) or a whole file (mp3 and flac unless a stream is asked for)."""
+    piece by piece, or asked for) or a whole file (flac unless a stream is asked for)."""
     server: ServerState = request.app.state.server
     req = parse_speech(await read_json(request), server.model_ids)
+    if req["voice"] is not None:
+        await server.in_thread(server.check_voice, req["voice"])
     t0 = time.perf_counter()  # queueing counts in the latency a client sees
     async with client_gone(request) as gone, server.slot(gone) as slot:
         queued = time.perf_counter() - t0
@@ -91,13 +99,21 @@ async def speech(request: Request):
         if req["voice"] is not None:
             prompt = await slot.run(server.voice, req["voice"], slot.on_step)
         kw = synth_kwargs(req, prompt)
-        if req["stream_format"] is None:
-            return await speak_whole(server, slot, req, kw, t0, queued)
-        # Streams: the model starts here (argument errors are a 400 before any byte leaves).
-        stream = await server.in_thread(lambda: server.model.stream(req["input"], **kw))
-        response = stream_response(server, slot, req, stream, t0, queued)
+        with blame(speech_blame(req)):
+            if req["stream_format"] is None:
+                return await speak_whole(server, slot, req, kw, t0, queued)
+            # Streams: the model starts here (argument errors are a 400 before any byte leaves).
+            stream = await server.in_thread(lambda: server.model.stream(req["input"], **kw))
+        cut = request.scope.get("extensions", {}).get(CUT)
+        response = stream_response(server, slot, req, stream, t0, queued, cut)
         slot.hand_over()  # from here the stream's body gives the slot back when it ends
         return response
+
+
+def speech_blame(req: dict) -> dict:
+    """The field a speech request's synthesis errors concern: the text (its length for one
+    pass), or the duration asked for it."""
+    return {OmniCoreError: "duration" if req["duration"] is not None else "input"}
 
 
 async def speak_whole(server: ServerState, slot: Slot, req: dict, kw: dict, t0: float,
@@ -113,28 +129,36 @@ async def speak_whole(server: ServerState, slot: Slot, req: dict, kw: dict, t0: 
     server.m_rtf.observe(total / max(secs, 1e-9))
     headers = {"X-Omnicore-Timings": timings_header(dict(queue=queued, **result.timings,
                                                          total=total)),
-               "X-Omnicore-Audio-Seconds": f"{secs:.3f}", **ignored_header(req["instructions_ignored"])}
+               "X-Omnicore-Audio-Seconds": f"{secs:.3f}",
+               **ignored_header(req["instructions_ignored"])}
     return Response(data, 200, headers, media_type=FORMATS[req["format"]][2])
 
 
-def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: float, queued: float):
+def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: float, queued: float,
+                    cut=None):
     """The stream's body in the response format: wav, pcm and opus leave piece by piece (wav
     with a header of unknown sizes first); mp3 and flac are encoded once, at the end (see
-    OpusStream). SSE carries the same bytes, base64, per event. The body releases `slot`."""
+    OpusStream). SSE carries the same bytes, base64, per event. The body releases `slot`.
+    A raw stream the server stops can only be cut: `cut()` drops its connection (without it,
+    the body fails, and the server closes the connection)."""
+    raw_cut = cut if req["stream_format"] != "sse" else None
     fmt = req["format"]
     state = {"ttfb": None, "audio_s": 0.0, "ended": False, "finished": False}
 
     async def finish():
         """Once, whether the body ran to its end, stopped early or never started (a client
         gone before the first byte: then only the response's background task runs): count
-        a stream cut short, stop its passes, free its slot."""
+        a stream cut short, stop its passes, and free its slot once they have left the engine
+        (a stream's close returns then), so a freed slot never sits beside a cut client's
+        passes."""
         if state["finished"]:
             return
         state["finished"] = True
         if not state["ended"]:
             server.m_cancelled.inc()
-        server.pool.submit(stream.close)  # not awaited: a cancelled task cannot await
-        slot.release()
+        loop = asyncio.get_running_loop()
+        closed = server.pool.submit(stream.close)  # not awaited: a cancelled task cannot await
+        closed.add_done_callback(lambda _: loop.call_soon_threadsafe(slot.release))
 
     async def pieces():
         """float32 pieces [N] from the SpeechStream, read in a worker thread; a stream the
@@ -142,6 +166,8 @@ def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: floa
         while True:
             x = await server.in_thread(next, stream, None)
             if slot.stopping:
+                if raw_cut is not None:
+                    return  # already cut: nothing written now reaches the client
                 raise shutting_down()
             if x is None:
                 state["ended"] = True
@@ -172,13 +198,17 @@ def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: floa
                 "audio_seconds": state["audio_s"],
                 "timings": {"queue": queued, "ttfb": state["ttfb"], "total": total}})}
         except (OmniCoreError, HTTPError) as exc:
-            e = as_http(exc)
+            e = as_http(concerning(exc, speech_blame(req)))
             yield {"event": "error", "data": json.dumps(error_body(e.status, e.message, e.param,
                                                                    e.code))}
         finally:
             await finish()
 
-    slot.on_stop(lambda: server.pool.submit(stream.close))  # wakes the body's next()
+    def stop():
+        server.pool.submit(stream.close)  # wakes the body's next()
+        if raw_cut is not None:
+            raw_cut()
+    slot.on_stop(stop)
     headers = {"X-Omnicore-Timings": timings_header(
         {"queue": queued, "start": time.perf_counter() - t0}),
         **ignored_header(req["instructions_ignored"])}
@@ -193,14 +223,24 @@ def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: floa
 # -- voices -------------------------------------------------------------------------------------
 # One library (library.py) behind two APIs: omnicore's /v1/voices, where a voice's name is its
 # id, and OpenAI's /v1/audio/voices, which gives each voice a new id and keeps its name as a
-# label; a voice made through either is spoken with through either id.
+# label; a voice made through either is spoken with through either id. The folder is read in
+# worker threads: a slow or hostile file never holds the event loop.
+
+# The fields of a designed voice on /v1/voices (JSON), and of a cloned one (multipart).
+VOICE_FIELDS = ("name", "instruct", "text", "seed", "language", "num_step")
+CLONE_FIELDS = ("name", "ref_text", "consent")
+# What OpenAI's voice creation sends (its form or JSON), and the extras taken here.
+AUDIO_VOICE_FIELDS = ("name", "type", "consent", "prompt", "script_hint", "model",
+                      "ref_text", "seed", "language", "num_step")
+CONSENT_FIELDS = ("name", "language")
+
 
 @route("voices")
 async def voices_list(request: Request):
-    """GET /v1/voices: the library's voices, then the presets not made yet."""
+    """GET /v1/voices: the library's voices, then the presets not made yet, all one shape."""
     server: ServerState = request.app.state.server
     return JSONResponse({"object": "list", "data": await server.in_thread(list_voices,
-                                                                           server.voices)})
+                                                                          server.voices)})
 
 
 @route("voices")
@@ -211,16 +251,18 @@ async def voices_create(request: Request):
     server: ServerState = request.app.state.server
     consent = None
     if is_form(request):
-        body, data = await read_form(request, "audio", ("name", "ref_text", "consent"))
-        name = new_voice_name(server.voices, body.get("name"))
+        body, data = await read_form(request, "audio", CLONE_FIELDS)
+        name = await server.in_thread(new_voice_name, server.voices, body.get("name"))
         if data is None:
-            raise HTTPError(400, "multipart field 'audio' (a file) is required", "audio")
-        work = clip_voice_work(server, data, body.get("ref_text"))
-        consent = check_consent(server, body.get("consent"))
+            raise HTTPError(400, "multipart field 'audio' (a file) is required", "audio",
+                            "missing_file")
+        work = clip_voice_work(server, data, body.get("ref_text"), "audio")
+        consent = await check_consent(server, body.get("consent"))
         record = {"type": "audio_sample"}
     else:
         body = await read_object(request)
-        name = new_voice_name(server.voices, body.get("name"))
+        check_fields(body, VOICE_FIELDS)
+        name = await server.in_thread(new_voice_name, server.voices, body.get("name"))
         instruct, work = designed_voice_work(server, body, "instruct", "text")
         record = {"type": "prompt", "prompt": instruct}
     prompt, record = await make_voice(request, server, name, work, record, consent)
@@ -251,28 +293,32 @@ def is_form(request: Request) -> bool:
 
 async def read_form(request: Request, file_field: str, fields) -> tuple[dict, bytes | None]:
     """A form body -> ({field: text or None} for `fields`, the bytes of the file `file_field`
-    or None); 413 past MAX_UPLOAD_BYTES (or of unknown length)."""
+    or None); 413 past MAX_UPLOAD_BYTES (or of unknown length); a field of another name is
+    refused (check_fields)."""
     size = request.headers.get("content-length")
     if size is None or not size.isdigit() or int(size) > MAX_UPLOAD_BYTES:
         raise HTTPError(413, f"upload over {MAX_UPLOAD_BYTES:,} bytes (or of unknown "
                              "length)", file_field, "upload_too_large")
     async with request.form(max_files=1, max_fields=16) as form:
+        check_fields(form, (*fields, file_field), "the form")
         body = {}
         for key in fields:
             value = form.get(key)
             if value is not None and not isinstance(value, str):
-                raise HTTPError(400, f"form field {key!r} must be text, not a file", key)
+                raise HTTPError(400, f"form field {key!r} must be text, not a file", key,
+                                "invalid_type")
             body[key] = value
         upload = form.get(file_field)
         if isinstance(upload, str):
-            raise HTTPError(400, f"form field {file_field!r} must be a file", file_field)
+            raise HTTPError(400, f"form field {file_field!r} must be a file", file_field,
+                            "invalid_type")
         data = None if upload is None else await upload.read()
     return body, data
 
 
-def clip_voice_work(server: ServerState, data: bytes, ref_text):
-    """An uploaded clip and its transcript -> work(on_step) -> the clip's voice prompt. The
-    transcript is required: nothing here recognises speech."""
+def clip_voice_work(server: ServerState, data: bytes, ref_text, file_field: str):
+    """An uploaded clip (the form's `file_field`) and its transcript -> work(on_step) -> the
+    clip's voice prompt. The transcript is required: nothing here recognises speech."""
     if not isinstance(ref_text, str) or not ref_text.strip():
         raise HTTPError(400, "a cloned voice needs its clip's transcript as the form field "
                              "'ref_text' (there is no speech recognition here; with the openai "
@@ -280,12 +326,13 @@ def clip_voice_work(server: ServerState, data: bytes, ref_text):
                         "ref_text_required")
 
     def work(on_step):
-        wav, sr = decode_clip(data)  # [C, N]: checked by its header before decoding
-        return server.model.create_voice_clone_prompt((wav, sr), ref_text=ref_text)
+        with blame({AudioError: file_field, InputError: "ref_text"}):
+            wav, sr = decode_clip(data)  # [C, N]: checked by its header before decoding
+            return server.model.create_voice_clone_prompt((wav, sr), ref_text=ref_text)
     return work
 
 
-def check_consent(server: ServerState, consent) -> str | None:
+async def check_consent(server: ServerState, consent) -> str | None:
     """The consent id a cloned voice names, which must exist; None when none is named, which
     a server run with --require-consent refuses."""
     if consent is None or consent == "":
@@ -295,7 +342,7 @@ def check_consent(server: ServerState, consent) -> str | None:
                                  "/v1/audio/voice_consents and pass its id as 'consent'",
                             "consent", "consent_required")
         return None
-    if server.voices.consent(consent) is None:
+    if await server.in_thread(server.voices.consent, consent) is None:
         raise HTTPError(400, f"unknown consent {consent!r}; GET /v1/audio/voice_consents lists "
                              "them", "consent", "consent_not_found")
     return consent
@@ -308,31 +355,36 @@ def designed_voice_work(server: ServerState, body: dict, instruct_key: str, text
     sample = body_field(body, text_key, str, None)
     if sample is not None and not sample.strip():
         raise HTTPError(400, f"{text_key} must not be blank", text_key, "invalid_value")
-    try:
-        canonical = frontend.resolve_instruct(instruct, sample or PRESET_SAMPLE_TEXT)
-    except InputError as exc:
-        raise HTTPError(400, str(exc), instruct_key, "invalid_instruct") from None
+    canonical = checked(instruct_key, frontend.resolve_instruct, instruct,
+                        sample or PRESET_SAMPLE_TEXT, code="invalid_instruct")
     if not canonical:
         raise HTTPError(400, f"a designed voice needs '{instruct_key}', a description such as "
-                             f"{PRESET_VOICES['alloy'][0]!r}", instruct_key)
-    seed = body_field(body, "seed", int, 0, check=lambda v: v >= 0)
+                             f"{PRESET_VOICES['alloy'][0]!r}", instruct_key, "invalid_instruct")
+    seed = body_field(body, "seed", int, 0)
+    checked("seed", validate_seed, seed)
     language = body_field(body, "language", str, None)
-    num_step = body_field(body, "num_step", int, GenerationConfig.num_step,
-                          check=lambda v: 1 <= v <= 1000)
+    num_step = body_field(body, "num_step", int, GenerationConfig.num_step)
+    checked("num_step", GenerationConfig, num_step)
 
     def work(on_step):
-        return designed_voice(server.model, instruct, seed, language, sample, on_step, num_step)
+        with blame({OmniCoreError: text_key}):
+            return designed_voice(server.model, instruct, seed, language, sample, on_step,
+                                  num_step)
     return instruct, work
 
 
 @route("voice")
 async def voice_get(request: Request):
+    server: ServerState = request.app.state.server
     name = VoiceLibrary.check_name(request.path_params["name"])
-    voices = request.app.state.server.voices
-    prompt = voices.get(name)
-    if prompt is None:
-        raise HTTPError(404, f"unknown voice {name!r}", "voice", "voice_not_found")
-    return JSONResponse(describe_voice(name, prompt, voices.record(name)))
+
+    def find():
+        prompt = server.voices.get(name)
+        return None if prompt is None else describe_voice(name, prompt, server.voices.record(name))
+    found = await server.in_thread(find)
+    if found is None:
+        raise voice_not_found(name, "name")
+    return JSONResponse(found)
 
 
 @route("voice")
@@ -340,16 +392,11 @@ async def voice_delete(request: Request):
     server: ServerState = request.app.state.server
     name = VoiceLibrary.check_name(request.path_params["name"])
     if not await server.in_thread(server.voices.delete, name):
-        raise HTTPError(404, f"unknown voice {name!r}", "voice", "voice_not_found")
+        raise voice_not_found(name, "name")
     return JSONResponse({"id": name, "object": "voice", "deleted": True})
 
 
 # -- OpenAI's voice resources -------------------------------------------------------------------
-
-# What OpenAI's voice creation sends (its form or JSON), and the extras taken here.
-AUDIO_VOICE_FIELDS = ("name", "type", "consent", "prompt", "script_hint", "model",
-                      "ref_text", "seed", "language", "num_step")
-
 
 @route("audio_voices")
 async def audio_voices_create(request: Request):
@@ -367,6 +414,7 @@ async def audio_voices_create(request: Request):
                 body[key] = int(body[key])
     else:
         body = await read_object(request)
+        check_fields(body, AUDIO_VOICE_FIELDS)
     label = check_label(body.get("name"), "name")
     kind = body_field(body, "type", str, "audio_sample")
     consent = None
@@ -376,9 +424,9 @@ async def audio_voices_create(request: Request):
     elif kind == "audio_sample":
         if data is None:
             raise HTTPError(400, "an audio_sample voice needs the file 'audio_sample' (multipart)",
-                            "audio_sample")
-        work = clip_voice_work(server, data, body.get("ref_text"))
-        consent = check_consent(server, body.get("consent"))
+                            "audio_sample", "missing_file")
+        work = clip_voice_work(server, data, body.get("ref_text"), "audio_sample")
+        consent = await check_consent(server, body.get("consent"))
         record = {"name": label, "type": "audio_sample"}
     else:
         raise HTTPError(400, f"type must be 'audio_sample' or 'prompt', got {kind!r}", "type",
@@ -391,55 +439,43 @@ async def audio_voices_create(request: Request):
 @route("audio_voices")
 async def audio_voice_delete(request: Request):
     server: ServerState = request.app.state.server
-    name = request.path_params["voice_id"]
+    name = VoiceLibrary.check_name(request.path_params["voice_id"], "voice_id")
     if not await server.in_thread(server.voices.delete, name):
-        raise HTTPError(404, f"unknown voice {name!r}", "voice_id", "voice_not_found")
+        raise voice_not_found(name, "voice_id")
     return JSONResponse({"id": name, "object": "audio.voice.deleted", "deleted": True})
 
 
 @route("voice_consents")
 async def consents_create(request: Request):
     """POST /v1/audio/voice_consents (multipart `name`, `language`, `recording`): the
-    recording is kept as uploaded, once its header shows it is audio."""
+    recording is kept as uploaded, once it decodes within a clip's limits (uploads.py)."""
     server: ServerState = request.app.state.server
     if not is_form(request):
         raise HTTPError(400, "send the consent as multipart form data: name, language and the "
-                             "file recording", "recording")
-    body, data = await read_form(request, "recording", ("name", "language"))
+                             "file recording", "recording", "invalid_request")
+    body, data = await read_form(request, "recording", CONSENT_FIELDS)
     label = check_label(body.get("name"), "name")
     language = check_language_tag(body.get("language"))
     if data is None:
-        raise HTTPError(400, "the file 'recording' is required", "recording")
-    ext = await server.in_thread(audio_container, data, "recording")
+        raise HTTPError(400, "the file 'recording' is required", "recording", "missing_file")
+    with blame({OmniCoreError: "recording"}):
+        ext = await server.in_thread(check_recording, data)
     return JSONResponse(await server.in_thread(server.voices.add_consent, label, language,
                                                data, ext))
 
 
-def audio_container(data: bytes, param: str) -> str:
-    """The file extension of uploaded audio's container, read from its header alone."""
-    import soundfile as sf
-
-    try:
-        info = sf.info(io.BytesIO(data))
-    except Exception:  # noqa: BLE001 - anything unreadable is the client's
-        raise HTTPError(400, f"{param} is not audio this server reads (wav, flac, ogg or mp3)",
-                        param, "invalid_audio") from None
-    if info.frames <= 0:
-        raise HTTPError(400, f"{param} holds no audio", param, "invalid_audio")
-    ext = {"WAVEX": "wav", "OGG": "ogg"}.get(info.format, info.format.lower())
-    return ext if ext.isalnum() else "audio"
-
-
-@route("voice_consents")
+@route("voice_consents", query=("limit", "after"))
 async def consents_list(request: Request):
     """GET /v1/audio/voice_consents: oldest first, `limit` (1-100, default 20) after the id
     `after` (OpenAI's cursor page)."""
+    server: ServerState = request.app.state.server
     query = request.query_params
     limit = query.get("limit", "20")
     if not limit.isdigit() or not 1 <= int(limit) <= 100:
-        raise HTTPError(400, f"limit must be 1 to 100, got {limit!r}", "limit", "invalid_value")
+        raise HTTPError(400, f"limit must lie in [1, 100], got {limit!r}", "limit",
+                        "invalid_value")
     limit = int(limit)
-    items = await request.app.state.server.in_thread(request.app.state.server.voices.consents)
+    items = await server.in_thread(server.voices.consents)
     after = query.get("after")
     if after is not None:
         ids = [c["id"] for c in items]
@@ -459,8 +495,9 @@ def consent_not_found(cid) -> HTTPError:
 
 @route("voice_consents")
 async def consent_get(request: Request):
+    server: ServerState = request.app.state.server
     cid = request.path_params["consent_id"]
-    rec = request.app.state.server.voices.consent(cid)
+    rec = await server.in_thread(server.voices.consent, cid)
     if rec is None:
         raise consent_not_found(cid)
     return JSONResponse(rec)
@@ -472,6 +509,7 @@ async def consent_update(request: Request):
     server: ServerState = request.app.state.server
     cid = request.path_params["consent_id"]
     body = await read_object(request)
+    check_fields(body, ("name",))
     label = check_label(body.get("name"), "name")
     rec = await server.in_thread(server.voices.rename_consent, cid, label)
     if rec is None:
@@ -501,7 +539,7 @@ async def models(request: Request):
         for n in server.model_ids]})
 
 
-@route("health", needs_auth=False)
+@route("health", needs_auth=False, probe=True)
 async def health(request: Request):
     """Open for probes: 200 and the load; 503 ("draining") once shutdown began, so a load
     balancer sends the next requests elsewhere."""
@@ -511,7 +549,7 @@ async def health(request: Request):
     return JSONResponse({"status": "ok", **server.load()})
 
 
-@route("index", needs_auth=False)
+@route("index", needs_auth=False, probe=True)
 async def index(request: Request):
     """GET /: what this is and where its routes are (no secrets: open like /health)."""
     from .. import __version__
@@ -528,7 +566,7 @@ async def index(request: Request):
                          "model": server.model_name, "links": links})
 
 
-@route("metrics", needs_auth=lambda server: not server.metrics_public)
+@route("metrics", needs_auth=lambda server: not server.metrics_public, probe=True)
 async def metrics(request: Request):
     """Prometheus text; the gauges of the queue and the engine's passes are sampled now."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -582,8 +620,8 @@ def create_app(server: ServerState) -> Starlette:
         WebSocketRoute("/v1/audio/speech/stream-input", stream_input),
         Route("/v1/voices", voices_list, methods=["GET"]),
         Route("/v1/voices", voices_create, methods=["POST"]),
-        Route("/v1/voices/{name:path}", voice_get, methods=["GET"]),
-        Route("/v1/voices/{name:path}", voice_delete, methods=["DELETE"]),
+        Route("/v1/voices/{name}", voice_get, methods=["GET"]),
+        Route("/v1/voices/{name}", voice_delete, methods=["DELETE"]),
         Route("/v1/audio/voices", audio_voices_create, methods=["POST"]),
         Route("/v1/audio/voices/{voice_id}", audio_voice_delete, methods=["DELETE"]),
         Route("/v1/audio/voice_consents", consents_create, methods=["POST"]),

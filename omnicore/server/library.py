@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from ..audio import writers
 from ..errors import OmniCoreError, VoicePromptError
+from ..model.weights import open_regular, read_regular
 from .protocol import HTTPError
 
 try:
@@ -51,6 +53,9 @@ LOCK = ".lock"
 # the folder, takes no lock).
 STALE_TEMP_S = 60.0
 PUBLIC_CONSENT = ("id", "object", "name", "language", "created_at")  # OpenAI's VoiceConsent
+MAX_RECORD_BYTES = 64 * 1024  # a record is a few hundred bytes; a larger file is not one
+log = logging.getLogger("uvicorn.error")
+_reported: set[tuple] = set()  # damaged records already logged: (path, mtime, size)
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -58,13 +63,42 @@ def _write_json(path: Path, data: dict) -> None:
                          OmniCoreError)
 
 
-def _read_json(path: Path) -> dict | None:
-    """A record, or None when absent or unreadable (then it is treated as missing)."""
-    try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+def read_record(path: Path) -> dict | None:
+    """The JSON object in a record file (a voice's record, a consent), or None when there is
+    none. The one reader of records, safe on a shared folder: a file that is not a record (a
+    FIFO or device, which would block a read forever; over MAX_RECORD_BYTES; not JSON; nested
+    too deep to parse; not an object) is None too, and logged once. It costs its own entry,
+    never the list it is in."""
+    if not os.path.lexists(path):
         return None
-    return data if isinstance(data, dict) else None
+    try:
+        raw = read_regular(path, MAX_RECORD_BYTES, OmniCoreError)
+        if len(raw) > MAX_RECORD_BYTES:
+            data, problem = None, f"over {MAX_RECORD_BYTES:,} bytes"
+        else:
+            data = json.loads(raw)
+            problem = None if isinstance(data, dict) else "not a JSON object"
+    except OmniCoreError as exc:
+        data, problem = None, str(exc)
+    except (ValueError, RecursionError):
+        data, problem = None, "not a JSON object (malformed, or nested too deep)"
+    if problem is None:
+        return data
+    _report(path, problem)
+    return None
+
+
+def _report(path: Path, problem: str) -> None:
+    try:
+        st = os.lstat(path)
+    except OSError:  # gone meanwhile: nothing to report
+        return
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if key not in _reported:
+        if len(_reported) > 4096:  # a bound, whatever a folder holds
+            _reported.clear()
+        _reported.add(key)
+        log.warning("Voice library: %s is skipped (%s)", path, problem)
 
 
 def _temporary_targets(folder: Path) -> set[str]:
@@ -79,8 +113,13 @@ def _temporary_targets(folder: Path) -> set[str]:
 
 
 def _copy_atomic(source: Path, target: Path) -> None:
-    with open(source, "rb") as src:
+    with os.fdopen(open_regular(source, OmniCoreError), "rb") as src:  # a FIFO would block
         writers.write_atomic(target, lambda fh: shutil.copyfileobj(src, fh), OmniCoreError)
+
+
+def _plain(path: Path) -> bool:
+    """Not a folder (what the library may remove: a folder someone made there is left)."""
+    return path.is_symlink() or not path.is_dir()
 
 
 def _unlink(path: Path) -> bool:
@@ -137,11 +176,12 @@ class VoiceLibrary:
         consents/). Under the lock: no change is half done now."""
         for p in list(self.folder.glob("*.voice.json")) + list(self.folder.glob("*.consent.*")):
             name = p.name.split(".")[0]
-            if VOICE_NAME.fullmatch(name) and self._prompt_path(name) is None:
+            if VOICE_NAME.fullmatch(name) and self._prompt_path(name) is None and _plain(p):
                 _unlink(p)
         folder = self.folder / CONSENTS
         for p in folder.iterdir():
-            if p.suffix != ".json" and not (folder / f"{p.name.split('.')[0]}.json").exists():
+            if (p.suffix != ".json" and not (folder / f"{p.name.split('.')[0]}.json").exists()
+                    and _plain(p)):
                 _unlink(p)
 
     def _record_path(self, name: str) -> Path:
@@ -157,10 +197,13 @@ class VoiceLibrary:
     # -- voices ---------------------------------------------------------------------------------
 
     @staticmethod
-    def check_name(name) -> str:
+    def check_name(name, param: str = "name") -> str:
+        """The one check of a voice's name, wherever one arrives (a path, a JSON or form field):
+        matched whole, so "alloy\n" is not alloy; a 400 naming `param` otherwise."""
         if not isinstance(name, str) or not VOICE_NAME.fullmatch(name):
-            raise HTTPError(400, "voice name must be 1-64 characters of letters, digits, '_' or "
-                                 "'-', starting with a letter or digit", "name", "invalid_voice_name")
+            raise HTTPError(400, "a voice name is 1-64 characters of letters, digits, '_' or "
+                                 f"'-', starting with a letter or digit; got {repr(name)[:80]}", param,
+                            "invalid_voice_name")
         return name
 
     def names(self) -> list[str]:
@@ -204,7 +247,7 @@ class VoiceLibrary:
     def record(self, name: str) -> dict:
         """The voice's record (label, type, created_at, prompt, consent); a voice dropped into
         the folder by hand has none: then its name, a clone, and its file's time."""
-        rec = _read_json(self._record_path(name))
+        rec = read_record(self._record_path(name))
         if rec is not None:
             return rec
         created = time.time()
@@ -266,7 +309,7 @@ class VoiceLibrary:
         """A consent's stored record, or None (no such consent, or a damaged record)."""
         if not isinstance(cid, str) or not CONSENT_ID.fullmatch(cid):
             return None
-        rec = _read_json(self.folder / CONSENTS / f"{cid}.json")
+        rec = read_record(self.folder / CONSENTS / f"{cid}.json")
         if rec is None or rec.get("id") != cid or not all(k in rec for k in PUBLIC_CONSENT):
             return None
         # The recording's file is named by the record: only ever <id>.<ext>, beside it.

@@ -195,8 +195,9 @@ class McpDoor:
             try:
                 data = base64.b64decode(audio_base64, validate=True)
             except ValueError:
-                raise HTTPError(400, "audio_base64 is not base64", "audio_base64") from None
-            return None, clip_voice_work(self.server, data, ref_text)
+                raise HTTPError(400, "audio_base64 is not base64", "audio_base64",
+                                "invalid_audio") from None
+            return None, clip_voice_work(self.server, data, ref_text, "audio_base64")
         return await self.make_voice(name, prepare, lambda _: {"type": "audio_sample"}, consent)
 
     async def make_voice(self, name, prepare, record, consent=None) -> dict:
@@ -204,7 +205,7 @@ class McpDoor:
         try:
             name = new_voice_name(self.server.voices, name)
             instruct, work = prepare()
-            consent = check_consent(self.server, consent)
+            consent = await check_consent(self.server, consent)
             prompt = await self.admitted(work)
             rec = await self.server.in_thread(self.server.voices.add, name, prompt,
                                               record(instruct), consent)

@@ -1,16 +1,23 @@
 """The wire protocol of the OpenAI-compatible routes: OpenAI-shaped errors, the request limits,
 reading a JSON body, and the speech body's fields checked and mapped onto the model's arguments.
+
+Every route's failures pass through here: `HTTPError` for what a route refuses itself (each
+with its OpenAI-style `code` and the `param` it concerns), `as_http` for omnicore's typed
+errors (ERROR_KINDS; `blame` names the field a piece of work concerns), `check_fields` for
+fields a route does not know, `checked` for one of omnicore's own checks on one field.
+docs/errors.md lists every code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import traceback
 import unicodedata
 from dataclasses import fields
 
 from ..errors import AudioError, CancelledError, ConfigError, InputError, OmniCoreError, VoicePromptError
-from ..model.config import GenerationConfig
+from ..model.config import GenerationConfig, resolve_generation_config, validate_seed
 from ..text import frontend, limits
 from .formats import FORMATS, PIECEWISE, encoder_missing
 
@@ -24,13 +31,26 @@ MODEL_ALIASES = ("omnivoice", "tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mi
 # JSON integer too); the numbers themselves are checked by GenerationConfig.
 _JSON_TYPES = {"int": int, "float": (int, float), "bool": bool}
 GEN_FIELDS = {f.name: _JSON_TYPES[f.type] for f in fields(GenerationConfig)}
+# The speech body's fields: OpenAI's, then omnicore's (every GenerationConfig field too).
+SPEECH_FIELDS = ("model", "input", "voice", "instructions", "response_format", "speed",
+                 "stream_format", "language", "seed", "duration", "normalize_text", "instruct",
+                 *GEN_FIELDS)
+OPENAI_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")  # what OpenAI's API offers
+# The ASGI scope extension the server's runtime gives each request: a function that drops its
+# connection at once (runtime.py).
+CUT = "omnicore.cut"
+
+
+# Speech speeds OpenAI's API takes (the model itself takes any speed > 0).
+SPEED_RANGE = (0.25, 4.0)
 
 
 class HTTPError(Exception):
-    """A failure the client is told about: status, message, and OpenAI's `param` and `code`."""
+    """A failure the client is told about: status, message, and OpenAI's `param` (the field it
+    concerns, or None) and `code` (what went wrong, docs/errors.md)."""
 
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, headers: dict | None = None):
+    def __init__(self, status: int, message: str, param: str | None, code: str,
+                 headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers or {}
@@ -52,25 +72,66 @@ def shutting_down() -> HTTPError:
                      "server_shutting_down", {"Retry-After": "5"})
 
 
+# omnicore's typed errors as a route's failure: (kind, status, code), the first that matches.
+ERROR_KINDS = ((CancelledError, 499, "cancelled"), (InputError, 400, "invalid_value"),
+               (AudioError, 400, "invalid_audio"), (VoicePromptError, 400, "invalid_voice"),
+               (ConfigError, 400, "unsupported_value"), (OmniCoreError, 500, "server_error"))
+
+
 def as_http(exc: BaseException) -> HTTPError:
-    """Any failure of a route as what the client is told: omnicore's errors by kind (a client
-    that left is a 499), Starlette's own refusals (e.g. a multipart body over its limits) by
-    their status, anything else a 500 that names only the exception's type."""
+    """Any failure of a route as what the client is told: an HTTPError as it is, omnicore's
+    errors by ERROR_KINDS (naming the field `blame` gave them), Starlette's own refusals (e.g. a
+    multipart body over its limits) by their status, anything else a 500 that names only the
+    exception's type."""
     from starlette.exceptions import HTTPException
 
     if isinstance(exc, HTTPError):
         return exc
     if isinstance(exc, HTTPException) and 400 <= exc.status_code < 500:
         return HTTPError(exc.status_code, str(exc.detail), None, "invalid_request")
-    if isinstance(exc, (InputError, AudioError, VoicePromptError)):
-        return HTTPError(400, str(exc), None, type(exc).__name__)
-    if isinstance(exc, ConfigError):
-        return HTTPError(400, str(exc), None, "ConfigError")
-    if isinstance(exc, CancelledError):
-        return HTTPError(499, str(exc), None, "cancelled")
-    if isinstance(exc, OmniCoreError):
-        return HTTPError(500, str(exc), None, type(exc).__name__)
+    for kind, status, code in ERROR_KINDS:
+        if isinstance(exc, kind):
+            return HTTPError(status, str(exc), getattr(exc, "param", None), code)
     return HTTPError(500, f"internal error ({type(exc).__name__})", None, "internal_error")
+
+
+@contextlib.contextmanager
+def blame(params: dict):
+    """Name the field that omnicore's errors raised in the block concern (`concerning`)."""
+    try:
+        yield
+    except OmniCoreError as exc:
+        concerning(exc, params)
+        raise
+
+
+def concerning(exc: BaseException, params: dict) -> BaseException:
+    """`exc`, naming the field it concerns: `params` maps an error class to a field (the first
+    class that matches wins; an error that names one already keeps it), e.g.
+    {AudioError: "audio", InputError: "ref_text"}."""
+    if isinstance(exc, OmniCoreError) and getattr(exc, "param", None) is None:
+        exc.param = next((p for kind, p in params.items() if isinstance(exc, kind)), None)
+    return exc
+
+
+def checked(param: str, check, *args, code: str | None = None):
+    """check(*args), one of omnicore's own checks of a value: its error (whose message says
+    the allowed range) is the client's, naming `param` (and `code`, else ERROR_KINDS's)."""
+    try:
+        return check(*args)
+    except OmniCoreError as exc:
+        e = as_http(exc)
+        raise HTTPError(e.status, e.message, param, code or e.code) from None
+
+
+def check_fields(body: dict, known, what: str = "the request body") -> None:
+    """Refuse a field a route does not take, as OpenAI's API does (a typo must not pass for a
+    setting that was applied)."""
+    for key in body:
+        if key not in known:
+            fields = f"the fields are {', '.join(known)}" if known else "it takes none"
+            raise HTTPError(400, f"unknown field {key!r} in {what}; {fields}", str(key),
+                            "unknown_parameter")
 
 
 def forget(exc: BaseException) -> None:
@@ -117,13 +178,13 @@ async def read_object(request) -> dict:
     """The request's JSON body, which must be an object (400 otherwise)."""
     body = await read_json(request)
     if not isinstance(body, dict):
-        raise HTTPError(400, "the request body must be a JSON object")
+        raise HTTPError(400, "the request body must be a JSON object", None, "invalid_json")
     return body
 
 
-def body_field(body: dict, name: str, types, default=None, *, check=None):
-    """body[name] if it is of `types` (JSON true is not a number) and passes `check`; `default`
-    when absent or null; else a 400 naming the field."""
+def body_field(body: dict, name: str, types, default=None, *, within=None):
+    """body[name] if it is of `types` (JSON true is not a number) and, with `within` = (lo, hi),
+    between lo and hi; `default` when absent or null; else a 400 naming the field."""
     v = body.get(name, default)
     if v is None:
         return default
@@ -131,8 +192,9 @@ def body_field(body: dict, name: str, types, default=None, *, check=None):
         raise HTTPError(400, f"{name} has the wrong type: {v!r}", name, "invalid_type")
     if not isinstance(v, types):
         raise HTTPError(400, f"{name} has the wrong type: {type(v).__name__}", name, "invalid_type")
-    if check is not None and not check(v):
-        raise HTTPError(400, f"{name} is out of range: {v!r}", name, "invalid_value")
+    if within is not None and not within[0] <= v <= within[1]:
+        raise HTTPError(400, f"{name} must lie in [{within[0]:g}, {within[1]:g}], got {v!r}",
+                        name, "invalid_value")
     return v
 
 
@@ -141,7 +203,7 @@ def parse_speech(body, models=None) -> dict:
     see speech_options). An unset `stream_format` is OpenAI's default, `audio`, for the formats
     a stream sends as they are made (None: a whole file)."""
     if not isinstance(body, dict):
-        raise HTTPError(400, "the request body must be a JSON object")
+        raise HTTPError(400, "the request body must be a JSON object", None, "invalid_json")
     inp = body.get("input")
     if not isinstance(inp, str) or not inp.strip():
         raise HTTPError(400, "input must be a non-empty string", "input", "invalid_input")
@@ -163,8 +225,10 @@ def check_input_length(n: int) -> None:
 
 def speech_options(body: dict, default_format: str = "mp3", models=None) -> dict:
     """Every speech field but the text: voice, formats, the voice-design instruct and the
-    generation settings (shared by the POST body and the WebSocket's first message). `model`,
-    when given, must be one of `models` (when known): a 404 in OpenAI's shape otherwise."""
+    generation settings (shared by the POST body and the WebSocket's first message), each
+    checked here, before admission, by omnicore's own checks. `model`, when given, must be one
+    of `models` (when known): a 404 in OpenAI's shape otherwise."""
+    check_fields(body, SPEECH_FIELDS)
     model = body_field(body, "model", str, None)
     if models is not None and model is not None and model not in models:
         raise HTTPError(404, f"the model {model!r} does not exist here; GET /v1/models lists "
@@ -172,27 +236,33 @@ def speech_options(body: dict, default_format: str = "mp3", models=None) -> dict
                         "model_not_found")
     fmt = body_field(body, "response_format", str, default_format)
     if fmt not in FORMATS:
-        raise HTTPError(400, f"unknown response_format {fmt!r}; one of {', '.join(FORMATS)}",
-                        "response_format", "invalid_format")
+        known = fmt in OPENAI_FORMATS
+        raise HTTPError(400, f"response_format {fmt!r} is {'not available here' if known else 'unknown'}; "
+                             f"use one of {', '.join(FORMATS)}", "response_format",
+                        "unsupported_format" if known else "invalid_format")
     if encoder_missing(fmt):
         raise HTTPError(400, encoder_missing(fmt), "response_format", "unsupported_format")
     stream_format = body_field(body, "stream_format", str, None)
     if stream_format not in (None, "audio", "sse"):
         raise HTTPError(400, f"stream_format must be 'audio' or 'sse', got {stream_format!r}",
                         "stream_format", "invalid_value")
-    speed = body_field(body, "speed", (int, float), None, check=lambda v: 0.25 <= v <= 4.0)
+    speed = body_field(body, "speed", (int, float), None, within=SPEED_RANGE)
     instruct, ignored = voice_design(body)
+    seed = body_field(body, "seed", int, None)
+    checked("seed", validate_seed, seed)
+    duration = body_field(body, "duration", (int, float), None)
+    checked("duration", limits.validate_duration, duration)
     out = {
         "voice": body.get("voice"), "format": fmt, "stream_format": stream_format,
         "instruct": instruct, "instructions_ignored": ignored,
         "speed": None if speed is None or speed == 1 else float(speed),
-        "language": body_field(body, "language", str, None),
-        "seed": body_field(body, "seed", int, None, check=lambda v: v >= 0),
-        "duration": body_field(body, "duration", (int, float), None, check=lambda v: v > 0),
+        "language": body_field(body, "language", str, None), "seed": seed, "duration": duration,
         "normalize_text": body_field(body, "normalize_text", bool, False),
     }
     gen = {name: body_field(body, name, types) for name, types in GEN_FIELDS.items()}
     out["gen"] = {name: v for name, v in gen.items() if v is not None}  # absent: the defaults
+    for name, v in out["gen"].items():
+        checked(name, resolve_generation_config, None, {name: v})
     return out
 
 
@@ -208,10 +278,7 @@ def voice_design(body: dict) -> tuple[str | None, list[str]]:
                              "items), not both", "instruct", "invalid_value")
     if strict is None:
         return frontend.instruct_from_prose(prose)
-    try:
-        frontend.resolve_instruct(strict)
-    except InputError as exc:
-        raise HTTPError(400, str(exc), "instruct", "invalid_instruct") from None
+    checked("instruct", frontend.resolve_instruct, strict, code="invalid_instruct")
     return strict.strip() or None, []
 
 

@@ -2,8 +2,12 @@
 
 Clocks, each counted in /metrics (omnicore_timeouts_total{kind}):
 
-    send   a connection whose write buffer stays full for `send_timeout` seconds (its client
-           stopped reading) is cut: a stream's passes are cancelled and its slot comes back.
+    send   a connection whose client takes no byte for `send_timeout` seconds is cut: a
+           stream's passes are cancelled and its slot comes back. The clock starts the moment
+           the kernel refuses a byte (the transport's buffer limit is 0: whatever the kernel
+           does not take pauses the writer) and is put back whenever the client takes some,
+           so it counts from when the client stopped reading, however slowly the server makes
+           what it would send next, and a slow reader that keeps reading is never cut.
     idle   a connection that has not sent a whole request head within `idle_timeout` seconds
            of connecting (or of its previous response) is closed, and a request body that
            stalls that long is a 408; a WebSocket with nothing to say likewise (stream_input).
@@ -29,28 +33,51 @@ import time
 
 import uvicorn
 
-from .protocol import HTTPError
+from .protocol import CUT, HTTPError
 from .state import ServerState
 
 log = logging.getLogger("uvicorn.error")
 # The kernel's send buffer of a connection (it grows to megabytes by default): minutes of audio
 # could sit there unread before the send clock starts. This much still carries audio many times
-# faster than real time over a slow link.
+# faster than real time over a slow link. (Linux doubles what it is asked for: see
+# `limit_send_buffer`.)
 SEND_BUFFER_BYTES = 128 * 1024
+SEND_CHECKS = 10  # the send clock looks for progress this many times per --send-timeout
 STOP_WAIT_S = 10.0   # after the grace: how long stopped work may take to unwind
 CLOSE_WAIT_S = 30.0  # then: how long the worker threads may take to end
 
 
+def limit_send_buffer(transport) -> None:
+    """At most SEND_BUFFER_BYTES queued in the kernel for this connection, and nothing held
+    in the transport before the writer is paused (so the send clock starts as soon as the
+    client stops taking bytes)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+        got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        if got > SEND_BUFFER_BYTES:  # Linux doubles the size asked for (its own bookkeeping)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
+                            SEND_BUFFER_BYTES * SEND_BUFFER_BYTES // got)
+    transport.set_write_buffer_limits(high=0, low=0)
+
+
 class _Clocks:
-    """Timers on a uvicorn protocol: `send` while its transport's buffer is full, `idle` as a
-    subclass arms it. An expired timer counts itself and drops the connection."""
+    """Timers on a uvicorn protocol: `send` while its transport holds bytes the client has
+    not taken, `idle` as a subclass arms it. An expired timer counts itself and drops the
+    connection."""
 
     send_timeout: float
     on_timeout = None
 
-    def _arm(self, kind: str, seconds: float) -> None:
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        limit_send_buffer(transport)
+
+    def _arm(self, kind: str, seconds: float, then=None) -> None:
+        """In `seconds`, call `then()` (by default: the clock `kind` expires)."""
         self._disarm(kind)
-        self.__dict__[f"_clock_{kind}"] = self.loop.call_later(seconds, self._expired, kind)
+        self.__dict__[f"_clock_{kind}"] = self.loop.call_later(
+            seconds, then or (lambda: self._expired(kind)))
 
     def _disarm(self, kind: str) -> None:
         handle = self.__dict__.pop(f"_clock_{kind}", None)
@@ -62,9 +89,23 @@ class _Clocks:
         self.on_timeout(kind)
         self.transport.abort()  # a full buffer would keep a plain close() waiting to drain
 
+    def _check_send(self) -> None:
+        """Paused: cut the connection once the client has taken nothing for send_timeout
+        (the buffer only shrinks while paused, as the kernel takes bytes)."""
+        now, left = self.loop.time(), self.transport.get_write_buffer_size()
+        if left < self._send_left:  # the client took some: the clock starts again
+            self._send_left, self._send_since = left, now
+        if now - self._send_since >= self.send_timeout:
+            self._expired("send")
+        else:
+            step = min(self.send_timeout / SEND_CHECKS, self._send_since + self.send_timeout - now)
+            self._arm("send", step, self._check_send)
+
     def pause_writing(self) -> None:
         super().pause_writing()
-        self._arm("send", self.send_timeout)
+        self._send_left = self.transport.get_write_buffer_size()
+        self._send_since = self.loop.time()
+        self._arm("send", self.send_timeout / SEND_CHECKS, self._check_send)
 
     def resume_writing(self) -> None:
         super().resume_writing()
@@ -81,14 +122,12 @@ def protocols(send_timeout: float, idle_timeout: float, on_timeout):
     from uvicorn.protocols.http.h11_impl import H11Protocol
     from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
 
-    clocks = {"send_timeout": send_timeout, "on_timeout": staticmethod(on_timeout)}
+    clocked = type("Clocked", (_Clocks,), {"send_timeout": send_timeout,
+                                           "on_timeout": staticmethod(on_timeout)})
 
-    class Http(_Clocks, H11Protocol):
+    class Http(clocked, H11Protocol):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
-            sock = transport.get_extra_info("socket")
-            if sock is not None:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
             self._seen = None  # the last request cycle the idle clock saw start
             self._arm("idle", idle_timeout)
 
@@ -97,6 +136,10 @@ def protocols(send_timeout: float, idle_timeout: float, on_timeout):
             if self.cycle is not self._seen:  # a whole request head arrived
                 self._seen = self.cycle
                 self._disarm("idle")
+                # How the app cuts this connection (a raw stream the server stops: no bytes
+                # that would pass for its end), before its task first runs.
+                if self.cycle is not None:
+                    self.cycle.scope.setdefault("extensions", {})[CUT] = self.transport.abort
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -108,12 +151,18 @@ def protocols(send_timeout: float, idle_timeout: float, on_timeout):
             self._disarm("send")
             super().handle_websocket_upgrade(event)
 
-    for name, value in clocks.items():
-        setattr(Http, name, value)
-    ws = None
-    if AutoWebSocketsProtocol is not None:  # neither websockets nor wsproto: no WebSocket
-        ws = type("Ws", (_Clocks, AutoWebSocketsProtocol), dict(clocks))
-    return Http, ws
+    if AutoWebSocketsProtocol is None:  # neither websockets nor wsproto: no WebSocket
+        return Http, None
+
+    class Ws(clocked, AutoWebSocketsProtocol):
+        async def send(self, message) -> None:
+            await super().send(message)
+            if message["type"] == "websocket.http.response.body" and not message.get("more_body"):
+                # A refusal (401, 503) is a complete answer to the handshake; uvicorn would log
+                # it as an app that never answered.
+                self.handshake_complete = True
+
+    return Http, Ws
 
 
 class BodyClock:

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from ..errors import CancelledError
 from .library import VoiceLibrary
 from .protocol import MODEL_ALIASES, HTTPError, shutting_down
-from .voices import PRESET_VOICES, resolve_voice, unknown_voice
+from .voices import check_voice, resolve_voice
 
 # Tokens packed into one engine iteration: from one short pass to the default budget's order.
 TOKEN_BUCKETS = tuple(2 ** k for k in range(5, 17))
@@ -183,12 +183,10 @@ class ServerState:
         a preset's first use designs it."""
         return resolve_voice(self.model, self.voices, voice, on_step, self.voice_aliases)
 
-    def check_voice(self, voice: str) -> None:
-        """A 404 now, before admission, for a name that is neither a voice, a preset nor an
-        alias (cheap: nothing is designed)."""
-        if (voice not in PRESET_VOICES and voice not in self.voice_aliases
-                and self.voices.get(voice) is None):
-            raise unknown_voice(voice)
+    def check_voice(self, voice) -> None:
+        """A 404 now, before admission, for a `voice` that is neither a library voice, a preset
+        nor an alias (voices.check_voice); blocking: it reads the folder."""
+        check_voice(self.voices, voice, self.voice_aliases)
 
     async def in_thread(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
@@ -301,9 +299,12 @@ class ServerState:
         return hmac.compare_digest(got, want) and scheme.lower() == "bearer"
 
     def load(self) -> dict:
-        """Requests in flight and queued, and the engine's own view (Engine.load)."""
-        ld = self.engine.load()
+        """Requests in flight and queued, and the engine's own view (Engine.load). The slots
+        are read first: a stream's passes leave the engine before its slot comes back, so a
+        cut stream never shows as passes beside a free slot."""
         with self._lock:
-            in_flight, queued = self._in_flight, self._slot_waiting + ld.waiting_requests
+            in_flight, slot_waiting = self._in_flight, self._slot_waiting
+        ld = self.engine.load()
+        queued = slot_waiting + ld.waiting_requests
         return {"in_flight": in_flight, "queued": queued,
                 "engine_passes": ld.active_passes + ld.waiting_passes, "engine": asdict(ld)}

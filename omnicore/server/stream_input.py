@@ -34,17 +34,21 @@ import time
 from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from ..errors import CancelledError
+from ..errors import CancelledError, OmniCoreError
 from ..model.config import SAMPLE_RATE
 from ..text import limits
 from .formats import encoded
-from .protocol import (HTTPError, as_http, check_input_length, error_body, forget, has_words,
-                       parse_json, shutting_down, speech_options, synth_kwargs)
+from .protocol import (HTTPError, as_http, check_fields, check_input_length, concerning,
+                       error_body, forget, has_words, parse_json, shutting_down, speech_options,
+                       synth_kwargs)
 from .state import ServerState, Slot
 
 ROUTE = "speech_stream_input"  # its name in the request counter
 MESSAGE_KEYS = ("text", "flush", "cancel", "close")
-MAX_UTTERANCES = 8  # started and not yet spoken, per socket: a flood of flushes is refused
+MAX_UTTERANCES = 8  # started, not cancelled and not yet spoken, per socket: a flood of flushes
+# is refused. Cancelled ones cost nothing but their audio.done event: these many may wait for it
+# (a client that cancels faster than it reads its events).
+MAX_CANCELLED = 256
 _END = object()  # the end of an utterance's input
 
 
@@ -138,7 +142,8 @@ class Session:
                 return False
             if not isinstance(body, dict):
                 raise HTTPError(400, "the first message must be a JSON object of speech fields "
-                                     "(voice, response_format, language, ...)")
+                                     "(voice, response_format, language, ...)", None,
+                                "invalid_message")
             self.opts = speech_options(body, default_format="pcm", models=self.server.model_ids)
             if self.opts["duration"] is not None:
                 raise HTTPError(400, "duration needs the whole text in advance; over this socket "
@@ -146,6 +151,8 @@ class Session:
             if body.get("input") is not None:
                 raise HTTPError(400, "send the text as {\"text\": ...} messages after this one",
                                 "input", "invalid_input")
+            if self.opts["voice"] is not None:  # refused now, as a POST would be
+                await self.server.in_thread(self.server.check_voice, self.opts["voice"])
             return True
         except asyncio.TimeoutError:
             self.server.m_timeouts.labels("idle").inc()
@@ -186,11 +193,9 @@ class Session:
 
     def handle(self, body) -> None:
         if not isinstance(body, dict) or not body:
-            raise HTTPError(400, "a message is a JSON object with text, flush, cancel or close")
-        for key in body:
-            if key not in MESSAGE_KEYS:
-                raise HTTPError(400, f"unknown message field {key!r}; one of "
-                                     f"{', '.join(MESSAGE_KEYS)}", key, "invalid_message")
+            raise HTTPError(400, "a message is a JSON object with text, flush, cancel or close",
+                            None, "invalid_message")
+        check_fields(body, MESSAGE_KEYS, "a message")
         for key in MESSAGE_KEYS[1:]:
             if not isinstance(body.get(key, False), bool):
                 raise HTTPError(400, f"{key} must be true or false", key, "invalid_type")
@@ -221,10 +226,14 @@ class Session:
         self.pending += text
         check_input_length(len(self.pending))
         if has_words(self.pending):  # an utterance starts with its first words
-            if len(self.utterances) >= MAX_UTTERANCES:
+            cancelled = sum(u.cancelled for u in self.utterances)
+            if len(self.utterances) - cancelled >= MAX_UTTERANCES or cancelled >= MAX_CANCELLED:
                 self.pending = ""
-                raise HTTPError(429, f"{MAX_UTTERANCES} utterances are waiting to be spoken; "
-                                     "wait for their audio.done", "text", "too_many_utterances")
+                raise HTTPError(429, f"{len(self.utterances) - cancelled} utterances are waiting "
+                                     f"to be spoken and {cancelled} cancelled ones for their "
+                                     f"audio.done (at most {MAX_UTTERANCES} and "
+                                     f"{MAX_CANCELLED}); wait for their audio.done", "text",
+                                "too_many_utterances")
             u = Utterance(self.count, asyncio.get_running_loop().create_future())
             self.count += 1
             self.utterances.append(u)
@@ -296,8 +305,8 @@ class Session:
         except (WebSocketDisconnect, OSError):
             self.gone = True
         except Exception as exc:  # noqa: BLE001 - an utterance's failure is an error event
-            if not self.gone:
-                await self.send_error(exc, u.index)
+            if not self.gone:  # the model's refusals concern the utterance's text
+                await self.send_error(concerning(exc, {OmniCoreError: "text"}), u.index)
             forget(exc)
         finally:
             if u.stream is not None:

@@ -1,4 +1,5 @@
-"""Uploaded clips, bounded by what their container's header declares before any decoding.
+"""Uploaded audio (a clip to clone, a consent recording), bounded by what its container's
+header declares before any decoding.
 
 A compressed file can declare or hold far more audio than its size suggests (a 7 KB WAV at
 1 Hz is an hour that resampling to 24 kHz blows up; a small FLAC of silence decodes to a
@@ -15,6 +16,7 @@ import io
 
 import numpy as np
 
+from ..audio import loading
 from ..errors import AudioError
 from ..text import limits
 
@@ -61,3 +63,18 @@ def decode_clip(data: bytes) -> tuple[np.ndarray, int]:
     if len(wav) == 0:
         raise AudioError("the uploaded audio is empty (0 samples); send a recording of speech")
     return wav.T, int(rate)  # [N, C] -> [C, N]
+
+
+def check_recording(data: bytes) -> str:
+    """An uploaded recording kept as uploaded (a consent) -> its container's file extension,
+    once it has passed what a clip passes: `decode_clip`'s limits, a full decode, finite
+    samples (loading.load_audio's checks) and some sound."""
+    import soundfile as sf
+
+    wav, rate = decode_clip(data)  # [C, N]
+    loading.load_audio((wav, rate), rate)  # NaN, infinities, an empty signal
+    if not np.any(wav):
+        raise AudioError("the uploaded audio is digital silence; upload the spoken recording")
+    fmt = sf.info(io.BytesIO(data)).format
+    ext = {"WAVEX": "wav", "OGG": "ogg"}.get(fmt, fmt.lower())
+    return ext if ext.isalnum() else "audio"

@@ -40,24 +40,28 @@ PRESET_VOICES = {
 
 
 def describe_voice(name: str, prompt, record: dict) -> dict:
-    """A voice as /v1/voices shows it: its prompt's transcript and length, and its record."""
-    codes = np.asarray(prompt.ref_audio_tokens)  # [C, T]
+    """A voice as /v1/voices shows it: its prompt's transcript and length, and its record. A
+    preset not made yet (`prompt` None) has the same fields, those of its prompt null."""
+    codes = None if prompt is None else np.asarray(prompt.ref_audio_tokens)  # [C, T]
     consent = record.get("consent")
+    preset = PRESET_VOICES.get(name)
     return {"id": name, "object": "voice", "name": record.get("name", name),
             "type": record.get("type"), "created_at": record.get("created_at"),
-            "ref_text": prompt.ref_text, "frames": int(codes.shape[1]),
-            "seconds": codes.shape[1] / FRAME_RATE,
-            "preset": PRESET_VOICES.get(name, (None,))[0],
+            "ref_text": None if prompt is None else prompt.ref_text,
+            "frames": None if codes is None else int(codes.shape[1]),
+            "seconds": None if codes is None else codes.shape[1] / FRAME_RATE,
+            "preset": preset[0] if preset else None, "seed": preset[1] if preset else None,
+            "made": prompt is not None,
             "consent": consent["id"] if isinstance(consent, dict) else None}
 
 
 def list_voices(voices: VoiceLibrary) -> list[dict]:
-    """Every voice as /v1/voices lists it: the library's, then the presets not made yet."""
+    """GET /v1/voices: the library's voices by name, then the presets not made yet (blocking:
+    it reads the folder)."""
     items = voices.items()
     made = {n for n, _ in items}
-    presets = [{"id": n, "object": "voice", "name": n, "preset": ins, "seed": seed,
-                "created": False} for n, (ins, seed) in PRESET_VOICES.items() if n not in made]
-    return [describe_voice(n, prompt, voices.record(n)) for n, prompt in items] + presets
+    return ([describe_voice(n, prompt, voices.record(n)) for n, prompt in items]
+            + [describe_voice(n, None, {"type": "prompt"}) for n in PRESET_VOICES if n not in made])
 
 
 def openai_voice(name: str, record: dict) -> dict:
@@ -123,23 +127,43 @@ def parse_alias(spec: str) -> tuple[str, str]:
     return name, target
 
 
+def voice_name(voice) -> str:
+    """A request's `voice` (a name or {"id": name}) -> the name, checked whole."""
+    if isinstance(voice, dict):
+        voice = voice.get("id")
+    if not isinstance(voice, str) or not voice:
+        raise HTTPError(400, "voice must be a voice name or {\"id\": name}", "voice", "invalid_voice")
+    return VoiceLibrary.check_name(voice, "voice")
+
+
+def check_voice(voices: VoiceLibrary, voice, aliases=None) -> None:
+    """Before admission: a request's `voice` names a voice of the library, a preset or an
+    alias of a library voice (404 otherwise). Blocking: it reads the folder."""
+    name = voice_name(voice)
+    if name in (aliases or {}):
+        aliased(voices, name, aliases[name])
+    elif name not in PRESET_VOICES and voices.get(name) is None:
+        raise voice_not_found(name)
+
+
+def aliased(voices: VoiceLibrary, name: str, target: str):
+    """The library voice an alias (--voice-alias NAME=TARGET) speaks as; 404 when it is gone."""
+    prompt = voices.get(target)
+    if prompt is None:
+        raise HTTPError(404, f"voice {name!r} is an alias of {target!r} (--voice-alias), which is "
+                             "not in the voice library; GET /v1/voices lists them", "voice",
+                        "voice_not_found")
+    return prompt
+
+
 def resolve_voice(model, voices: VoiceLibrary, voice, on_step=None, aliases=None):
     """A request's `voice` (a name or {"id": name}) -> a VoiceClonePrompt; a preset name not
     made yet is designed now and stored (once, even for concurrent first uses). `aliases`
     (name -> library voice) lets a name a client insists on (OpenAI's presets) speak as a
     library voice: an alias wins over a preset or a voice of that name."""
-    if isinstance(voice, dict):
-        voice = voice.get("id")
-    if not isinstance(voice, str) or not voice:
-        raise HTTPError(400, "voice must be a voice name or {\"id\": name}", "voice", "invalid_voice")
-    target = (aliases or {}).get(voice)
-    if target is not None:
-        prompt = voices.get(target)
-        if prompt is None:
-            raise HTTPError(404, f"voice {voice!r} is an alias of {target!r} (--voice-alias), "
-                                 f"which is not in the voice library; GET /v1/voices lists them",
-                            "voice", "voice_not_found")
-        return prompt
+    voice = voice_name(voice)
+    if voice in (aliases or {}):
+        return aliased(voices, voice, aliases[voice])
     prompt = voices.get(voice)
     if prompt is not None:
         return prompt
@@ -156,9 +180,9 @@ def resolve_voice(model, voices: VoiceLibrary, voice, on_step=None, aliases=None
                         raise
                     prompt = voices.get(voice) or prompt
             return prompt
-    raise unknown_voice(voice)
+    raise voice_not_found(voice)
 
 
-def unknown_voice(voice) -> HTTPError:
-    return HTTPError(404, f"unknown voice {voice!r}; GET /v1/voices lists them", "voice",
+def voice_not_found(name: str, param: str = "voice") -> HTTPError:
+    return HTTPError(404, f"unknown voice {name!r}; GET /v1/voices lists them", param,
                      "voice_not_found")

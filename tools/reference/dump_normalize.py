@@ -8,7 +8,7 @@ Writes ``normalize_cases.json`` (default out_dir: tests/fixtures/reference):
               for Chinese, English, other languages (num2words), bracketed tags and CMU
               pronunciations, pinyin tone markers, mixed scripts, edge cases, and strings drawn
               from templates with a fixed seed
-    pipeline  where ``generate(normalize_text=True)`` applies it: ``OmniVoice._preprocess_all``
+    pipeline  where ``generate(normalize_text=True)`` applies it: ``omnivoice.OmniVoice._preprocess_all``
               (and ``_generate_chunked`` for long text) bound to a stand-in that records each
               pass instead of running the model (as dump_text.py does): the spoken text, the
               instruct as resolved against it, the untouched ref_text, the frame estimate and

@@ -4,7 +4,7 @@
 
 Writes ``text_cases.json`` (default out_dir: tests/fixtures/reference). Every expected value
 comes from running the reference package's own code: language and instruct resolution, target
-lengths and chunking go through ``OmniVoice._preprocess_all`` and ``OmniVoice._generate_chunked``
+lengths and chunking go through ``omnivoice.OmniVoice._preprocess_all`` and ``omnivoice.OmniVoice._generate_chunked``
 bound to a stand-in object whose ``_generate_iterative`` only records each pass (so no weights
 are needed; ``ckpt_dir`` is unused). Inputs are hand-picked edge cases plus strings drawn with a
 fixed seed, so the file is identical on every run.

@@ -1,4 +1,4 @@
-"""Write omnicore/languages.py, the language table, from the reference package's language map.
+"""Write omnicore/text/languages.py, the language table, from the reference package's language map.
 
 Run once with the reference venv (the table is committed; re-run only when the reference's
 language list changes):
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[2] / "omnicore" / "languages.py"
+OUT = Path(__file__).resolve().parents[2] / "omnicore" / "text" / "languages.py"
 
 HEADER = '''"""The languages OmniVoice was trained on: {n} rows of (language id, English display name).
 
