@@ -229,7 +229,7 @@ class Connection:
 
     async def send_error(self, exc: BaseException) -> None:
         e = as_http(exc) if not isinstance(exc, BadEvent) else HTTPError(400, str(exc), None,
-                                                                          "bad_event")
+                                                                          "invalid_message")
         await self.send(Error(text=e.message, code=e.code).event())
 
     def close(self) -> None:
@@ -341,7 +341,8 @@ class Connection:
             raise shutting_down()
         if len(self.utterances) >= MAX_UTTERANCES:
             raise HTTPError(429, f"{MAX_UTTERANCES} texts are waiting to be spoken on this "
-                                 "connection; wait for their audio-stop", "text", "too_many_texts")
+                                 "connection; wait for their audio-stop", "text",
+                            "too_many_utterances")
         u = Utterance(self.count, asyncio.get_running_loop().create_future())
         self.count += 1
         self.utterances.append(u)
