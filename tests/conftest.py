@@ -189,6 +189,27 @@ def stop_process(proc, seconds: float = 20) -> None:
         proc.wait()
 
 
+HOUSE = "house"  # the library voice of `house_voices`
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    """The tiny checkpoint, loaded once per test module."""
+    from omnicore import OmniVoice
+
+    return OmniVoice.from_pretrained(TINY)
+
+
+@pytest.fixture(scope="module")
+def house_voices(tmp_path_factory, tiny_model):
+    """A voices folder holding one library voice, HOUSE (designed, seeded): what the servers
+    under test speak with."""
+    folder = tmp_path_factory.mktemp("voices")
+    tiny_model.synthesize("This is how the house sounds.", instruct="female, low pitch", seed=3,
+                          num_step=4)[0].as_voice().save(folder / f"{HOUSE}.npz")
+    return folder
+
+
 @pytest.fixture(scope="module")
 def cfg():
     return OmniVoiceConfig.from_file(TINY / "config.json")

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import (TINY, doc_examples, free_port, require_module, spawn_omnicore,  # noqa: E402
+from conftest import (HOUSE, TINY, doc_examples, free_port, require_module, spawn_omnicore,  # noqa: E402
                       start_server, start_wyoming, stop_process)
 
 require_module("mcp", "mcp")
@@ -26,26 +26,13 @@ from mcp import Client, StdioServerParameters  # noqa: E402
 from mcp.client.stdio import stdio_client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
-from omnicore import OmniVoice, VoiceClonePrompt  # noqa: E402
+from omnicore import VoiceClonePrompt  # noqa: E402
 from omnicore.audio.writers import to_pcm16  # noqa: E402
 
 ROOT = TINY.parents[1]
-VOICE = "house"
+VOICE = HOUSE  # a library voice (conftest.house_voices)
 STEPS = ("--steps", "4")
 CLIP = ROOT / "tests" / "fixtures" / "audio" / "speech_24k.wav"
-
-
-@pytest.fixture(scope="module")
-def model():
-    return OmniVoice.from_pretrained(TINY)
-
-
-@pytest.fixture(scope="module")
-def voices_dir(tmp_path_factory, model):
-    folder = tmp_path_factory.mktemp("voices")
-    model.synthesize("This is how the house sounds.", instruct="male, low pitch", seed=3,
-                     num_step=4)[0].as_voice().save(folder / f"{VOICE}.npz")
-    return folder
 
 
 class Session:
@@ -92,8 +79,8 @@ def out_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def mcp(voices_dir, out_dir):
-    session = Session(stdio_params("--output-dir", out_dir, "--voices-dir", voices_dir, *STEPS),
+def mcp(house_voices, out_dir):
+    session = Session(stdio_params("--output-dir", out_dir, "--voices-dir", house_voices, *STEPS),
                       out_dir.parent / "mcp.log")
     yield session
     session.close()
@@ -170,10 +157,10 @@ def test_errors_are_tool_errors_with_omnicores_message(mcp):
         assert "validation error" in error_of(mcp.call("speak", **bad)), bad
 
 
-def test_the_voice_tools_share_the_server_library(mcp, voices_dir):
+def test_the_voice_tools_share_the_server_library(mcp, house_voices):
     made = json.loads(mcp.call("design_voice", name="aria", instruct="female, elderly",
                                seed=2).content[0].text)
-    assert made["id"] == "aria" and (voices_dir / "aria.npz").is_file()
+    assert made["id"] == "aria" and (house_voices / "aria.npz").is_file()
     assert "already exists" in error_of(mcp.call("design_voice", name="aria", instruct="male"))
     assert "preset voice" in error_of(mcp.call("design_voice", name="alloy", instruct="male"))
     clip = base64.b64encode(CLIP.read_bytes()).decode()
@@ -193,10 +180,10 @@ def test_the_voice_tools_share_the_server_library(mcp, voices_dir):
     assert {"id": "en", "name": "English"} in found and len(found) < 20
 
 
-def test_streamable_http_needs_the_key(voices_dir, tmp_path):
+def test_streamable_http_needs_the_key(house_voices, tmp_path):
     port = free_port()
     proc = spawn_omnicore("mcp", "--http", "--port", port, "--api-key", "k-123", "--model", TINY,
-                          "--voices-dir", voices_dir, *STEPS, log_path=tmp_path / "mcp.log")
+                          "--voices-dir", house_voices, *STEPS, log_path=tmp_path / "mcp.log")
     url = f"http://127.0.0.1:{port}/mcp"
     try:
         deadline = time.monotonic() + 90
@@ -226,18 +213,20 @@ def test_streamable_http_needs_the_key(voices_dir, tmp_path):
         stop_process(proc, 30)
 
 
-def test_same_text_voice_and_seed_same_audio_through_every_door(mcp, model, voices_dir, tmp_path):
+def test_same_text_voice_and_seed_same_audio_through_every_door(mcp, tiny_model, house_voices,
+                                                                 tmp_path):
     """Seeded sampling (one pass: nothing shares its forwards). The streamed doors (Wyoming,
     HTTP pcm) give `model.stream`'s audio; the whole-file doors (MCP, HTTP flac) give
     `model.generate`'s; another seed gives other audio."""
     text, seed = "Hello there, friend.", 11
-    prompt = VoiceClonePrompt.load(voices_dir / f"{VOICE}.npz")
+    prompt = VoiceClonePrompt.load(house_voices / f"{VOICE}.npz")
     kw = dict(voice_clone_prompt=prompt, seed=seed, num_step=4)
-    streamed = np.concatenate([to_pcm16(x) for x in model.stream(text, **kw)]).tobytes()
-    whole = to_pcm16(model.generate(text, **kw)[0])
+    streamed = np.concatenate([to_pcm16(x) for x in tiny_model.stream(text, **kw)]).tobytes()
+    whole = to_pcm16(tiny_model.generate(text, **kw)[0])
 
-    proc, url = start_server(voices_dir, "-q", log_path=tmp_path / "serve.log")
-    wyoming, port = start_wyoming(voices_dir, "--seed", seed, *STEPS, log_path=tmp_path / "wy.log")
+    proc, url = start_server(house_voices, "-q", log_path=tmp_path / "serve.log")
+    wyoming, port = start_wyoming(house_voices, "--seed", seed, *STEPS,
+                                  log_path=tmp_path / "wy.log")
     try:
         body = {"input": text, "voice": VOICE, "seed": seed, "num_step": 4}
         pcm = httpx.post(url + "/v1/audio/speech", json={**body, "response_format": "pcm"},

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from conftest import TINY, doc_examples, require_module, require_server_extra, start_server, stop_process  # noqa: E402
+from conftest import (HOUSE, doc_examples, require_module, require_server_extra,  # noqa: E402
+                      start_server, stop_process)
 
 require_server_extra()
 httpx = require_module("httpx")
@@ -32,11 +33,10 @@ from pipecat.tests.utils import QueuedFrameProcessor  # noqa: E402
 from pipecat.utils.asyncio.task_manager import TaskManager  # noqa: E402
 from pipecat.workers.runner import WorkerRunner  # noqa: E402
 
-from omnicore import OmniVoice  # noqa: E402
 from omnicore.voice_agents.livekit_tts import TTS as OmnicoreLiveKitTTS  # noqa: E402
 from omnicore.voice_agents.pipecat_tts import OmnicoreTTSService  # noqa: E402
 
-VOICE = "house"
+VOICE = HOUSE  # a library voice (conftest.house_voices)
 GREEDY = {"num_step": 4, "position_temperature": 0.0}
 STORY = ("The first sentence is short. The second sentence comes after it and is longer. "
          "A third sentence closes the little story.")
@@ -44,17 +44,9 @@ LONG = " ".join(f"Sentence {i} of a story that goes on and on." for i in range(3
 
 
 @pytest.fixture(scope="module")
-def model():
-    return OmniVoice.from_pretrained(TINY)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, model):
-    tmp = tmp_path_factory.mktemp("agents")
-    model.synthesize("This is how the house sounds.", instruct="female, low pitch", seed=3,
-                     num_step=4)[0].as_voice().save(tmp / f"{VOICE}.npz")
-    proc, url = start_server(tmp, "--voice-alias", f"cedar={VOICE}", "--voice-alias",
-                             "marin=ghost", log_path=tmp / "server.log")
+def server(house_voices):
+    proc, url = start_server(house_voices, "--voice-alias", f"cedar={VOICE}", "--voice-alias",
+                             "marin=ghost", log_path=house_voices / "server.log")
     yield url
     stop_process(proc, 30)
 

@@ -11,7 +11,7 @@ import signal
 import numpy as np
 import pytest
 
-from conftest import TINY, doc_examples, require_module, start_wyoming, stop_process  # noqa: E402
+from conftest import HOUSE, doc_examples, require_module, start_wyoming, stop_process  # noqa: E402
 
 require_module("wyoming", "wyoming")
 from wyoming.audio import AudioChunk, AudioStart  # noqa: E402
@@ -22,34 +22,20 @@ from wyoming.info import Describe, Info  # noqa: E402
 from wyoming.tts import (Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop,  # noqa: E402
                          SynthesizeStopped, SynthesizeVoice)
 
-from omnicore import OmniVoice  # noqa: E402
 from omnicore.audio.writers import to_pcm16  # noqa: E402
 
 SETTINGS = ("--steps", "4", "--seed", "7")  # seeded sampling: one client, so nothing shares a pass
 KWARGS = {"num_step": 4, "seed": 7}
-VOICE = "house"  # a library voice, made in this process
+VOICE = HOUSE  # a library voice (conftest.house_voices)
 STORY = ("The first sentence is short. The second sentence comes after it and is longer. "
          "A third sentence closes the little story.")
 IDLE_S = 4
 
 
 @pytest.fixture(scope="module")
-def model():
-    return OmniVoice.from_pretrained(TINY)
-
-
-@pytest.fixture(scope="module")
-def voices_dir(tmp_path_factory, model):
-    folder = tmp_path_factory.mktemp("voices")
-    model.synthesize("This is how the house sounds.", instruct="female, low pitch", seed=3,
-                     num_step=4)[0].as_voice().save(folder / f"{VOICE}.npz")
-    return folder
-
-
-@pytest.fixture(scope="module")
-def port(voices_dir, tmp_path_factory):
+def port(house_voices, tmp_path_factory):
     log = tmp_path_factory.mktemp("wyoming") / "server.log"
-    proc, port = start_wyoming(voices_dir, "--voice", VOICE, "--idle-timeout", IDLE_S,
+    proc, port = start_wyoming(house_voices, "--voice", VOICE, "--idle-timeout", IDLE_S,
                                *SETTINGS, log_path=log)
     yield port
     stop_process(proc, 30)
@@ -72,8 +58,8 @@ async def until(client, *types) -> tuple[list[Event], bytes]:
             return events, audio
 
 
-def streamed(model, text, **kw) -> bytes:
-    return np.concatenate([to_pcm16(x) for x in model.stream(text, **kw)]).tobytes()
+def streamed(tiny_model, text, **kw) -> bytes:
+    return np.concatenate([to_pcm16(x) for x in tiny_model.stream(text, **kw)]).tobytes()
 
 
 def test_describe_lists_the_presets_and_the_library(port):
@@ -92,7 +78,7 @@ def test_describe_lists_the_presets_and_the_library(port):
     assert len(program.voices[0].languages) > 600
 
 
-def test_one_shot_and_streamed_text_speak_as_the_model_streams(port, model, voices_dir):
+def test_one_shot_and_streamed_text_speak_as_the_model_streams(port, tiny_model, house_voices):
     """A synthesize is answered audio-start, audio-chunks, audio-stop: the pieces of
     `model.stream` of the text with the same voice and settings, as 16-bit pcm. The same text
     streamed in word by word (with Home Assistant's compatibility synthesize inside the stream,
@@ -100,8 +86,8 @@ def test_one_shot_and_streamed_text_speak_as_the_model_streams(port, model, voic
     heard before the rest of the text is even sent: spoken as it is complete, sent as made."""
     from omnicore import VoiceClonePrompt
 
-    prompt = VoiceClonePrompt.load(voices_dir / f"{VOICE}.npz")
-    want = streamed(model, STORY, voice_clone_prompt=prompt, **KWARGS)
+    prompt = VoiceClonePrompt.load(house_voices / f"{VOICE}.npz")
+    want = streamed(tiny_model, STORY, voice_clone_prompt=prompt, **KWARGS)
     cut = STORY.index("A third")  # two sentences: over 2 s of speech, the stream's chunk 0
     first, rest = STORY[:cut].strip(), STORY[cut:]
 
@@ -131,12 +117,12 @@ def test_one_shot_and_streamed_text_speak_as_the_model_streams(port, model, voic
     assert stream_audio == want
 
 
-def test_voice_language_and_default_voice(port, model, voices_dir):
+def test_voice_language_and_default_voice(port, tiny_model, house_voices):
     """No voice named: the server's --voice. A voice's BCP 47 language reaches the model as
     its language id (en-US -> en)."""
     from omnicore import VoiceClonePrompt
 
-    prompt = VoiceClonePrompt.load(voices_dir / f"{VOICE}.npz")
+    prompt = VoiceClonePrompt.load(house_voices / f"{VOICE}.npz")
 
     async def talk():
         async with AsyncTcpClient("127.0.0.1", port) as c:
@@ -147,8 +133,8 @@ def test_voice_language_and_default_voice(port, model, voices_dir):
             _, english = await until(c, "audio-stop")
             return plain, english
     plain, english = run(talk())
-    assert plain == streamed(model, "Hello there.", voice_clone_prompt=prompt, **KWARGS)
-    assert english == streamed(model, "Hello there.", voice_clone_prompt=prompt, language="en",
+    assert plain == streamed(tiny_model, "Hello there.", voice_clone_prompt=prompt, **KWARGS)
+    assert english == streamed(tiny_model, "Hello there.", voice_clone_prompt=prompt, language="en",
                                **KWARGS)
     assert english != plain
 
@@ -212,11 +198,11 @@ def test_a_silent_client_is_closed_after_the_idle_timeout(port):
 LONG = " ".join(f"Sentence {i} of a story that goes on and on." for i in range(400))
 
 
-def test_a_client_that_leaves_frees_its_place_and_sigterm_drains(voices_dir, tmp_path):
+def test_a_client_that_leaves_frees_its_place_and_sigterm_drains(house_voices, tmp_path):
     """With one place (--max-queue 1): a client that leaves mid-audio of a text too long to
     finish in this test frees it at once (the next client is admitted and spoken to); a text in
     flight at SIGTERM is spoken to its end while a new one is refused, then the server exits 0."""
-    proc, port = start_wyoming(voices_dir, "--max-queue", "1", "--grace", "600", *SETTINGS,
+    proc, port = start_wyoming(house_voices, "--max-queue", "1", "--grace", "600", *SETTINGS,
                                log_path=tmp_path / "server.log")
     try:
         async def leave_mid_audio():

@@ -7,7 +7,7 @@ per field below. They come in two spellings:
                             --no-denoise, --no-postprocess (`add_generation_options`), and
                             clone-prompt's --no-preprocess (`add_field_option`); the servers
                             whose protocol carries only text and voice (wyoming, mcp) the
-                            same, for every text (`add_speech_options`)
+                            same, for every text (`add_generation_options(sp, texts=False)`)
     infer, infer-batch      `--<field>` as the reference spells them, booleans as
                             `--denoise False` (`add_reference_options`)
 Either way the value lands on `args.<field>`, which is where `gen_kwargs` reads it.
@@ -78,12 +78,17 @@ def add_field_option(group, name: str, flag: str) -> None:
                            help=f"{FIELD_HELP[name]} (default %(default)s)")
 
 
-def add_generation_options(sp) -> None:
-    """The voice and generation options of say, batch and script."""
-    g = sp.add_argument_group("voice and generation")
+def add_generation_options(sp, texts: bool = True) -> None:
+    """The voice and generation options of say, batch and script; with `texts` False, a
+    server's settings for every text (wyoming, mcp: no --instruct or --duration, which belong
+    to one text)."""
+    g = sp.add_argument_group("voice and generation" if texts else "generation (every text)")
     g.add_argument("--language", help="language name or code, e.g. English / en (default: agnostic)")
-    g.add_argument("--instruct", help="voice design, e.g. 'female, low pitch, british accent'")
-    g.add_argument("--duration", type=float, help="fixed output length in seconds (overrides --speed)")
+    if texts:
+        g.add_argument("--instruct", help="voice design, e.g. 'female, low pitch, british accent'")
+        g.add_argument("--duration", type=float, help="fixed output length in seconds (overrides --speed)")
+    else:
+        sp.set_defaults(instruct=None, duration=None)
     g.add_argument("--speed", type=float, help="speaking rate factor, >1 faster (default 1.0)")
     add_field_option(g, "num_step", "--steps")
     add_field_option(g, "guidance_scale", "--guidance")
@@ -95,24 +100,6 @@ def add_generation_options(sp) -> None:
     g.add_argument("--normalize-text", action="store_true",
                    help="read numbers, dates, currency as words first, as the reference's "
                         "normalize_text (needs pip install 'omnicore[tn]')")
-
-
-def add_speech_options(sp) -> None:
-    """The generation settings of a server whose protocol carries only the text and voice."""
-    g = sp.add_argument_group("generation (every text)")
-    g.add_argument("--language", help="language of texts whose voice names none, a name or code "
-                                      "(default: agnostic)")
-    g.add_argument("--speed", type=float, help="speaking rate factor, >1 faster (default 1.0)")
-    add_field_option(g, "num_step", "--steps")
-    add_field_option(g, "guidance_scale", "--guidance")
-    g.add_argument("--seed", type=_seed, help="random seed (>= 0): same text, voice and seed, same audio")
-    g.add_argument("--greedy", action="store_true",
-                   help="deterministic decoding (position and class temperature 0)")
-    add_field_option(g, "denoise", "--no-denoise")
-    add_field_option(g, "postprocess_output", "--no-postprocess")
-    g.add_argument("--normalize-text", action="store_true",
-                   help="read numbers, dates, currency as words first (pip install 'omnicore[tn]')")
-    sp.set_defaults(instruct=None, duration=None)
 
 
 def add_reference_options(sp, names) -> None:

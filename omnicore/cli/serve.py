@@ -11,7 +11,7 @@ import os
 
 from ..errors import ConfigError, InputError
 from . import common
-from .options import add_speech_options, gen_kwargs
+from .options import add_generation_options, gen_kwargs
 
 
 def check_server_options(args) -> None:
@@ -75,8 +75,8 @@ def cmd_mcp(args) -> int:
 
 
 def speech_settings(args) -> dict:
-    """The generation settings of every text (`add_speech_options`), as the model's keyword
-    arguments."""
+    """The generation settings of every text (`add_generation_options(sp, texts=False)`), as
+    the model's keyword arguments."""
     synth = gen_kwargs(args)
     for key in ("instruct", "duration"):
         synth.pop(key, None)
@@ -142,7 +142,7 @@ def add_parser(sub) -> None:
                     help="the voice of a text that names none: a preset or a library voice, or "
                          "'' for the model's auto voice (default: %(default)s)")
     add_server_options(wy, "texts")
-    add_speech_options(wy)
+    add_generation_options(wy, texts=False)
     wy.set_defaults(func=cmd_wyoming)
 
     mc = sub.add_parser("mcp", help="an MCP server, for LLM agents (pip install 'omnicore[mcp]')",
@@ -160,5 +160,5 @@ def add_parser(sub) -> None:
     mc.add_argument("--api-key", default=os.environ.get("OMNICORE_API_KEY"),
                     help="with --http, require 'Authorization: Bearer KEY' (env OMNICORE_API_KEY)")
     add_server_options(mc, "tool calls")
-    add_speech_options(mc)
+    add_generation_options(mc, texts=False)
     mc.set_defaults(func=cmd_mcp)
