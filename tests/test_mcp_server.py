@@ -180,6 +180,35 @@ def test_the_voice_tools_share_the_server_library(mcp, house_voices):
     assert {"id": "en", "name": "English"} in found and len(found) < 20
 
 
+def test_a_cancelled_call_leaves_the_engine_within_steps(tiny_model, tmp_path):
+    """What an MCP client's cancel does to the tool (its task cancelled): the call's passes
+    leave the model's engine within a step or two, and its place is given back."""
+    from omnicore.server.mcp_server import McpDoor
+    from omnicore.server.state import ServerState
+
+    long = " ".join(f"Sentence {i} of a story that goes on and on." for i in range(60))
+    server = ServerState(tiny_model, tmp_path / "voices")
+    door = McpDoor(server, None, {"num_step": 64})
+
+    async def cancel():
+        task = asyncio.ensure_future(door.speak(text=long))
+        while tiny_model.engine.load().active_passes == 0:
+            await asyncio.sleep(0.01)
+        before = tiny_model.engine.load().iterations
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        while tiny_model.engine.load().active_passes + tiny_model.engine.load().waiting_passes:
+            await asyncio.sleep(0.01)
+        return tiny_model.engine.load().iterations - before
+    try:
+        assert asyncio.run(asyncio.wait_for(cancel(), 120)) <= 3
+        assert server.load()["in_flight"] == 0
+    finally:
+        server.stop_all()
+        server.close()
+
+
 def test_streamable_http_needs_the_key(house_voices, tmp_path):
     port = free_port()
     proc = spawn_omnicore("mcp", "--http", "--port", port, "--api-key", "k-123", "--model", TINY,
