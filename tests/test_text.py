@@ -77,9 +77,6 @@ def test_language_helpers():
     choices = frontend.language_choices()
     assert ("English (en)", "en") in choices and len(choices) == 646
     assert len({lang_id for _, lang_id in choices}) == 646
-    assert frontend.language_display_name("zh") == "Chinese"
-    with pytest.raises(InputError):
-        frontend.language_display_name("xx-unknown")
     with pytest.raises(InputError):
         frontend.resolve_language(42)
 

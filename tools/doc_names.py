@@ -5,15 +5,17 @@ state must exist.
     python3 tools/doc_names.py        # list what is off (file:line: what), exit 1 if any
 
 Read: the docstrings (module, class and function) of every .py file under omnicore/, demo/,
-benchmarks/ and tools/, and the code spans (`...`) of README.md and docs/*.md (fenced examples
-are run by tests/test_readme.py instead). Checked there:
+benchmarks/ and tools/, and the code spans (`...`) of README.md, docs/*.md and the other
+folders' READMEs (fenced examples are run by tests/test_readme.py instead). Checked there:
 
     a dotted name      `engine.pass_seed`, `Engine.submit`, `omnicore.model.backbone`: its first
                        part is an omnicore module, class or (in a .py file) a name the file
                        defines or imports, and every later part must exist
     a call form        `decode_stream(params, codes, cfg, chunk_frames=50)` of an omnicore
                        function or class: every keyword is one of its parameters, and no more
-                       positional arguments than it takes
+                       positional arguments than it takes (a bare name is, in a .py file, one
+                       the file defines or imports; in Markdown, the package's only function,
+                       method or class of that name)
     a signature        a call form followed by `->` (a docstring's API listing): also names its
                        positional parameters, and every parameter, unless it writes `...` or
                        `**rest` for the ones it leaves out; a default it states is the default

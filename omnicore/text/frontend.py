@@ -111,15 +111,6 @@ def supported_language_names() -> frozenset[str]:
     return frozenset(NAME_TO_ID)
 
 
-def language_display_name(lang_id: str) -> str:
-    """English display name of a language id (``"en"`` -> ``"English"``); ``InputError`` if
-    the id is unknown."""
-    try:
-        return ID_TO_NAME[lang_id]
-    except (KeyError, TypeError):
-        raise InputError(f"unknown language id {lang_id!r}.") from None
-
-
 def language_choices() -> list[tuple[str, str]]:
     """``(label, id)`` pairs for a searchable picker, e.g. ``("English (en)", "en")``, by name."""
     return [(f"{name} ({lang_id})", lang_id) for lang_id, name in LANGUAGES]

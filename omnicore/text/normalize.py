@@ -183,13 +183,6 @@ def _apply_with_protection(text: str, fn: Callable[[str], str], protect_pinyin: 
     return "".join(out)
 
 
-def available() -> bool:
-    """Whether the `tn` extra's libraries are importable (nothing is built)."""
-    import importlib.util
-
-    return all(importlib.util.find_spec(m) is not None for m in ("tn", "pynini", "num2words"))
-
-
 def normalize_text(text: str, language: str | None = None) -> str:
     """`text` with numbers, dates, currency ... in words; see the module docstring.
 
