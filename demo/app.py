@@ -81,6 +81,7 @@ from omnicore.model import backend  # noqa: E402
 from omnicore.text import limits  # noqa: E402
 from omnicore.text.frontend import instruct_vocabulary, language_choices, resolve_instruct  # noqa: E402
 from omnicore.text.planner import ChunkRule  # noqa: E402
+from omnicore.warmup import warm_up  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import presets  # noqa: E402
@@ -818,7 +819,9 @@ def main(argv=None) -> int:
         model = OmniVoice.from_pretrained(args.model)
         defaults = None
         if not args.no_warmup:
-            print("timing the model on this machine ...", flush=True)
+            print("warming up (compiling the kernels, once per machine) ...", flush=True)
+            done = warm_up(model, on_path=lambda path, s: print(f"  {path}: {s:.1f} s", flush=True))
+            print(f"warm in {done.total_s:.1f} s; timing the model on this machine ...", flush=True)
             defaults = measure_defaults(model)
             r = defaults.rate
             print(f"measured in {r.measured_s:.1f} s: {r.flops_per_s / 1e9:.1f} GFLOP/s + "

@@ -538,6 +538,32 @@ def test_batch_shows_jobs_steps_eta_and_a_summary(tmp_path):
         [f"[{k}/6" for k in range(1, 7)]
 
 
+def test_the_eta_leaves_the_kernels_compile_out(monkeypatch):
+    """A first run compiles kernels inside its first step: the ETA counts only the work. Here
+    60 s pass before step 1 of 2, 50 of them compiling: 10 s of work for half, 10 s left (not
+    a minute); a batch's ETA likewise."""
+    from types import SimpleNamespace
+
+    from omnicore.cli import progress
+
+    clock = {"now": 100.0, "compiled": 0.0}
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: clock["now"])
+    shown = []
+    status = SimpleNamespace(show=shown.append, log=shown.append)
+
+    say = progress.SynthesisProgress(status, lambda: clock["compiled"])
+    say.plan([SimpleNamespace(after=None, frames=50)])
+    clock["now"], clock["compiled"] = 160.0, 50.0
+    say.on_step(1, 2)
+    assert shown[-1] == "  chunk 1/1 | step 1/2 | ETA 0:00:10"
+
+    clock["compiled"] = 80.0  # compiled before the batch began: not the batch's time
+    batch = progress.BatchProgress(status, 2, lambda: clock["compiled"])
+    clock["now"], clock["compiled"] = 220.0, 130.0
+    batch.on_step(1)(1, 2)  # job 1 half done: a quarter of the batch, 10 s of work
+    assert shown[-1] == "  job 1/2 | step 1/2 | ETA 0:00:30"
+
+
 def test_a_transcript_that_cannot_be_the_clips_is_one_warning_line(tmp_path):
     """The warning reaches a command's user as one line on stderr (also with -q), naming the
     voice file or the batch line it is about; the command still does its work."""

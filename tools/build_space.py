@@ -23,6 +23,10 @@ nothing of yours is deleted). The new files are written beside OUT_DIR first and
 end, so a failed build leaves OUT_DIR as it was. Then: `cd OUT_DIR && git add -A && git commit
 && git push` (or `hf upload user/space OUT_DIR . --repo-type space`).
 
+The Space compiles its kernels when it starts (the app warms up before it opens its page:
+omnicore.warmup), once per restart, or once per CPU with persistent storage and the Space
+variable NUMBA_CACHE_DIR=/data/numba (docs/platforms.md).
+
 A script in tools/ rather than an `omnicore` sub-command: it reads demo/ and pyproject.toml,
 which only a checkout has (the installed package has neither). Exit status 0 done, 2 refused.
 """

@@ -9,7 +9,9 @@ The live line is drawn only on a terminal and without --quiet (`StatusLine(args)
 log never fills with "\\r" lines; the lines a command logs (each batch job, the summary) are
 printed either way, unless --quiet. An ETA is the time so far scaled by the work left: for `say`
 the frames of the passes still to run, for a batch its jobs (the running ones by their steps);
-omnicore.cluster.format_eta writes it, as for the Ray batch.
+omnicore.cluster.format_eta writes it, as for the Ray batch. The time so far leaves out what
+was spent compiling kernels (`compile_seconds`, a clock of the compiles so far: they happen
+once per machine, mostly in the first step, and would make the first ETAs minutes long).
 """
 
 from __future__ import annotations
@@ -68,24 +70,31 @@ class StatusLine:
         sys.stderr.flush()
 
 
-def _eta(started: float, done: float) -> str:
-    """Time left when the fraction `done` of the work took the time since `started`."""
+def _no_compiles() -> float:
+    return 0.0
+
+
+def _eta(started: float, done: float, compiled: float = 0.0) -> str:
+    """Time left when the fraction `done` of the work took the time since `started`, less the
+    `compiled` seconds of it spent compiling kernels."""
     if done <= 0:
         return "?"
-    return format_eta((time.perf_counter() - started) / done * (1 - done))
+    work = max(time.perf_counter() - started - compiled, 0.0)
+    return format_eta(work / done * (1 - done))
 
 
 class SynthesisProgress:
     """Progress of one `synthesize` call: `plan(specs)` when its passes are known, then
-    `on_step(step, num_steps)` from the engine.
+    `on_step(step, num_steps)` from the engine. `compile_seconds()`: the compiles' clock.
 
     The engine runs the passes that depend on no other first (chunk 0 of an auto or designed
     voice; every chunk of a cloned one), packed into shared forwards, then the ones that take
     chunk 0 as their reference: the step counter starts again at each of these groups. Each
     group's work is counted in the frames of its passes."""
 
-    def __init__(self, status: StatusLine):
+    def __init__(self, status: StatusLine, compile_seconds=_no_compiles):
         self.status = status
+        self.compile_seconds = compile_seconds
         self.groups: list[list[int]] = []
         self.frames: list[int] = []
         self.n = 0
@@ -93,6 +102,7 @@ class SynthesisProgress:
         self.last_step = 0
         self.done = 0.0
         self.started = time.perf_counter()
+        self.compiled0 = compile_seconds()
 
     def plan(self, specs) -> None:
         first = [i for i, s in enumerate(specs) if s.after is None]
@@ -101,6 +111,7 @@ class SynthesisProgress:
         self.frames = [sum(specs[i].frames for i in g) for g in self.groups]
         self.n = len(specs)
         self.started = time.perf_counter()  # the passes' work, after the text and voice are ready
+        self.compiled0 = self.compile_seconds()
 
     def on_step(self, step: int, total: int) -> None:
         if not self.groups:
@@ -113,7 +124,7 @@ class SynthesisProgress:
         self.done = max(self.done, (sum(self.frames[:self.group])
                                     + self.frames[self.group] * step / total) / sum(self.frames))
         which = f"chunk {g[0] + 1}" if len(g) == 1 else f"chunks {g[0] + 1}-{g[-1] + 1}"
-        eta = _eta(self.started, self.done)
+        eta = _eta(self.started, self.done, self.compile_seconds() - self.compiled0)
         self.status.show(f"  {which}/{self.n} | step {step}/{total} | ETA {eta}")
 
 
@@ -121,9 +132,11 @@ class BatchProgress:
     """Progress of a local batch of `total` jobs: `on_step(k)` is job k's step callback (called
     in its thread), `finished(k, what, seconds)` logs a job's line once it is over."""
 
-    def __init__(self, status: StatusLine, total: int):
+    def __init__(self, status: StatusLine, total: int, compile_seconds=_no_compiles):
         self.status, self.total = status, total
+        self.compile_seconds = compile_seconds
         self.started = time.perf_counter()
+        self.compiled0 = compile_seconds()
         self.steps: dict[int, tuple[int, int]] = {}  # running job -> (step, num_steps)
         self.over = 0  # jobs written or failed
         self.audio_s = 0.0
@@ -132,7 +145,8 @@ class BatchProgress:
     def _eta(self) -> str:
         """From the jobs over and the steps of the running ones (they run side by side)."""
         partial = sum(step / n for step, n in self.steps.values())
-        return _eta(self.started, (self.over + partial) / self.total)
+        return _eta(self.started, (self.over + partial) / self.total,
+                    self.compile_seconds() - self.compiled0)
 
     def _running(self) -> str:
         """The status line: the running jobs, the least advanced one's step, the ETA."""

@@ -13,6 +13,8 @@ batched continuously instead of serialised.
                                OpenAI's voice resources, on the same library
     /v1/audio/voice_consents   OpenAI's consent recordings (create, list, get, rename, delete)
     GET /, /v1/models, /health, /metrics
+                               (/health and speech say "warming up", 503, until the kernels
+                               are compiled: omnicore.warmup, run once the port is open)
     /ui                        the Gradio demo on the same model (--ui)
 
 Voices are omnicore voice prompts (.npz, written atomically) in the voices folder, which several
@@ -74,8 +76,12 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir
     app = create_app(server)
     if demo is not None:
         mount_ui(app, server, demo, str(model_path))
+
+    def started():
+        log_startup(server, model_path, host, port)
+        server.warm_up_in_background()
     runtime.run(app, server, host, port, log_level, send_timeout, idle_timeout, grace,
-                on_started=lambda: log_startup(server, model_path, host, port))
+                on_started=started)
 
 
 def server_state(model_path: str, precision: str = "fp32", **state_args):

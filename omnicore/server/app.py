@@ -541,11 +541,12 @@ async def models(request: Request):
 
 @route("health", needs_auth=False, probe=True)
 async def health(request: Request):
-    """Open for probes: 200 and the load; 503 ("draining") once shutdown began, so a load
-    balancer sends the next requests elsewhere."""
+    """Open for probes: 200 and the load; 503 ("warming up") until the kernels are compiled at
+    start-up, and ("draining") once shutdown began, so a load balancer sends requests elsewhere."""
     server: ServerState = request.app.state.server
-    if server.draining:
-        return JSONResponse({"status": "draining", **server.load()}, 503, {"Retry-After": "5"})
+    if server.draining or server.warming:
+        status = "draining" if server.draining else "warming up"
+        return JSONResponse({"status": status, **server.load()}, 503, {"Retry-After": "5"})
     return JSONResponse({"status": "ok", **server.load()})
 
 

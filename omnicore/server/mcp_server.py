@@ -253,6 +253,7 @@ def serve(model_path: str, output_dir: str | None, synth: dict, http: bool = Fal
     app = door.mcp()
     log_model(log, server, model_path)
     log.info("Output folder: %s", door.output_dir or "none (--output-dir): no files are written")
+    server.warm_up(log)  # before it serves: a tool call never waits for a compile
     if not http:
         try:
             app.run("stdio")

@@ -72,6 +72,12 @@ def shutting_down() -> HTTPError:
                      "server_shutting_down", {"Retry-After": "5"})
 
 
+def warming_up() -> HTTPError:
+    """What a request is told while the server compiles its kernels at start-up."""
+    return HTTPError(503, "the server is warming up (compiling its kernels, once per machine); "
+                          "retry shortly", None, "server_warming_up", {"Retry-After": "5"})
+
+
 # omnicore's typed errors as a route's failure: (kind, status, code), the first that matches.
 ERROR_KINDS = ((CancelledError, 499, "cancelled"), (InputError, 400, "invalid_value"),
                (AudioError, 400, "invalid_audio"), (VoicePromptError, 400, "invalid_voice"),

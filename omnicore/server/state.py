@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ..errors import CancelledError
 from .library import VoiceLibrary
-from .protocol import MODEL_ALIASES, HTTPError, shutting_down
+from .protocol import MODEL_ALIASES, HTTPError, shutting_down, warming_up
 from .voices import check_voice, resolve_voice
 
 # Tokens packed into one engine iteration: from one short pass to the default budget's order.
@@ -127,6 +128,7 @@ class ServerState:
         self.ui_path: str | None = None  # where the demo is mounted, if it is
         self.idle_timeout = idle_timeout  # a WebSocket with nothing to say and no message closes
         self.draining = False
+        self.warming = False  # warm_up_in_background is compiling the kernels: not ready yet
         self._stopped = False
         self.max_queue = max_queue
         # Requests synthesising at once (None: all admitted ones; the engine packs them). 1 is
@@ -215,6 +217,8 @@ class ServerState:
         with self._lock:
             if self.draining:
                 raise shutting_down()
+            if self.warming:
+                raise warming_up()
             if self._in_flight >= self.max_queue:
                 raise HTTPError(429, f"the server is busy ({self.max_queue} requests in flight); "
                                      "retry shortly", None, "queue_full", {"Retry-After": "1"})
@@ -253,6 +257,34 @@ class ServerState:
         with self._lock:
             self._in_flight -= 1
             self.m_in_flight.set(self._in_flight)
+
+    # -- start-up -------------------------------------------------------------------------------
+
+    def warm_up_in_background(self) -> threading.Thread:
+        """Compile the kernels (omnicore.warmup) in a thread while the port is open: /health and
+        speech requests say "warming up" (503) until it is done, so that no client waits for a
+        compile, and the log says how long it took."""
+        self.warming = True
+
+        def run():
+            try:
+                self.warm_up(logging.getLogger("uvicorn.error"))
+            finally:
+                self.warming = False
+        thread = threading.Thread(target=run, name="omnicore-warmup", daemon=True)
+        thread.start()
+        return thread
+
+    def warm_up(self, log) -> None:
+        """Compile the kernels now (omnicore.warmup; blocking), saying how long it took: what a
+        front door without a health probe (Wyoming, MCP) does before it listens."""
+        from ..warmup import warm_up
+
+        try:
+            done = warm_up(self.model)
+            log.info("Ready: kernels warm (%s in %.1f s)", ", ".join(done.seconds), done.total_s)
+        except Exception:  # serve anyway: each request then reports what is wrong
+            log.exception("Warm-up failed; serving without it")
 
     # -- shutdown -------------------------------------------------------------------------------
 

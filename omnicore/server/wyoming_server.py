@@ -409,7 +409,8 @@ def _text(data: dict) -> str:
 def serve(model_path: str, uri: str, voice: str | None, synth: dict, precision: str = "fp32",
           send_timeout: float = 30.0, grace: float = 30.0, quiet: bool = False,
           **state_args) -> None:
-    """Load the model once and serve Wyoming on `uri` until a signal, then drain. `voice`: the
+    """Load the model once, compile its kernels (ServerState.warm_up), and serve Wyoming on `uri`
+    until a signal, then drain. `voice`: the
     voice of a text whose event names none (None: the model's auto voice); `synth`: the
     generation settings of every text (language, seed, speed, GenerationConfig fields);
     `state_args`: ServerState's (voices_dir, max_queue, max_concurrency, idle_timeout)."""
@@ -424,7 +425,9 @@ def serve(model_path: str, uri: str, voice: str | None, synth: dict, precision: 
         except HTTPError as exc:
             raise InputError(f"--voice: {exc}") from None
 
+    log_model(log, server, model_path)
+    server.warm_up(log)  # before it listens: a client never waits for a compile
+
     def started():
-        log_model(log, server, model_path)
         log.info("Wyoming: listening on %s (default voice: %s)", uri, voice or "auto")
     asyncio.run(WyomingServer(server, synth, voice, send_timeout, grace).run(uri, started))
