@@ -15,7 +15,10 @@
                                  halfway to what the run took
     default_preset(model, rate)  the most steps whose first audio of a typical input meets the
                                  goal on this machine
-    describe(rate, work, steps)  the line a page shows: "about N s on this machine"
+    describe(rate, work, steps, load)
+                                 the line a page shows: "about N s on this machine", and when
+                                 other work keeps the cores busy (machine_load), how long it
+                                 may take instead
 
 The estimate only reads the plan; nothing here changes what is generated.
 
@@ -26,6 +29,7 @@ pass's conditional row (style and text tokens, reference frames, targets).
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -52,6 +56,9 @@ TYPICAL_TEXTS = (
     "Good evening. Here is tonight's forecast.",
 )
 STREAM_DECODE_FRAMES = 25  # the stream's first decode window (streaming.stream's default)
+# Runnable processes per core above which the machine is busy: a run then shares the cores, and
+# the estimate (from runs on a machine that was not) can be several times too short.
+BUSY_LOAD = 1.0
 
 _CAL_TEXT = ("The kettle clicked off just as the rain started drumming on the kitchen window, "
              "so we stayed in and read.")
@@ -313,19 +320,43 @@ def preset_of(num_step) -> str | None:
     return next((name for name, n in PRESETS.items() if n == num_step), None)
 
 
-def describe(rate: Rate | None, work: Work | None, steps: int, error: str | None = None) -> str:
-    """The line above a Generate button: "about N s on this machine", or why there is none."""
+def machine_load() -> float | None:
+    """Runnable processes per core over the last minute (the load average), or None where the
+    system does not say."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (OSError, AttributeError):
+        return None
+
+
+def describe(rate: Rate | None, work: Work | None, steps: int, error: str | None = None,
+             load: float | None = None) -> str:
+    """The line above a Generate button: "about N s on this machine", or why there is none.
+    With `load` (machine_load) over BUSY_LOAD, it also says the machine is busy and how long
+    the wait may be instead: a run sharing the cores with that much other work takes up to
+    1 + load times as long (its threads get a 1 / (1 + load) share)."""
     if error:
         return f"No estimate yet: {error}"
     if rate is None or work is None:
         return ""
     first, total = estimate(rate, work)
+    busy = load is not None and load > BUSY_LOAD
+    slower = 1.0 + load if busy else 1.0
     if work.streamed:
         pieces = work.chunks
-        return (f"**First audio in about {_seconds(first)}** on this machine, all of it in "
+        line = (f"**First audio in about {_seconds(first)}** on this machine, all of it in "
                 f"about {_seconds(total)} ({steps} steps, streamed in {pieces} "
                 f"piece{'s' if pieces != 1 else ''}).")
-    return f"**About {_seconds(total)}** on this machine ({steps} steps, heard when it is done)."
+        instead = f"the first audio in up to {_seconds(first * slower)}, all of it in up to " \
+                  f"{_seconds(total * slower)}"
+    else:
+        line = (f"**About {_seconds(total)}** on this machine ({steps} steps, heard when it is "
+                "done).")
+        instead = f"up to {_seconds(total * slower)}"
+    if busy:
+        line += (f" The machine is busy now ({load:.1f} runnable processes per core), so it may "
+                 f"take longer: {instead}.")
+    return line
 
 
 def _seconds(s: float) -> str:

@@ -136,7 +136,9 @@ def test_client_mistakes_are_4xx_in_one_shape(ops):
     for nothing in ("\u200b", " \u200b\u200b ", "...", "\u00a0!?"):
         r = httpx.post(url + "/v1/audio/speech", headers=AUTH, json={"input": nothing, **GREEDY})
         assert assert_client_error(r)["param"] == "input"
-    assert_client_error(httpx.get(url + "/v1/nothing", headers=AUTH), 404)
+    assert assert_client_error(httpx.get(url + "/v1/nothing", headers=AUTH), 404)["code"] == "not_found"
+    r = httpx.put(url + "/v1/voices", headers=AUTH)
+    assert assert_client_error(r, 405)["code"] == "method_not_allowed"
 
 
 def test_metrics_behind_the_key_health_and_index_open(ops):

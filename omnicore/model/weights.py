@@ -57,20 +57,30 @@ CODEC_FILES = ["config.json", "model.safetensors", "preprocessor_config.json"]
 def resolve_model_dir(name_or_path: str | os.PathLike, files: list[str] = MODEL_FILES) -> Path:
     """Return a local directory holding the checkpoint `name_or_path`.
 
-    An existing directory is used as it is. Anything else is taken as a hub repo id: the
-    local HF cache is tried first (so HF_HUB_OFFLINE=1 and machines without network work
-    once the files are cached), then a download of just `files`.
+    An existing directory is used as it is, and anything shaped like a path (starting with
+    `.`, `/` or `~`, or with more than one `/`) is one: missing, it is "no such directory".
+    Only an `owner/name` is taken as a hub repo id: the local HF cache is tried first (so
+    HF_HUB_OFFLINE=1 and machines without network work once the files are cached), then a
+    download of just `files`.
     """
+    name = str(name_or_path)
+    if not name.strip():
+        raise ModelNotFoundError(f"the model is empty: give a checkpoint directory or a hub "
+                                 f"repo id such as '{HUB_REPO}'")
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
-    name = str(name_or_path)
     if path.exists():
         raise ModelNotFoundError(f"{name}: expected a checkpoint directory, found a file")
     if name.count("/") != 1 or name.startswith((".", "/", "~")) or name.endswith("/"):
         raise ModelNotFoundError(
-            f"{name}: no such directory, and not a hub repo id of the form 'owner/name' "
-            f"(the OmniVoice checkpoint is '{HUB_REPO}')")
+            f"{name}: no such directory (relative to {os.getcwd()}), and not a hub repo id of "
+            f"the form 'owner/name' (the OmniVoice checkpoint is '{HUB_REPO}')")
+    checkout = Path(__file__).resolve().parents[2]  # a source checkout's root, when it is one
+    if (checkout / name).is_dir():  # e.g. weights/tiny-random, run from another folder
+        raise ModelNotFoundError(
+            f"{name}: no such directory relative to {os.getcwd()}; omnicore's repository has "
+            f"it at {checkout / name} (a relative path counts from where you run)")
     try:
         from huggingface_hub import snapshot_download
     except ImportError:  # pragma: no cover - it is a hard dependency
@@ -93,13 +103,17 @@ def resolve_model_dir(name_or_path: str | os.PathLike, files: list[str] = MODEL_
             reason = ""
     else:
         reason = "HF_HUB_OFFLINE is set and the files are not in the local Hugging Face cache"
+    tiny = checkout / "weights" / "tiny-random"
     raise ModelNotFoundError(
-        f"Could not get the checkpoint '{name}' from the Hugging Face hub ({reason}).\n"
-        f"On a machine with network access, download it once with huggingface_hub's command\n"
+        f"'{name}' is no folder in {os.getcwd()}, and the Hugging Face hub did not give it "
+        f"({reason}).\n"
+        f"If it is a hub repo: on a machine with network access, download it once with "
+        f"huggingface_hub's command\n"
         f"    hf download {name} {' '.join(files)}\n"
-        f"(it then lives in the HF cache, ~/.cache/huggingface, and works offline), or pass a "
-        f"local directory that holds those files. For an offline smoke test use the tiny "
-        f"random checkpoint shipped in weights/tiny-random (its audio is noise).")
+        f"(it then lives in the HF cache, ~/.cache/huggingface, and works offline). If it is a "
+        f"folder, give its path from here (or an absolute one). For an offline smoke test use "
+        f"the tiny random checkpoint (its audio is noise): "
+        + (str(tiny) if tiny.is_dir() else "weights/tiny-random in omnicore's repository") + ".")
 
 
 def resolve_codec_dir(model_dir: Path) -> Path:

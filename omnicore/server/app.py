@@ -162,7 +162,8 @@ def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: floa
 
     async def pieces():
         """float32 pieces [N] from the SpeechStream, read in a worker thread; a stream the
-        server stops (shutdown) ends with its 503, not as if the audio were complete."""
+        server stops (shutdown) ends with its 503 (SSE) or cut (raw), never as if the audio
+        were complete."""
         while True:
             x = await server.in_thread(next, stream, None)
             if slot.stopping:
@@ -581,9 +582,13 @@ async def metrics(request: Request):
 
 
 async def not_found(request: Request, exc):
-    code = getattr(exc, "status_code", 404)
-    return JSONResponse(error_body(code, f"{request.method} {request.url.path}: not found"
-                                   if code == 404 else "method not allowed"), code)
+    status = getattr(exc, "status_code", 404)
+    if status == 404:
+        e = HTTPError(404, f"{request.method} {request.url.path}: not found", None, "not_found")
+    else:
+        e = HTTPError(405, f"{request.method} is not allowed on {request.url.path}", None,
+                      "method_not_allowed")
+    return error_response(e)
 
 
 # A client's own X-Request-Id is kept when it is a plain token (it ties its logs to ours).

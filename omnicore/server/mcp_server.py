@@ -218,9 +218,7 @@ class McpDoor:
                                                       "or id", max_length=64)] = None,
     ) -> list[dict]:
         """The languages the model speaks: {id, name}, those matching `search` (any case)."""
-        key = (search or "").strip().lower()
-        return [{"id": i, "name": frontend.ID_TO_NAME[i]} for i in sorted(frontend.ID_TO_NAME)
-                if key in i.lower() or key in frontend.ID_TO_NAME[i].lower()]
+        return [{"id": i, "name": n} for i, n in frontend.search_languages(search)]
 
     def mcp(self) -> MCPServer:
         from .. import __version__

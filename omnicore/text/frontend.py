@@ -78,10 +78,11 @@ def resolve_language(language: str | None) -> str | None:
     logger.warning(
         "Language %r is not supported%s; continuing without a language tag "
         "(language-agnostic). Use an id such as 'en', 'zh', 'ja', 'de' or an English name such "
-        "as 'English'; supported_language_ids() and supported_language_names() list all %d.",
+        "as 'English'; %s.",
         language,
         _language_hint(language),
-        len(ID_TO_NAME),
+        f"supported_language_ids() and supported_language_names() list all {len(ID_TO_NAME)}",
+        extra={"listing": "languages"},  # a front end may name its own way to list them
     )
     return None
 
@@ -109,6 +110,14 @@ def supported_language_ids() -> frozenset[str]:
 def supported_language_names() -> frozenset[str]:
     """All language names, lower-case, as the reference lists them."""
     return frozenset(NAME_TO_ID)
+
+
+def search_languages(query: str | None = None) -> list[tuple[str, str]]:
+    """``(id, name)`` of every language whose id or name contains ``query`` (any case; None or
+    blank: all), by name: what `omnicore languages --search` and the MCP tool list."""
+    key = (query or "").strip().lower()
+    rows = sorted(ID_TO_NAME.items(), key=lambda item: (item[1].lower(), item[0]))
+    return [(i, n) for i, n in rows if key in i.lower() or key in n.lower()]
 
 
 def language_choices() -> list[tuple[str, str]]:
