@@ -26,8 +26,11 @@ The wait, said before it starts (presets.py): at start-up the app times the mode
 (`presets.measure`) and opens with the speed preset (Fast / Balanced / Best: the reference's
 `num_step`, nothing else) whose first audio of a typical input fits the goal of 15 s, streaming
 on (on a GPU: Best, not streamed). Above each Generate button the estimate of the wait updates as
-the text and settings change; the timings compare it with what the run took. A few examples per
-tab are made at start-up with those defaults (gradio's example cache), so they play at once.
+the text and settings change (and, when other work keeps the machine's cores busy, says so and
+how long it may take instead); the timings compare it with what the run took. A few examples per
+tab are made at start-up with those defaults (gradio's example cache), before the server listens
+(`make_examples`: a Space reports ready only then), so they play at once and no visitor's first
+request shares the cores with them.
 With an NVIDIA GPU and CuPy installed the app runs on the CuPy backend. `--no-warmup` (and the
 page `omnicore serve --ui` mounts) skips the measurement: the reference's defaults, no estimate,
 examples that only fill the inputs.
@@ -53,9 +56,9 @@ import numpy as np
 
 def use_gpu_when_present() -> None:
     """Run on the CuPy backend when an NVIDIA GPU is there and CuPy is installed (a GPU Space's
-    requirements), unless OMNICORE_BACKEND says otherwise. The backend is fixed when omnicore is
-    first imported, so this runs before that."""
-    if os.environ.get("OMNICORE_BACKEND") or "omnicore.model.backend" in sys.modules:
+    requirements), unless OMNICORE_BACKEND says otherwise. The backend is read once, when the
+    model loads (omnicore.settings.configure), so this runs before that."""
+    if os.environ.get("OMNICORE_BACKEND"):
         return
     try:
         import cupy
@@ -335,7 +338,7 @@ def measure_defaults(model) -> presets.PageDefaults:
     32 steps in one piece; on a CPU streaming (when ffmpeg can carry it) with the preset that
     meets the first-audio goal for a typical input."""
     rate = presets.measure(model, clip=(VOICE_CLIP, VOICE_CLIP_TEXT))
-    if backend.IS_CUPY:
+    if backend.name() == "cupy":
         return presets.PageDefaults("Best", False, rate)
     return presets.PageDefaults(presets.default_preset(model, rate, STREAM_RULE),
                                 shutil.which("ffmpeg") is not None, rate)
@@ -528,7 +531,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         except OmniCoreError as exc:
             return (presets.describe(None, None, 0, str(exc)),) * 3
         kwargs["normalize_text"] = bool(normalize_text)
-        steps, rate = kwargs["num_step"], tracker.rate
+        steps, rate, load = kwargs["num_step"], tracker.rate, presets.machine_load()
 
         def line(text, **voice):
             try:
@@ -536,7 +539,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                             **voice, **kwargs)
             except OmniCoreError as exc:
                 return presets.describe(rate, None, steps, str(exc))
-            return presets.describe(rate, work, steps)
+            return presets.describe(rate, work, steps, load=load)
 
         if voice_file:
             try:
@@ -832,8 +835,21 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     demo = build_demo(model, args.model, args.concurrency, args.max_queue, defaults)
+    make_examples(demo)
     demo.launch(server_name=args.host, server_port=args.port, **launch_options())
     return 0
+
+
+def make_examples(demo: gr.Blocks) -> None:
+    """Make the examples now, before the server listens: gradio would make them once it
+    serves, and a visitor who came then (right after a Space starts) would share the cores
+    with them. A Space reports ready when its port answers, so it does once they are made;
+    at launch gradio finds them in its cache."""
+    import asyncio
+
+    if demo.extra_startup_events:
+        print("making the examples ...", flush=True)
+        asyncio.run(demo.run_extra_startup_events())
 
 
 if __name__ == "__main__":

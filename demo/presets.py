@@ -8,14 +8,17 @@
     planned_work(model, text, streamed=..., ...)
                                  the passes a request will run, as the pipeline plans them
                                  (`OmniVoice.synthesize`'s plan, or the stream's chunks), each as
-                                 its steps and `backbone.forward_flops` of its rows, plus the
+                                 its steps and `cost.forward_flops` of its rows, plus the
                                  frames it decodes
     estimate(rate, work)         (seconds to the first audio, seconds to all of it)
     Tracker(rate).observe(...)   the rate kept true as the load changes: each run moves it
                                  halfway to what the run took
     default_preset(model, rate)  the most steps whose first audio of a typical input meets the
                                  goal on this machine
-    describe(rate, work, steps)  the line a page shows: "about N s on this machine"
+    describe(rate, work, steps, load)
+                                 the line a page shows: "about N s on this machine", and when
+                                 other work keeps the cores busy (machine_load), how long it
+                                 may take instead
 
 The estimate only reads the plan; nothing here changes what is generated.
 
@@ -26,6 +29,7 @@ pass's conditional row (style and text tokens, reference frames, targets).
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -34,8 +38,8 @@ import numpy as np
 
 from omnicore import GenerationConfig, VoiceClonePrompt
 from omnicore.errors import InputError
-from omnicore.model import backbone
-from omnicore.model.codec import decoder_receptive_field
+from omnicore.model import cost
+from omnicore.model.higgs_codec import decoder_receptive_field
 from omnicore.request import build_requests
 from omnicore.streaming import LATER_WINDOWS
 from omnicore.text import limits, planner
@@ -52,6 +56,9 @@ TYPICAL_TEXTS = (
     "Good evening. Here is tonight's forecast.",
 )
 STREAM_DECODE_FRAMES = 25  # the stream's first decode window (streaming.stream's default)
+# Runnable processes per core above which the machine is busy: a run then shares the cores, and
+# the estimate (from runs on a machine that was not) can be several times too short.
+BUSY_LOAD = 1.0
 
 _CAL_TEXT = ("The kettle clicked off just as the rain started drumming on the kitchen window, "
              "so we stayed in and read.")
@@ -167,7 +174,7 @@ def _rows(model, specs) -> list[list[int]]:
 
 
 def _windows(frames: int, first: int, overlap: int) -> list[int]:
-    """Frames each window of `codec.decode_stream` decodes (its own plus the overlaps)."""
+    """Frames each window of `higgs_codec.decode_stream` decodes (its own plus the overlaps)."""
     out, start = [], 0
     while start < frames:
         stop = min(frames, start + (first if start == 0 else LATER_WINDOWS * first))
@@ -207,7 +214,7 @@ def planned_work(model, text: str, *, streamed: bool, rule=None, ref_audio=None,
     cfg = model.config
     forwards = tuple(
         (specs[g[0]].gen.num_step,
-         backbone.forward_flops(cfg, [n for i in g for n in rows[i]],
+         cost.forward_flops(cfg, [n for i in g for n in rows[i]],
                                 [specs[i].frames for i in g for _ in rows[i]]))
         for g in groups)
     if streamed:
@@ -313,19 +320,43 @@ def preset_of(num_step) -> str | None:
     return next((name for name, n in PRESETS.items() if n == num_step), None)
 
 
-def describe(rate: Rate | None, work: Work | None, steps: int, error: str | None = None) -> str:
-    """The line above a Generate button: "about N s on this machine", or why there is none."""
+def machine_load() -> float | None:
+    """Runnable processes per core over the last minute (the load average), or None where the
+    system does not say."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (OSError, AttributeError):
+        return None
+
+
+def describe(rate: Rate | None, work: Work | None, steps: int, error: str | None = None,
+             load: float | None = None) -> str:
+    """The line above a Generate button: "about N s on this machine", or why there is none.
+    With `load` (machine_load) over BUSY_LOAD, it also says the machine is busy and how long
+    the wait may be instead: a run sharing the cores with that much other work takes up to
+    1 + load times as long (its threads get a 1 / (1 + load) share)."""
     if error:
         return f"No estimate yet: {error}"
     if rate is None or work is None:
         return ""
     first, total = estimate(rate, work)
+    busy = load is not None and load > BUSY_LOAD
+    slower = 1.0 + load if busy else 1.0
     if work.streamed:
         pieces = work.chunks
-        return (f"**First audio in about {_seconds(first)}** on this machine, all of it in "
+        line = (f"**First audio in about {_seconds(first)}** on this machine, all of it in "
                 f"about {_seconds(total)} ({steps} steps, streamed in {pieces} "
                 f"piece{'s' if pieces != 1 else ''}).")
-    return f"**About {_seconds(total)}** on this machine ({steps} steps, heard when it is done)."
+        instead = f"the first audio in up to {_seconds(first * slower)}, all of it in up to " \
+                  f"{_seconds(total * slower)}"
+    else:
+        line = (f"**About {_seconds(total)}** on this machine ({steps} steps, heard when it is "
+                "done).")
+        instead = f"up to {_seconds(total * slower)}"
+    if busy:
+        line += (f" The machine is busy now ({load:.1f} runnable processes per core), so it may "
+                 f"take longer: {instead}.")
+    return line
 
 
 def _seconds(s: float) -> str:

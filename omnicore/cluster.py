@@ -72,9 +72,9 @@ class Worker:
     so that the driver can raise it as it is rather than as a dead actor."""
 
     def __init__(self, model: str, threads: int, name: str):
-        from .model import kernels
+        from . import settings
 
-        kernels.set_num_threads(threads)  # the pools' sizes also come from the actor's env
+        settings.configure(threads=threads)  # the pools' sizes also come from the actor's env
         self.name = f"{name}@{socket.gethostname()}:{os.getpid()}"
         self.model = None
         self.error: tuple[str, str] | None = None
@@ -317,6 +317,12 @@ def format_eta(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def job_line(done: int, total: int, what: str, outcome: str, audio_s: float, eta: str) -> str:
+    """A batch's line for one finished job (local or on Ray): which one, its own outcome (its
+    audio's length, or that it failed), then the batch's audio so far and the ETA."""
+    return f"[{done}/{total}] {what}: {outcome} | {audio_s:.1f} s of audio in all | ETA {eta}"
+
+
 def actor_env(threads: int) -> dict:
     """Environment of a worker process: every thread pool sized to its CPUs, set before numpy
     and Numba load (only there: the driver's own process is left as it is)."""
@@ -362,8 +368,9 @@ class _Driver:
         ran = done - self.bad_lines  # jobs that ran: what the ETA is made from
         eta = (format_eta((time.perf_counter() - self.t0) / ran * (self.total - done))
                if ran > 0 else "?")
-        self.log(f"[{done}/{self.total}] {rec['id'] or '(line %d)' % rec['line']} "
-                 f"{rec['status']} | {self.audio_s:.1f} s of audio | ETA {eta}")
+        outcome = f"{rec['seconds']:.1f} s" if rec["status"] == "ok" else rec["status"]
+        self.log(job_line(done, self.total, rec["id"] or f"(line {rec['line']})", outcome,
+                          self.audio_s, eta))
 
     def record_problems(self) -> None:
         """Bad lines fail alone: recorded once the run goes ahead (no items, or a worker is

@@ -100,6 +100,15 @@ class VoiceClonePrompt:
     ref_text: str
     ref_rms: float
 
+    def __repr__(self) -> str:
+        """Its shape, length and transcript, not its codes (thousands of numbers)."""
+        shape = np.shape(self.ref_audio_tokens)
+        text = self.ref_text if not isinstance(self.ref_text, str) or len(self.ref_text) <= 80 \
+            else self.ref_text[:77] + "..."
+        return (f"VoiceClonePrompt(codes {'x'.join(map(str, shape))}, "
+                f"{shape[-1] / FRAME_RATE if shape else 0:.2f} s, ref_text={text!r}, "
+                f"ref_rms={self.ref_rms!r})")
+
     def pace_problem(self) -> str | None:
         """Why this voice's transcript cannot be what its clip says (the speaking rate they
         imply is not speech: frontend.reference_pace_problem), or None. The API warns with it

@@ -137,6 +137,15 @@ def test_save_and_load_agree_on_every_prompt(tmp_path, tokens, ref_text, ref_rms
     assert back.ref_text == ref_text and back.ref_rms == ref_rms
 
 
+def test_a_prompt_shows_its_shape_length_and_transcript_not_its_codes():
+    prompt = VoiceClonePrompt(np.arange(8 * 75, dtype=np.int64).reshape(8, 75), "Hello there.",
+                              0.05)
+    shown = repr(prompt)
+    assert shown == "VoiceClonePrompt(codes 8x75, 3.00 s, ref_text='Hello there.', ref_rms=0.05)"
+    long = VoiceClonePrompt(np.zeros((8, 250), np.int64), "word " * 100, 0.05)
+    assert len(repr(long)) < 160 and "10.00 s" in repr(long)
+
+
 def test_unreadable_meta_is_a_voice_prompt_error(tmp_path):
     for raw in (b"\xff\xfe", b"[1, 2]", b'{"format": "omnicore-voice-prompt"'):
         with pytest.raises(VoicePromptError):

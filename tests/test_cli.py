@@ -528,8 +528,14 @@ def test_batch_shows_jobs_steps_eta_and_a_summary(tmp_path):
     assert any(re.fullmatch(r"  jobs 1-\d/6 \| step 1/2 \| ETA .*", ln) for ln in lines), lines
     written = [ln for ln in lines if ln.startswith("[")]
     assert [ln.split("]")[0] for ln in written] == [f"[{k}/6" for k in range(1, 7)]
-    assert re.fullmatch(r"\[1/6\] .*j0\.wav \| \d+\.\d s of audio \| ETA \d:\d\d:\d\d", written[0])
-    assert written[-1].startswith("[6/6] id 'gone' failed |")
+    # each job's own length, then the batch's so far
+    first = re.fullmatch(r"\[1/6\] .*j0\.wav: (\d+\.\d) s \| (\d+\.\d) s of audio in all \| "
+                         r"ETA \d:\d\d:\d\d", written[0])
+    assert first and first[1] == first[2], written[0]
+    second = re.fullmatch(r"\[2/6\] .*\.wav: (\d+\.\d) s \| (\d+\.\d) s of audio in all .*",
+                          written[1])
+    assert second and float(second[2]) > float(second[1]), written[1]
+    assert written[-1].startswith("[6/6] id 'gone': failed |")
     assert re.fullmatch(r"5 of 6 jobs written to .*, 1 failed; \d+\.\d s of audio in \d+\.\d s",
                         lines[-1])
     logged = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300).stderr
@@ -612,3 +618,55 @@ def test_precision_option_loads_the_profile(tmp_path, monkeypatch):
     out = tmp_path / "a.wav"
     assert main(["say", "Hello there.", "-o", str(out), "--precision", "fp16", *FAST]) == 0
     assert seen == ["fp16"] and len(_wav(out)) > 0
+
+
+def _run(argv, cwd=ROOT, env=None, status: int = 0):
+    """`omnicore ARGV` as a subprocess from `cwd`: its stdout and stderr, once it exited with
+    `status`."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    done = subprocess.run([sys.executable, "-m", "omnicore.cli", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == status, (argv, done.returncode, done.stderr)
+    return done.stdout, done.stderr
+
+
+def test_a_model_path_is_a_path_and_an_empty_one_is_refused(tmp_path):
+    """Run from another folder, `--model weights/tiny-random` is a relative path that is not
+    there (not a hub id to download), and the message says where it is; a path-shaped one is
+    "no such directory"; an empty --model or OMNICORE_MODEL says it is empty. Each is one line
+    before any work, and `COMMAND --version` answers as `--version` does."""
+    out = str(tmp_path / "x.wav")
+    _, err = _run(["say", "Hi.", "-o", out, "--model", "weights/tiny-random"], cwd=tmp_path,
+                  env={"HF_HUB_OFFLINE": "1"}, status=2)
+    assert err.startswith("omnicore: error: weights/tiny-random: no such directory relative to")
+    assert TINY in err and "hf download" not in err and len(err.splitlines()) == 1
+    _, err = _run(["say", "Hi.", "-o", out, "--model", "./models/mine"], cwd=tmp_path, status=2)
+    assert "./models/mine: no such directory" in err and "hf download" not in err
+    for argv, env in ((["--model", ""], None), ([], {"OMNICORE_MODEL": ""})):
+        _, err = _run(["say", "Hi.", "-o", out, *argv], cwd=tmp_path, env=env, status=2)
+        assert "the model is empty" in err and len(err.splitlines()) == 1, err
+    assert not list(tmp_path.iterdir())
+    version, _ = _run(["--version"])
+    assert _run(["serve", "--version"])[0] == version and version.startswith("omnicore ")
+
+
+def test_an_unknown_language_is_a_warning_line_naming_the_command_that_lists_them(tmp_path):
+    """`--language Klingon` speaks language-agnostic, as the reference does, with one
+    `omnicore: warning:` line that names `omnicore languages` (not a Python function); that
+    command lists the ids and names, or those it --search finds."""
+    _, err = _run(["say", "Hello.", "--language", "Klingon", "-o", str(tmp_path / "a.wav"),
+                   "--model", TINY, "--steps", "2", "-q"])
+    (line,) = err.splitlines()
+    assert line.startswith("omnicore: warning: Language 'Klingon' is not supported")
+    assert "`omnicore languages`" in line and "supported_language" not in line
+    _wav(tmp_path / "a.wav")
+    listed, _ = _run(["languages"])
+    from omnicore.text.frontend import ID_TO_NAME
+
+    assert len(listed.splitlines()) == len(ID_TO_NAME) and "en\tEnglish" in listed.splitlines()
+    found, _ = _run(["languages", "--search", "PORTUG"])
+    assert found.splitlines() == ["pt\tPortuguese"]
+    assert _run(["languages", "--search", "klingon"], status=1)[0] == ""

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from omnicore import OmniVoice
-from omnicore.model import backbone
+from omnicore.model import cost
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "demo"))
@@ -145,5 +145,24 @@ def test_describe_says_what_the_estimate_is():
 
 def test_forward_flops_grow_with_the_rows(model):
     cfg = model.config
-    assert backbone.forward_flops(cfg, [100, 60], [60, 60]) > backbone.forward_flops(cfg, [50, 30],
+    assert cost.forward_flops(cfg, [100, 60], [60, 60]) > cost.forward_flops(cfg, [50, 30],
                                                                                       [30, 30])
+
+
+def test_describe_says_when_the_machine_is_busy_and_how_long_it_may_take():
+    """On a machine whose cores other work keeps busy, the line says so and how long the wait
+    may be instead (a run gets a 1 / (1 + load) share of the cores); on a quiet one it is
+    the plain estimate."""
+    rate = _rate()
+    one = presets.Work(((8, 10**11),), (50,), None, 0.0, False)
+    streamed = presets.Work(((8, 10**11), (8, 10**11)), (25, 40), 0, 0.0, True)
+    first, total = presets.estimate(rate, streamed)
+    for load in (None, 0.3, presets.BUSY_LOAD):
+        assert "busy" not in presets.describe(rate, one, 8, load=load)
+    text = presets.describe(rate, one, 8, load=3.0)
+    assert text.startswith("**About ") and "busy now (3.0 runnable processes per core)" in text
+    assert f"up to {presets._seconds(presets.estimate(rate, one)[1] * 4)}" in text
+    text = presets.describe(rate, streamed, 8, load=2.0)
+    assert f"the first audio in up to {presets._seconds(first * 3)}" in text
+    assert f"all of it in up to {presets._seconds(total * 3)}" in text
+    assert presets.machine_load() is None or presets.machine_load() >= 0

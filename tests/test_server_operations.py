@@ -136,7 +136,9 @@ def test_client_mistakes_are_4xx_in_one_shape(ops):
     for nothing in ("\u200b", " \u200b\u200b ", "...", "\u00a0!?"):
         r = httpx.post(url + "/v1/audio/speech", headers=AUTH, json={"input": nothing, **GREEDY})
         assert assert_client_error(r)["param"] == "input"
-    assert_client_error(httpx.get(url + "/v1/nothing", headers=AUTH), 404)
+    assert assert_client_error(httpx.get(url + "/v1/nothing", headers=AUTH), 404)["code"] == "not_found"
+    r = httpx.put(url + "/v1/voices", headers=AUTH)
+    assert assert_client_error(r, 405)["code"] == "method_not_allowed"
 
 
 def test_metrics_behind_the_key_health_and_index_open(ops):
@@ -379,7 +381,8 @@ BAD_FIELDS = [
     ({"duration": 9000}, 400, "duration", "invalid_value", "7200 s"),
     ({"duration": 5000, "response_format": "flac"}, 400, "duration", "invalid_value", "180 s per pass"),
     ({"speed": 10}, 400, "speed", "invalid_value", "[0.25, 4]"),
-    ({"instructions": "purple voice"}, 400, "instructions", "invalid_instruct", "purple"),
+    ({"instruct": "purple voice"}, 400, "instruct", "invalid_instruct", "purple"),
+    ({"instruct": "male", "instructions": "warm"}, 400, "instruct", "invalid_value", "not both"),
     ({"response_format": "ogg"}, 400, "response_format", "invalid_format", "mp3"),
     ({"voice": "nobody"}, 404, "voice", "voice_not_found", "GET /v1/voices"),
     ({"voice": {"name": "x"}}, 400, "voice", "invalid_voice", "id"),

@@ -9,6 +9,7 @@
     omnicore batch jobs.jsonl --out-dir out/                    # many utterances
     omnicore batch jobs.jsonl --out-dir out/ --ray              # the same on Ray actors, resumable
     omnicore codec encode in.wav -o codes.npy | decode codes.npy -o out.wav | roundtrip in.wav -o rt.wav
+    omnicore languages --search port                            # the ids --language takes
     omnicore warmup                                             # compile the kernels now (images)
 
 Every failure is one `omnicore: error: ...` line on stderr, without a traceback. Exit status:
@@ -23,7 +24,8 @@ One module per family of commands, each with its parser next to what it runs:
     batch.py      batch, locally or on Ray (--ray)
     script.py     script (several speakers, one file)
     codec.py      codec encode / decode / roundtrip
-    serve.py      serve (the HTTP server)
+    serve.py      serve (the HTTP server), wyoming (Home Assistant), mcp (LLM agents)
+    languages.py  languages (what --language takes)
     warmup.py     warmup (compile the kernels ahead of the first run)
     reference.py  infer / infer-batch: the reference's command lines, verbatim
     options.py    the voice and generation options, and what they mean to generate()
@@ -41,7 +43,7 @@ import threading
 
 from .. import __version__
 from ..errors import OmniCoreError
-from . import batch, codec, reference, say, script, serve, warmup
+from . import batch, codec, languages, reference, say, script, serve, warmup
 from .common import error, warnings_as_lines
 
 
@@ -68,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_parser(sub)
     warmup.add_parser(sub)
     codec.add_parser(sub)
+    languages.add_parser(sub)
     reference.add_parsers(sub)  # infer, infer-batch
     return p
 

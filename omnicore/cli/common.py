@@ -7,7 +7,9 @@ replace it in one place.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import logging
 import os
 import sys
 import threading
@@ -26,12 +28,21 @@ def add_model_options(sp) -> None:
     from .. import __version__
 
     sp.add_argument("--version", action="version", version=f"omnicore {__version__}")
-    sp.add_argument("--model", default=DEFAULT_MODEL,
+    sp.add_argument("--model", default=DEFAULT_MODEL, type=model_name,
                     help="checkpoint directory or hub repo id (default: %(default)s; env OMNICORE_MODEL)")
     sp.add_argument("--precision", choices=PRECISIONS, default="fp32",
                     help="the backbone's GEMM inputs: fp32 (exact, default) or tf32 / bf16 / fp16 "
                          "(rounded to that format, float32 accumulation; docs/configuration.md)")
     sp.add_argument("-q", "--quiet", action="store_true", help="no progress or summary on stderr")
+
+
+def model_name(value: str) -> str:
+    """--model's value (argparse also passes the default, OMNICORE_MODEL's, through it)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError(
+            "the model is empty (an empty --model, or OMNICORE_MODEL set to nothing): give a "
+            "checkpoint directory or a hub repo id such as k2-fsa/OmniVoice")
+    return value
 
 
 def log(args, msg: str) -> None:
@@ -62,11 +73,41 @@ def working_on(what: str):
         _subject.what = None
 
 
+# What the library's log messages name as the way to list something, for a command-line user.
+LISTINGS = {"languages": "`omnicore languages` lists them all (--search TEXT finds one)"}
+
+
+class _LogLines(logging.Handler):
+    """omnicore's logged warnings as `omnicore: warning:` lines; a message that names how to
+    list something (its `listing`) names the command that does instead."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        listing = getattr(record, "listing", None)
+        if listing in LISTINGS and record.args:
+            record.args = (*record.args[:-1], LISTINGS[listing])
+        warn(record.getMessage())
+
+
 @contextlib.contextmanager
 def warnings_as_lines():
-    """omnicore's warnings (RefTextMismatchWarning) as `omnicore: warning:` lines on stderr,
-    every time, from any thread (a stream's worker too); other warnings as Python shows them.
-    Not silenced by --quiet: a warning is neither progress nor summary."""
+    """omnicore's warnings (RefTextMismatchWarning, and what it logs at WARNING) as
+    `omnicore: warning:` lines on stderr, every time, from any thread (a stream's worker too);
+    other warnings as Python shows them. Not silenced by --quiet: a warning is neither
+    progress nor summary."""
+    logger = logging.getLogger("omnicore")
+    handler, propagate = _LogLines(logging.WARNING), logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        with _warnings_as_lines():
+            yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
+@contextlib.contextmanager
+def _warnings_as_lines():
     with warnings.catch_warnings():
         warnings.simplefilter("always", RefTextMismatchWarning)
         shown = warnings.showwarning

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from ..cluster import format_eta
+from ..cluster import format_eta, job_line
 from . import common
 
 
@@ -174,5 +174,5 @@ class BatchProgress:
             self.audio_s += seconds or 0.0
             eta, line = self._eta(), self._running()
         self.status.show(line)
-        status = what if seconds is not None else f"{what} failed"
-        self.status.log(f"[{k}/{self.total}] {status} | {self.audio_s:.1f} s of audio | ETA {eta}")
+        outcome = f"{seconds:.1f} s" if seconds is not None else "failed"
+        self.status.log(job_line(k, self.total, what, outcome, self.audio_s, eta))

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""The send clock of `omnicore serve` under load: N clients ask for endless streamed PCM and
+never read (a 4 KiB receive buffer each), while the server's queue holds exactly N requests.
+
+    python3 benchmarks/bench_server_clocks.py [--model DIR] [--clients 16] [--send-timeout 10]
+                                              [--steps 8] [--timeout 600]
+
+--model defaults to $OMNICORE_BENCH_MODEL, else weights/tiny-random. Per stalled client, from
+the server end of its connection in /proc/net/tcp (Linux; sampled every 20 ms): when its
+kernel send queue stopped growing (the client has stopped taking bytes), the most it held, and
+when the connection was cut; the cut's lateness is (cut - stall - send timeout). Meanwhile a
+normal request is tried every 100 ms: how long it was refused (429) after the last client was
+admitted, and its time to the whole answer once admitted. The table goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_server import ROOT, start  # noqa: E402
+
+TEXT = " ".join(f"Sentence {i} of a story that never ends." for i in range(60))
+
+
+def send_queues(port: int) -> dict[int, int]:
+    """{client port: bytes the kernel holds} for the server end of each connection to `port`."""
+    with open("/proc/net/tcp") as f:
+        rows = [line.split() for line in f.read().splitlines()[1:]]
+    return {int(r[2].rsplit(":", 1)[1], 16): int(r[4].split(":")[0], 16)
+            for r in rows if int(r[1].rsplit(":", 1)[1], 16) == port and r[3] == "01"}
+
+
+def stalled_reader(url: str, body: bytes) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: b\r\nContent-Type: application/json"
+                 b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    return sock
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=os.environ.get("OMNICORE_BENCH_MODEL",
+                                                     str(ROOT / "weights" / "tiny-random")))
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--send-timeout", type=float, default=10.0)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--timeout", type=float, default=600.0)
+    args = p.parse_args()
+    if not os.path.exists("/proc/net/tcp"):
+        raise SystemExit("needs Linux's /proc/net/tcp")
+    voices = Path(tempfile.mkdtemp(prefix="bench-clocks-"))
+    proc, url = start(args.model, voices, "--max-queue", str(args.clients), "--send-timeout",
+                      str(args.send_timeout), "--idle-timeout", str(10 * args.timeout))
+    port = int(url.rsplit(":", 1)[1])
+    body = json.dumps({"input": TEXT, "response_format": "pcm", "stream_format": "audio",
+                       "num_step": args.steps, "position_temperature": 0.0}).encode()
+    normal = {"input": "Hello there.", "response_format": "wav", "num_step": args.steps}
+    readers = []
+    try:
+        t0 = time.monotonic()
+        readers = [stalled_reader(url, body) for _ in range(args.clients)]
+        ports = [r.getsockname()[1] for r in readers]
+        while httpx.get(url + "/health").json()["in_flight"] < args.clients:
+            time.sleep(0.02)
+        admitted_all = time.monotonic() - t0
+        last = {p: (0, 0.0) for p in ports}  # (queue, when it last grew)
+        peak, cut = dict.fromkeys(ports, 0), {}
+        refused_until = answered = None
+        next_try = 0.0
+        while len(cut) < len(ports) or answered is None:
+            now = time.monotonic() - t0
+            if now > args.timeout:
+                break
+            queues = send_queues(port)
+            for p in ports:
+                if p in cut:
+                    continue
+                q = queues.get(p)
+                if q is None:
+                    cut[p] = now
+                    continue
+                peak[p] = max(peak[p], q)
+                if q > last[p][0]:
+                    last[p] = (q, now)
+            if answered is None and now >= next_try:
+                next_try = now + 0.1
+                t = time.monotonic()
+                r = httpx.post(url + "/v1/audio/speech", json=normal, timeout=args.timeout)
+                if r.status_code == 200:
+                    refused_until, answered = now - admitted_all, time.monotonic() - t
+            time.sleep(0.02)
+    finally:
+        for r in readers:
+            r.close()
+        proc.terminate()
+        proc.wait(30)
+    late = sorted(cut[p] - last[p][1] - args.send_timeout for p in cut)
+    load = os.getloadavg()
+    print(f"{args.clients} stalled clients, --send-timeout {args.send_timeout:g} s, "
+          f"{args.steps} steps, model {Path(args.model).name}; load average "
+          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end\n")
+    print("| measure | value |\n|---|---|")
+    print(f"| clients cut | {len(cut)} of {args.clients} |")
+    if late:
+        print(f"| cut after the client stopped reading, beyond the timeout: min / median / max | "
+              f"{late[0]:+.2f} / {late[len(late) // 2]:+.2f} / {late[-1]:+.2f} s |")
+    print(f"| most bytes the kernel held for one client | {max(peak.values()):,} |")
+    print(f"| all clients admitted after | {admitted_all:.2f} s |")
+    if refused_until is not None:
+        print(f"| a normal request refused (429) after that for | {refused_until:.2f} s |")
+        print(f"| then answered (whole wav) in | {answered:.2f} s |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
