@@ -61,7 +61,8 @@ def _child(model_dir: str, path: str, steps: int) -> dict:
                 self.seconds += took
                 self.kernels += 1
                 name = ev.data["dispatcher"].py_func.__qualname__
-                self.names[name] = self.names.get(name, 0.0) + took
+                seconds, times = self.names.get(name, (0.0, 0))
+                self.names[name] = (seconds + took, times + 1)  # times > 1: specialisations
 
     compiles = Compiles()
     event.register("numba:compile", compiles)
@@ -115,7 +116,8 @@ def main() -> None:
     ap.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS[:5]))
     ap.add_argument("--steps", type=int, default=32, help="unmasking steps (default: %(default)s)")
     ap.add_argument("--names", action="store_true",
-                    help="also list the kernels each path compiles, with their seconds")
+                    help="also list the kernels each path compiles, with their seconds (and xN "
+                         "when one compiled for N signatures)")
     ap.add_argument("--markdown", help="also write the table to this file")
     args = ap.parse_args()
     models = args.model or [str(ROOT / "weights" / "tiny-random")]
@@ -133,8 +135,9 @@ def main() -> None:
             lines.append(row)
             print(row, flush=True)
             if args.names:
-                names = sorted(cold["names"].items(), key=lambda kv: -kv[1])
-                print("   ", ", ".join(f"{n} {s:.1f}" for n, s in names), flush=True)
+                names = sorted(cold["names"].items(), key=lambda kv: -kv[1][0])
+                print("   ", ", ".join(f"{n} {s:.1f}" + (f" (x{k})" if k > 1 else "")
+                                       for n, (s, k) in names), flush=True)
     load = os.getloadavg()
     lines.append(f"\nload average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(lines[-1].strip())

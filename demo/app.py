@@ -822,9 +822,11 @@ def main(argv=None) -> int:
         model = OmniVoice.from_pretrained(args.model)
         defaults = None
         if not args.no_warmup:
-            print("warming up (compiling the kernels, once per machine) ...", flush=True)
-            done = warm_up(model, on_path=lambda path, s: print(f"  {path}: {s:.1f} s", flush=True))
-            print(f"warm in {done.total_s:.1f} s; timing the model on this machine ...", flush=True)
+            done = warm_up(model, on_path=lambda path, s: print(f"  {path}: {s:.1f} s", flush=True),
+                           say=lambda line: print(line, flush=True))
+            print(f"{done.compiled} kernels compiled in {done.compile_s:.1f} s" if done.seconds
+                  else "kernels in the kernel cache", flush=True)
+            print("timing the model on this machine ...", flush=True)
             defaults = measure_defaults(model)
             r = defaults.rate
             print(f"measured in {r.measured_s:.1f} s: {r.flops_per_s / 1e9:.1f} GFLOP/s + "

@@ -1,8 +1,8 @@
 """Typed errors: everything omnicore raises on purpose derives from OmniCoreError.
 
 Callers (the CLI, the demo, apps) catch OmniCoreError and show its message; anything else
-escaping omnicore is a bug. Each message says what went wrong *and* what to do about it. The one
-warning omnicore issues, RefTextMismatchWarning, is here too.
+escaping omnicore is a bug. Each message says what went wrong *and* what to do about it. The two
+warnings omnicore issues, RefTextMismatchWarning and KernelCacheWarning, are here too.
 """
 
 
@@ -45,3 +45,8 @@ class RefTextMismatchWarning(UserWarning):
     """A voice reference's transcript cannot be what its clip says: the speaking rate they imply
     is not speech (text/frontend.py: reference_pace_problem). The voice still works, but every
     length estimated from it is off by as much: outputs too long, or with their ends cut."""
+
+
+class KernelCacheWarning(UserWarning):
+    """No folder for Numba's kernel cache can be written: kernels are compiled in memory, again
+    in every process (docs/configuration.md, "Kernel cache")."""

@@ -159,14 +159,8 @@ def test_pick_fill_twins_agree_with_choosing_cells_pass_by_pass(Ts, data, seed):
         for col in (plan.host["cond_col"][b], plan.host["uncond_col"][b]):
             if col >= 0:
                 ids0[:, col:col + T] = tokens0[off[b]:off[b + 1]].reshape(C, T)
-    got = []
-    for fn in (SK.pick_fill, SK.pick_fill_np):
-        tokens, fill, ids = tokens0.copy(), fill0.copy(), ids0.copy()
-        fn(pred, conf, noise, k, step, plan, mask, tokens, fill, ids)
-        got.append((tokens, fill, ids))
-    for a, b in zip(*got):
-        np.testing.assert_array_equal(a, b)
-    tokens, fill, ids = got[0]
+    tokens, fill, ids = tokens0.copy(), fill0.copy(), ids0.copy()
+    SK.pick_fill(pred, conf, noise, k, step, plan, mask, tokens, fill, ids)
     for b, T in enumerate(Ts):  # the one-pass definition
         sl = slice(off[b], off[b + 1])
         gen = GenerationConfig(layer_penalty_factor=pens[b], position_temperature=temps[b])

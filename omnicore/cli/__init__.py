@@ -44,7 +44,7 @@ import threading
 from .. import __version__
 from ..errors import OmniCoreError
 from . import batch, codec, languages, reference, say, script, serve, warmup
-from .common import error, warnings_as_lines
+from .common import compile_notice, error, warnings_as_lines
 
 
 class _Parser(argparse.ArgumentParser):
@@ -105,7 +105,7 @@ def main(argv=None) -> int:
                 previous[sig] = signal.signal(sig, _on_signal)
     try:
         args = build_parser().parse_args(argv)
-        with warnings_as_lines():
+        with warnings_as_lines(), compile_notice(args):
             return args.func(args)
     except OmniCoreError as exc:
         error(exc)

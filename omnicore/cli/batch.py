@@ -225,7 +225,7 @@ def cmd_batch(args) -> int:
     model = common.load_model(args)
     base = gen_kwargs(args)
     status = StatusLine(args)
-    progress = BatchProgress(status, len(jobs))
+    progress = BatchProgress(status, len(jobs), getattr(args, "compile_seconds", None))
 
     def run(slot: dict, k: int, n: int, job) -> None:
         try:

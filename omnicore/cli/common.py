@@ -16,7 +16,7 @@ import threading
 import time
 import warnings
 
-from ..errors import InputError, RefTextMismatchWarning
+from ..errors import InputError, KernelCacheWarning, RefTextMismatchWarning
 
 DEFAULT_MODEL = os.environ.get("OMNICORE_MODEL", "k2-fsa/OmniVoice")
 # omnicore.model.backend.PRECISIONS, spelt out so that parsing arguments loads no array library
@@ -90,10 +90,10 @@ class _LogLines(logging.Handler):
 
 @contextlib.contextmanager
 def warnings_as_lines():
-    """omnicore's warnings (RefTextMismatchWarning, and what it logs at WARNING) as
-    `omnicore: warning:` lines on stderr, every time, from any thread (a stream's worker too);
-    other warnings as Python shows them. Not silenced by --quiet: a warning is neither
-    progress nor summary."""
+    """omnicore's warnings (RefTextMismatchWarning, KernelCacheWarning, and what it logs at
+    WARNING) as `omnicore: warning:` lines on stderr, every time, from any thread (a stream's
+    worker too); other warnings as Python shows them. Not silenced by --quiet: a warning is
+    neither progress nor summary."""
     logger = logging.getLogger("omnicore")
     handler, propagate = _LogLines(logging.WARNING), logger.propagate
     logger.addHandler(handler)
@@ -113,6 +113,8 @@ def _warnings_as_lines():
         shown = warnings.showwarning
 
         def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, KernelCacheWarning):  # the process's, not a job's
+                return warn(message)
             if not issubclass(category, RefTextMismatchWarning):
                 return shown(message, category, filename, lineno, file, line)
             what = getattr(_subject, "what", None)
@@ -120,6 +122,28 @@ def _warnings_as_lines():
 
         warnings.showwarning = show
         yield
+
+
+@contextlib.contextmanager
+def compile_notice(args):
+    """While a command runs: the first run's notice ("compiling kernels, once per machine:
+    about N s") as a line on stderr when kernels start compiling (not with --quiet, nor for the
+    servers, whose logs say it), and `args.compile_seconds`, the compiles' clock that progress
+    leaves out of its ETA."""
+    from ..warmup import CompileWatch
+
+    say = (lambda line: note(args, line)) if getattr(args, "compile_notice", True) else None
+    with CompileWatch(say) as watch:
+        args.compile_seconds = watch.seconds
+        yield watch
+
+
+def note(args, msg: str) -> None:
+    """A line that stays, like `log`, written over a progress line that may be on the
+    terminal (it is drawn again at the next step)."""
+    if not getattr(args, "quiet", False):
+        clear = "\r\033[K" if sys.stderr.isatty() else ""
+        print(f"{clear}{msg}", file=sys.stderr)
 
 
 def load_model(args):

@@ -70,10 +70,6 @@ class StatusLine:
         sys.stderr.flush()
 
 
-def _no_compiles() -> float:
-    return 0.0
-
-
 def _eta(started: float, done: float, compiled: float = 0.0) -> str:
     """Time left when the fraction `done` of the work took the time since `started`, less the
     `compiled` seconds of it spent compiling kernels."""
@@ -92,9 +88,9 @@ class SynthesisProgress:
     chunk 0 as their reference: the step counter starts again at each of these groups. Each
     group's work is counted in the frames of its passes."""
 
-    def __init__(self, status: StatusLine, compile_seconds=_no_compiles):
+    def __init__(self, status: StatusLine, compile_seconds=None):
         self.status = status
-        self.compile_seconds = compile_seconds
+        self.compile_seconds = compile_seconds or (lambda: 0.0)
         self.groups: list[list[int]] = []
         self.frames: list[int] = []
         self.n = 0
@@ -102,7 +98,7 @@ class SynthesisProgress:
         self.last_step = 0
         self.done = 0.0
         self.started = time.perf_counter()
-        self.compiled0 = compile_seconds()
+        self.compiled0 = self.compile_seconds()
 
     def plan(self, specs) -> None:
         first = [i for i, s in enumerate(specs) if s.after is None]
@@ -132,11 +128,11 @@ class BatchProgress:
     """Progress of a local batch of `total` jobs: `on_step(k)` is job k's step callback (called
     in its thread), `finished(k, what, seconds)` logs a job's line once it is over."""
 
-    def __init__(self, status: StatusLine, total: int, compile_seconds=_no_compiles):
+    def __init__(self, status: StatusLine, total: int, compile_seconds=None):
         self.status, self.total = status, total
-        self.compile_seconds = compile_seconds
+        self.compile_seconds = compile_seconds or (lambda: 0.0)
         self.started = time.perf_counter()
-        self.compiled0 = compile_seconds()
+        self.compiled0 = self.compile_seconds()
         self.steps: dict[int, tuple[int, int]] = {}  # running job -> (step, num_steps)
         self.over = 0  # jobs written or failed
         self.audio_s = 0.0

@@ -63,7 +63,7 @@ def cmd_say(args) -> int:
     kw = gen_kwargs(args)
     _voice_kwargs(args, kw, VoiceClonePrompt)
     status = StatusLine(args)
-    progress = SynthesisProgress(status)
+    progress = SynthesisProgress(status, getattr(args, "compile_seconds", None))
     t0 = time.perf_counter()
     try:
         result = model.synthesize(text, on_step=progress.on_step if status.live else None,

@@ -126,7 +126,7 @@ def add_parser(sub) -> None:
     sv.add_argument("--ui", action="store_true",
                     help="also serve the Gradio demo at /ui, on the same model (needs a source "
                          "checkout and the demo extra)")
-    sv.set_defaults(func=cmd_serve)
+    sv.set_defaults(func=cmd_serve, compile_notice=False)  # the server logs it
 
     wy = sub.add_parser("wyoming", help="a Wyoming TTS server, for Home Assistant (pip install "
                                         "'omnicore[wyoming]')",
@@ -143,7 +143,7 @@ def add_parser(sub) -> None:
                          "'' for the model's auto voice (default: %(default)s)")
     add_server_options(wy, "texts")
     add_generation_options(wy, texts=False)
-    wy.set_defaults(func=cmd_wyoming)
+    wy.set_defaults(func=cmd_wyoming, compile_notice=False)  # the server logs it
 
     mc = sub.add_parser("mcp", help="an MCP server, for LLM agents (pip install 'omnicore[mcp]')",
                         description="Serve the tools speak, list_voices, design_voice, clone_voice "
@@ -161,4 +161,4 @@ def add_parser(sub) -> None:
                     help="with --http, require 'Authorization: Bearer KEY' (env OMNICORE_API_KEY)")
     add_server_options(mc, "tool calls")
     add_generation_options(mc, texts=False)
-    mc.set_defaults(func=cmd_mcp)
+    mc.set_defaults(func=cmd_mcp, compile_notice=False)  # the server logs it

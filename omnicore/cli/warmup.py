@@ -11,12 +11,19 @@ from . import common
 
 
 def cmd_warmup(args) -> int:
+    from ..model import jit
     from ..warmup import warm_up
 
     model = common.load_model(args)
     done = warm_up(model, args.paths or None,
                    on_path=lambda path, s: common.log(args, f"  {path}: {s:.1f} s"))
-    common.log(args, f"warm: {', '.join(done.seconds)} of {args.model} in {done.total_s:.1f} s")
+    folder = jit.cache_folder()
+    where = f"the kernel cache in {folder}" if folder else "memory only (no kernel cache can be written)"
+    if not done.seconds:
+        common.log(args, f"warm already: every kernel is in {where}")
+    else:
+        common.log(args, f"warm: {', '.join(done.seconds)} of {args.model} in {done.total_s:.1f} s, "
+                         f"{done.compiled} kernels compiled in {done.compile_s:.1f} s into {where}")
     return 0
 
 

@@ -14,6 +14,10 @@ its plain-array twin written with `xp` runs on every other backend, and an optio
 on CuPy. Which one runs is decided at the kernel's first call, from the backend, and never
 again: the one place a kernel looks at the backend.
 
+Compiled code is kept in Numba's on-disk kernel cache, so each machine compiles a kernel once;
+where no folder for it can be written the kernels are compiled in memory instead, with a
+warning. `uncached` and `watch_compiles` say what a first run compiles, and when.
+
 Also here, because every kernel module builds on them: the serial/parallel choice per call
 (`serial_or_parallel`), the float32 exp and running max that keep loops vectorised
 (`exp_nonpos`, `row_max`), and the fastmath flags they are compiled with.
@@ -23,10 +27,12 @@ from __future__ import annotations
 
 import threading
 import types
+import warnings
 
 import numpy as np
 
 from . import backend
+from ..errors import KernelCacheWarning
 
 F32 = np.float32
 FAST = {"contract", "reassoc", "nsz"}  # FMA contraction and reordered sums; NaN and inf kept
@@ -75,9 +81,10 @@ def _defer(fn, make):
 
 
 def njit(fn=None, **opts):
-    """numba.njit(**opts), applied when Numba starts. Use as `@njit(...)` or `njit(fn, ...)`."""
+    """numba.njit(**opts), applied when Numba starts. Use as `@njit(...)` or `njit(fn, ...)`.
+    cache=True keeps the kernel in the kernel cache, when one can be written (`cache_folder`)."""
     def wrap(f):
-        return _defer(f, lambda nb, f_: nb.njit(**opts)(f_))
+        return _defer(f, lambda nb, f_: _dispatcher(nb, f_, opts))
     return wrap(fn) if fn is not None else wrap
 
 
@@ -113,6 +120,122 @@ def twice(fn, **opts):
     return njit(fn, cache=True, **opts), njit(par, cache=True, parallel=True, **opts)
 
 
+# ---------------------------------------------------------------------------------------------
+# The kernel cache, and compiles as they happen
+#
+# Numba compiles a kernel at its first call on a machine and keeps the machine code on disk,
+# keyed to the CPU and the source, in the first folder it can write: NUMBA_CACHE_DIR, beside
+# the package (__pycache__), the user's cache folder (docs/configuration.md, "Kernel cache").
+# Where none can be written, the kernels are compiled in memory instead, in every process.
+# `uncached` says which kernels a first call would compile; `watch_compiles` reports compiles
+# as they happen (the first run's notice, progress that leaves compile time out).
+# ---------------------------------------------------------------------------------------------
+
+_kernels: list = []  # the dispatcher of every kernel asked for with cache=True
+_NOT_LOOKED = object()
+_cache_folder = _NOT_LOOKED  # where the kernel cache is; None: nowhere
+_watchers: list = []  # watch_compiles callbacks
+_watch_lock = threading.Lock()
+_nesting = threading.local()  # a kernel compiles the kernels it calls within its own compile
+
+
+def _probe():  # never called: Numba is only asked where its cache would go
+    return 0
+
+
+def cache_folder() -> str | None:
+    """The kernel cache's folder, or None when no folder can be written (the kernels are then
+    compiled in memory, in every process; a KernelCacheWarning said so once). Starts Numba."""
+    start()
+    return _cache_folder
+
+
+def _find_cache_folder(nb) -> str | None:
+    try:
+        probe = nb.njit(cache=True)(_probe)  # Numba takes the first writable folder, or raises
+    except RuntimeError:
+        warnings.warn("no folder for the kernel cache can be written (NUMBA_CACHE_DIR, beside the "
+                      "package, the user's cache folder): the kernels are compiled in memory, in "
+                      "every process; set NUMBA_CACHE_DIR to a writable folder to keep them",
+                      KernelCacheWarning, stacklevel=2)
+        return None
+    return str(getattr(probe._cache, "_cache_path", ""))
+
+
+def _dispatcher(nb, fn, opts: dict):
+    """nb.njit(**opts)(fn); with cache=True kept in the kernel cache, in memory if there is none."""
+    global _cache_folder
+    if not opts.get("cache"):
+        return nb.njit(**opts)(fn)
+    if _cache_folder is _NOT_LOOKED:
+        _cache_folder = _find_cache_folder(nb)
+    kernel = nb.njit(**(opts if _cache_folder is not None else {**opts, "cache": False}))(fn)
+    _kernels.append(kernel)
+    return kernel
+
+
+def _ready(kernel) -> bool:
+    """Whether calling `kernel` compiles nothing: it has code in this process already, or the
+    cache has code for this CPU and this source (Numba's index, read as its loader reads it)."""
+    if kernel.overloads:
+        return True
+    try:
+        cache, codegen = kernel._cache, kernel.targetctx.codegen()
+        return any(key == cache._index_key(key[0], codegen)
+                   for key in cache._cache_file._load_index())
+    except Exception:  # no cache on disk, or a Numba whose internals differ: a compile, then
+        return False
+
+
+def uncached() -> list[str]:
+    """The kernels whose first call would compile them (parallel twins only when parallel
+    kernels are on): what a first run on this machine still has to compile. Starts Numba."""
+    start()
+    return [k.py_func.__qualname__ for k in _kernels
+            if (PARALLEL_KERNELS or not k.targetoptions.get("parallel")) and not _ready(k)]
+
+
+def watch_compiles(fn):
+    """Call `fn(event, name)` while omnicore's kernels compile: ("start", name) when a kernel
+    begins (loading one from the cache is not compiling), ("end", name) when it is done; the
+    kernels it calls compile within it, unreported. Called on the compiling thread. Returns
+    `stop()`, which ends the watch."""
+    with _watch_lock:
+        _watchers.append(fn)
+
+    def stop():
+        with _watch_lock:
+            if fn in _watchers:
+                _watchers.remove(fn)
+    return stop
+
+
+def _compile_event(event: str, data) -> None:
+    """Numba's "numba:compile" event, passed on for omnicore's outermost kernels."""
+    fn = data["dispatcher"].py_func
+    if not fn.__module__.startswith(__package__.split(".")[0] + "."):
+        return  # another library's Numba code, or Numba's own
+    depth = getattr(_nesting, "depth", 0) - (event == "end")
+    _nesting.depth = depth + (event == "start")
+    if depth == 0:
+        with _watch_lock:
+            watchers = list(_watchers)
+        for watcher in watchers:
+            watcher(event, fn.__qualname__)
+
+
+def _listen() -> None:
+    from numba.core import event
+
+    class Listener(event.Listener):
+        def on_start(self, ev):
+            _compile_event("start", ev.data)
+
+        def on_end(self, ev):
+            _compile_event("end", ev.data)
+    event.register("numba:compile", Listener())
+
+
 def start(threads: int | None = None, parallel: bool | None = None) -> None:
     """Import Numba and make every deferred function a dispatcher (idempotent).
 
@@ -125,6 +248,7 @@ def start(threads: int | None = None, parallel: bool | None = None) -> None:
         if _numba is None:
             import numba
 
+            _listen()
             for d in _deferred:
                 d.compiled = d.make(numba, d.fn)
             stand_in = _PRANGE

@@ -71,7 +71,10 @@ def all_finite(x) -> bool:
     if x.dtype != np.float32:
         return bool(np.isfinite(x).all())
     flat = x.reshape(-1) if x.flags.c_contiguous else np.ascontiguousarray(x).reshape(-1)  # [N]
-    return _all_finite_nb(flat.view(np.uint32))
+    bits = flat.view(np.uint32)
+    # Read-only whatever the array (Numba types the flag): one compile, not one per flag.
+    bits.flags.writeable = False
+    return _all_finite_nb(bits)
 
 
 # ---------------------------------------------------------------------------------------------

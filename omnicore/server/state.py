@@ -129,6 +129,7 @@ class ServerState:
         self.idle_timeout = idle_timeout  # a WebSocket with nothing to say and no message closes
         self.draining = False
         self.warming = False  # warm_up_in_background is compiling the kernels: not ready yet
+        self._compiles = None  # the CompileWatch that logs compiles, once warm_up opened it
         self._stopped = False
         self.max_queue = max_queue
         # Requests synthesising at once (None: all admitted ones; the engine packs them). 1 is
@@ -277,12 +278,20 @@ class ServerState:
 
     def warm_up(self, log) -> None:
         """Compile the kernels now (omnicore.warmup; blocking), saying how long it took: what a
-        front door without a health probe (Wyoming, MCP) does before it listens."""
-        from ..warmup import warm_up
+        front door without a health probe (Wyoming, MCP) does before it listens. From here on,
+        for the server's life, the log says when a kernel compiles ("compiling kernels, once
+        per machine: about N s"), as a request that meets one would wait for it."""
+        from ..warmup import CompileWatch, warm_up
 
+        if self._compiles is None:
+            self._compiles = CompileWatch(log.info).__enter__()  # closed in close()
         try:
             done = warm_up(self.model)
-            log.info("Ready: kernels warm (%s in %.1f s)", ", ".join(done.seconds), done.total_s)
+            if done.seconds:
+                log.info("Ready: %d kernels compiled in %.1f s (warm-up %.1f s)", done.compiled,
+                         done.compile_s, done.total_s)
+            else:
+                log.info("Ready: every kernel was in the kernel cache")
         except Exception:  # serve anyway: each request then reports what is wrong
             log.exception("Warm-up failed; serving without it")
 
@@ -306,6 +315,8 @@ class ServerState:
         """After stop_all: wait (up to `timeout` s in all) for the worker threads to end and the
         engine to hold no pass. Blocking; True when everything stopped in time."""
         deadline = time.monotonic() + timeout
+        if self._compiles is not None:
+            self._compiles.__exit__(None, None, None)
         pool = threading.Thread(target=self.pool.shutdown, kwargs={"cancel_futures": True},
                                 name="omnicore-serve-close", daemon=True)
         pool.start()
