@@ -18,12 +18,14 @@ def cmd_warmup(args) -> int:
     done = warm_up(model, args.paths or None,
                    on_path=lambda path, s: common.log(args, f"  {path}: {s:.1f} s"))
     folder = jit.cache_folder()
-    where = f"the kernel cache in {folder}" if folder else "memory only (no kernel cache can be written)"
+    where = (f"the kernel cache in {folder}" if folder
+             else "memory only (no folder for the kernel cache can be written)")
     if not done.seconds:
         common.log(args, f"warm already: every kernel is in {where}")
     else:
-        common.log(args, f"warm: {', '.join(done.seconds)} of {args.model} in {done.total_s:.1f} s, "
-                         f"{done.compiled} kernels compiled in {done.compile_s:.1f} s into {where}")
+        common.log(args, f"warm: {', '.join(done.seconds)} of {args.model} in "
+                         f"{done.total_s:.1f} s, {done.compiled} kernels compiled in "
+                         f"{done.compile_s:.1f} s into {where}")
     return 0
 
 
