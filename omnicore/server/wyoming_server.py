@@ -209,7 +209,7 @@ class Connection:
     def __init__(self, door: WyomingServer, reader, writer):
         self.door, self.server = door, door.server
         self.reader, self.writer = reader, writer
-        self.texts: asyncio.Queue = asyncio.Queue()  # (utterance, voice, language, streamed)
+        self.texts: asyncio.Queue = asyncio.Queue()  # (utterance, (voice, language), streamed)
         self.utterances: list[Utterance] = []  # started and not spoken
         self.stream: dict | None = None  # the open text stream: its voice, its text so far
         self.count = 0
