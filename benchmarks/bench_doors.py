@@ -302,7 +302,7 @@ def main() -> None:
     settings = {"num_step": ARGS.steps} if ARGS.steps else {}
     flags = ("--steps", ARGS.steps) if ARGS.steps else ()
     voices = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-doors-{os.getpid()}"
-    rows = [("model.stream (this process, no door)", floor(ARGS.model, settings))]
+    rows = []
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -336,6 +336,8 @@ def main() -> None:
         stop(proc)
     rows.append(("MCP speak (stdio; the whole file)", asyncio.run(
         mcp_speak(ARGS.model, ("--voices-dir", str(voices), *map(str, flags))))))
+    # Last: no server holds a model while this process does.
+    rows.insert(0, ("model.stream (this process, no door)", floor(ARGS.model, settings)))
 
     load = os.getloadavg()
     http = statistics.median(rows[1][1])
