@@ -97,6 +97,17 @@ def test_generate_is_token_exact_with_the_reference(device, name):
         assert device_child.rel(device[0][f"{name}/audio"], z["wave"]) <= WAVE_TOL
 
 
+@pytest.mark.parametrize("name", device_child.FIXTURE_CASES)
+def test_fast_profile_with_its_knobs_at_one_is_exact(device, host, name):
+    """profile="fast" with prefix_refresh=1 and uncond_every=1 gives exact's codes bit for bit
+    (auto, design and clone) on the device path and on numpy; with reuse (FAST_KW) the two
+    backends agree with each other (test_same_codes_as_the_numpy_backend)."""
+    want = np.load(REF / f"generate_{name}.npz", allow_pickle=False)["codes"]
+    for arrays in (device[0], host):
+        np.testing.assert_array_equal(arrays[f"{name}/codes_fast1"], want)
+        assert not np.array_equal(arrays[f"{name}/codes_fast"], want)  # reuse changes them
+
+
 def test_voice_prompt_codes_match_the_reference(device):
     want = np.load(REF / "generate_clone_prompt.npz", allow_pickle=False)["ref_audio_tokens"]
     got = device[0]["clone_prompt/codes"]

@@ -146,7 +146,9 @@ class WyomingServer:
         program = TtsProgram(
             name="omnicore", attribution=PROGRAM, installed=True, version=__version__,
             description=f"OmniVoice text-to-speech ({self.server.model_name}) on numpy, 600+ "
-                        "languages, voice cloning and design; the weights are CC-BY-NC 4.0",
+                        "languages, voice cloning and design; the weights are CC-BY-NC 4.0"
+                        + ("; the fast profile (approximate)" if self.synth.get("profile") == "fast"
+                           else ""),
             voices=made + presets, supports_synthesize_streaming=True)
         return Info(tts=[program]).event()
 
