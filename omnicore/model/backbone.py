@@ -221,16 +221,24 @@ def make_packing(lengths: Sequence[int], cfg: OmniVoiceConfig, offsets: Sequence
 def linear(x, w, out=None, precision: str = "fp32"):
     """x [..., in] @ w.T for a projection w kept in the checkpoint's [out, in] layout, into
     `out` when given. x is first rounded, in place, to what `precision` feeds a GEMM
-    (backend.PRECISIONS; w was rounded once, at load; "fp32" leaves both as they are)."""
+    (backend.PRECISIONS; w was rounded once, at load; "fp32" leaves both as they are). On a
+    device, bf16 and fp16 multiply half-precision arrays instead (w stored so; x converted),
+    accumulating in float32: the same products."""
     if precision != "fp32":
+        if w.dtype != xp.float32:  # a half-precision weight (backend.half_gemm)
+            return backend.matmul_half(backend.to_half(x, precision), w.T, precision, out)
         backend.round_gemm_input(x, precision)
     return backend.matmul(x, w.T, out=out)
 
 
 def bmm(a, b, out=None, precision: str = "fp32"):
     """a @ b for attention's batched products of activations ([..., M, K] @ [..., K, N]), both
-    rounded in place to `precision` first, into `out` when given."""
+    rounded in place to `precision` first, into `out` when given (as half-precision arrays on
+    a device, like `linear`)."""
     if precision != "fp32":
+        if backend.half_gemm(precision):
+            return backend.matmul_half(backend.to_half(a, precision), backend.to_half(b, precision),
+                                       precision, out)
         backend.round_gemm_input(a, precision)
         backend.round_gemm_input(b, precision)
     return backend.matmul(a, b, out=out)
@@ -522,6 +530,8 @@ def load_params(reader, cfg: OmniVoiceConfig, precision: str = "fp32") -> Backbo
 
     def matrix(key, n_out, n_in):  # kept [out, in]; used as x @ W.T, rounded once, here
         w = to_device(reader.take(key, (n_out, n_in), np.float32))
+        if backend.half_gemm(precision):  # a device's half-precision GEMMs: stored as such
+            return backend.to_half(w, precision)
         return w if precision == "fp32" else backend.round_gemm_input(w.copy(), precision)
 
     layers = []
