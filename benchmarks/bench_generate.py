@@ -1,20 +1,29 @@
 #!/usr/bin/env python3
-"""omnicore against the PyTorch reference, side by side in one process, on the full-size checkpoint.
+"""omnicore against the PyTorch reference and ONNX Runtime, side by side in one process, on the
+full-size checkpoint.
 
-    REF_VENV/bin/python benchmarks/bench_generate.py [--model DIR] [--quick] [--threads N]
-                                                           [--markdown FILE] [--json FILE]
+    REF_VENV/bin/python benchmarks/bench_generate.py [--model DIR] [--onnx DIR] [--quick]
+                                                     [--threads N] [--markdown FILE] [--json FILE]
 
-Runs under the reference venv (REF_VENV: torch + omnivoice) with omnicore imported from this
-checkout. --model defaults to $OMNICORE_BENCH_MODEL, else checkpoints/full in the repository.
-Both sides get the same thread count (torch.set_num_threads, OpenBLAS, MKL and Numba pools),
-the same texts, fixed durations and greedy settings (position and class temperature 0), so
-they do exactly the same work and must produce the same codes; the script checks that.
+Runs under the reference venv (REF_VENV: torch + omnivoice + onnxruntime) with omnicore imported
+from this checkout. --model defaults to $OMNICORE_BENCH_MODEL, else checkpoints/full in the
+repository. --onnx (default $OMNICORE_BENCH_ONNX, else the model folder's name + "-onnx") holds
+that checkpoint's sub-models exported by tools/reference/export_onnx.py --external-data; without
+them the ONNX Runtime column is left out (the table says so). Every side gets the same thread
+count (torch.set_num_threads, OpenBLAS, MKL, Numba and ONNX Runtime's pools), the same texts,
+fixed durations and greedy settings (position and class temperature 0), so they do exactly the
+same work and must produce the same codes; the script checks that.
+
+The ONNX Runtime column (onnx_side.py) is the reference's modules exported to ONNX in float32,
+run by onnxruntime on the CPU and driven by omnicore's own unmasking loop and pipeline: only the
+backbone forward (embeddings, decoder, heads) and the codec decode change hands. It has no
+encoder (its encode line is empty).
 
 Every timed line is warm: each side first makes one untimed call of generate, decode and encode
 (loading, Numba compilation, first touch of the weights, omnicore's encoder half); those first
 calls are reported as their own "first use" lines.
 
-Lines of the table (each alternates omnicore and the reference; ratio = omnicore / reference):
+Lines of the table (the sides alternate; ratios = omnicore / the other side):
   backbone step    median over the forward passes of a real 5 s generate (cond + uncond rows),
                    with the GFLOP each side actually computes (the reference pads the
                    unconditional row to the conditional length and runs its heads on every
@@ -31,8 +40,8 @@ Lines of the table (each alternates omnicore and the reference; ratio = omnicore
                    GFLOP/s as % of it.
   generate         full generate() (prepare, unmask, decode, post-process) for 5 s and 10 s
                    targets at 32 and 16 steps; RTF = wall time / audio seconds.
-  peak RSS         each side alone in a child process (`--only omnicore|reference`) generating
-                   10 s of auto voice: ru_maxrss of that process.
+  peak RSS         each side alone in a child process (`--only omnicore|reference|onnxruntime`)
+                   generating 10 s of auto voice: ru_maxrss of that process.
 Interference: for each measurement the script records the CPU time the *rest of the machine*
 used during it (from /proc/stat, minus this process), shown as "others %" (100 % = one core
 busy with other work the whole time). Measurements with others > 10 % are flagged.
@@ -55,6 +64,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = Path(os.environ.get("OMNICORE_BENCH_MODEL", ROOT / "checkpoints" / "full"))
+SIDES = ("omnicore", "reference", "onnxruntime")
 GREEDY = {"position_temperature": 0.0, "class_temperature": 0.0}
 TEXTS = {  # fixed durations are used, so the texts only set the prompt length
     5: "The quick brown fox jumps over the lazy dog, then rests in the warm afternoon sun.",
@@ -66,14 +76,19 @@ TEXTS = {  # fixed durations are used, so the texts only set the prompt length
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--onnx", type=Path, default=os.environ.get("OMNICORE_BENCH_ONNX"),
+                    help="the checkpoint's ONNX sub-models (default: the model folder + '-onnx')")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--markdown", type=Path, help="also write the result table here")
     ap.add_argument("--json", type=Path, help="also write raw numbers here")
-    ap.add_argument("--only", choices=["omnicore", "reference"], help=argparse.SUPPRESS)
+    ap.add_argument("--only", choices=SIDES, help=argparse.SUPPRESS)
     ap.add_argument("--seconds", type=float, default=10.0, help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=32, help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.onnx is None:
+        args.onnx = args.model.with_name(args.model.name + "-onnx")
+    return args
 
 
 ARGS = parse_args()
@@ -83,6 +98,7 @@ for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS", "NUMBA
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
+import onnx_side  # noqa: E402
 from roofline import (codec_decode_gemms, codec_encode_gemms, gemm_flops, physical_peak,  # noqa: E402
                       sgemm_roofline_seconds, sgemm_seconds)
 
@@ -140,14 +156,19 @@ class OmnicoreSide:
     name = "omnicore"
 
     def __init__(self, model_dir):
-        from omnicore import OmniVoice
-        from omnicore.model import unmasking
+        from omnicore.model import packed_unmasking
 
+        onnx_side.install(packed_unmasking)  # before any hook below wraps forward_rows
         with Timer() as t:
-            self.model = OmniVoice.from_pretrained(str(model_dir))
+            self.model = self.load(model_dir)
         self.load_s = t.wall
-        self.um = unmasking
+        self.um = packed_unmasking
         self.sr = self.model.sampling_rate
+
+    def load(self, model_dir):
+        from omnicore import OmniVoice
+
+        return OmniVoice.from_pretrained(str(model_dir))
 
     def generate(self, text, seconds, steps):
         """-> (wall s, others, codes [8, T], forward times, scoring times, rows, heads positions)."""
@@ -162,7 +183,7 @@ class OmnicoreSide:
             info["rows"], info["heads"] = list(pack.lengths), int(sum(num_out))
             return out
 
-        # The engine thread runs every step as unmasking.iterate (forward + scoring + fill):
+        # The engine thread runs every step as packed_unmasking.iterate (forward + scoring + fill):
         # the end of the last one ends the unmasking loop.
         def iterate(params, cfg, states, *a, **k):
             res = orig_it(params, cfg, states, *a, **k)
@@ -183,6 +204,18 @@ class OmnicoreSide:
 
     def encode(self, wav):
         return self.model.codec.encode(wav, self.sr)
+
+
+class OnnxRuntimeSide(OmnicoreSide):
+    """omnicore's loop and pipeline with ONNX Runtime doing the model's arithmetic (onnx_side)."""
+
+    name = "onnxruntime"
+
+    def load(self, model_dir):
+        return onnx_side.onnx_model(model_dir, ARGS.onnx, ARGS.threads)
+
+    def encode(self, wav):
+        return None  # no encoder export: the line stays empty
 
 
 class ReferenceSide:
@@ -263,7 +296,8 @@ def _step_stats(t, fwd, end, info):
 
 
 def child_main():
-    side = OmnicoreSide(ARGS.model) if ARGS.only == "omnicore" else ReferenceSide(ARGS.model)
+    side = {"omnicore": OmnicoreSide, "reference": ReferenceSide,
+            "onnxruntime": OnnxRuntimeSide}[ARGS.only](ARGS.model)
     res = side.generate(TEXTS[10], ARGS.seconds, ARGS.steps)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"rss_mb": rss_mb, "wall": res["wall"], "load_s": side.load_s,
@@ -272,7 +306,8 @@ def child_main():
 
 def peak_rss(which, steps):
     cmd = [sys.executable, __file__, "--only", which, "--model", str(ARGS.model),
-           "--threads", str(ARGS.threads), "--steps", str(steps), "--seconds", "10"]
+           "--onnx", str(ARGS.onnx), "--threads", str(ARGS.threads), "--steps", str(steps),
+           "--seconds", "10"]
     with Timer() as t:
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     res = json.loads(out.strip().splitlines()[-1])
@@ -301,10 +336,16 @@ def machine_description(threads):
     import torch
 
     torch_blas = "MKL" if torch.backends.mkl.is_available() else "?"
+    try:
+        import onnxruntime
+
+        ort = f", onnxruntime {onnxruntime.__version__} (CPU)"
+    except ImportError:
+        ort = ""
     mem = int(open("/proc/meminfo").readline().split()[1]) / 2**20
     return (f"{model}, {os.cpu_count()} cores ({isa}), {mem:.0f} GiB RAM; {threads} threads per side; "
             f"Python {platform.python_version()}, numpy {np.__version__} ({blas}), "
-            f"torch {torch.__version__} ({torch_blas})")
+            f"torch {torch.__version__} ({torch_blas}){ort}")
 
 
 def ensure_checkpoint(path: Path):
@@ -313,6 +354,18 @@ def ensure_checkpoint(path: Path):
     print(f"building the full-size random checkpoint in {path} ...", flush=True)
     subprocess.run([sys.executable, str(ROOT / "tools/reference/make_checkpoint.py"), "--size", "full",
                     "--out", str(path)], check=True)
+
+
+def timed_pairs(sides, fn, repeats):
+    """fn(side) on every side, `repeats` times, rotating which side goes first: {name: [Timer]},
+    {name: last result}."""
+    times, last = {s.name: [] for s in sides}, {}
+    for i in range(repeats):
+        for side in sides[i % len(sides):] + sides[:i % len(sides)]:
+            with Timer() as t:
+                last[side.name] = fn(side)
+            times[side.name].append(t)
+    return times, last
 
 
 def main():
@@ -324,6 +377,12 @@ def main():
     cases = [(5, 16), (10, 16)] if quick else [(5, 32), (5, 16), (10, 32), (10, 16)]
     step_case = (5, 16) if quick else (5, 32)
     log = lambda *a: print(*a, file=sys.stderr, flush=True)  # noqa: E731
+    missing = onnx_side.missing_parts(ARGS.onnx)
+    with_onnx = not missing
+    if missing:
+        log(f"no ONNX Runtime column: {ARGS.onnx} lacks {', '.join(missing)} (export them with "
+            "tools/reference/export_onnx.py --external-data)")
+    names = [n for n in SIDES if with_onnx or n != "onnxruntime"]
 
     desc = machine_description(ARGS.threads)
     log(desc)
@@ -333,11 +392,12 @@ def main():
     # Peak RSS first, each side alone (nothing else of this script is resident yet).
     rss_steps = 16 if quick else 32
     log("peak RSS children ...")
-    rss = {w: peak_rss(w, rss_steps) for w in ("omnicore", "reference")}
+    rss = {w: peak_rss(w, rss_steps) for w in names}
 
     omni = OmnicoreSide(ARGS.model)
     ref = ReferenceSide(ARGS.model)
-    log(f"loaded: omnicore {omni.load_s:.1f} s, reference {ref.load_s:.1f} s")
+    sides = [omni, ref] + ([OnnxRuntimeSide(ARGS.model)] if with_onnx else [])
+    log("loaded: " + ", ".join(f"{s.name} {s.load_s:.1f} s" for s in sides))
 
     # Codec inputs (the same for every call, warm-up included)
     rng = np.random.default_rng(0)
@@ -351,30 +411,23 @@ def main():
     # First use, one untimed-for-the-table call per side and path: Numba compilation (or its
     # cache), first touch of the weights, omnicore's encoder half. Reported on their own lines.
     first = {}
-    for side in (omni, ref):
-        with Timer() as t:
-            side.generate(TEXTS[5], 1.0, 2)
-        first[(side.name, "generate")] = t.wall
-        with Timer() as t:
-            side.decode(codes10)
-        first[(side.name, "decode")] = t.wall
-        with Timer() as t:
-            side.encode(clip)
-        first[(side.name, "encode")] = t.wall
+    for side in sides:
+        for what, call in (("generate", lambda: side.generate(TEXTS[5], 1.0, 2)),
+                           ("decode", lambda: side.decode(codes10)),
+                           ("encode", lambda: side.encode(clip))):
+            with Timer() as t:
+                call()
+            first[(side.name, what)] = t.wall
     log("first use: " + ", ".join(f"{k[0]} {k[1]} {v:.2f} s" for k, v in first.items()))
 
     gens = {}
     for i, (sec, steps) in enumerate(cases):
         log(f"generate {sec} s @ {steps} steps ...")
-        a = lambda: omni.generate(TEXTS[sec], sec, steps)  # noqa: E731
-        b = lambda: ref.generate(TEXTS[sec], sec, steps)  # noqa: E731
-        if i % 2 == 0:  # alternate which side runs first
-            ra, rb = a(), b()
-        else:
-            rb, ra = b(), a()
-        gens[(sec, steps)] = (ra, rb)
-        log(f"  omnicore {ra['wall']:.1f} s, reference {rb['wall']:.1f} s, codes equal: "
-            f"{np.array_equal(ra['codes'], rb['codes'])}")
+        order = sides[i % len(sides):] + sides[:i % len(sides)]  # rotate which side runs first
+        res = {side.name: side.generate(TEXTS[sec], sec, steps) for side in order}
+        gens[(sec, steps)] = res
+        log("  " + ", ".join(f"{n} {r['wall']:.1f} s" for n, r in res.items()) + ", codes equal "
+            f"to the reference's: {[np.array_equal(r['codes'], res['reference']['codes']) for r in res.values()]}")
 
     # How reproducible are the reference's own codes? Rerun one case with a single torch
     # thread: on this random full-size checkpoint float32 rounding differences flip near-tied
@@ -385,62 +438,45 @@ def main():
         self_codes = ref.generate(TEXTS[5], 5, 16)["codes"]
     finally:
         ref.torch.set_num_threads(ARGS.threads)
-    self_agree = float((self_codes == gens[(5, 16)][1]["codes"]).mean())
+    self_agree = float((self_codes == gens[(5, 16)]["reference"]["codes"]).mean())
 
-    # Codec lines (warm: both sides decoded and encoded once above)
+    # Codec lines (warm: every side decoded and encoded once above)
     log("decode ...")
-    dec_o, dec_r = [], []
-    for i in range(repeats):
-        for side in ((omni, ref) if i % 2 == 0 else (ref, omni)):
-            with Timer() as t:
-                w = side.decode(codes10)
-            (dec_o if side is omni else dec_r).append(t)
-            if side is omni:
-                wa = w
-            else:
-                wb = w
-    dec_err = float(np.abs(wa - wb).max() / np.abs(wb).max())
+    dec, waves = timed_pairs(sides, lambda s: s.decode(codes10), repeats)
+    dec_err = {n: float(np.abs(w - waves["reference"]).max() / np.abs(waves["reference"]).max())
+               for n, w in waves.items() if n != "reference"}
     log("encode ...")
-    enc_o, enc_r = [], []
-    for i in range(repeats):
-        for side in ((omni, ref) if i % 2 == 0 else (ref, omni)):
-            with Timer() as t:
-                c = side.encode(clip)
-            (enc_o if side is omni else enc_r).append(t)
-            if side is omni:
-                ca = c
-            else:
-                cb = c
-    enc_agree = float((ca == cb).mean())
+    encoders = [s for s in sides if s.name != "onnxruntime"]
+    enc, codes = timed_pairs(encoders, lambda s: s.encode(clip), repeats)
+    enc_agree = float((codes["omnicore"] == codes["reference"]).mean())
 
-    # Roofline on the shapes of the step case
-    from omnicore.model.config import OmniVoiceConfig
+    # Roofline on the shapes of the step case (the ONNX column computes omnicore's shapes)
+    from omnicore import checkpoint
 
-    cfg = OmniVoiceConfig.from_file(ARGS.model / "config.json")
-    go, gr = gens[step_case]
-    from omnicore.model.codec import pad_to_hop
-    from omnicore.model.backbone import forward_flops
+    cfg = checkpoint.read_config(ARGS.model / "config.json")
+    step = gens[step_case]
+    from omnicore.model.higgs_codec import pad_to_hop
+    from omnicore.model.cost import forward_flops
 
-    flops_o = forward_flops(cfg, go["rows"], [go["heads"]])
-    flops_r = forward_flops(cfg, gr["rows"], [gr["heads"]])
+    flops = {n: forward_flops(cfg, r["rows"], [r["heads"]]) for n, r in step.items()}
     log("sgemm roofline ...")
-    roof_o = sgemm_roofline_seconds(omni.model.params, cfg, go["rows"], go["heads"])
-    roof_r = sgemm_roofline_seconds(omni.model.params, cfg, gr["rows"], gr["heads"])
+    roof = {n: sgemm_roofline_seconds(omni.model.params, cfg, r["rows"], r["heads"])
+            for n, r in step.items()}
     ccfg = omni.model.codec.cfg
     codec_gemms = {"decode": codec_decode_gemms(ccfg, codes10.shape[1]),
                    "encode": codec_encode_gemms(ccfg, len(pad_to_hop(clip, ccfg.hop_length)))}
     codec_roof = {k: (gemm_flops(v), sgemm_seconds(v)) for k, v in codec_gemms.items()}
     peak = physical_peak(ARGS.threads)
 
-    report = build_report(desc, ARGS, gens, step_case, flops_o, flops_r, roof_o, roof_r,
-                          dec_o, dec_r, dec_err, enc_o, enc_r, enc_agree, rss, omni, ref, self_agree,
-                          first, codec_roof, peak)
+    report = build_report(desc, ARGS, names, gens, step_case, flops, roof, dec, dec_err, enc,
+                          enc_agree, rss, {s.name: s.load_s for s in sides}, self_agree, first,
+                          codec_roof, peak, missing)
     print(report)
     if ARGS.markdown:
         ARGS.markdown.write_text(report + "\n")
     if ARGS.json:
         raw = {f"{s}s@{n}": {side: {k: v for k, v in r.items() if k != "codes"}
-                             for side, r in zip(("omnicore", "reference"), gens[(s, n)])}
+                             for side, r in gens[(s, n)].items()}
                for s, n in gens}
         raw["rss"] = rss
         ARGS.json.write_text(json.dumps(raw, indent=1))
@@ -448,81 +484,101 @@ def main():
         log("load after:", f.read().strip())
 
 
-def build_report(desc, args, gens, step_case, flo, flr, roof_o, roof_r,
-                 dec_o, dec_r, dec_err, enc_o, enc_r, enc_agree, rss, omni, ref, self_agree,
-                 first, codec_roof, peak):
+def build_report(desc, args, names, gens, step_case, flops, roof, dec, dec_err, enc, enc_agree,
+                 rss, load_s, self_agree, first, codec_roof, peak, missing):
     rows = []
     flag = lambda *ts: " (!)" if max(t for t in ts) > 0.10 else ""  # noqa: E731
+    others = [n for n in names if n != "omnicore"]
 
-    def line(name, a, b, unit, fmt="{:.1f}", ratio=True, others=()):
-        r = f"{a / b:.2f}" if ratio and b else ""
-        note = flag(*others) if others else ""
-        rows.append(f"| {name}{note} | {fmt.format(a)} {unit} | {fmt.format(b)} {unit} | {r} |")
+    def line(name, vals, unit, fmt="{:.1f}", ratio=True, oth=()):
+        """vals: side -> value (a side without one gets an empty cell)."""
+        cells = [f"{fmt.format(vals[n])} {unit}" if vals.get(n) is not None else "" for n in names]
+        ratios = [f"{vals['omnicore'] / vals[n]:.2f}" if ratio and vals.get(n) and
+                  vals.get("omnicore") is not None else "" for n in others]
+        note = flag(*oth) if oth else ""
+        rows.append(f"| {name}{note} | " + " | ".join(cells + ratios) + " |")
 
-    go, gr = gens[step_case]
-    fo, fr = median(go["forward"]), median(gr["forward"])
+    def each(fn):
+        return {n: fn(n) for n in names}
+
+    step = gens[step_case]
+    fwd = each(lambda n: median(step[n]["forward"]))
     sec, steps = step_case
-    oth = (go["others"], gr["others"])
-    line(f"backbone step, {sec} s target (median of {steps})", fo * 1e3, fr * 1e3, "ms", others=oth)
-    line("  GFLOP computed per step", flo / 1e9, flr / 1e9, "", ratio=True)
-    line("  GFLOP/s", flo / fo / 1e9, flr / fr / 1e9, "", ratio=True)
+    oth = [step[n]["others"] for n in names]
+    line(f"backbone step, {sec} s target (median of {steps})", each(lambda n: fwd[n] * 1e3), "ms",
+         oth=oth)
+    line("  GFLOP computed per step", each(lambda n: flops[n] / 1e9), "")
+    line("  GFLOP/s", each(lambda n: flops[n] / fwd[n] / 1e9), "")
     peak_gf, peak_how = peak
     if peak_gf:
-        line("  % of the physical fp32 peak", 100 * flo / fo / 1e9 / peak_gf, 100 * flr / fr / 1e9 / peak_gf,
+        line("  % of the physical fp32 peak", each(lambda n: 100 * flops[n] / fwd[n] / 1e9 / peak_gf),
              "%", fmt="{:.0f}", ratio=False)
-    line("  % of numpy sgemm roofline on its GEMMs", 100 * roof_o / fo, 100 * roof_r / fr, "%",
+    line("  % of numpy sgemm roofline on its GEMMs", each(lambda n: 100 * roof[n] / fwd[n]), "%",
          fmt="{:.0f}", ratio=False)
-    line("  numpy sgemm roofline for those GEMMs", flo / roof_o / 1e9, flr / roof_r / 1e9,
+    line("  numpy sgemm roofline for those GEMMs", each(lambda n: flops[n] / roof[n] / 1e9),
          "GFLOP/s", fmt="{:.0f}", ratio=False)
-    line("scoring per step", median(go["scoring"]) * 1e3, median(gr["scoring"]) * 1e3, "ms",
-         fmt="{:.2f}", others=oth)
-    for what, runs_o, runs_r in (("decode 10 s", dec_o, dec_r), ("encode 5 s clip", enc_o, enc_r)):
-        to, tr = median([t.wall for t in runs_o]), median([t.wall for t in runs_r])
-        line(what, to, tr, "s", fmt="{:.2f}", others=[t.others for t in runs_o + runs_r])
-        gflop, roof = codec_roof[what.split()[0]]
-        line("  GFLOP/s (codec GEMMs, the same for both)", gflop / to / 1e9, gflop / tr / 1e9, "")
+    line("scoring per step", each(lambda n: median(step[n]["scoring"]) * 1e3), "ms", fmt="{:.2f}",
+         oth=oth)
+    for what, runs in (("decode 10 s", dec), ("encode 5 s clip", enc)):
+        t = {n: median([x.wall for x in r]) for n, r in runs.items()}
+        line(what, t, "s", fmt="{:.2f}", oth=[x.others for r in runs.values() for x in r])
+        gflop, rf = codec_roof[what.split()[0]]
+        line("  GFLOP/s (codec GEMMs, the same for all)", {n: gflop / v / 1e9 for n, v in t.items()}, "")
         if peak_gf:
-            line("  % of the physical fp32 peak", 100 * gflop / to / 1e9 / peak_gf,
-                 100 * gflop / tr / 1e9 / peak_gf, "%", fmt="{:.0f}", ratio=False)
-        line(f"  % of numpy sgemm roofline ({gflop / 1e9:.0f} GFLOP at {gflop / roof / 1e9:.0f} GFLOP/s)",
-             100 * roof / to, 100 * roof / tr, "%", fmt="{:.0f}", ratio=False)
-    for (s, n), (a, b) in gens.items():
-        same = "codes identical" if np.array_equal(a["codes"], b["codes"]) else \
-            f"codes {100 * float((a['codes'] == b['codes']).mean()):.1f} % equal"
-        line(f"generate() {s} s @ {n} steps ({same})", a["wall"], b["wall"], "s",
-             others=(a["others"], b["others"]))
-        line(f"  RTF {s} s @ {n}", a["wall"] / s, b["wall"] / s, "", fmt="{:.2f}")
+            line("  % of the physical fp32 peak", {n: 100 * gflop / v / 1e9 / peak_gf for n, v in t.items()},
+                 "%", fmt="{:.0f}", ratio=False)
+        line(f"  % of numpy sgemm roofline ({gflop / 1e9:.0f} GFLOP at {gflop / rf / 1e9:.0f} GFLOP/s)",
+             {n: 100 * rf / v for n, v in t.items()}, "%", fmt="{:.0f}", ratio=False)
+    for (s, n), res in gens.items():
+        ref_codes = res["reference"]["codes"]
+        def agree(codes):
+            if np.array_equal(codes, ref_codes):
+                return "identical"
+            return f"{100 * float((codes == ref_codes).mean()):.1f} %"
+
+        same = "; ".join(f"{side} {agree(r['codes'])}" for side, r in res.items() if side != "reference")
+        line(f"generate() {s} s @ {n} steps (codes equal to the reference's: {same})",
+             each(lambda k: res[k]["wall"]), "s", oth=[r["others"] for r in res.values()])
+        line(f"  RTF {s} s @ {n}", each(lambda k: res[k]["wall"] / s), "", fmt="{:.2f}")
     line(f"peak RSS, auto voice 10 s @ {32 if not args.quick else 16} steps (own process)",
-         rss["omnicore"]["rss_mb"], rss["reference"]["rss_mb"], "MB", fmt="{:.0f}",
-         others=(rss["omnicore"]["others"], rss["reference"]["others"]))
-    if peak_gf:
-        rows.append(f"| physical fp32 peak: {peak_how} | {peak_gf:.0f} GFLOP/s | | |")
-    else:
-        rows.append(f"| physical fp32 peak: {peak_how} | | | |")
-    line("first use: model load (both halves of the codec for the reference)", omni.load_s, ref.load_s, "s")
-    line("first use: generate() 1 s @ 2 steps (compile, first touch)", first[("omnicore", "generate")],
-         first[("reference", "generate")], "s", fmt="{:.2f}")
-    line("first use: decode 10 s", first[("omnicore", "decode")], first[("reference", "decode")], "s",
-         fmt="{:.2f}")
-    line("first use: encode 5 s (omnicore loads its encoder half here)", first[("omnicore", "encode")],
-         first[("reference", "encode")], "s", fmt="{:.2f}")
-    head = ["| line | omnicore | reference | omnicore / reference |", "|---|---|---|---|"]
+         each(lambda n: rss[n]["rss_mb"]), "MB", fmt="{:.0f}", oth=[r["others"] for r in rss.values()])
+    blank = " |" * (len(names) + len(others) - 1)
+    rows.append(f"| physical fp32 peak: {peak_how} | " + (f"{peak_gf:.0f} GFLOP/s" if peak_gf else "")
+                + blank)
+    line("first use: model load (both halves of the codec for the reference)", load_s, "s")
+    for what, label in (("generate", "generate() 1 s @ 2 steps (compile, first touch)"),
+                        ("decode", "decode 10 s"),
+                        ("encode", "encode 5 s (omnicore loads its encoder half here)")):
+        line(f"first use: {label}", {n: first[(n, what)] for n in names
+                                     if not (n == "onnxruntime" and what == "encode")}, "s",
+             fmt="{:.2f}")
+    head = ["| line | " + " | ".join(names) + " | " + " | ".join(f"omnicore / {n}" for n in others) + " |",
+            "|---" * (1 + len(names) + len(others)) + "|"]
     notes = [
         "",
         f"Machine: {desc}.",
         "Every timed line is warm (one untimed call per side and path first); the first calls are "
         "the 'first use' lines.",
-        f"Decode: max |omnicore - reference| / max |reference| = {dec_err:.1e}. "
-        f"Encode: {100 * enc_agree:.2f} % of codes equal.",
+        "Decode: max |side - reference| / max |reference| = "
+        + ", ".join(f"{n} {e:.1e}" for n, e in dec_err.items())
+        + f". Encode: {100 * enc_agree:.2f} % of omnicore's codes equal the reference's.",
         f"Generated codes: the reference itself, rerun with 1 torch thread instead of {args.threads} "
         f"(5 s @ 16 steps), reproduces {100 * self_agree:.1f} % of its own codes. On this random "
         "full-size checkpoint greedy unmasking is chaotic: any float32 rounding difference (here "
-        "OpenBLAS against MKL; for the reference, its thread count, when MKL's sums depend on it) "
-        "flips near-tied cell choices and the runs diverge, so the % equal above measures that, "
-        "not a difference in what is computed (the tiny checkpoint's tests are token-exact).",
+        "OpenBLAS against MKL and ONNX Runtime's own kernels; for the reference, its thread count, "
+        "when MKL's sums depend on it) flips near-tied cell choices and the runs diverge, so the "
+        "% equal above measures that, not a difference in what is computed (the tiny checkpoint's "
+        "tests are token-exact).",
         "(!) = other processes used more than 10 % of a core during that measurement "
         f"(max seen: step {100 * max(oth):.0f} %).",
     ]
+    if "onnxruntime" in names:
+        notes.append("onnxruntime: the reference's modules exported in float32 "
+                     "(tools/reference/export_onnx.py), run by ONNX Runtime on the CPU and driven "
+                     "by omnicore's own loop (benchmarks/onnx_side.py); each row unpadded, heads on "
+                     "the target frames: omnicore's FLOPs. It has no encoder export.")
+    else:
+        notes.append(f"No ONNX Runtime column: {args.onnx} lacks {', '.join(missing)}.")
     return "\n".join(head + rows + notes)
 
 

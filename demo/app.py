@@ -56,9 +56,9 @@ import numpy as np
 
 def use_gpu_when_present() -> None:
     """Run on the CuPy backend when an NVIDIA GPU is there and CuPy is installed (a GPU Space's
-    requirements), unless OMNICORE_BACKEND says otherwise. The backend is fixed when omnicore is
-    first imported, so this runs before that."""
-    if os.environ.get("OMNICORE_BACKEND") or "omnicore.model.backend" in sys.modules:
+    requirements), unless OMNICORE_BACKEND says otherwise. The backend is read once, when the
+    model loads (omnicore.settings.configure), so this runs before that."""
+    if os.environ.get("OMNICORE_BACKEND"):
         return
     try:
         import cupy
@@ -338,7 +338,7 @@ def measure_defaults(model) -> presets.PageDefaults:
     32 steps in one piece; on a CPU streaming (when ffmpeg can carry it) with the preset that
     meets the first-audio goal for a typical input."""
     rate = presets.measure(model, clip=(VOICE_CLIP, VOICE_CLIP_TEXT))
-    if backend.IS_CUPY:
+    if backend.name() == "cupy":
         return presets.PageDefaults("Best", False, rate)
     return presets.PageDefaults(presets.default_preset(model, rate, STREAM_RULE),
                                 shutil.which("ffmpeg") is not None, rate)

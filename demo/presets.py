@@ -8,7 +8,7 @@
     planned_work(model, text, streamed=..., ...)
                                  the passes a request will run, as the pipeline plans them
                                  (`OmniVoice.synthesize`'s plan, or the stream's chunks), each as
-                                 its steps and `backbone.forward_flops` of its rows, plus the
+                                 its steps and `cost.forward_flops` of its rows, plus the
                                  frames it decodes
     estimate(rate, work)         (seconds to the first audio, seconds to all of it)
     Tracker(rate).observe(...)   the rate kept true as the load changes: each run moves it
@@ -38,8 +38,8 @@ import numpy as np
 
 from omnicore import GenerationConfig, VoiceClonePrompt
 from omnicore.errors import InputError
-from omnicore.model import backbone
-from omnicore.model.codec import decoder_receptive_field
+from omnicore.model import cost
+from omnicore.model.higgs_codec import decoder_receptive_field
 from omnicore.request import build_requests
 from omnicore.streaming import LATER_WINDOWS
 from omnicore.text import limits, planner
@@ -174,7 +174,7 @@ def _rows(model, specs) -> list[list[int]]:
 
 
 def _windows(frames: int, first: int, overlap: int) -> list[int]:
-    """Frames each window of `codec.decode_stream` decodes (its own plus the overlaps)."""
+    """Frames each window of `higgs_codec.decode_stream` decodes (its own plus the overlaps)."""
     out, start = [], 0
     while start < frames:
         stop = min(frames, start + (first if start == 0 else LATER_WINDOWS * first))
@@ -214,7 +214,7 @@ def planned_work(model, text: str, *, streamed: bool, rule=None, ref_audio=None,
     cfg = model.config
     forwards = tuple(
         (specs[g[0]].gen.num_step,
-         backbone.forward_flops(cfg, [n for i in g for n in rows[i]],
+         cost.forward_flops(cfg, [n for i in g for n in rows[i]],
                                 [specs[i].frames for i in g for _ in rows[i]]))
         for g in groups)
     if streamed:

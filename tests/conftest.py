@@ -1,8 +1,9 @@
 """Fixtures shared by several test modules: the tiny checkpoint's backbone config and params;
 the rule for test inputs that may be missing (`missing`, `require_file`, `require_module`);
-servers started as child processes (`free_port`, `start_server`, `wait_until_serving`,
-`stop_process`); and a virtual environment that sees the running interpreter's packages
-(`make_venv`)."""
+servers started as child processes (`free_port`, `start_server`, `start_wyoming`,
+`spawn_omnicore`, `wait_until_serving`, `stop_process`); the Python examples of a page of
+docs/ (`doc_examples`); and a virtual environment that sees the running interpreter's
+packages (`make_venv`)."""
 
 import importlib
 import os
@@ -18,8 +19,8 @@ import numpy as np
 import pytest
 
 from omnicore.model import backbone as bb
-from omnicore.model.config import OmniVoiceConfig
-from omnicore.model.weights import ParamReader, SafetensorsFile
+from omnicore import checkpoint
+from omnicore.checkpoint import SafetensorsFile
 
 TINY = Path(__file__).resolve().parents[1] / "weights" / "tiny-random"
 # CI installs every test dependency and ships every fixture, so there a missing one is a failure
@@ -31,6 +32,23 @@ def read_safetensors(path) -> dict:
     the loader's SafetensorsFile gives, key by key (WeightsError for anything malformed)."""
     with SafetensorsFile(path) as f:
         return {key: f.read(key) for key in f}
+
+
+@pytest.fixture
+def good(tmp_path):
+    """A small well-formed safetensors file (float, int64 and a one-element tensor) and its
+    tensors."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    tensors = {
+        "w": rng.standard_normal((4, 3)).astype(np.float32),
+        "ids": np.arange(8, dtype=np.int64),
+        "scalarish": np.ones((1,), np.float32),
+    }
+    p = tmp_path / "good.safetensors"
+    save_file(tensors, str(p), metadata={"format": "pt"})
+    return p, tensors
 
 
 def missing(what: str, how: str):
@@ -109,27 +127,73 @@ def require_server_extra() -> None:
         require_module(name, "server")
 
 
-def start_server(voices_dir, *flags, log_path=None, seconds: float = 90):
-    """`omnicore serve` on the tiny checkpoint as a child process on a free loopback port:
-    (process, url). Its output goes to `log_path` (a file never fills up and blocks the
-    server the way an unread pipe does), else nowhere."""
-    port = free_port()
+def spawn_omnicore(*args, log_path=None) -> subprocess.Popen:
+    """`omnicore ARGS` as a child process, this checkout's package first on its path. Its
+    output goes to `log_path` (a file never fills up and blocks the server the way an unread
+    pipe does), else nowhere."""
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("OMNICORE_API_KEY", None)
     out = open(log_path, "wb") if log_path else subprocess.DEVNULL
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "omnicore.cli", "serve", "--model", str(TINY), "--port",
-             str(port), "--voices-dir", str(voices_dir), *flags],
-            env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen([sys.executable, "-m", "omnicore.cli", *map(str, args)],
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
     finally:
         if log_path:
             out.close()
+
+
+def start_server(voices_dir, *flags, log_path=None, seconds: float = 90):
+    """`omnicore serve` on the tiny checkpoint as a child process on a free loopback port:
+    (process, url)."""
+    port = free_port()
+    proc = spawn_omnicore("serve", "--model", TINY, "--port", port, "--voices-dir", voices_dir,
+                          *flags, log_path=log_path)
     url = f"http://127.0.0.1:{port}"
     wait_until_serving(proc, url + "/health", seconds, "the server",
                        lambda: Path(log_path).read_text() if log_path else "")
     return proc, url
+
+
+def start_wyoming(voices_dir, *flags, log_path=None, seconds: float = 90):
+    """`omnicore wyoming` on the tiny checkpoint as a child process on a free loopback port:
+    (process, port), once it answers `describe`."""
+    import asyncio
+
+    port = free_port()
+    proc = spawn_omnicore("wyoming", "--model", TINY, "--uri", f"tcp://127.0.0.1:{port}",
+                          "--voices-dir", voices_dir, *flags, log_path=log_path)
+
+    async def describe():
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b'{"type": "describe"}\n')
+        line = await asyncio.wait_for(reader.readline(), 30)
+        writer.close()
+        return line
+    deadline = time.monotonic() + seconds
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"the Wyoming server exited with {proc.returncode}:\n"
+                        f"{Path(log_path).read_text()[-4000:] if log_path else ''}")
+        try:
+            if b'"info"' in asyncio.run(describe()):
+                return proc, port
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"the Wyoming server is not up after {seconds} s")
+        time.sleep(0.3)
+
+
+def doc_examples(page: str) -> list[tuple[str, str]]:
+    """(where, code) of every ```python block of a page ("README.md", "docs/server.md"),
+    dedented (the README indents the one in its list)."""
+    import re
+    import textwrap
+
+    text = (Path(__file__).resolve().parents[1] / page).read_text(encoding="utf-8")
+    return [(f"{page}:{text.count(chr(10), 0, m.start()) + 1}", textwrap.dedent(m.group(2)))
+            for m in re.finditer(r"^( *)```python\n(.*?)^\1```", text, re.S | re.M)]
 
 
 def stop_process(proc, seconds: float = 20) -> None:
@@ -142,14 +206,35 @@ def stop_process(proc, seconds: float = 20) -> None:
         proc.wait()
 
 
+HOUSE = "house"  # the library voice of `house_voices`
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    """The tiny checkpoint, loaded once per test module."""
+    from omnicore import OmniVoice
+
+    return OmniVoice.from_pretrained(TINY)
+
+
+@pytest.fixture(scope="module")
+def house_voices(tmp_path_factory, tiny_model):
+    """A voices folder holding one library voice, HOUSE (designed, seeded): what the servers
+    under test speak with."""
+    folder = tmp_path_factory.mktemp("voices")
+    tiny_model.synthesize("This is how the house sounds.", instruct="female, low pitch", seed=3,
+                          num_step=4)[0].as_voice().save(folder / f"{HOUSE}.npz")
+    return folder
+
+
 @pytest.fixture(scope="module")
 def cfg():
-    return OmniVoiceConfig.from_file(TINY / "config.json")
+    return checkpoint.read_config(TINY / "config.json")
 
 
 @pytest.fixture(scope="module")
 def params(cfg):
-    reader = ParamReader.open(TINY / "model.safetensors")
+    reader = checkpoint.open_params(TINY / "model.safetensors")
     p = bb.load_params(reader, cfg)
     reader.finish()  # every tensor of the checkpoint is used
     return p
@@ -159,11 +244,11 @@ def codebook_gaps(model, wav):
     """omnicore's encoder codes [Q, T] of `wav`, and for each pick the gap between the nearest
     and second-nearest codeword's distance, relative to the largest nearest distance of that
     codebook [Q, T]: how close each code is to a tie."""
-    from omnicore.model import codec as codec_mod
+    from omnicore.model import higgs_codec
 
     params, cfg = model.codec.params, model.codec.cfg
-    fused = codec_mod.encode_features(params, wav, cfg)["fused"]
-    codes, residuals = codec_mod.quantize(params, fused, cfg, return_residuals=True)
+    fused = higgs_codec.encode_features(params, wav, cfg)["fused"]
+    codes, residuals = higgs_codec.quantize(params, fused, cfg, return_residuals=True)
     enc, gaps = params.encoder, []
     for q, r in enumerate(residuals):
         z = r @ enc.in_w[q] + enc.in_b[q]  # [T, D] -> [T, d]

@@ -57,7 +57,7 @@ from omnicore.audio import loading
 from omnicore.model import backbone as bb
 from omnicore.model.config import GenerationConfig, HiggsAudioV2TokenizerConfig, OmniVoiceConfig, Qwen3Config
 from omnicore.errors import OmniCoreError, VoicePromptError
-from omnicore.model.weights import ParamReader
+from omnicore import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "weights" / "tiny-random"
@@ -869,7 +869,7 @@ def test_mutated_real_checkpoint_loads_or_refuses(tmp_path_factory, real_checkpo
     cfg = OmniVoiceConfig.from_dict(MODEL_CONFIG)
 
     def load():
-        reader = ParamReader.open(path)
+        reader = checkpoint.open_params(path)
         params = bb.load_params(reader, cfg)
         reader.finish()
         return params

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from omnicore import OmniVoice
-from omnicore.model import backbone
+from omnicore.model import cost
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "demo"))
@@ -145,7 +145,7 @@ def test_describe_says_what_the_estimate_is():
 
 def test_forward_flops_grow_with_the_rows(model):
     cfg = model.config
-    assert backbone.forward_flops(cfg, [100, 60], [60, 60]) > backbone.forward_flops(cfg, [50, 30],
+    assert cost.forward_flops(cfg, [100, 60], [60, 60]) > cost.forward_flops(cfg, [50, 30],
                                                                                       [30, 30])
 
 

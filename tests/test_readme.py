@@ -7,10 +7,8 @@ written (on the tiny checkpoint)."""
 from __future__ import annotations
 
 import importlib.util
-import re
 import shutil
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +30,7 @@ names = _tool("doc_names")
 
 DOCS = counts.markdown_files(ROOT)
 INSTALL = "python3 -m pip install -e . && omnicore say \"Hello! This is OmniVoice running on numpy.\" -o hello.wav"
-TEST = "python3 -m pip install -e '.[test,demo,tn,server,ray]' && python3 -m pytest -q"
+TEST = "python3 -m pip install -e '.[test,demo,tn,server,ray,wyoming,mcp,voice-agents]' && python3 -m pytest -q"
 
 
 @pytest.mark.parametrize("md", DOCS, ids=[str(p.relative_to(ROOT)) for p in DOCS])
@@ -268,16 +266,17 @@ CLIP = ROOT / "tests" / "fixtures" / "audio" / "speech_24k.wav"
 TINY = ROOT / "weights" / "tiny-random"
 
 
+# docs/integrations.md's examples talk to servers of their own (Wyoming, MCP, the frameworks'):
+# the tests of those servers run them (test_wyoming_server, test_mcp_server, test_voice_agents).
+ELSEWHERE = ("docs/integrations.md",)
+
+
 def python_examples() -> list[tuple[str, str]]:
-    """(where, code) of every ```python block of the README and docs/ (dedented: the README
-    indents the one in its list)."""
-    found = []
-    for md in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        text = md.read_text(encoding="utf-8")
-        for m in re.finditer(r"^( *)```python\n(.*?)^\1```", text, re.S | re.M):
-            line = text.count("\n", 0, m.start()) + 1
-            found.append((f"{md.relative_to(ROOT)}:{line}", textwrap.dedent(m.group(2))))
-    return found
+    """(where, code) of every ```python block of the README and docs/."""
+    from conftest import doc_examples
+
+    pages = ["README.md", *(str(md.relative_to(ROOT)) for md in sorted((ROOT / "docs").glob("*.md")))]
+    return [ex for page in pages if page not in ELSEWHERE for ex in doc_examples(page)]
 
 
 EXAMPLES = python_examples()

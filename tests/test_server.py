@@ -119,6 +119,18 @@ def _close(a, b) -> None:
     assert np.abs(a - b).max(initial=0) <= 1
 
 
+def _decoded(data: bytes) -> tuple[np.ndarray, int]:
+    """A response format's bytes -> (float32 samples [N], rate): libsndfile, or FFmpeg (PyAV)
+    for aac, which libsndfile does not read."""
+    import av
+
+    if data[:2] != b"\xff\xf1":  # not an ADTS frame
+        return sf.read(io.BytesIO(data), dtype="float32")
+    with av.open(io.BytesIO(data)) as container:
+        frames = [f.to_ndarray().reshape(-1) for f in container.decode(audio=0)]
+        return np.concatenate(frames).astype(np.float32), container.streams.audio[0].rate
+
+
 def _streamed(model, text, prompt) -> np.ndarray:
     """What the server streams for `text` (wav, pcm and opus, unless asked otherwise): the
     pieces of `model.stream` as int16 [N]."""
@@ -127,12 +139,13 @@ def _streamed(model, text, prompt) -> np.ndarray:
 
 def test_formats_match_generate(client, clip_voice, model):
     """wav and pcm are streamed (OpenAI's default): the pieces of `model.stream`; flac is a
-    whole file: `generate`'s audio."""
+    whole file: `generate`'s audio; the lossy ones (mp3, aac and opus, streamed) decode to
+    about the streamed audio's length."""
     text = "Hello from the server."
     want = to_pcm16(model.generate(text, voice_clone_prompt=clip_voice, **GREEDY)[0])
     streamed = _streamed(model, text, clip_voice)
     bodies = {}
-    for fmt in ("wav", "flac", "mp3", "opus", "pcm"):
+    for fmt in ("wav", "flac", "mp3", "opus", "aac", "pcm"):
         resp = client.audio.speech.create(model="omnivoice", voice="clip", input=text,
                                           response_format=fmt, extra_body=GREEDY)
         bodies[fmt] = resp.content
@@ -143,22 +156,26 @@ def test_formats_match_generate(client, clip_voice, model):
         got, sr = sf.read(io.BytesIO(bodies[fmt]), dtype="int16")
         assert sr == 24000
         _close(got, audio)
-    for fmt in ("mp3", "opus"):  # lossy: decodes, about the same length
-        got, sr = sf.read(io.BytesIO(bodies[fmt]), dtype="float32")
-        assert abs(len(got) / sr - len(want) / 24000) < 0.15, fmt
+    assert bodies["aac"][:2] == b"\xff\xf1"  # an ADTS frame (MPEG-4, no CRC), as OpenAI's aac
+    for fmt in ("mp3", "opus", "aac"):  # lossy: decodes, about the same length
+        got, sr = _decoded(bodies[fmt])
+        assert sr == 24000 and abs(len(got) - len(streamed)) / sr < 0.15, fmt
 
 
-def test_aac_and_bad_requests_are_json_4xx(client, server, clip_voice):
+def test_bad_requests_are_json_4xx(client, server, clip_voice):
     cases = [
-        (dict(voice="clip", input="Hi.", response_format="aac"), 400, "aac"),
         (dict(voice="clip", input="Hi.", response_format="ogg"), 400, "response_format"),
         (dict(voice="clip", input=""), 400, "input"),
         (dict(voice="clip", input="Hi.", speed=9.0), 400, "speed"),
         (dict(voice="nobody", input="Hi."), 404, "nobody"),
         (dict(voice="clip", input="Hi.", extra_body={"num_step": "many"}), 400, "num_step"),
         (dict(voice="clip", input="x" * 20_001), 400, "limit"),
-        # free-form instructions are not OmniVoice's instruct items: the message lists them
-        (dict(voice="clip", input="Hi.", instructions="Speak cheerfully."), 400, "pitch"),
+        # omnicore's own `instruct` is strict (OpenAI's `instructions` is prose): the message
+        # lists the items
+        (dict(voice="clip", input="Hi.", extra_body={"instruct": "Speak cheerfully."}), 400,
+         "pitch"),
+        (dict(voice="clip", input="Hi.", instructions="warm", extra_body={"instruct": "male"}),
+         400, "not both"),
     ]
     for kw, status, word in cases:
         with pytest.raises(openai.APIStatusError) as exc:
@@ -265,9 +282,9 @@ def test_streaming_first_bytes_early_and_same_audio(client, server, clip_voice, 
     assert sr == 24000 and got.shape == whole.shape
     assert np.abs(got - whole).max() < 0.02
 
-    # SSE deltas carry the response_format's bytes: wav piece by piece after its header, the
-    # default mp3 (what an unmodified client gets) as one encoded file at the end.
-    for fmt, n_deltas in (("wav", len(deltas) + 1), (None, 1)):
+    # SSE deltas carry the response_format's bytes, piece by piece: wav after its header, and
+    # the default mp3 (what an unmodified client gets: LiveKit's OpenAI plugin) frame by frame.
+    for fmt, n_deltas in (("wav", len(deltas) + 1), (None, len(deltas) + 1)):
         extra = {} if fmt is None else {"response_format": fmt}
         with client.audio.speech.with_streaming_response.create(
                 model="omnivoice", voice="clip", input=text, stream_format="sse",
@@ -280,21 +297,22 @@ def test_streaming_first_bytes_early_and_same_audio(client, server, clip_voice, 
             assert data[:4] == b"RIFF" and data[40:44] == b"\xff\xff\xff\xff"
             _close(np.frombuffer(data[44:], "<i2"), want)
         else:
-            got, sr = sf.read(io.BytesIO(data), dtype="float32")
+            got, sr = _decoded(data)
             assert sr == 24000 and abs(len(got) - len(want)) / sr < 0.15
 
 
+
 def test_openai_defaults_stream_and_model_is_checked(client, clip_voice, model):
-    """As OpenAI's API: an unmodified client's with_streaming_response gets wav, pcm and opus
-    as they are made (no stream_format given; chunked, no Content-Length), mp3 and flac as
-    one file; `model` is one of /v1/models (OpenAI's names are aliases), else a 404 in
-    OpenAI's error shape."""
+    """As OpenAI's API: an unmodified client's with_streaming_response gets wav, pcm, opus, mp3
+    and aac as they are made (no stream_format given; chunked, no Content-Length), flac as one
+    file; `model` is one of /v1/models (OpenAI's names are aliases), else a 404 in OpenAI's
+    error shape."""
     text = STORY
     want = _streamed(model, text, clip_voice)
     for fmt in ("wav", "pcm"):
         body = _raw_stream(client, text, fmt, model="tts-1", stream_format=NOT_GIVEN)
         _close(np.frombuffer(body[44:] if fmt == "wav" else body, "<i2"), want)
-    for fmt, streamed in (("opus", True), ("mp3", False), ("flac", False)):
+    for fmt, streamed in (("opus", True), ("mp3", True), ("aac", True), ("flac", False)):
         with client.audio.speech.with_streaming_response.create(
                 model="gpt-4o-mini-tts", voice="clip", input="Hi.", response_format=fmt,
                 extra_body=GREEDY) as resp:
@@ -530,7 +548,8 @@ def test_restart_auth_queue_and_disconnect(voices_dir, clip_voice):
         got = _samples(url)
         assert got[("omnicore_streams_cancelled_total", ())] == 1
         # A whole-file request whose client goes away mid-way is cancelled too (499).
-        sock = _raw_post(url, {"input": long_text, "voice": "clip", "num_step": 64}, auth)
+        sock = _raw_post(url, {"input": long_text, "voice": "clip", "num_step": 64,
+                               "response_format": "flac"}, auth)
         _leaves_within_steps(url, sock.close)
         h = _health_until(url, lambda h: h["in_flight"] == 0)
         assert h["in_flight"] == 0, h

@@ -123,6 +123,34 @@ def test_cancel_is_a_barge_in_within_steps(server):
     assert engine(server)["in_flight"] == 0
 
 
+def test_mp3_and_aac_leave_as_they_are_made(server):
+    """An utterance's first sentence (over 2 s of speech, so a chunk of its own) is heard
+    before the rest of its text is sent, in mp3 and aac as in pcm: their encoders send each
+    piece's frames at once, not one file at the end; the whole decodes to the utterance."""
+    import io
+
+    import av
+
+    first = "Hello there, this is the first sentence of the answer, long enough for a chunk. "
+    rest = "And here comes the second one."
+
+    async def talk(fmt):
+        async with websockets.connect(ws_url(server), additional_headers=AUTH) as ws:
+            await ws.send(json.dumps({"response_format": fmt, **GREEDY}))
+            await ws.send(json.dumps({"text": first}))
+            early = await asyncio.wait_for(ws.recv(), 120)  # before any more text is sent
+            await ws.send(json.dumps({"text": rest, "close": True}))
+            audio, done = await until_event(ws)
+            return early, early + audio, done
+    for fmt, sync in (("mp3", b"\xff"), ("aac", b"\xff\xf1")):
+        early, audio, done = asyncio.run(talk(fmt))
+        assert isinstance(early, bytes) and early.startswith(sync), (fmt, early[:8])
+        assert done["type"] == "audio.done" and not done["cancelled"]
+        with av.open(io.BytesIO(audio)) as container:
+            samples = sum(f.samples for f in container.decode(audio=0))
+        assert abs(samples / 24000 - done["audio_seconds"]) < 0.15, fmt
+
+
 def test_socket_keyed_checked_and_timed(server):
     """The key as on every route (a refused handshake is a 401 in OpenAI's error shape); a bad
     first message is an error event and a close; a bad message later is an error event and
@@ -146,13 +174,14 @@ def test_socket_keyed_checked_and_timed(server):
                 await ws.recv()
             return event, ws.close_code
 
-    for msg, code in ((json.dumps({"response_format": "aac"}), "unsupported_format"),
+    for msg, code in ((json.dumps({"response_format": "ogg"}), "invalid_format"),
                       (json.dumps({"duration": 3}), "invalid_value"),
                       (json.dumps({"model": "gpt-5-tts"}), "model_not_found"),
                       # refused at once, as a POST is: not after an idle wait or at the first text
                       (json.dumps({"voice": "nosuch"}), "voice_not_found"),
                       (json.dumps({"voice": "alloy\n"}), "invalid_voice_name"),
-                      (json.dumps({"instructions": "purple voice"}), "invalid_instruct"),
+                      # omnicore's instruct is strict (OpenAI's instructions is prose)
+                      (json.dumps({"instruct": "purple voice"}), "invalid_instruct"),
                       (json.dumps({"num_step": 0}), "invalid_value"),
                       (json.dumps({"voice": "alloy", "speeed": 2}), "unknown_parameter"),
                       ("[" * 100_000, "invalid_json"),

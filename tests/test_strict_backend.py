@@ -1,9 +1,9 @@
 """The device code path, proven on the CPU: the pipeline under OMNICORE_BACKEND=strict.
 
-The strict backend (`omnicore/strictxp.py`) refuses what CuPy refuses (implicit conversion to
+The strict backend (`omnicore/testing/strictxp.py`) refuses what CuPy refuses (implicit conversion to
 numpy, host arrays mixed into device operations, Numba kernels) plus any float64 array on the
-device, and counts every host <-> device transfer. The backend is chosen when omnicore is
-imported, so `tests/device_child.py` runs the tiny checkpoint's pipeline in a child process
+device, and counts every host <-> device transfer (`omnicore/testing/transfers.py`). The backend is
+chosen once per process, so `tests/device_child.py` runs the tiny checkpoint's pipeline in a child process
 under it: generate in auto / design / clone mode, a voice prompt, a packed batch with seeded
 sampling, a stream, codec decode (one-shot, batched, windowed) and encode. Here, on the numpy
 backend, the same cases run again and the two are compared:
@@ -45,7 +45,7 @@ REF = ROOT / "tests" / "fixtures" / "reference"
 # see the module docstring.
 DEVICE_REL = 1e-5
 WAVE_TOL = 2e-5  # vs the reference's waveform, as tests/test_pipeline.py
-CHUNK_TOL = 2e-5  # windowed vs one-shot decode, as tests/test_codec.py
+CHUNK_TOL = 2e-5  # windowed vs one-shot decode, as tests/test_higgs_codec.py
 # Per unmasking step: text ids to the host and their embedding rows back (the text table is
 # read from disk by rows), plus one copy of all items' Gumbel noise when sampling.
 MAX_TRANSFERS_PER_STEP = 3
@@ -77,7 +77,7 @@ def host():
     """The same cases on the numpy backend, in this process."""
     from omnicore.model import backend
 
-    assert backend.BACKEND == "numpy", "run the suite itself on the numpy backend"
+    assert backend.name() == "numpy", "run the suite itself on the numpy backend"
     return device_child.produce(device_checks=False)[0]
 
 
@@ -114,7 +114,7 @@ def test_codec_matches_the_reference(device):
     assert device_child.rel(arrays["decode/wav_chunked_50"], arrays["decode/wav_50"]) <= CHUNK_TOL
     np.testing.assert_array_equal(arrays["encode/codes"], enc["codes"])
     np.testing.assert_array_equal(arrays["encode/codes_api"], enc["codes"])
-    assert device_child.rel(arrays["encode/fused"], enc["fused"]) <= 5e-6  # tests/test_codec.py's bound
+    assert device_child.rel(arrays["encode/fused"], enc["fused"]) <= 5e-6  # tests/test_higgs_codec.py's bound
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,8 +196,11 @@ def test_replay_refuses_host_round_trips():
     makes a data-sized result is refused from the second call on (a graph could not hold it)."""
     code = """
 import numpy as np
+from omnicore import settings
 from omnicore.model import backend
 from omnicore.model.backend import xp
+from omnicore.testing.transfers import CaptureError
+settings.configure()
 a = backend.to_device(np.arange(6, dtype=np.float32))
 out = backend.to_device(np.zeros(6, dtype=np.float32))
 for name, fn in {"fine": lambda: xp.multiply(a, 2, out=out),
@@ -209,7 +212,7 @@ for name, fn in {"fine": lambda: xp.multiply(a, 2, out=out),
     try:
         backend.replay(store, 0, fn)
         print(name, "ran")
-    except backend.CaptureError:
+    except CaptureError:
         print(name, "refused")
 print(backend.to_numpy(backend.replay({}, 0, lambda: a + 1)).tolist())
 """
@@ -233,7 +236,7 @@ def test_no_float64_on_the_device(device):
 
 
 def test_strict_arrays_refuse_what_cupy_refuses_and_float64():
-    from omnicore.model import strictxp
+    from omnicore.testing import strictxp
 
     counts = []
     xp = strictxp.make_namespace(counts.append)
@@ -270,15 +273,16 @@ _PROFILE_CHILD = r"""
 import json, sys
 import numpy as np
 from omnicore import OmniVoice
-from omnicore.model import backend, strictxp
+from omnicore.model import backend
+from omnicore.testing import strictxp
 out = {}
 for precision in backend.PRECISIONS:
     m = OmniVoice.from_pretrained(sys.argv[1], precision=precision)
-    before = strictxp.seen_dtypes() if backend.IS_STRICT else set()
+    strict = backend.name() == "strict"
     codes = m.generate_codes("Rounded on the way in.", duration=1.5, num_step=6,
                              position_temperature=0.0, class_temperature=0.0)[0]
     out[precision] = {"codes": np.asarray(codes).tolist(),
-                      "dtypes": sorted(strictxp.seen_dtypes()) if backend.IS_STRICT else []}
+                      "dtypes": sorted(strictxp.seen_dtypes()) if strict else []}
 print("RESULT " + json.dumps(out))
 """
 

@@ -53,12 +53,15 @@ def _reason(exc: BaseException) -> str:
     return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
 
 
-def check_output_path(path: str | os.PathLike, error: type[OmniCoreError] = AudioError) -> str:
+def check_output_path(path: str | os.PathLike, error: type[OmniCoreError] = AudioError,
+                      follow_links: bool = True) -> str:
     """The real path a new file for `path` goes to (symbolic links followed, so a link keeps
     pointing at the new file), or `error` if it cannot be written there: its folder is missing,
     or `path` names a folder, a device, a FIFO or a socket (replacing those by a regular file is
     never what was meant, and reading from a FIFO blocks). An existing regular file is fine: it
-    is replaced."""
+    is replaced. With `follow_links` False, a link as the file itself is refused instead of
+    followed (the rename that commits a write replaces a link, never writes through one): a
+    server writing only into its own folder."""
     import stat
 
     raw = os.fspath(path)
@@ -70,7 +73,13 @@ def check_output_path(path: str | os.PathLike, error: type[OmniCoreError] = Audi
         raise error(f"cannot write {raw!r}: it is a folder name, not a file name; add a file name")
     if "\0" in raw:
         raise error(f"cannot write {raw!r}: a file name cannot contain a NUL character")
-    target = os.path.realpath(raw)
+    if follow_links:
+        target = os.path.realpath(raw)
+    else:  # the folder's real path, the name as given
+        target = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(raw))),
+                              os.path.basename(raw))
+        if os.path.islink(target):
+            raise error(f"cannot write {raw!r}: it is a symbolic link; give another file name")
     folder = os.path.dirname(target)
     if not os.path.isdir(folder):
         what = "is not a folder" if os.path.exists(folder) else "does not exist"
@@ -100,10 +109,11 @@ class AtomicOutput:
     caller's typed error) saying what could not be written and why.
     """
 
-    def __init__(self, path: str | os.PathLike, error: type[OmniCoreError] = AudioError):
+    def __init__(self, path: str | os.PathLike, error: type[OmniCoreError] = AudioError,
+                 follow_links: bool = True):
         self.error = error
         self.path = os.fspath(path)
-        self.target = check_output_path(self.path, error)
+        self.target = check_output_path(self.path, error, follow_links)
         self._tmp = None
         self.fh = None
         name = os.path.basename(self.target)[:_MAX_PREFIX]
@@ -204,12 +214,12 @@ def _sync_folder(folder: str) -> None:
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None],
-                 error: type[OmniCoreError] = AudioError) -> None:
+                 error: type[OmniCoreError] = AudioError, follow_links: bool = True) -> None:
     """Write a file in one go through `AtomicOutput`: `write(fh)` gets the open binary temporary
     file. `path` ends up the complete new file or untouched; nothing else is left behind. Any
     failure (the folder, the disk, `write` itself) raises `error`; typed errors from `write`
-    pass through as they are."""
-    with AtomicOutput(path, error) as out:
+    pass through as they are. `follow_links`: see check_output_path."""
+    with AtomicOutput(path, error, follow_links) as out:
         try:
             write(out.fh)
         except OmniCoreError:

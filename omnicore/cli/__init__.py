@@ -24,7 +24,7 @@ One module per family of commands, each with its parser next to what it runs:
     batch.py      batch, locally or on Ray (--ray)
     script.py     script (several speakers, one file)
     codec.py      codec encode / decode / roundtrip
-    serve.py      serve (the HTTP server)
+    serve.py      serve (the HTTP server), wyoming (Home Assistant), mcp (LLM agents)
     languages.py  languages (what --language takes)
     warmup.py     warmup (compile the kernels ahead of the first run)
     reference.py  infer / infer-batch: the reference's command lines, verbatim

@@ -7,9 +7,7 @@ from __future__ import annotations
 def cmd_languages(args) -> int:
     from ..text import frontend
 
-    query = (args.search or "").strip().lower()
-    rows = sorted(frontend.ID_TO_NAME.items(), key=lambda item: (item[1].lower(), item[0]))
-    found = [(i, n) for i, n in rows if query in i.lower() or query in n.lower()]
+    found = frontend.search_languages(args.search)
     for lang_id, name in found:
         print(f"{lang_id}\t{name}")
     return 0 if found else 1

@@ -5,7 +5,9 @@ takes its type and default from the dataclass, and its help from `FIELD_HELP`, t
 per field below. They come in two spellings:
     say, batch, script      a few fields in this command line's style: --steps, --guidance,
                             --no-denoise, --no-postprocess (`add_generation_options`), and
-                            clone-prompt's --no-preprocess (`add_field_option`)
+                            clone-prompt's --no-preprocess (`add_field_option`); the servers
+                            whose protocol carries only text and voice (wyoming, mcp) the
+                            same, for every text (`add_generation_options(sp, texts=False)`)
     infer, infer-batch      `--<field>` as the reference spells them, booleans as
                             `--denoise False` (`add_reference_options`)
 Either way the value lands on `args.<field>`, which is where `gen_kwargs` reads it.
@@ -76,12 +78,17 @@ def add_field_option(group, name: str, flag: str) -> None:
                            help=f"{FIELD_HELP[name]} (default %(default)s)")
 
 
-def add_generation_options(sp) -> None:
-    """The voice and generation options of say, batch and script."""
-    g = sp.add_argument_group("voice and generation")
+def add_generation_options(sp, texts: bool = True) -> None:
+    """The voice and generation options of say, batch and script; with `texts` False, a
+    server's settings for every text (wyoming, mcp: no --instruct or --duration, which belong
+    to one text)."""
+    g = sp.add_argument_group("voice and generation" if texts else "generation (every text)")
     g.add_argument("--language", help="language name or code, e.g. English / en (default: agnostic)")
-    g.add_argument("--instruct", help="voice design, e.g. 'female, low pitch, british accent'")
-    g.add_argument("--duration", type=float, help="fixed output length in seconds (overrides --speed)")
+    if texts:
+        g.add_argument("--instruct", help="voice design, e.g. 'female, low pitch, british accent'")
+        g.add_argument("--duration", type=float, help="fixed output length in seconds (overrides --speed)")
+    else:
+        sp.set_defaults(instruct=None, duration=None)
     g.add_argument("--speed", type=float, help="speaking rate factor, >1 faster (default 1.0)")
     add_field_option(g, "num_step", "--steps")
     add_field_option(g, "guidance_scale", "--guidance")

@@ -10,7 +10,11 @@ Why there is no KV cache: attention is bidirectional, so every position's keys a
 depend on every other position of its row, and each unmasking step changes the ids of the
 masked targets. Nothing computed in one step stays valid in the next.
 
-Where the time goes, and how it is kept near the GEMM roofline:
+Read in this order: the parameters, the packing, the two GEMM helpers, then the model
+(`embed`, `attention`, `decoder_layer`, `audio_logits`, `forward_rows`). `decoder_layer` is a
+Qwen3 layer as written to be read; `hidden_states` runs its fused form, `_layer_fused`, last
+in the file with the workspace it writes into (tests/test_backbone.py holds the two equal, bit
+for bit). Where the time goes, and how it is kept near the GEMM roofline:
   * projections and the MLP are GEMMs on all N packed tokens against the checkpoint's own
     [out, in] matrices (x @ W.T: BLAS reads the transposed operand in place, so the weights
     are read from the file once, as stored, with no transposed copy);
@@ -36,10 +40,10 @@ from typing import Sequence
 
 import numpy as np
 
-from . import backend, kernels
-from .backend import IS_NUMPY, to_device, to_numpy, xp
-from ..errors import InputError, WeightsError
-from .config import FRAME_RATE, OmniVoiceConfig
+from . import backend, jit, kernels
+from .backend import to_device, to_numpy, xp
+from ..errors import WeightsError
+from .config import OmniVoiceConfig
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -70,70 +74,13 @@ class LayerParams:
 
 @dataclass(frozen=True)
 class BackboneParams:
-    embed_tokens: object  # [text vocab, D]: a weights.RowTable (rows read on use) or an array
+    embed_tokens: object  # [text vocab, D]: an array, or a table read by rows on use
     audio_embeddings: np.ndarray  # [C*V, D]: codebook c's table is rows c*V .. c*V+V-1
     layers: tuple[LayerParams, ...]
     norm: np.ndarray  # [D]
     audio_heads: np.ndarray  # [C*V, D] as stored; logits are h @ audio_heads.T
     # what every GEMM's inputs are rounded to (backend.PRECISIONS; the weights already are)
     precision: str = "fp32"
-
-
-def load_params(reader, cfg: OmniVoiceConfig, precision: str = "fp32") -> BackboneParams:
-    """Take every backbone tensor from `reader` (a weights.ParamReader), checked against `cfg`.
-
-    Nothing is transposed: every tensor keeps the checkpoint's layout, read once into process
-    memory (never memory-mapped: a mapped file truncated under a running model is a SIGBUS).
-    The 151676-row text table is the exception: a prompt uses a few hundred of its rows, so it
-    stays on disk as a weights.RowTable and `embed` reads just those rows.
-    `precision` (backend.PRECISIONS): the GEMMs' matrices are rounded to it here, once.
-    """
-    backend.check_precision(precision)
-    q = cfg.llm_config
-    D, F, E = q.hidden_size, q.intermediate_size, q.head_dim
-    H, K = q.num_attention_heads, q.num_key_value_heads
-    CV = cfg.num_audio_codebook * cfg.audio_vocab_size
-
-    def vec(key, n):
-        return to_device(reader.take(key, (n,), np.float32))
-
-    def linear(key, n_out, n_in):  # kept [out, in]; used as x @ W.T
-        w = to_device(reader.take(key, (n_out, n_in), np.float32))
-        return w if precision == "fp32" else backend.round_gemm_input(w.copy(), precision)
-
-    layers = []
-    for i in range(q.num_hidden_layers):
-        p = f"llm.layers.{i}."
-        layers.append(LayerParams(
-            input_layernorm=vec(p + "input_layernorm.weight", D),
-            q_proj=linear(p + "self_attn.q_proj.weight", H * E, D),
-            k_proj=linear(p + "self_attn.k_proj.weight", K * E, D),
-            v_proj=linear(p + "self_attn.v_proj.weight", K * E, D),
-            o_proj=linear(p + "self_attn.o_proj.weight", D, H * E),
-            q_norm=vec(p + "self_attn.q_norm.weight", E),
-            k_norm=vec(p + "self_attn.k_norm.weight", E),
-            post_attention_layernorm=vec(p + "post_attention_layernorm.weight", D),
-            gate_proj=linear(p + "mlp.gate_proj.weight", F, D),
-            up_proj=linear(p + "mlp.up_proj.weight", F, D),
-            down_proj=linear(p + "mlp.down_proj.weight", D, F),
-        ))
-
-    # The offsets are a buffer the reference saves with the weights; the model below relies on
-    # codebook c living at rows c*V.., so a checkpoint that says otherwise is refused.
-    offsets = reader.take("codebook_layer_offsets", (cfg.num_audio_codebook,))
-    expected = np.arange(cfg.num_audio_codebook) * cfg.audio_vocab_size
-    if not np.array_equal(np.asarray(offsets), expected):
-        raise WeightsError(f"{reader.file}: codebook_layer_offsets is {np.asarray(offsets).tolist()}, "
-                           f"expected {expected.tolist()} for audio_vocab_size {cfg.audio_vocab_size}")
-
-    return BackboneParams(
-        embed_tokens=reader.take_rows("llm.embed_tokens.weight", (q.vocab_size, D)),
-        audio_embeddings=to_device(reader.take("audio_embeddings.weight", (CV, D), np.float32)),
-        layers=tuple(layers),
-        norm=vec("llm.norm.weight", D),
-        audio_heads=linear("audio_heads.weight", CV, D),
-        precision=precision,
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,6 +148,142 @@ def make_packing(lengths: Sequence[int], cfg: OmniVoiceConfig) -> Packing:
     return Packing(lengths, starts, to_device(np.cos(angles)), to_device(np.sin(angles)))
 
 
+# ---------------------------------------------------------------------------------------------
+# The GEMMs: the one place their inputs meet the precision profile
+# ---------------------------------------------------------------------------------------------
+
+
+def linear(x, w, out=None, precision: str = "fp32"):
+    """x [..., in] @ w.T for a projection w kept in the checkpoint's [out, in] layout, into
+    `out` when given. x is first rounded, in place, to what `precision` feeds a GEMM
+    (backend.PRECISIONS; w was rounded once, at load; "fp32" leaves both as they are)."""
+    if precision != "fp32":
+        backend.round_gemm_input(x, precision)
+    return backend.matmul(x, w.T, out=out)
+
+
+def bmm(a, b, out=None, precision: str = "fp32"):
+    """a @ b for attention's batched products of activations ([..., M, K] @ [..., K, N]), both
+    rounded in place to `precision` first, into `out` when given."""
+    if precision != "fp32":
+        backend.round_gemm_input(a, precision)
+        backend.round_gemm_input(b, precision)
+    return backend.matmul(a, b, out=out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------------
+
+
+def embed(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, out=None):
+    """Input vectors of packed rows: ids [C, N] int64, audio_mask [N] bool -> [N, D].
+
+    Text positions look up codebook row 0's id in the text table. Audio positions add up one
+    vector per codebook, id + c*V in the joint audio table, MASK (V-1) included: a masked
+    frame is "MASK in every codebook", not zero.
+    """
+    C, V = cfg.num_audio_codebook, cfg.audio_vocab_size
+    ids = to_device(ids)
+    audio_mask = to_device(audio_mask)
+    x = out if out is not None else xp.empty((ids.shape[1], params.embed_tokens.shape[1]), dtype=xp.float32)
+    text_pos = xp.nonzero(~audio_mask)[0]
+    audio_pos = xp.nonzero(audio_mask)[0]
+    # The text table lives on the host (read by rows from disk): look up with host ids.
+    x[text_pos] = to_device(params.embed_tokens[to_numpy(ids[0, text_pos])])  # [n_text, D]
+    shifted = ids[:, audio_pos] + (xp.arange(C) * V)[:, None]  # [C, n_audio]
+    x[audio_pos] = params.audio_embeddings[shifted].sum(axis=0)  # [C, n_audio, D] -> [n_audio, D]
+    return x
+
+
+def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Workspace,
+              precision: str = "fp32"):
+    """Bidirectional grouped-query self-attention within each packed row: h [N, D] ->
+    work.attn [N, H*E] (before o_proj). `work` holds the queries, keys, values and scores."""
+    q_cfg = cfg.llm_config
+    E, K = q_cfg.head_dim, q_cfg.num_key_value_heads
+    G = q_cfg.num_attention_heads // K
+    linear(h, lp.q_proj, work.q, precision)  # [N, D] -> [N, H*E]
+    linear(h, lp.k_proj, work.k, precision)  # [N, D] -> [N, K*E]
+    linear(h, lp.v_proj, work.v, precision)  # [N, D] -> [N, K*E]
+    # Qwen3 normalises every query/key head before the rotation (keeps the logits bounded).
+    kernels.qk_norm_rope(work.q, work.k, lp.q_norm, lp.k_norm, pack.cos, pack.sin,
+                         q_cfg.rms_norm_eps, work.qg)  # q -> qg [K, N, G*E]; k in place
+    return _attend(pack, work, K, G, E, E ** -0.5, precision)
+
+
+def decoder_layer(lp: LayerParams, cfg: OmniVoiceConfig, x, pack: Packing, work: Workspace,
+                  precision: str = "fp32"):
+    """One pre-norm Qwen3 decoder layer: x [N, D] -> a new [N, D]. (`work`: attention's
+    scratch.) `hidden_states` runs its fused form, `_layer_fused`, which gives the same bits."""
+    eps = cfg.llm_config.rms_norm_eps
+    h = kernels.rms_norm(x, lp.input_layernorm, eps)  # [N, D]
+    attn = attention(lp, cfg, h, pack, work, precision)  # [N, D] -> [N, H*E]
+    x = x + linear(attn, lp.o_proj, None, precision)  # [N, H*E] -> [N, D]
+    h = kernels.rms_norm(x, lp.post_attention_layernorm, eps)
+    gate = linear(h, lp.gate_proj, None, precision)  # [N, D] -> [N, F]
+    up = linear(h, lp.up_proj, None, precision)  # [N, D] -> [N, F]
+    mlp = kernels.swiglu(gate, up)  # silu(gate) * up, in gate's buffer
+    return x + linear(mlp, lp.down_proj, None, precision)  # [N, F] -> [N, D]
+
+
+def hidden_states(params: BackboneParams, cfg: OmniVoiceConfig, x, pack: Packing,
+                  work: Workspace | None = None):
+    """All decoder layers over packed embeddings: [N, D] -> [N, D] (before the final norm), by
+    the fused form of `decoder_layer`. The result is work.x (overwritten by the next call with
+    the same workspace)."""
+    work = work or make_workspace(cfg, pack)
+    if x is not work.x:
+        work.x[...] = x
+    layers = params.layers
+    kernels.rms_norm(work.x, layers[0].input_layernorm, cfg.llm_config.rms_norm_eps, out=work.h)
+    for i, lp in enumerate(layers):
+        nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else None
+        _layer_fused(lp, cfg, pack, work, next_norm=nxt, precision=params.precision)
+    return work.x
+
+
+def audio_logits(params: BackboneParams, cfg: OmniVoiceConfig, h):
+    """Final norm and audio heads on selected positions: h [n, D] -> logits [C, n, V]."""
+    C, V = cfg.num_audio_codebook, cfg.audio_vocab_size
+    h = kernels.rms_norm(h, params.norm, cfg.llm_config.rms_norm_eps)
+    logits = linear(h, params.audio_heads, precision=params.precision)  # [n, D] -> [n, C*V]
+    logits = logits.reshape(h.shape[0], C, V)  # [n, C*V] -> [n, C, V]
+    return logits.transpose(1, 0, 2)  # [n, C, V] -> [C, n, V]
+
+
+def forward_rows(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, pack: Packing,
+                 num_out: Sequence[int], work: Workspace | None = None, whole: bool = False):
+    """Logits of the last `num_out[r]` positions of every packed row r.
+
+    ids [C, N], audio_mask [N] hold the rows back to back as described by `pack`. Returns one
+    [C, num_out[r], V] float32 array per row. The final norm and the audio heads run on those
+    positions only: a 1024 x 8200 head on every prompt token would be pure waste. `work`
+    (from make_workspace for this packing) is reused when given; the logits then live in it
+    and are overwritten by its next call (the layers and heads run as one `backend.replay`).
+    With `whole`, one [C, sum(num_out), V] array instead (the rows back to back), for scoring
+    every row in one call.
+    """
+    work = work or make_workspace(cfg, pack)
+    embed(params, cfg, ids, audio_mask, out=work.x)  # [N, D]; reads text rows from the host
+    tails = pack.tail_index(num_out)
+
+    def layers_and_heads():  # fixed buffers in, no host round trip: replayable as one graph
+        h = hidden_states(params, cfg, work.x, pack, work)  # [N, D]
+        return audio_logits(params, cfg, h[tails])  # [C, sum(num_out), V]
+
+    logits = backend.replay(work.replays, (id(params), tuple(num_out)), layers_and_heads)
+    if whole:
+        return logits
+    bounds = np.cumsum(num_out)[:-1].tolist()
+    return xp.split(logits, bounds, axis=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fast form of a layer: residual adds fused with the next norm, in a workspace
+# ---------------------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Workspace:
     """Scratch buffers of one packing, reused by every layer of every unmasking step.
@@ -242,59 +325,33 @@ def make_workspace(cfg: OmniVoiceConfig, pack: Packing) -> Workspace:
                      gate=buf(N, F), up=buf(N, F))
 
 
-def rms_norm(x, weight, eps: float, out=None):
-    """RMSNorm over the last axis, in float32 whatever the storage type (as the reference)."""
-    return kernels.rms_norm(x, weight, eps, out)
+def _layer_fused(lp: LayerParams, cfg: OmniVoiceConfig, pack: Packing, work: Workspace,
+                 next_norm=None, precision: str = "fp32"):
+    """`decoder_layer` on work.x, in place, in the workspace's buffers.
 
-
-# ---------------------------------------------------------------------------------------------
-# The model
-# ---------------------------------------------------------------------------------------------
-
-
-def embed(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, out=None):
-    """Input vectors of packed rows: ids [C, N] int64, audio_mask [N] bool -> [N, D].
-
-    Text positions look up codebook row 0's id in the text table. Audio positions add up one
-    vector per codebook, id + c*V in the joint audio table, MASK (V-1) included: a masked
-    frame is "MASK in every codebook", not zero.
+    On entry work.h holds rms_norm(x) with this layer's input norm. Each residual add is fused
+    with the norm that follows it: the post-attention norm, then `next_norm` (the next layer's
+    input norm) if given, so work.h is ready for the next layer. The same operations in the
+    same order as decoder_layer's: equal bit for bit.
     """
-    C, V = cfg.num_audio_codebook, cfg.audio_vocab_size
-    ids = to_device(ids)
-    audio_mask = to_device(audio_mask)
-    x = out if out is not None else xp.empty((ids.shape[1], params.embed_tokens.shape[1]), dtype=xp.float32)
-    text_pos = xp.nonzero(~audio_mask)[0]
-    audio_pos = xp.nonzero(audio_mask)[0]
-    # The text table lives on the host (read by rows from disk): look up with host ids.
-    x[text_pos] = to_device(params.embed_tokens[to_numpy(ids[0, text_pos])])  # [n_text, D]
-    shifted = ids[:, audio_pos] + (xp.arange(C) * V)[:, None]  # [C, n_audio]
-    x[audio_pos] = params.audio_embeddings[shifted].sum(axis=0)  # [C, n_audio, D] -> [n_audio, D]
-    return x
+    eps = cfg.llm_config.rms_norm_eps
+    attn = attention(lp, cfg, work.h, pack, work, precision)  # [N, D] -> [N, H*E]
+    linear(attn, lp.o_proj, work.d, precision)  # [N, H*E] -> [N, D]
+    kernels.add_rms_norm(work.x, work.d, lp.post_attention_layernorm, eps, work.h)
+    linear(work.h, lp.gate_proj, work.gate, precision)  # [N, D] -> [N, F]
+    linear(work.h, lp.up_proj, work.up, precision)  # [N, D] -> [N, F]
+    mlp = kernels.swiglu(work.gate, work.up)  # silu(gate) * up, in place
+    linear(mlp, lp.down_proj, work.d, precision)  # [N, F] -> [N, D]
+    if next_norm is None:
+        xp.add(work.x, work.d, out=work.x)
+    else:
+        kernels.add_rms_norm(work.x, work.d, next_norm, eps, work.h)
 
 
-def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Workspace,
-              precision: str = "fp32"):
-    """Bidirectional grouped-query self-attention within each packed row.
-
-    h [N, D] -> work.attn [N, H*E] (before o_proj). `precision`: what the GEMMs' inputs are
-    rounded to (in place: h, queries, keys, values and the softmax weights).
-    """
-    rnd = backend.round_gemm_input
-    q_cfg = cfg.llm_config
-    E, K = q_cfg.head_dim, q_cfg.num_key_value_heads
-    G = q_cfg.num_attention_heads // K
-    rnd(h, precision)
-    backend.matmul(h, lp.q_proj.T, out=work.q)  # [N, D] -> [N, H*E]
-    backend.matmul(h, lp.k_proj.T, out=work.k)  # [N, D] -> [N, K*E]
-    backend.matmul(h, lp.v_proj.T, out=work.v)  # [N, D] -> [N, K*E]
-    # Qwen3 normalises every query/key head before the rotation (keeps the logits bounded).
-    kernels.qk_norm_rope(work.q, work.k, lp.q_norm, lp.k_norm, pack.cos, pack.sin,
-                         q_cfg.rms_norm_eps, work.qg)  # q -> qg [K, N, G*E]; k in place
-    for t in (work.qg, work.k, work.v):
-        rnd(t, precision)
-    scale = E ** -0.5
-    if not IS_NUMPY:
-        return _attention_batched(pack, work, K, G, E, scale, precision)
+def _attend_rows(pack: Packing, work: Workspace, K: int, G: int, E: int, scale: float,
+                 precision: str = "fp32"):
+    """Attention of the rotated queries work.qg over keys work.k and values work.v, row by row
+    -> work.attn [N, H*E]. (On a device: `_attend_padded`, the rows as one padded batch.)"""
     for start, L in zip(pack.starts, pack.lengths):
         rows, lg = slice(start, start + L), L * G
         # Query head h = kv * G + g reads key/value head kv (the reference's repeat_kv order):
@@ -304,21 +361,20 @@ def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Wor
         k3 = work.k[rows].reshape(L, K, E).transpose(1, 2, 0)  # [L, K*E] -> [K, E, L] (view)
         v3 = work.v[rows].reshape(L, K, E).transpose(1, 0, 2)  # [L, K*E] -> [K, L, E] (view)
         s = work.scores[:K * lg * L].reshape(K, lg, L)
-        backend.matmul(q3, k3, out=s)  # [K, L*G, E] @ [K, E, L] -> [K, L*G, L]
+        bmm(q3, k3, s, precision)  # [K, L*G, E] @ [K, E, L] -> [K, L*G, L]
         # No causal mask: every frame attends to the whole row, future included. The
         # weights stay unnormalised; the [L*G, E] output rows are scaled instead.
         inv = work.inv_sums[:K * lg]
         kernels.softmax_rows(s.reshape(K * lg, L), scale, inv)
-        rnd(s, precision)
         o = work.heads_out[:K * lg * E].reshape(K, lg, E)
-        backend.matmul(s, v3, out=o)  # [K, L*G, L] @ [K, L, E] -> [K, L*G, E]
+        bmm(s, v3, o, precision)  # [K, L*G, L] @ [K, L, E] -> [K, L*G, E]
         kernels.scale_heads_into(o, inv, work.attn[rows])  # -> [L, H*E], heads in order
     return work.attn
 
 
-def _attention_batched(pack: Packing, work: Workspace, K: int, G: int, E: int, scale: float,
-                       precision: str = "fp32"):
-    """`attention`'s per-row loop as one padded batch (the device path: a loop over rows would
+def _attend_padded(pack: Packing, work: Workspace, K: int, G: int, E: int, scale: float,
+                   precision: str = "fp32"):
+    """`_attend_rows`' loop over rows as one padded batch (the device path: a loop over rows would
     launch a dozen small kernels per row and layer). Keys past a row's end get -inf scores,
     so every real query sees exactly its own row, as in the loop; the results differ from the
     loop's only by the rounding of GEMMs of another shape."""
@@ -328,7 +384,7 @@ def _attention_batched(pack: Packing, work: Workspace, K: int, G: int, E: int, s
     kv = (work.k[gather].reshape(R, Lmax, K, E), work.v[gather].reshape(R, Lmax, K, E))
     k4 = kv[0].transpose(2, 0, 3, 1)  # [R, Lmax, K, E] -> [K, R, E, Lmax]
     v4 = kv[1].transpose(2, 0, 1, 3)  # [R, Lmax, K, E] -> [K, R, Lmax, E]
-    s = backend.matmul(q, k4)  # -> [K, R, Lmax*G, Lmax]
+    s = bmm(q, k4, precision=precision)  # -> [K, R, Lmax*G, Lmax]
     s += key_bias  # [R, 1, Lmax] broadcast: padded keys get no weight
     inv = xp.empty(K * R * Lmax * G, dtype=xp.float32)
     # matmul may lay s out in its inputs' order (with G = 1, q is a gather's strided result), and
@@ -336,165 +392,73 @@ def _attention_batched(pack: Packing, work: Workspace, K: int, G: int, E: int, s
     rows = s.reshape(-1, Lmax)
     kernels.softmax_rows(rows, scale, inv)  # unnormalised, inv = 1 / row sums
     s = rows.reshape(s.shape)
-    backend.round_gemm_input(s, precision)
-    o = backend.matmul(s, v4) * inv.reshape(K, R, Lmax * G, 1)  # -> [K, R, Lmax*G, E]
+    o = bmm(s, v4, precision=precision) * inv.reshape(K, R, Lmax * G, 1)  # -> [K, R, Lmax*G, E]
     o = o.reshape(K, R, Lmax, G, E).transpose(1, 2, 0, 3, 4).reshape(R * Lmax, K * G * E)  # -> [R*Lmax, H*E]
     work.attn[...] = o[scatter]  # back to the packed order, heads h = kv*G + g
     return work.attn
 
 
-def _layer_inplace(lp: LayerParams, cfg: OmniVoiceConfig, pack: Packing, work: Workspace,
-                   next_norm=None, precision: str = "fp32"):
-    """One pre-norm transformer layer on work.x, in place.
+# The attention of `attention`: the loop over rows on numpy, one padded batch on a device.
+_attend = jit.Kernel(_attend_rows, twin=_attend_padded)
 
-    On entry work.h holds rms_norm(x) with this layer's input norm. Each residual add is fused
-    with the norm that follows it: the post-attention norm, then `next_norm` (the next layer's
-    input norm) if given, so work.h is ready for the next layer.
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------
+
+
+def load_params(reader, cfg: OmniVoiceConfig, precision: str = "fp32") -> BackboneParams:
+    """Take every backbone tensor from `reader` (a weights.ParamReader), checked against `cfg`.
+
+    Nothing is transposed: every tensor keeps the checkpoint's layout, read once into process
+    memory (never memory-mapped: a mapped file truncated under a running model is a SIGBUS).
+    The 151676-row text table is the exception: a prompt uses a few hundred of its rows, so it
+    stays on disk (reader.take_rows) and `embed` reads just those rows.
+    `precision` (backend.PRECISIONS): the GEMMs' matrices are rounded to it here, once.
     """
-    eps = cfg.llm_config.rms_norm_eps
-    rnd = backend.round_gemm_input
-    attn = rnd(attention(lp, cfg, work.h, pack, work, precision), precision)
-    backend.matmul(attn, lp.o_proj.T, out=work.d)  # [N, H*E] -> [N, D]
-    kernels.add_rms_norm(work.x, work.d, lp.post_attention_layernorm, eps, work.h)
-    rnd(work.h, precision)
-    backend.matmul(work.h, lp.gate_proj.T, out=work.gate)  # [N, D] -> [N, F]
-    backend.matmul(work.h, lp.up_proj.T, out=work.up)  # [N, D] -> [N, F]
-    gated = rnd(kernels.swiglu(work.gate, work.up), precision)  # silu(gate) * up
-    backend.matmul(gated, lp.down_proj.T, out=work.d)  # [N, F] -> [N, D]
-    if next_norm is None:
-        xp.add(work.x, work.d, out=work.x)
-    else:
-        kernels.add_rms_norm(work.x, work.d, next_norm, eps, work.h)
-
-
-def hidden_states(params: BackboneParams, cfg: OmniVoiceConfig, x, pack: Packing,
-                  work: Workspace | None = None):
-    """All decoder layers over packed embeddings: [N, D] -> [N, D] (before the final norm).
-
-    The result is work.x (overwritten by the next call with the same workspace)."""
-    work = work or make_workspace(cfg, pack)
-    if x is not work.x:
-        work.x[...] = x
-    layers = params.layers
-    rms_norm(work.x, layers[0].input_layernorm, cfg.llm_config.rms_norm_eps, out=work.h)
-    for i, lp in enumerate(layers):
-        nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else None
-        _layer_inplace(lp, cfg, pack, work, next_norm=nxt, precision=params.precision)
-    return work.x
-
-
-def audio_logits(params: BackboneParams, cfg: OmniVoiceConfig, h):
-    """Final norm and audio heads on selected positions: h [n, D] -> logits [C, n, V]."""
-    C, V = cfg.num_audio_codebook, cfg.audio_vocab_size
-    h = backend.round_gemm_input(rms_norm(h, params.norm, cfg.llm_config.rms_norm_eps),
-                                 params.precision)
-    logits = backend.matmul(h, params.audio_heads.T).reshape(h.shape[0], C, V)  # [n, D] -> [n, C*V] -> [n, C, V]
-    return logits.transpose(1, 0, 2)  # [n, C, V] -> [C, n, V]
-
-
-def forward_rows(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, pack: Packing,
-                 num_out: Sequence[int], work: Workspace | None = None, whole: bool = False):
-    """Logits of the last `num_out[r]` positions of every packed row r.
-
-    ids [C, N], audio_mask [N] hold the rows back to back as described by `pack`. Returns one
-    [C, num_out[r], V] float32 array per row. The final norm and the audio heads run on those
-    positions only: a 1024 x 8200 head on every prompt token would be pure waste. `work`
-    (from make_workspace for this packing) is reused when given; the logits then live in it
-    and are overwritten by its next call (the layers and heads run as one `backend.replay`).
-    With `whole`, one [C, sum(num_out), V] array instead (the rows back to back), for scoring
-    every row in one call.
-    """
-    work = work or make_workspace(cfg, pack)
-    embed(params, cfg, ids, audio_mask, out=work.x)  # [N, D]; reads text rows from the host
-    tails = pack.tail_index(num_out)
-
-    def layers_and_heads():  # fixed buffers in, no host round trip: replayable as one graph
-        h = hidden_states(params, cfg, work.x, pack, work)  # [N, D]
-        return audio_logits(params, cfg, h[tails])  # [C, sum(num_out), V]
-
-    logits = backend.replay(work.replays, (id(params), tuple(num_out)), layers_and_heads)
-    if whole:
-        return logits
-    bounds = np.cumsum(num_out)[:-1].tolist()
-    return xp.split(logits, bounds, axis=1)
-
-
-def forward_bytes(cfg, lengths, num_out, class_sampling: bool = False) -> int:
-    """Estimated peak working memory (bytes) of one forward pass plus scoring, for packed rows
-    of ``lengths`` positions whose last ``num_out`` positions are scored, from the model's
-    dimensions (``cfg`` an ``OmniVoiceConfig``; float32 throughout).
-
-    Counts what ``backbone.make_packing``/``make_workspace``/``forward_rows`` and the scoring
-    allocate: per packed token the residual, norm and sub-block buffers [3 D], query, grouped
-    query and attention output [3 H*E], keys and values [2 K*E], the MLP's gate and up [2 F],
-    rotary tables and their temporaries [4 E] and the embedding gather [(C+1) D] plus its ids;
-    per the longest row its [K, L*G, L] scores with [K, L*G, E] outputs; per scored position
-    the heads' logits [C*V] (freed before the next step's forward) and two [D] rows; for the
-    scoring one pass's [C, T, V] log-probabilities, or four times that with class sampling
-    (negated copy and int64 indices of the top-k selection): class-sampled passes are scored
-    one at a time, and greedy scoring of all passes at once keeps no such array (counted as
-    one all the same: the margin). An upper bound, and a close one, so that the budget means
-    what it says (tests/test_limits.py).
-    """
+    backend.check_precision(precision)
     q = cfg.llm_config
-    C, V = cfg.num_audio_codebook, cfg.audio_vocab_size
     D, F, E = q.hidden_size, q.intermediate_size, q.head_dim
     H, K = q.num_attention_heads, q.num_key_value_heads
-    G = H // K
-    N, L, n = sum(lengths), max(lengths), sum(num_out)
-    per_token = 3 * D + 3 * H * E + 2 * K * E + 2 * F + 4 * E + (C + 1) * D + 2 * C
-    attention = K * G * L * (L + E + 1)
-    logits = n * (C * V + 2 * D)
-    scoring = max(num_out) * C * V * (4 if class_sampling else 1)
-    return 4 * (N * per_token + attention + logits + scoring)
+    CV = cfg.num_audio_codebook * cfg.audio_vocab_size
 
+    def vec(key, n):
+        return to_device(reader.take(key, (n,), np.float32))
 
-def forward_flops(cfg, lengths, num_out) -> int:
-    """Floating-point operations of the GEMMs of one forward pass over packed rows of
-    ``lengths`` positions whose last ``num_out`` positions are scored by the heads: per token
-    every layer's projections and MLP, per row its attention scores and weighted values
-    (quadratic in its length), per scored position the audio heads. The engine's cost model."""
-    q = cfg.llm_config
-    D, F, E = q.hidden_size, q.intermediate_size, q.head_dim
-    H, K, layers = q.num_attention_heads, q.num_key_value_heads, q.num_hidden_layers
-    per_token = 2 * D * (H * E + 2 * K * E) + 2 * H * E * D + 3 * 2 * D * F
-    per_square = 2 * 2 * H * E  # q k^T and p v, every head
-    heads = 2 * D * cfg.num_audio_codebook * cfg.audio_vocab_size
-    return (layers * (per_token * sum(lengths) + per_square * sum(L * L for L in lengths))
-            + heads * sum(num_out))
+    def matrix(key, n_out, n_in):  # kept [out, in]; used as x @ W.T, rounded once, here
+        w = to_device(reader.take(key, (n_out, n_in), np.float32))
+        return w if precision == "fp32" else backend.round_gemm_input(w.copy(), precision)
 
+    layers = []
+    for i in range(q.num_hidden_layers):
+        p = f"llm.layers.{i}."
+        layers.append(LayerParams(
+            input_layernorm=vec(p + "input_layernorm.weight", D),
+            q_proj=matrix(p + "self_attn.q_proj.weight", H * E, D),
+            k_proj=matrix(p + "self_attn.k_proj.weight", K * E, D),
+            v_proj=matrix(p + "self_attn.v_proj.weight", K * E, D),
+            o_proj=matrix(p + "self_attn.o_proj.weight", D, H * E),
+            q_norm=vec(p + "self_attn.q_norm.weight", E),
+            k_norm=vec(p + "self_attn.k_norm.weight", E),
+            post_attention_layernorm=vec(p + "post_attention_layernorm.weight", D),
+            gate_proj=matrix(p + "mlp.gate_proj.weight", F, D),
+            up_proj=matrix(p + "mlp.up_proj.weight", F, D),
+            down_proj=matrix(p + "mlp.down_proj.weight", D, F),
+        ))
 
-# Working memory of one forward pass (all rows packed together), estimated from the model's
-# dimensions by ``forward_bytes``. A fixed budget rather than the machine's free memory, so that
-# whether an input is accepted does not depend on what else runs. (Typical figures:
-# benchmarks/README.md.)
-MAX_PASS_BYTES = 4 * 2**30
+    # The offsets are a buffer the reference saves with the weights; the model below relies on
+    # codebook c living at rows c*V.., so a checkpoint that says otherwise is refused.
+    offsets = reader.take("codebook_layer_offsets", (cfg.num_audio_codebook,))
+    expected = np.arange(cfg.num_audio_codebook) * cfg.audio_vocab_size
+    if not np.array_equal(np.asarray(offsets), expected):
+        raise WeightsError(f"{reader.file}: codebook_layer_offsets is {np.asarray(offsets).tolist()}, "
+                           f"expected {expected.tolist()} for audio_vocab_size {cfg.audio_vocab_size}")
 
-# Positions of one pass's row: instruct/language/text tokens, reference frames, target frames.
-# The longest legitimate row (a 180 s pass with a 60 s reference and both transcripts) is under
-# 8,192; a long text squeezed into a short duration is what goes beyond (its tokens all sit in
-# one row, and attention is quadratic in the row).
-MAX_PASS_POSITIONS = 8192
-
-
-def check_pass_memory(cfg, lengths, num_out, class_sampling: bool = False) -> int:
-    """``forward_bytes`` of one pass if its rows have at most ``MAX_PASS_POSITIONS`` positions
-    and it fits ``MAX_PASS_BYTES``, else ``InputError``."""
-    if max(lengths) > MAX_PASS_POSITIONS:
-        raise InputError(
-            f"one generation pass would hold {max(lengths):,} positions (text tokens, voice "
-            f"reference and {max(num_out) / FRAME_RATE:.1f} s of target); the limit is "
-            f"{MAX_PASS_POSITIONS:,}. The text is too long for its duration: ask for a longer "
-            "duration or a slower speed, split the text into several calls, or use a shorter "
-            "voice reference and transcript."
-        )
-    need = forward_bytes(cfg, lengths, num_out, class_sampling)
-    if need > MAX_PASS_BYTES:
-        raise InputError(
-            f"one generation pass ({max(lengths):,} positions: prompt, voice reference and "
-            f"{max(num_out) / FRAME_RATE:.0f} s of target) would need about {need / 2**30:.1f} "
-            f"GiB of working memory; the limit is {MAX_PASS_BYTES / 2**30:g} GiB. Shorten the "
-            "sentence (add punctuation so long text is cut into ~15 s pieces), use a shorter "
-            "voice reference and transcript, or ask for a shorter duration."
-        )
-    return need
+    return BackboneParams(
+        embed_tokens=reader.take_rows("llm.embed_tokens.weight", (q.vocab_size, D)),
+        audio_embeddings=to_device(reader.take("audio_embeddings.weight", (CV, D), np.float32)),
+        layers=tuple(layers),
+        norm=vec("llm.norm.weight", D),
+        audio_heads=matrix("audio_heads.weight", CV, D),
+        precision=precision,
+    )

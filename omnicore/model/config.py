@@ -1,49 +1,21 @@
 """Frozen configuration dataclasses, one per pipeline stage, built from the checkpoint's JSON.
 
-Field names are the Hugging Face ones, so `config.json` maps onto them one to one. Unknown JSON
-fields are ignored (the hub file carries training-only keys); missing required fields or values
-omnicore cannot run raise ConfigError naming the file and field.
+Field names are the Hugging Face ones, so `config.json` maps onto them one to one (`from_dict`;
+omnicore.checkpoint reads the file). Unknown JSON fields are ignored (the hub file carries
+training-only keys); missing required fields or values omnicore cannot run raise ConfigError
+naming the file and field.
 
 Sampling knobs are not model config: they live in GenerationConfig with the reference's defaults.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, InputError
-
-
-# A config file is a few KB; anything far larger is not one (and must not be read whole).
-_MAX_JSON_BYTES = 64 * 1024 * 1024
-
-
-def read_json(path: str | Path) -> dict:
-    """Read a JSON object from `path`, turning every failure into a ConfigError.
-
-    Only a regular file is opened (a FIFO would block forever, a device never end)."""
-    from .weights import read_regular
-
-    path = Path(path)
-    data = read_regular(path, _MAX_JSON_BYTES, ConfigError)
-    if len(data) > _MAX_JSON_BYTES:
-        raise ConfigError(f"{path}: larger than {_MAX_JSON_BYTES // 2**20} MB; is this really a config.json?")
-    try:
-        obj = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text; is this really a config.json?") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: JSON nested too deeply to be a config file") from None
-    if not isinstance(obj, dict):
-        raise ConfigError(f"{path}: expected a JSON object at the top level")
-    return obj
 
 
 def _is_int(v) -> bool:
@@ -70,7 +42,7 @@ _FIELD_TYPES = {
 }
 
 
-def _pick(cls, d: dict, where: str, required: tuple[str, ...] = (), nullable: tuple[str, ...] = ()) -> dict:
+def _fields_of(cls, d: dict, where: str, required: tuple[str, ...] = (), nullable: tuple[str, ...] = ()) -> dict:
     """The keys of `d` that are fields of `cls`, each checked against the field's declared type
     (a string "1e-6" or true where a number belongs is refused here, not deep in the model);
     floats come back as float, lists as tuples. Keys in `nullable` may also be null."""
@@ -136,7 +108,7 @@ class Qwen3Config:
         rope_type = rope.get("rope_type", "default")
         if rope_type not in ("default", None):
             raise ConfigError(f"{where}: rope_type {rope_type!r} is not supported (only 'default')")
-        kw = _pick(cls, d, where, required=(
+        kw = _fields_of(cls, d, where, required=(
             "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads"))
         if "head_dim" not in kw and kw["num_attention_heads"] > 0:
@@ -180,7 +152,7 @@ class OmniVoiceConfig:
         if not isinstance(llm, dict):
             raise ConfigError(f"{where}: missing the `llm_config` object; is this an OmniVoice "
                               "checkpoint (architectures [\"OmniVoice\"])?")
-        kw = _pick(cls, d, where, nullable=("audio_codebook_weights",))
+        kw = _fields_of(cls, d, where, nullable=("audio_codebook_weights",))
         kw["llm_config"] = Qwen3Config.from_dict(llm, f"{where}: llm_config")
         if kw.get("audio_codebook_weights", ()) is None:
             del kw["audio_codebook_weights"]
@@ -193,10 +165,6 @@ class OmniVoiceConfig:
             raise ConfigError(f"{where}: audio_mask_id {cfg.audio_mask_id} outside the audio "
                               f"vocabulary of {cfg.audio_vocab_size}")
         return cfg
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> "OmniVoiceConfig":
-        return cls.from_dict(read_json(path), str(path))
 
 
 @dataclass(frozen=True)
@@ -283,7 +251,7 @@ class DacConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "acoustic_model_config") -> "DacConfig":
-        kw = _tuples(_pick(cls, d, where, required=("downsampling_ratios",)),
+        kw = _tuples(_fields_of(cls, d, where, required=("downsampling_ratios",)),
                      "downsampling_ratios", "upsampling_ratios")
         down = kw["downsampling_ratios"]
         for name in ("downsampling_ratios", "upsampling_ratios"):
@@ -330,7 +298,7 @@ class HubertConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "semantic_model_config") -> "HubertConfig":
-        kw = _tuples(_pick(cls, d, where), "conv_dim", "conv_stride", "conv_kernel")
+        kw = _tuples(_fields_of(cls, d, where), "conv_dim", "conv_stride", "conv_kernel")
         cfg = cls(**kw)
         _positive_ints(cfg, where, "hidden_size", "num_hidden_layers", "num_attention_heads",
                        "intermediate_size", "num_conv_pos_embeddings", "num_conv_pos_embedding_groups")
@@ -386,7 +354,7 @@ class HiggsAudioV2TokenizerConfig:
         for sub in ("acoustic_model_config", "semantic_model_config"):
             if not isinstance(d.get(sub), dict):
                 raise ConfigError(f"{where}: missing the `{sub}` object")
-        kw = _tuples(_pick(cls, d, where, nullable=("codebook_dim",)),
+        kw = _tuples(_fields_of(cls, d, where, nullable=("codebook_dim",)),
                      "strides", "channel_ratios", "block_dilations", "target_bandwidths")
         kw["acoustic_model_config"] = DacConfig.from_dict(d["acoustic_model_config"],
                                                           f"{where}: acoustic_model_config")
@@ -414,10 +382,6 @@ class HiggsAudioV2TokenizerConfig:
             raise ConfigError(f"{where}: hop_length {cfg.hop_length} and downsample_factor "
                               f"{cfg.downsample_factor} give a semantic downsampling factor below 1")
         return cfg
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> "HiggsAudioV2TokenizerConfig":
-        return cls.from_dict(read_json(path), str(path))
 
     @property
     def hop_length(self) -> int:
@@ -449,8 +413,8 @@ class HiggsAudioV2TokenizerConfig:
 
 
 # The released codec's rates (24 kHz, 960 samples per frame = 25 frames per second), for what has
-# no loaded codec at hand: input limits in seconds, the duration rule, defaults. A codec whose
-# config.json says otherwise is refused when it loads (omnicore.model.codec.load_codec).
+# no loaded codec at hand: input limits in seconds, the duration rule, defaults. What has one
+# (the pipeline, streaming, the CLI's codec commands) reads its own rates from its config.
 SAMPLE_RATE = 24000
 HOP_LENGTH = 960
 FRAME_RATE = SAMPLE_RATE // HOP_LENGTH

@@ -56,24 +56,23 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir
           api_key: str | None = None, max_queue: int = 16, log_level: str = "warning",
           max_concurrency: int | None = None, ui: bool = False, send_timeout: float = 30.0,
           idle_timeout: float = 30.0, grace: float = 30.0, metrics_public: bool = False,
-          require_consent: bool = False, precision: str = "fp32") -> None:
+          require_consent: bool = False, precision: str = "fp32",
+          voice_aliases: dict | None = None) -> None:
     """Load the model once and serve until a signal, then drain (see runtime.py); with `ui`,
-    the demo at /ui too. `precision`: the model's profile (OmniVoice.from_pretrained)."""
+    the demo at /ui too. `precision`: the model's profile (OmniVoice.from_pretrained);
+    `voice_aliases`: name -> library voice (voices.resolve_voice)."""
     import importlib.util
 
     if importlib.util.find_spec("uvicorn") is None:  # the extra, checked before the model loads
         raise ConfigError("the server needs its extra: pip install 'omnicore[server]'")
-    from .. import OmniVoice
     from . import runtime
     from .app import create_app, demo_module, mount_ui
-    from .state import ServerState
 
     demo = demo_module() if ui else None
-    model = OmniVoice.from_pretrained(model_path, precision=precision)
-    name = Path(str(model_path)).name
-    server = ServerState(model, voices_dir, api_key, max_queue, model_name=name,
-                         max_concurrency=max_concurrency, metrics_public=metrics_public,
-                         idle_timeout=idle_timeout, require_consent=require_consent)
+    server = server_state(model_path, precision, voices_dir=voices_dir, api_key=api_key,
+                          max_queue=max_queue, max_concurrency=max_concurrency,
+                          metrics_public=metrics_public, idle_timeout=idle_timeout,
+                          require_consent=require_consent, voice_aliases=voice_aliases)
     app = create_app(server)
     if demo is not None:
         mount_ui(app, server, demo, str(model_path))
@@ -85,15 +84,37 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir
                 on_started=started)
 
 
+def server_state(model_path: str, precision: str = "fp32", **state_args):
+    """The model, loaded once, in the state every front door shares (`omnicore serve`,
+    `wyoming`, `mcp`): its engine, the voice library, admission and the limits."""
+    from .. import OmniVoice
+    from .state import ServerState
+
+    model = OmniVoice.from_pretrained(model_path, precision=precision)
+    return ServerState(model, model_name=Path(str(model_path)).name, **state_args)
+
+
 def log_startup(server, model_path, host: str, port: int) -> None:
     """What an operator checks first: which model, where voices live, whether a key is
     needed, where the demo and the agents' socket are."""
     import logging
 
-    from .. import __version__
-
     log = logging.getLogger("uvicorn.error")
     base = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+    log_model(log, server, model_path)
+    log.info("Auth: %s", "API key required (Authorization: Bearer KEY)" if server.api_key
+             else "off: anyone who reaches this port can use it (set --api-key)")
+    log.info("Metrics: http://%s/metrics, %s", base,
+             "open (no --api-key)" if not server.api_key else "open (--metrics-public)"
+             if server.metrics_public else "behind the API key (--metrics-public opens it)")
+    log.info("Demo: %s", f"http://{base}{server.ui_path}" if server.ui_path else "off (--ui)")
+    log.info("Voice agents: ws://%s/v1/audio/speech/stream-input", base)
+
+
+def log_model(log, server, model_path) -> None:
+    """The start-up lines every front door shares: which model, where voices live."""
+    from .. import __version__
+
     voices = server.voices
     log.info("omnicore %s: model %s (%s)", __version__, server.model_name, model_path)
     if not voices.persistent:
@@ -102,10 +123,6 @@ def log_startup(server, model_path, host: str, port: int) -> None:
         log.info("Voices: %d in %s%s", len(voices.names()), voices.folder,
                  f" ({voices.removed_temporaries} stale temporary files removed)"
                  if voices.removed_temporaries else "")
-    log.info("Auth: %s", "API key required (Authorization: Bearer KEY)" if server.api_key
-             else "off: anyone who reaches this port can use it (set --api-key)")
-    log.info("Metrics: http://%s/metrics, %s", base,
-             "open (no --api-key)" if not server.api_key else "open (--metrics-public)"
-             if server.metrics_public else "behind the API key (--metrics-public opens it)")
-    log.info("Demo: %s", f"http://{base}{server.ui_path}" if server.ui_path else "off (--ui)")
-    log.info("Voice agents: ws://%s/v1/audio/speech/stream-input", base)
+    if server.voice_aliases:
+        log.info("Voice aliases: %s", ", ".join(f"{a} -> {v}"
+                                                for a, v in server.voice_aliases.items()))

@@ -16,12 +16,15 @@ import asyncio
 import base64
 import functools
 import json
+import re
+import secrets
 import time
 from pathlib import Path
 
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
@@ -32,14 +35,14 @@ from ..text import frontend
 from .formats import FORMATS, encode_audio, encoded
 from .library import VoiceLibrary
 from .protocol import (CUT, MAX_UPLOAD_BYTES, HTTPError, as_http, blame, body_field, check_fields,
-                       checked, concerning, error_body, forget, parse_speech, read_json,
-                       read_object, shutting_down, synth_kwargs, timings_header)
+                       checked, concerning, error_body, forget, ignored_header, parse_speech,
+                       read_json, read_object, shutting_down, synth_kwargs, timings_header)
 from .state import ServerState, Slot, client_gone
 from .stream_input import stream_input
 from .uploads import check_recording, decode_clip
 from .voices import (PRESET_SAMPLE_TEXT, PRESET_VOICES, check_label, check_language_tag,
-                     check_voice, describe_voice, designed_voice, list_voices, new_voice_id,
-                     new_voice_name, openai_voice, resolve_voice, voice_not_found)
+                     describe_voice, designed_voice, list_voices, new_voice_id, new_voice_name,
+                     openai_voice, voice_not_found)
 
 
 def error_response(e: HTTPError) -> JSONResponse:
@@ -84,18 +87,17 @@ def check_key(server: ServerState, header: str | None) -> None:
 @route("speech")
 async def speech(request: Request):
     """POST /v1/audio/speech: admitted, then a stream (OpenAI's default for the formats sent
-    piece by piece, or asked for) or a whole file (mp3 and flac unless a stream is asked for)."""
+    piece by piece, or asked for) or a whole file (flac unless a stream is asked for)."""
     server: ServerState = request.app.state.server
     req = parse_speech(await read_json(request), server.model_ids)
     if req["voice"] is not None:
-        await server.in_thread(check_voice, server.voices, req["voice"])
+        await server.in_thread(server.check_voice, req["voice"])
     t0 = time.perf_counter()  # queueing counts in the latency a client sees
     async with client_gone(request) as gone, server.slot(gone) as slot:
         queued = time.perf_counter() - t0
         prompt = None
         if req["voice"] is not None:
-            prompt = await slot.run(resolve_voice, server.model, server.voices, req["voice"],
-                                    slot.on_step)
+            prompt = await slot.run(server.voice, req["voice"], slot.on_step)
         kw = synth_kwargs(req, prompt)
         with blame(speech_blame(req)):
             if req["stream_format"] is None:
@@ -127,7 +129,8 @@ async def speak_whole(server: ServerState, slot: Slot, req: dict, kw: dict, t0: 
     server.m_rtf.observe(total / max(secs, 1e-9))
     headers = {"X-Omnicore-Timings": timings_header(dict(queue=queued, **result.timings,
                                                          total=total)),
-               "X-Omnicore-Audio-Seconds": f"{secs:.3f}"}
+               "X-Omnicore-Audio-Seconds": f"{secs:.3f}",
+               **ignored_header(req["instructions_ignored"])}
     return Response(data, 200, headers, media_type=FORMATS[req["format"]][2])
 
 
@@ -208,7 +211,8 @@ def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: floa
             raw_cut()
     slot.on_stop(stop)
     headers = {"X-Omnicore-Timings": timings_header(
-        {"queue": queued, "start": time.perf_counter() - t0})}
+        {"queue": queued, "start": time.perf_counter() - t0}),
+        **ignored_header(req["instructions_ignored"])}
     if req["stream_format"] == "sse":
         return EventSourceResponse(sse_body(), headers=headers, ping=600,
                                    background=BackgroundTask(finish))
@@ -587,6 +591,33 @@ async def not_found(request: Request, exc):
     return error_response(e)
 
 
+# A client's own X-Request-Id is kept when it is a plain token (it ties its logs to ours).
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+class RequestId:
+    """ASGI middleware: every response, and every WebSocket's handshake, carries
+    `x-request-id`, as OpenAI's API's do (clients log it, and LiveKit warns on each utterance
+    when it is missing): the client's own when it sent a plain one, else a new `req_<hex>`."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        given = dict(scope.get("headers", ())).get(b"x-request-id", b"").decode("latin-1")
+        rid = given if REQUEST_ID.fullmatch(given) else "req_" + secrets.token_hex(16)
+        header = (b"x-request-id", rid.encode("ascii"))
+
+        async def send_with_id(message):
+            if message["type"] in ("http.response.start", "websocket.accept",
+                                   "websocket.http.response.start"):
+                message = {**message, "headers": [*message.get("headers", ()), header]}
+            await send(message)
+        await self.app(scope, receive, send_with_id)
+
+
 def create_app(server: ServerState) -> Starlette:
     """The routing table over one ServerState."""
     routes = [
@@ -608,7 +639,8 @@ def create_app(server: ServerState) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found},
+                    middleware=[Middleware(RequestId)])
     app.state.server = server
     return app
 

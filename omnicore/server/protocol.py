@@ -19,7 +19,7 @@ from dataclasses import fields
 from ..errors import AudioError, CancelledError, ConfigError, InputError, OmniCoreError, VoicePromptError
 from ..model.config import GenerationConfig, resolve_generation_config, validate_seed
 from ..text import frontend, limits
-from .formats import FORMATS, PIECEWISE
+from .formats import FORMATS, PIECEWISE, encoder_missing
 
 MAX_BODY_BYTES = 1 * 2**20       # a JSON speech request: text is capped at MAX_TEXT_CHARS anyway
 MAX_UPLOAD_BYTES = 20 * 2**20    # a reference clip (a 30 s 48 kHz stereo float WAV is ~11 MB)
@@ -33,7 +33,8 @@ _JSON_TYPES = {"int": int, "float": (int, float), "bool": bool}
 GEN_FIELDS = {f.name: _JSON_TYPES[f.type] for f in fields(GenerationConfig)}
 # The speech body's fields: OpenAI's, then omnicore's (every GenerationConfig field too).
 SPEECH_FIELDS = ("model", "input", "voice", "instructions", "response_format", "speed",
-                 "stream_format", "language", "seed", "duration", "normalize_text", *GEN_FIELDS)
+                 "stream_format", "language", "seed", "duration", "normalize_text", "instruct",
+                 *GEN_FIELDS)
 OPENAI_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")  # what OpenAI's API offers
 # The ASGI scope extension the server's runtime gives each request: a function that drops its
 # connection at once (runtime.py).
@@ -245,20 +246,22 @@ def speech_options(body: dict, default_format: str = "mp3", models=None) -> dict
         raise HTTPError(400, f"response_format {fmt!r} is {'not available here' if known else 'unknown'}; "
                              f"use one of {', '.join(FORMATS)}", "response_format",
                         "unsupported_format" if known else "invalid_format")
+    if encoder_missing(fmt):
+        raise HTTPError(400, encoder_missing(fmt), "response_format", "unsupported_format")
     stream_format = body_field(body, "stream_format", str, None)
     if stream_format not in (None, "audio", "sse"):
         raise HTTPError(400, f"stream_format must be 'audio' or 'sse', got {stream_format!r}",
                         "stream_format", "invalid_value")
     speed = body_field(body, "speed", (int, float), None, within=SPEED_RANGE)
-    instruct = body_field(body, "instructions", str, None) or None
-    checked("instructions", frontend.resolve_instruct, instruct, code="invalid_instruct")
+    instruct, ignored = voice_design(body)
     seed = body_field(body, "seed", int, None)
     checked("seed", validate_seed, seed)
     duration = body_field(body, "duration", (int, float), None)
     checked("duration", limits.validate_duration, duration)
     out = {
         "voice": body.get("voice"), "format": fmt, "stream_format": stream_format,
-        "instruct": instruct, "speed": None if speed is None or speed == 1 else float(speed),
+        "instruct": instruct, "instructions_ignored": ignored,
+        "speed": None if speed is None or speed == 1 else float(speed),
         "language": body_field(body, "language", str, None), "seed": seed, "duration": duration,
         "normalize_text": body_field(body, "normalize_text", bool, False),
     }
@@ -267,6 +270,29 @@ def speech_options(body: dict, default_format: str = "mp3", models=None) -> dict
     for name, v in out["gen"].items():
         checked(name, resolve_generation_config, None, {name: v})
     return out
+
+
+def voice_design(body: dict) -> tuple[str | None, list[str]]:
+    """The voice-design instruct of a speech body: (instruct or None, what was ignored).
+    OpenAI's `instructions` is free prose: the voice-design items found in it are used, the
+    rest is ignored and named (frontend.instruct_from_prose), never a 400. omnicore's own
+    `instruct` is read strictly: an unknown item is a 400 naming the closest one."""
+    prose = body_field(body, "instructions", str, None)
+    strict = body_field(body, "instruct", str, None)
+    if prose is not None and strict is not None:
+        raise HTTPError(400, "give either instructions (free prose) or instruct (voice-design "
+                             "items), not both", "instruct", "invalid_value")
+    if strict is None:
+        return frontend.instruct_from_prose(prose)
+    checked("instruct", frontend.resolve_instruct, strict, code="invalid_instruct")
+    return strict.strip() or None, []
+
+
+def ignored_header(ignored: list[str]) -> dict:
+    """The response header that names what a speech request's `instructions` left unused (a
+    JSON list of the prose's fragments, ASCII-escaped as a header must be); none when nothing
+    was."""
+    return {"X-Omnicore-Instructions-Ignored": json.dumps(ignored)} if ignored else {}
 
 
 def synth_kwargs(req: dict, prompt) -> dict:

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from ..errors import CancelledError
 from .library import VoiceLibrary
 from .protocol import MODEL_ALIASES, HTTPError, shutting_down, warming_up
+from .voices import check_voice, resolve_voice
 
 # Tokens packed into one engine iteration: from one short pass to the default budget's order.
 TOKEN_BUCKETS = tuple(2 ** k for k in range(5, 17))
@@ -91,7 +92,11 @@ class Slot:
         """fn(*args) in a worker thread; when the client leaves first, `cancelled` makes the
         work's next step raise CancelledError (the request ends as a 499)."""
         fut = asyncio.wrap_future(self._server.pool.submit(fn, *args))
-        await asyncio.wait({fut, self.gone}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait({fut, self.gone}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the awaiting task was cancelled (an MCP request's cancel)
+            self.cancelled.set()
+            raise
         if not fut.done():
             self.cancelled.set()
         return await fut
@@ -114,7 +119,7 @@ class ServerState:
     def __init__(self, model, voices_dir=None, api_key: str | None = None, max_queue: int = 16,
                  model_name: str = "omnivoice", max_concurrency: int | None = None,
                  metrics_public: bool = False, idle_timeout: float = 30.0,
-                 require_consent: bool = False):
+                 require_consent: bool = False, voice_aliases: dict | None = None):
         self.model = model
         self.engine = model.engine
         self.voices = VoiceLibrary(voices_dir)
@@ -133,6 +138,7 @@ class ServerState:
         # What /v1/models lists and a speech request's `model` may name: all this one model.
         self.model_ids = list(dict.fromkeys([model_name, *MODEL_ALIASES]))
         self.require_consent = require_consent  # cloned voices need a consent recording's id
+        self.voice_aliases = dict(voice_aliases or {})  # name -> library voice (--voice-alias)
         self.pool = ThreadPoolExecutor(max_workers=max_queue + 4, thread_name_prefix="omnicore-serve")
         self._in_flight = 0
         self._slot_waiting = 0  # admitted, waiting for a run slot
@@ -173,6 +179,16 @@ class ServerState:
             if previous is not None:
                 previous(ids)
         self.engine.trace = on_iteration
+
+    def voice(self, voice, on_step=None):
+        """A request's `voice` -> its prompt (voices.resolve_voice, with the aliases); blocking:
+        a preset's first use designs it."""
+        return resolve_voice(self.model, self.voices, voice, on_step, self.voice_aliases)
+
+    def check_voice(self, voice) -> None:
+        """A 404 now, before admission, for a `voice` that is neither a library voice, a preset
+        nor an alias (voices.check_voice); blocking: it reads the folder."""
+        check_voice(self.voices, voice, self.voice_aliases)
 
     async def in_thread(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
@@ -248,22 +264,27 @@ class ServerState:
         """Compile the kernels (omnicore.warmup) in a thread while the port is open: /health and
         speech requests say "warming up" (503) until it is done, so that no client waits for a
         compile, and the log says how long it took."""
-        from ..warmup import warm_up
-
-        log = logging.getLogger("uvicorn.error")
         self.warming = True
 
         def run():
             try:
-                done = warm_up(self.model)
-                log.info("Ready: kernels warm (%s in %.1f s)", ", ".join(done.seconds), done.total_s)
-            except Exception:  # serve anyway: each request then reports what is wrong
-                log.exception("Warm-up failed; serving without it")
+                self.warm_up(logging.getLogger("uvicorn.error"))
             finally:
                 self.warming = False
         thread = threading.Thread(target=run, name="omnicore-warmup", daemon=True)
         thread.start()
         return thread
+
+    def warm_up(self, log) -> None:
+        """Compile the kernels now (omnicore.warmup; blocking), saying how long it took: what a
+        front door without a health probe (Wyoming, MCP) does before it listens."""
+        from ..warmup import warm_up
+
+        try:
+            done = warm_up(self.model)
+            log.info("Ready: kernels warm (%s in %.1f s)", ", ".join(done.seconds), done.total_s)
+        except Exception:  # serve anyway: each request then reports what is wrong
+            log.exception("Warm-up failed; serving without it")
 
     # -- shutdown -------------------------------------------------------------------------------
 

@@ -42,7 +42,6 @@ from .protocol import (HTTPError, as_http, check_fields, check_input_length, con
                        error_body, forget, has_words, parse_json, shutting_down, speech_options,
                        synth_kwargs)
 from .state import ServerState, Slot
-from .voices import check_voice, resolve_voice
 
 ROUTE = "speech_stream_input"  # its name in the request counter
 MESSAGE_KEYS = ("text", "flush", "cancel", "close")
@@ -153,7 +152,7 @@ class Session:
                 raise HTTPError(400, "send the text as {\"text\": ...} messages after this one",
                                 "input", "invalid_input")
             if self.opts["voice"] is not None:  # refused now, as a POST would be
-                await self.server.in_thread(check_voice, self.server.voices, self.opts["voice"])
+                await self.server.in_thread(self.server.check_voice, self.opts["voice"])
             return True
         except asyncio.TimeoutError:
             self.server.m_timeouts.labels("idle").inc()
@@ -273,8 +272,8 @@ class Session:
                     queued = time.perf_counter() - t_admit
                     slot.on_stop(lambda: u.cancel(server.pool))
                     if self.prompt is None and self.opts["voice"] is not None:
-                        self.prompt = await slot.run(resolve_voice, server.model, server.voices,
-                                                     self.opts["voice"], slot.on_step)
+                        self.prompt = await slot.run(server.voice, self.opts["voice"],
+                                                     slot.on_step)
                     kw = synth_kwargs(self.opts, self.prompt)
                     u.stream = await server.in_thread(
                         lambda: server.model.stream(u.fragments(), **kw))

@@ -12,8 +12,9 @@ import secrets
 
 import numpy as np
 
+from ..errors import InputError
 from ..model.config import FRAME_RATE, GenerationConfig
-from .library import VoiceLibrary
+from .library import VOICE_NAME, VoiceLibrary
 from .protocol import HTTPError
 
 MAX_LABEL_CHARS = 256  # an OpenAI voice's or consent's `name`: a label, not an identifier
@@ -33,6 +34,8 @@ PRESET_VOICES = {
     "sage": ("female, middle-aged, low pitch, american accent", 19),
     "shimmer": ("female, young adult, very high pitch, american accent", 20),
     "verse": ("male, teenager, moderate pitch, american accent", 21),
+    "marin": ("female, middle-aged, moderate pitch, american accent", 22),
+    "cedar": ("male, elderly, low pitch, american accent", 23),
 }
 
 
@@ -115,6 +118,15 @@ def designed_voice(model, instruct: str, seed: int, language=None, sample: str |
     return result.as_voice()
 
 
+def parse_alias(spec: str) -> tuple[str, str]:
+    """`NAME=VOICE` (omnicore serve --voice-alias) -> (NAME, VOICE), both valid voice names."""
+    name, sep, target = spec.partition("=")
+    if not sep or not VOICE_NAME.fullmatch(name) or not VOICE_NAME.fullmatch(target):
+        raise InputError(f"--voice-alias takes NAME=VOICE, two voice names (letters, digits, "
+                         f"'_' or '-'), e.g. alloy=my_voice; got {spec!r}")
+    return name, target
+
+
 def voice_name(voice) -> str:
     """A request's `voice` (a name or {"id": name}) -> the name, checked whole."""
     if isinstance(voice, dict):
@@ -124,18 +136,34 @@ def voice_name(voice) -> str:
     return VoiceLibrary.check_name(voice, "voice")
 
 
-def check_voice(voices: VoiceLibrary, voice) -> None:
-    """Before admission: a request's `voice` names a voice of the library or a preset (404
-    otherwise). Blocking: it reads the folder."""
+def check_voice(voices: VoiceLibrary, voice, aliases=None) -> None:
+    """Before admission: a request's `voice` names a voice of the library, a preset or an
+    alias of a library voice (404 otherwise). Blocking: it reads the folder."""
     name = voice_name(voice)
-    if name not in PRESET_VOICES and voices.get(name) is None:
+    if name in (aliases or {}):
+        aliased(voices, name, aliases[name])
+    elif name not in PRESET_VOICES and voices.get(name) is None:
         raise voice_not_found(name)
 
 
-def resolve_voice(model, voices: VoiceLibrary, voice, on_step=None):
+def aliased(voices: VoiceLibrary, name: str, target: str):
+    """The library voice an alias (--voice-alias NAME=TARGET) speaks as; 404 when it is gone."""
+    prompt = voices.get(target)
+    if prompt is None:
+        raise HTTPError(404, f"voice {name!r} is an alias of {target!r} (--voice-alias), which is "
+                             "not in the voice library; GET /v1/voices lists them", "voice",
+                        "voice_not_found")
+    return prompt
+
+
+def resolve_voice(model, voices: VoiceLibrary, voice, on_step=None, aliases=None):
     """A request's `voice` (a name or {"id": name}) -> a VoiceClonePrompt; a preset name not
-    made yet is designed now and stored (once, even for concurrent first uses)."""
+    made yet is designed now and stored (once, even for concurrent first uses). `aliases`
+    (name -> library voice) lets a name a client insists on (OpenAI's presets) speak as a
+    library voice: an alias wins over a preset or a voice of that name."""
     voice = voice_name(voice)
+    if voice in (aliases or {}):
+        return aliased(voices, voice, aliases[voice])
     prompt = voices.get(voice)
     if prompt is not None:
         return prompt

@@ -11,6 +11,7 @@ Units:
 Per text item, ``generate()`` asks:
     language  -> resolve_language          id for ``<|lang_start|>…<|lang_end|>`` or None
     instruct  -> resolve_instruct          normalised voice-design items or None
+    prose     -> instruct_from_prose       the items found in free prose, and the rest
     ref_text  -> add_punctuation           when a voice prompt is built with preprocessing
     length    -> estimate_target_frames    target frames (or ``duration`` * 25)
 and of a voice reference, ``reference_pace_problem`` says when its transcript cannot be what
@@ -109,6 +110,14 @@ def supported_language_ids() -> frozenset[str]:
 def supported_language_names() -> frozenset[str]:
     """All language names, lower-case, as the reference lists them."""
     return frozenset(NAME_TO_ID)
+
+
+def search_languages(query: str | None = None) -> list[tuple[str, str]]:
+    """``(id, name)`` of every language whose id or name contains ``query`` (any case; None or
+    blank: all), by name: what `omnicore languages --search` and the MCP tool list."""
+    key = (query or "").strip().lower()
+    rows = sorted(ID_TO_NAME.items(), key=lambda item: (item[1].lower(), item[0]))
+    return [(i, n) for i, n in rows if key in i.lower() or key in n.lower()]
 
 
 def language_choices() -> list[tuple[str, str]]:
@@ -260,6 +269,38 @@ def resolve_instruct(
             f"{', '.join(_CATEGORIES)}."
         )
     return ("，" if use_zh else ", ").join(unified)
+
+
+# Every form, longest first (so "very low pitch" wins over "low pitch"). An English form is a
+# whole word or phrase (so "male" is not found in "female"), a Chinese form any substring.
+_PROSE_FORM = re.compile("|".join(
+    re.escape(form).replace(r"\ ", r"\s+") if _has_han(form) else
+    r"(?<![\w-])" + re.escape(form).replace(r"\ ", r"\s+") + r"(?![\w-])"
+    for form in sorted(_ALL_FORMS, key=len, reverse=True)), re.IGNORECASE)
+_PROSE_EDGES = " \t\n\r.,;:!?\"'()[]-–—，。；：！？、（）"
+
+
+def instruct_from_prose(prose: str | None) -> tuple[str | None, list[str]]:
+    """Free prose (OpenAI's `instructions`: "Speak warmly, like an elderly british man") ->
+    (the voice-design items found in it as an instruct, or None; the rest of the prose, in
+    fragments). An item whose category already has one (or an accent after a dialect, and the
+    reverse) is left in the rest. The words are matched, not understood: "not male" finds
+    "male". Never raises for prose; `resolve_instruct` is the strict reading."""
+    if prose is None or not prose.strip():
+        return None, []
+    found, categories, rest, start = [], set(), [], 0
+    for m in _PROSE_FORM.finditer(prose):
+        key = " ".join(m.group().lower().split())
+        cat = _FORM_CATEGORY[key]
+        if cat in categories or {cat, *categories} >= {"accent", "dialect"}:
+            continue
+        found.append(key)
+        categories.add(cat)
+        rest.append(prose[start:m.start()])
+        start = m.end()
+    rest.append(prose[start:])
+    ignored = [shorten(part.strip(_PROSE_EDGES)) for part in rest if part.strip(_PROSE_EDGES)]
+    return (", ".join(found) or None), ignored
 
 
 def _category_choices(cat: str) -> str:

@@ -1,8 +1,15 @@
 #!/usr/bin/env python3
-"""Export the tiny checkpoint's sub-models to ONNX for onnxruntime property tests.
+"""Export a checkpoint's sub-models to ONNX: the tiny one's for onnxruntime property tests,
+the full-size one's for the ONNX Runtime column of benchmarks/bench_generate.py.
 
     $OMNICORE_REF_VENV/bin/python tools/reference/export_onnx.py [--ckpt weights/tiny-random]
                                                               [--out tests/fixtures/onnx]
+    $OMNICORE_REF_VENV/bin/python tools/reference/export_onnx.py --ckpt checkpoints/full \
+        --out checkpoints/full-onnx --external-data \
+        --only audio_embeddings_encoder llm_decoder audio_heads_decoder higgs_decoder
+
+--external-data writes each model's weights to NAME.onnx.data beside it (a protobuf file holds
+at most 2 GB; the full-size decoder is 1.8 GB of weights and the text table 0.6 GB).
 
 torch.onnx.export(dynamo=True, opset 18) with dynamic batch and sequence axes; after each export
 ONNX Runtime is run on inputs of a *different* batch and length than the export example and
@@ -201,10 +208,11 @@ def dynamic_shapes(name: str):
 
 def strip_metadata(path: Path) -> None:
     """Drop the exporter's per-node provenance (stack traces with this checkout's paths, FX node
-    text) so the file depends only on the weights and the graph, not on where it was exported."""
+    text) so the file depends only on the weights and the graph, not on where it was exported.
+    External weights stay where they are: only the graph file is rewritten."""
     import onnx
 
-    model = onnx.load(str(path))
+    model = onnx.load(str(path), load_external_data=False)
 
     def clean_graph(g):
         del g.metadata_props[:]
@@ -229,7 +237,29 @@ def strip_metadata(path: Path) -> None:
     onnx.save(model, str(path))
 
 
-def export_one(model, name: str, module, path: Path) -> dict:
+def float64_check(name: str, module, checks) -> tuple[bool, float]:
+    """When ONNX Runtime and torch differ by more than TOL: at full size float32 rounding alone
+    moves the decoder's output by ~1e-3 of its range (28 layers of sharp random attention), so
+    both are compared with the module run in float64. ONNX Runtime passes when it is no further
+    from float64 than twice torch's own float32 error. Returns (passed, its error there)."""
+    import torch
+
+    ort_err, torch_err = 0.0, 0.0
+    module = module.double()
+    try:
+        for chk, got, ref in checks:
+            with torch.no_grad():
+                exact = module(*(a.double() if a.is_floating_point() else a for a in chk)).numpy()
+            scale = max(1.0, float(np.abs(exact).max()))
+            ort_err = max(ort_err, float(np.abs(got - exact).max()) / scale)
+            torch_err = max(torch_err, float(np.abs(ref - exact).max()) / scale)
+    finally:
+        module.float()
+    print(f"{name}: against float64, onnxruntime {ort_err:.2e}, torch float32 {torch_err:.2e}")
+    return ort_err <= 2 * torch_err, ort_err
+
+
+def export_one(model, name: str, module, path: Path, external_data: bool = False) -> dict:
     import onnxruntime as ort
     import torch
 
@@ -239,15 +269,16 @@ def export_one(model, name: str, module, path: Path) -> dict:
     with torch.no_grad():
         prog = torch.onnx.export(
             module, args, dynamo=True, opset_version=OPSET, input_names=inputs,
-            output_names=outputs, dynamic_shapes=dynamic_shapes(name), external_data=False,
+            output_names=outputs, dynamic_shapes=dynamic_shapes(name), external_data=external_data,
             optimize=True, verbose=False,
         )
-    prog.save(str(path), external_data=False)
+    prog.save(str(path), external_data=external_data)
+    del prog  # the graph's copy of the weights, before ONNX Runtime loads its own
     strip_metadata(path)
 
     # Check on other shapes than the export example.
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    worst = 0.0
+    worst, checks, against = 0.0, [], "torch"
     for batch, length in ((1, 7), (3, 20)):
         chk = example_inputs(model, name, batch=batch, length=length, gen=gen)
         with torch.no_grad():
@@ -260,8 +291,15 @@ def export_one(model, name: str, module, path: Path) -> dict:
         else:
             err = float(np.abs(got - ref).max() / max(1.0, float(np.abs(ref).max())))
             worst = max(worst, err)
-    assert worst < TOL, f"{name}: onnxruntime differs from torch by {worst:.2e}"
-    return {"bytes": path.stat().st_size, "max_rel_err": worst}
+            checks.append((chk, got, ref))
+    if worst >= TOL and checks:
+        passed, err = float64_check(name, module, checks)
+        assert passed, f"{name}: onnxruntime is {err:.2e} from float64, torch float32 much closer"
+        worst, against = err, "float64"
+    assert against == "float64" or worst < TOL, f"{name}: onnxruntime differs from torch by {worst:.2e}"
+    data = path.with_name(path.name + ".data")
+    size = path.stat().st_size + (data.stat().st_size if external_data and data.exists() else 0)
+    return {"bytes": size, "max_rel_err": worst, "against": against}
 
 
 def main() -> None:
@@ -271,6 +309,8 @@ def main() -> None:
     ap.add_argument("--ckpt", type=Path, default=ROOT / "weights" / "tiny-random")
     ap.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "onnx")
     ap.add_argument("--only", nargs="+")
+    ap.add_argument("--external-data", action="store_true",
+                    help="weights in NAME.onnx.data beside each graph (needed above 2 GB)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -287,8 +327,9 @@ def main() -> None:
             continue
         path = args.out / f"{name}.onnx"
         try:
-            info = export_one(model, name, module.eval(), path)
-            print(f"{name}: {info['bytes']} bytes, ORT vs torch max rel err {info['max_rel_err']:.2e}")
+            info = export_one(model, name, module.eval(), path, args.external_data)
+            print(f"{name}: {info['bytes']} bytes, ORT vs {info['against']} max rel err "
+                  f"{info['max_rel_err']:.2e}")
         except Exception as exc:  # report and continue with the other parts
             failed.append(name)
             print(f"{name}: FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)

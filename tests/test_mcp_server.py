@@ -1,0 +1,316 @@
+"""`omnicore mcp` as an agent reaches it: a subprocess on the tiny checkpoint, driven by the
+official `mcp` SDK's client over stdio (one session for the module) and over streamable HTTP.
+The tools are listed with bounded inputs, `speak` returns decodable audio and writes only into
+--output-dir whatever the path, errors are tool errors with omnicore's message, the voice tools
+work on the server's voice library; and the same text, voice and seed give the same audio
+through Wyoming, MCP, HTTP and Python."""
+
+import asyncio
+import base64
+import io
+import json
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import (HOUSE, TINY, doc_examples, free_port, require_module, spawn_omnicore,  # noqa: E402
+                      start_server, start_wyoming, stop_process)
+
+require_module("mcp", "mcp")
+httpx = require_module("httpx")
+sf = require_module("soundfile")
+from mcp import Client, StdioServerParameters  # noqa: E402
+from mcp.client.stdio import stdio_client  # noqa: E402
+from mcp.client.streamable_http import streamable_http_client  # noqa: E402
+
+from omnicore import VoiceClonePrompt  # noqa: E402
+from omnicore.audio.writers import to_pcm16  # noqa: E402
+
+ROOT = TINY.parents[1]
+VOICE = HOUSE  # a library voice (conftest.house_voices)
+STEPS = ("--steps", "4")
+CLIP = ROOT / "tests" / "fixtures" / "audio" / "speech_24k.wav"
+
+
+class Session:
+    """One MCP client session (a server subprocess over stdio) held open for the module, in an
+    event loop of its own: `call(tool, arguments)` -> the CallToolResult."""
+
+    def __init__(self, server, log_path):
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.ready, self.stop = threading.Event(), asyncio.Event()
+
+        async def hold():
+            with open(log_path, "w") as log:
+                async with Client(stdio_client(server, errlog=log)) as client:
+                    self.client = client
+                    self.ready.set()
+                    await self.stop.wait()
+        self.task = asyncio.run_coroutine_threadsafe(hold(), self.loop)
+
+    def run(self, coro_fn):
+        if not self.ready.wait(120):
+            raise AssertionError(f"the MCP server did not start: {self.task}")
+        return asyncio.run_coroutine_threadsafe(coro_fn(self.client), self.loop).result(300)
+
+    def call(self, tool, **arguments):
+        return self.run(lambda c: c.call_tool(tool, arguments))
+
+    def close(self):
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.task.result(60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def stdio_params(*flags) -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable,
+                                 args=["-m", "omnicore.cli", "mcp", "--model", str(TINY),
+                                       *map(str, flags)],
+                                 env={"PYTHONPATH": str(ROOT)}, cwd=str(ROOT))
+
+
+@pytest.fixture(scope="module")
+def out_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("mcp") / "out"
+
+
+@pytest.fixture(scope="module")
+def mcp(house_voices, out_dir):
+    session = Session(stdio_params("--output-dir", out_dir, "--voices-dir", house_voices, *STEPS),
+                      out_dir.parent / "mcp.log")
+    yield session
+    session.close()
+
+
+def audio_of(result) -> tuple[bytes, str]:
+    assert not result.is_error, result.content
+    block = result.content[0]
+    assert block.type == "audio"
+    return base64.b64decode(block.data), block.mime_type
+
+
+def error_of(result) -> str:
+    assert result.is_error
+    return result.content[0].text
+
+
+def test_tools_are_listed_with_bounded_inputs(mcp):
+    tools = {t.name: t for t in mcp.run(lambda c: c.list_tools()).tools}
+    assert set(tools) == {"speak", "list_voices", "design_voice", "clone_voice", "list_languages"}
+    props = tools["speak"].input_schema["properties"]
+    assert props["text"]["maxLength"] == 20_000 and tools["speak"].input_schema["required"] == ["text"]
+    speed = props["speed"]["anyOf"][0]
+    assert (speed["minimum"], speed["maximum"]) == (0.25, 4.0)
+    assert props["response_format"]["enum"] == ["wav", "mp3", "flac", "opus", "aac"]
+    assert tools["clone_voice"].input_schema["properties"]["audio_base64"]["maxLength"] > 20 * 2**20
+    assert tools["list_voices"].annotations.read_only_hint
+    assert tools["speak"].description
+
+
+def test_speak_returns_audio_and_writes_the_same_bytes_into_the_output_folder(mcp, out_dir):
+    data, mime = audio_of(mcp.call("speak", text="Hello from the agent.", voice=VOICE,
+                                   path="hello.wav"))
+    audio, sr = sf.read(io.BytesIO(data), dtype="int16")
+    assert mime == "audio/wav" and sr == 24000 and len(audio) > 2400
+    assert (out_dir / "hello.wav").read_bytes() == data
+    assert sorted(p.name for p in out_dir.iterdir()) == ["hello.wav"]
+    for fmt, ext in (("mp3", "mp3"), ("aac", "aac"), ("flac", "flac")):
+        data, mime = audio_of(mcp.call("speak", text="Hello.", voice=VOICE, response_format=fmt))
+        assert mime == {"mp3": "audio/mpeg", "aac": "audio/aac", "flac": "audio/flac"}[fmt]
+        assert len(data) > 100, fmt
+
+
+def test_no_path_writes_outside_the_output_folder(mcp, out_dir, tmp_path):
+    """Whatever `path` says: parent folders, absolute paths, subfolders, NUL, very long names,
+    hidden names, a symbolic link planted in the folder pointing outside: a tool error, and
+    nothing outside the folder changes."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = outside / "target.wav"
+    target.write_bytes(b"untouched")
+    (out_dir / "link.wav").symlink_to(target)
+    (out_dir / "sub").symlink_to(outside, target_is_directory=True)
+    before = sorted(p.name for p in out_dir.iterdir())
+    hostile = ["../escape.wav", "../../escape.wav", str(outside / "abs.wav"), "sub/x.wav",
+               "a\0.wav", "x" * 5000 + ".wav", "..", ".hidden.wav", "link.wav", "", " .wav",
+               "x.wav/", "x.mp3", "C:\\x.wav", "%2e%2e/x.wav"]
+    for path in hostile:
+        message = error_of(mcp.call("speak", text="Hi.", path=path))
+        assert "speak" in message, (path, message)
+    assert target.read_bytes() == b"untouched" and sorted(p.name for p in outside.iterdir()) == [
+        "target.wav"]
+    assert sorted(p.name for p in out_dir.iterdir()) == before
+    assert "symbolic link" in error_of(mcp.call("speak", text="Hi.", path="link.wav"))
+
+
+def test_errors_are_tool_errors_with_omnicores_message(mcp):
+    assert "unknown voice 'nobody'" in error_of(mcp.call("speak", text="Hi.", voice="nobody"))
+    message = error_of(mcp.call("speak", text="Hi.", instruct="female, low pich"))
+    assert "did you mean 'low pitch'" in message
+    assert "nothing to say" in error_of(mcp.call("speak", text=" ... "))
+    for bad in (dict(text="x" * 20_001), dict(text="Hi.", speed=9), dict(text="Hi.", seed=-1),
+                dict(text="Hi.", response_format="pcm")):
+        assert "validation error" in error_of(mcp.call("speak", **bad)), bad
+
+
+def test_the_voice_tools_share_the_server_library(mcp, house_voices):
+    made = json.loads(mcp.call("design_voice", name="aria", instruct="female, elderly",
+                               seed=2).content[0].text)
+    assert made["id"] == "aria" and (house_voices / "aria.npz").is_file()
+    assert "already exists" in error_of(mcp.call("design_voice", name="aria", instruct="male"))
+    assert "preset voice" in error_of(mcp.call("design_voice", name="alloy", instruct="male"))
+    clip = base64.b64encode(CLIP.read_bytes()).decode()
+    ref_text = (ROOT / "tests" / "fixtures" / "audio" / "speech.txt").read_text().strip()
+    cloned = json.loads(mcp.call("clone_voice", name="clip", audio_base64=clip,
+                                 ref_text=ref_text).content[0].text)
+    assert cloned["type"] == "audio_sample" and cloned["ref_text"]
+    assert "base64" in error_of(mcp.call("clone_voice", name="clip2", audio_base64="%%%",
+                                         ref_text="Hi."))
+    assert "could not read the uploaded audio" in error_of(mcp.call("clone_voice", name="clip2",
+                                            audio_base64=base64.b64encode(b"noise" * 99).decode(),
+                                            ref_text="Hi."))
+    listed = {v["id"] for v in mcp.call("list_voices").structured_content["result"]}
+    assert {"aria", "clip", VOICE, "alloy", "cedar"} <= listed
+    assert audio_of(mcp.call("speak", text="Hi.", voice="clip"))
+    found = mcp.call("list_languages", search="english").structured_content["result"]
+    assert {"id": "en", "name": "English"} in found and len(found) < 20
+
+
+def test_a_cancelled_call_leaves_the_engine_within_steps(tiny_model, tmp_path):
+    """What an MCP client's cancel does to the tool (its task cancelled): the call's passes
+    leave the model's engine within a step or two, and its place is given back."""
+    from omnicore.server.mcp_server import McpDoor
+    from omnicore.server.state import ServerState
+
+    long = " ".join(f"Sentence {i} of a story that goes on and on." for i in range(60))
+    server = ServerState(tiny_model, tmp_path / "voices")
+    door = McpDoor(server, None, {"num_step": 64})
+
+    async def cancel():
+        task = asyncio.ensure_future(door.speak(text=long))
+        while tiny_model.engine.load().active_passes == 0:
+            await asyncio.sleep(0.01)
+        before = tiny_model.engine.load().iterations
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        while tiny_model.engine.load().active_passes + tiny_model.engine.load().waiting_passes:
+            await asyncio.sleep(0.01)
+        return tiny_model.engine.load().iterations - before
+    try:
+        assert asyncio.run(asyncio.wait_for(cancel(), 120)) <= 3
+        assert server.load()["in_flight"] == 0
+    finally:
+        server.stop_all()
+        server.close()
+
+
+def test_streamable_http_needs_the_key(house_voices, tmp_path):
+    port = free_port()
+    proc = spawn_omnicore("mcp", "--http", "--port", port, "--api-key", "k-123", "--model", TINY,
+                          "--voices-dir", house_voices, *STEPS, log_path=tmp_path / "mcp.log")
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        deadline = time.monotonic() + 90
+        while True:  # up once it answers (401: no key)
+            assert proc.poll() is None, (tmp_path / "mcp.log").read_text()[-4000:]
+            try:
+                if httpx.post(url, json={}, timeout=5).status_code == 401:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the MCP server is not up"
+            time.sleep(0.3)
+
+        async def talk(key):
+            import httpx2
+
+            client = httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=120)
+            async with Client(streamable_http_client(url, http_client=client)) as c:
+                names = [t.name for t in (await c.list_tools()).tools]
+                return names, await c.call_tool("speak", {"text": "Over HTTP.", "voice": VOICE})
+        names, result = asyncio.run(talk("k-123"))
+        assert "speak" in names and sf.read(io.BytesIO(audio_of(result)[0]))[1] == 24000
+        assert httpx.post(url, json={}, timeout=10).status_code == 401
+        with pytest.raises(Exception):
+            asyncio.run(talk("wrong"))
+    finally:
+        stop_process(proc, 30)
+
+
+def test_same_text_voice_and_seed_same_audio_through_every_door(mcp, tiny_model, house_voices,
+                                                                 tmp_path):
+    """Seeded sampling (one pass: nothing shares its forwards). The streamed doors (Wyoming,
+    HTTP pcm) give `model.stream`'s audio; the whole-file doors (MCP, HTTP flac) give
+    `model.generate`'s; another seed gives other audio."""
+    text, seed = "Hello there, friend.", 11
+    prompt = VoiceClonePrompt.load(house_voices / f"{VOICE}.npz")
+    kw = dict(voice_clone_prompt=prompt, seed=seed, num_step=4)
+    streamed = np.concatenate([to_pcm16(x) for x in tiny_model.stream(text, **kw)]).tobytes()
+    whole = to_pcm16(tiny_model.generate(text, **kw)[0])
+
+    proc, url = start_server(house_voices, "-q", log_path=tmp_path / "serve.log")
+    wyoming, port = start_wyoming(house_voices, "--seed", seed, *STEPS,
+                                  log_path=tmp_path / "wy.log")
+    try:
+        body = {"input": text, "voice": VOICE, "seed": seed, "num_step": 4}
+        pcm = httpx.post(url + "/v1/audio/speech", json={**body, "response_format": "pcm"},
+                         timeout=120).content
+        flac = httpx.post(url + "/v1/audio/speech", json={**body, "response_format": "flac"},
+                          timeout=120).content
+
+        async def wyoming_audio():
+            from wyoming.client import AsyncTcpClient
+            from wyoming.tts import Synthesize, SynthesizeVoice
+
+            async with AsyncTcpClient("127.0.0.1", port) as c:
+                await c.write_event(Synthesize(text=text, voice=SynthesizeVoice(name=VOICE)).event())
+                audio = b""
+                while (event := await c.read_event()).type != "audio-stop":
+                    audio += event.payload or b""
+                return audio
+        by_wyoming = asyncio.run(wyoming_audio())
+    finally:
+        stop_process(proc, 30)
+        stop_process(wyoming, 30)
+    by_mcp, _ = audio_of(mcp.call("speak", text=text, voice=VOICE, seed=seed))
+    other, _ = audio_of(mcp.call("speak", text=text, voice=VOICE, seed=seed + 1))
+
+    # The same audio, up to float rounding: a process's BLAS may round a sample of the decode
+    # the other way (how its buffers happen to be aligned), one 16-bit step at most.
+    def same(a, b):
+        a, b = np.asarray(a, np.int32), np.asarray(b, np.int32)
+        return a.shape == b.shape and np.abs(a - b).max() <= 1
+    pcm16 = lambda data: np.frombuffer(data, "<i2")  # noqa: E731
+    decode = lambda data: sf.read(io.BytesIO(data), dtype="int16")[0]  # noqa: E731
+    assert same(pcm16(by_wyoming), pcm16(pcm)) and same(pcm16(pcm), pcm16(streamed))
+    assert same(decode(by_mcp), decode(flac)) and same(decode(flac), whole)
+    assert not same(decode(other), whole)
+
+
+MCP_EXAMPLES = [ex for ex in doc_examples("docs/integrations.md") if "omnicore mcp" in ex[1]
+                or '"mcp"' in ex[1]]
+
+
+def test_the_docs_have_an_mcp_example():
+    assert MCP_EXAMPLES
+
+
+@pytest.mark.parametrize("where, code", MCP_EXAMPLES, ids=[w for w, _ in MCP_EXAMPLES])
+def test_the_docs_mcp_example_runs(where, code, tmp_path, monkeypatch, capsys):
+    """As written, but on the tiny checkpoint, and its server on this checkout (the SDK passes
+    a server only a few variables of its environment)."""
+    import mcp.client.stdio as stdio
+
+    monkeypatch.chdir(tmp_path)
+    default = stdio.get_default_environment
+    monkeypatch.setattr(stdio, "get_default_environment",
+                        lambda: {**default(), "PYTHONPATH": str(ROOT)})
+    assert '"k2-fsa/OmniVoice"' in code, "the example names the model it serves"
+    code = code.replace('"k2-fsa/OmniVoice"', repr(str(TINY)))
+    exec(compile(code, where, "exec"), {"__name__": "__example__"})
+    assert "s of speech" in capsys.readouterr().out and (tmp_path / "speech" / "reminder.wav").is_file()
