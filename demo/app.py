@@ -79,6 +79,7 @@ except ImportError:  # a source checkout without `pip install -e .`: use the pac
 
 from omnicore import GenerationConfig, OmniVoice, VoiceClonePrompt  # noqa: E402
 from omnicore.audio.writers import to_pcm16  # noqa: E402
+from omnicore.checkpoint import HUB_REPO  # noqa: E402
 from omnicore.errors import InputError, OmniCoreError  # noqa: E402
 from omnicore.model import backend  # noqa: E402
 from omnicore.text import limits  # noqa: E402
@@ -90,7 +91,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import presets  # noqa: E402
 from visuals import render_unmasking, render_waveform  # noqa: E402
 
-DEFAULT_MODEL = "k2-fsa/OmniVoice"
+DEFAULT_MODEL = HUB_REPO
 DEFAULT_CONCURRENCY = 1
 DEFAULT_MAX_QUEUE = 16
 AUTO_LANGUAGE = "auto"

@@ -65,7 +65,7 @@ class OmniVoice:
         return getattr(self.params, "precision", "fp32")
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str = "k2-fsa/OmniVoice", precision: str = "fp32"
+    def from_pretrained(cls, name_or_path: str = checkpoint.HUB_REPO, precision: str = "fp32"
                         ) -> "OmniVoice":
         """Load from a local checkpoint directory or a hub repo id (downloaded once, then cached).
 
