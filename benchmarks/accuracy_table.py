@@ -68,10 +68,10 @@ def _selection(conf, tokens_in, step: int, num_step: int, mask_id: int):
     fills every masked cell (no decision to get wrong). The greedy rule of
     unmasking.choose_cells, on the host and in the confidences' own precision (float64 for the
     oracle: choose_cells runs on the device, which holds no float64)."""
-    from omnicore.model.unmasking import unmask_schedule
+    from omnicore.model.unmasking import cells_per_step
 
     C, T = conf.shape
-    k = unmask_schedule(C * T, num_step, 0.1)[step]
+    k = cells_per_step(C * T, num_step, 0.1)[step]
     filled = tokens_in[step] != mask_id
     if k >= (~filled).sum():
         return None
@@ -91,8 +91,8 @@ def _count_selection(pool, conf, conf64, tokens_in, step, mask_id):
 
 def omnicore_errors(oracle: Path, ckpt: Path, cases) -> dict:
     """Errors of omnicore on the current backend against float64 (pooled over cases)."""
-    from omnicore import OmniVoice
-    from omnicore.model import backbone as bb, codec as codec_mod, hubert, scoring_kernels
+    from omnicore import OmniVoice, checkpoint
+    from omnicore.model import backbone as bb, higgs_codec, hubert, scoring_kernels
     from omnicore.model.backend import to_numpy
     from omnicore.model.resample import resample
 
@@ -138,25 +138,25 @@ def omnicore_errors(oracle: Path, ckpt: Path, cases) -> dict:
     if cpath.is_file():
         z = np.load(cpath)
         ccfg = model.codec.cfg
-        cparams = codec_mod.ensure_encoder(model.codec.params, ccfg, model.codec.dir)
+        cparams = checkpoint.load_codec_encoder(model.codec.params, ccfg, model.codec.dir)
         wav = z["input"]
         x16 = np.pad(resample(wav, ccfg.sample_rate, ccfg.semantic_sample_rate),
-                     (codec_mod.SEMANTIC_PAD, codec_mod.SEMANTIC_PAD))
+                     (higgs_codec.SEMANTIC_PAD, higgs_codec.SEMANTIC_PAD))
         states = [to_numpy(s) for s in hubert.hidden_states(cparams.encoder.hubert, x16,
                                                              ccfg.semantic_model_config)]
         pool.add("HuBERT states", np.stack(states), z["x64_hubert_states"])
-        feats = codec_mod.encode_features(cparams, wav, ccfg)
+        feats = higgs_codec.encode_features(cparams, wav, ccfg)
         for key, stage in (("semantic_hubert", "semantic features"), ("semantic", "semantic encoder"),
                            ("acoustic", "acoustic encoder"), ("fused", "fused features")):
             pool.add(stage, feats[key], z[f"x64_{key}"])
-        codes, residuals = codec_mod.quantize(cparams, feats["fused"], ccfg, return_residuals=True)
+        codes, residuals = higgs_codec.quantize(cparams, feats["fused"], ccfg, return_residuals=True)
         want_codes = z["x64_codes"]
         agree = np.ones(codes.shape[1], bool)
         for q in range(codes.shape[0]):
             pool.add(f"RVQ residual {q}", residuals[q], z["x64_residuals"][q], keep=agree)
             agree &= codes[q] == want_codes[q]
         pool.count("encoder code flips", (codes != want_codes).sum(), codes.size)
-        wave = codec_mod.decode(cparams, z["dec_codes"], ccfg)
+        wave = higgs_codec.decode(cparams, z["dec_codes"], ccfg)
         pool.add("decoder output", wave, z["x64_wave"])
     return pool.result()
 

@@ -11,7 +11,7 @@ same folder (warm: every kernel loads from it). A process loads the model, then 
     generate  `generate()` of one sentence (the `omnicore say` path: unmasking, then decode)
     stream    `stream()` of two sentences (chunked, decoded in windows)
     clone     `create_voice_clone_prompt()` of the 9 s test clip (HuBERT + the DAC encoder)
-    decode    `codec.decode()` of 2 s of codes alone
+    decode    `Codec.decode()` of 2 s of codes alone
     all       generate, stream, clone and decode in one process (what a server meets)
     warmup    omnicore's own warm-up (`omnicore warmup`), when the code has it
 

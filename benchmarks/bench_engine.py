@@ -16,7 +16,7 @@ Cases (times are wall seconds of unmasking: generate_codes, no decode):
   throughput  4 concurrent MID requests: packed on the engine, one after another, and 4
               threads each running its own forward (unmasking.generate_codes: the code path
               before the engine); per iteration of the packed and the serial runs: GFLOP
-              (backbone.forward_flops), median forward and iteration time, and the % of the numpy
+              (cost.forward_flops), median forward and iteration time, and the % of the numpy
               sgemm roofline (roofline.py: numpy's time for exactly those GEMMs)
   long text   a voice-prompt text of 4 chunks (5 s reference): packed (one request) vs chunk
               after chunk
@@ -139,7 +139,7 @@ class IterationLog:
         the idle wait): GFLOP, median forward and iteration seconds, numpy's roofline seconds."""
         from roofline import sgemm_roofline_seconds
 
-        from omnicore.model.backbone import forward_flops
+        from omnicore.model.cost import forward_flops
 
         its = [(f, e - p) for f, p, e in zip(self.forwards[1:], self.ends, self.ends[1:])]
         shape = statistics.mode((rows, heads) for (_, rows, heads), _ in its)
@@ -214,11 +214,12 @@ def case_longtext(model, a) -> dict:
 def case_host(model, a) -> dict:
     """Per-iteration time outside the forward for 1, 4 and 8 packed passes (median)."""
     from omnicore.engine import PassSpec
-    from omnicore.model import unmasking
+    from omnicore.model import packed_unmasking as pu
     from omnicore.model.config import GenerationConfig
+    from omnicore.model.unmasking import PassState
 
     gen = GenerationConfig(num_step=a.steps_small, **GREEDY)
-    orig_fwd, orig_it = unmasking.forward_rows, unmasking.iterate
+    orig_fwd, orig_it = pu.forward_rows, pu.iterate
     fwd, its = [], []
 
     def forward_rows(*args, **kw):
@@ -232,7 +233,12 @@ def case_host(model, a) -> dict:
         orig_it(*args, **kw)
         its.append(time.perf_counter() - t0)
 
-    unmasking.forward_rows, unmasking.iterate = forward_rows, iterate
+    def run(items):  # the engine's loop without the engine: packed iterations, one cache
+        states, cache = [PassState(it, gen, None, model.config) for it in items], pu.PackCache()
+        for _ in range(gen.num_step):
+            pu.iterate(model.params, model.config, states, cache)
+
+    pu.forward_rows, pu.iterate = forward_rows, iterate
     out = {}
     try:
         # the requests' length, and 5 frames: per-cell work then vanishes, per-pass work shows
@@ -241,17 +247,17 @@ def case_host(model, a) -> dict:
                                                    round(seconds * 25), None, None, None, None,
                                                    None, gen)) for i in range(8)]
             for n in (1, 4, 8):
-                unmasking.generate_codes(model.params, model.config, items[:n], gen)  # warm
+                run(items[:n])  # warm
                 host, forward = [], []
                 for _ in range(a.repeats):
                     fwd.clear(), its.clear()
-                    unmasking.generate_codes(model.params, model.config, items[:n], gen)
+                    run(items[:n])
                     host += [i - f for i, f in zip(its, fwd)]
                     forward += fwd
                 out[f"{seconds:g}/{n}"] = {"host_ms": 1e3 * statistics.median(host),
                                            "forward_ms": 1e3 * statistics.median(forward)}
     finally:
-        unmasking.forward_rows, unmasking.iterate = orig_fwd, orig_it
+        pu.forward_rows, pu.iterate = orig_fwd, orig_it
     return out
 
 

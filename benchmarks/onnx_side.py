@@ -11,7 +11,7 @@ The sub-models are the reference's own modules exported in float32 by
     higgs_decoder              codes [1, C, T]                         -> audio [1, 1, 960 T]
 
 Everything else is omnicore's: the prompt, the schedule, the guided scoring and filling
-(`unmasking.iterate`, through the engine), the planner and the post-processing. Only the
+(`packed_unmasking.iterate`, through the engine), the planner and the post-processing. Only the
 backbone forward and the codec decode change hands, so the two columns differ in nothing but
 the runtime that does the model's arithmetic. Each row runs unpadded on its own (the
 unconditional row is the targets alone, as in omnicore), and the heads see the target frames
@@ -85,10 +85,11 @@ class OnnxCodec:
     Voices must come as ready prompts: there is no encoder here."""
 
     def __init__(self, checkpoint_dir: Path, backbone: OnnxBackbone):
+        from omnicore import checkpoint
         from omnicore.model.config import HiggsAudioV2TokenizerConfig
 
-        self.cfg = HiggsAudioV2TokenizerConfig.from_file(Path(checkpoint_dir) / "audio_tokenizer"
-                                                         / "config.json")
+        self.cfg = checkpoint.read_config(Path(checkpoint_dir) / "audio_tokenizer" / "config.json",
+                                          HiggsAudioV2TokenizerConfig)
         self.sampling_rate, self.frame_rate = self.cfg.sample_rate, self.cfg.frame_rate
         self.hop_length = self.cfg.hop_length
         self.decode = backbone.decode
@@ -97,10 +98,11 @@ class OnnxCodec:
         raise NotImplementedError("the ONNX column takes ready voice prompts (no encoder export)")
 
 
-def install(unmasking) -> None:
-    """Route `unmasking.forward_rows` to ORT when the params are an OnnxBackbone (omnicore's
-    own forward otherwise), so one process can hold both columns. Idempotent."""
-    orig = unmasking.forward_rows
+def install(loop) -> None:
+    """Route the forward of `loop` (omnicore.model.packed_unmasking: what the engine runs) to
+    ORT when the params are an OnnxBackbone (omnicore's own forward otherwise), so one process
+    can hold both columns. Idempotent."""
+    orig = loop.forward_rows
     if getattr(orig, "_onnx_dispatch", False):
         return
     from omnicore.model.backend import to_numpy
@@ -112,19 +114,19 @@ def install(unmasking) -> None:
         return logits if whole else np.split(logits, np.cumsum(num_out)[:-1].tolist(), axis=1)
 
     forward_rows._onnx_dispatch = True
-    unmasking.forward_rows = forward_rows
+    loop.forward_rows = forward_rows
 
 
 def onnx_model(checkpoint_dir: Path, onnx_dir: Path, threads: int):
     """An omnicore OmniVoice (tokenizer, planner, engine, scoring, post-processing) whose
     backbone forward and codec decode run on ONNX Runtime."""
-    from omnicore import OmniVoice
-    from omnicore.model import tokenizer as tok_mod, unmasking
-    from omnicore.model.config import OmniVoiceConfig
+    from omnicore import OmniVoice, checkpoint, settings
+    from omnicore.model import packed_unmasking
 
-    install(unmasking)
+    settings.configure()  # omnicore's scoring kernels run here too
+    install(packed_unmasking)
     checkpoint_dir = Path(checkpoint_dir)
-    cfg = OmniVoiceConfig.from_file(checkpoint_dir / "config.json")
+    cfg = checkpoint.read_config(checkpoint_dir / "config.json")
     backbone = OnnxBackbone(onnx_dir, threads)
-    return OmniVoice(checkpoint_dir, cfg, backbone, tok_mod.load_tokenizer(checkpoint_dir),
+    return OmniVoice(checkpoint_dir, cfg, backbone, checkpoint.load_tokenizer(checkpoint_dir),
                      OnnxCodec(checkpoint_dir, backbone))

@@ -5,7 +5,7 @@
                                                     [--encode-s 5] [--decode-s 10] [--no-reference]
 
 omnicore's stages are timed by walking the codec's own building blocks in the order
-`codec.encode` / `codec.decode` run them (the walk's result is checked against the real call,
+`higgs_codec.encode` / `higgs_codec.decode` run them (the walk's result is checked against the real call,
 so a change to the codec that the walk misses fails loudly). The reference's stages are timed
 with forward pre/post hooks on its corresponding modules (DAC blocks, HuBERT layers, ...).
 Both sides run warm (one untimed call each first), alternating in one process, and every stage
@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from omnicore.model import codec, hubert  # noqa: E402
+from omnicore.model import higgs_codec, hubert  # noqa: E402
 from omnicore.model.conv_kernels import (conv1d, conv_transpose1d, gelu, group_norm,  # noqa: E402
                                          grouped_conv1d, snake)
 
@@ -87,10 +87,10 @@ def _conv_flop(t_out, k, cin, cout):
 def omni_decode(params, codes, cfg, st: Stages):
     dec = params.decoder
     with st("dequantize + fc2"):
-        z = codec.dequantize(dec, codes[None])
+        z = higgs_codec.dequantize(dec, codes[None])
         x = z @ dec.fc2_w + dec.fc2_b  # [1, T, Ca]
     with st("conv1 (7 taps)", _conv_flop(x.shape[1], 7, x.shape[2], dec.conv1.w.shape[2])):
-        x = codec._conv(dec.conv1, x, padding=3)
+        x = higgs_codec._conv(dec.conv1, x, padding=3)
     for i, blk in enumerate(dec.blocks):
         s, cin = blk.stride, x.shape[2]
         with st(f"block {i}: Snake (C={cin})"):
@@ -102,10 +102,10 @@ def omni_decode(params, codes, cfg, st: Stages):
         c, t_ = x.shape[2], x.shape[1]
         with st(f"block {i}: 3 res units (C={c}, {t_} steps)", 3 * (_conv_flop(t_, 7, c, c) + _conv_flop(t_, 1, c, c))):
             for u in blk.res_units:
-                x = codec._dac_res_unit(u, x)
+                x = higgs_codec._dac_res_unit(u, x)
     with st("final Snake + conv2 (7 taps -> 1)", _conv_flop(x.shape[1], 7, x.shape[2], 1)):
         x = snake(x, dec.snake.alpha, dec.snake.inv_alpha)
-        x = codec._conv(dec.conv2, x, padding=3)
+        x = higgs_codec._conv(dec.conv2, x, padding=3)
     return np.asarray(x)[0, :, 0]
 
 
@@ -114,8 +114,8 @@ def omni_encode(params, wav, cfg, st: Stages):
     sm = cfg.semantic_model_config
     hp = enc.hubert
     with st("resample 24k -> 16k"):
-        x16 = codec.resample(wav, cfg.sample_rate, cfg.semantic_sample_rate)
-        x16 = np.pad(x16, (codec.SEMANTIC_PAD, codec.SEMANTIC_PAD))
+        x16 = higgs_codec.resample(wav, cfg.sample_rate, cfg.semantic_sample_rate)
+        x16 = np.pad(x16, (higgs_codec.SEMANTIC_PAD, higgs_codec.SEMANTIC_PAD))
     x = x16.reshape(1, -1, 1)
     for i, (w, b, s) in enumerate(zip(hp.conv_w, hp.conv_b, sm.conv_stride)):
         k_, cin, cout = w.shape
@@ -161,28 +161,28 @@ def omni_encode(params, wav, cfg, st: Stages):
         for h in states[1:]:
             acc += h
         hub = (acc / np.float32(len(states)))[::cfg.semantic_downsample_factor]
-        sem = codec._semantic_encode(enc, cfg, hub[None])
+        sem = higgs_codec._semantic_encode(enc, cfg, hub[None])
     ac_in = wav
-    if codec._acoustic_frames(wav.shape[0], cfg) != hub.shape[0]:
+    if higgs_codec._acoustic_frames(wav.shape[0], cfg) != hub.shape[0]:
         ac_in = np.pad(wav, (cfg.hop_length // 2, cfg.hop_length // 2))
     x = ac_in.reshape(1, -1, 1)
     with st("DAC conv1 (1 -> 64, 7 taps)", _conv_flop(x.shape[1], 7, 1, enc.ac_conv1.w.shape[2])):
-        x = codec._conv(enc.ac_conv1, x, padding=3)
+        x = higgs_codec._conv(enc.ac_conv1, x, padding=3)
     for i, blk in enumerate(enc.ac_blocks):
         c, t_ = x.shape[2], x.shape[1]
         with st(f"block {i}: 3 res units (C={c}, {t_} steps)", 3 * (_conv_flop(t_, 7, c, c) + _conv_flop(t_, 1, c, c))):
             for u in blk.res_units:
-                x = codec._dac_res_unit(u, x)
+                x = higgs_codec._dac_res_unit(u, x)
         s = blk.stride
         with st(f"block {i}: Snake + conv x/{s} ({c}->{2 * c})", _conv_flop(t_ // s, 2 * s, c, 2 * c)):
             x = snake(x, blk.snake.alpha, blk.snake.inv_alpha)
-            x = codec._conv(blk.conv, x, stride=s, padding=math.ceil(s / 2))
+            x = higgs_codec._conv(blk.conv, x, stride=s, padding=math.ceil(s / 2))
     with st("DAC final Snake + conv2 (3 taps)", _conv_flop(x.shape[1], 3, x.shape[2], enc.ac_conv2.w.shape[2])):
         x = snake(x, enc.ac_snake.alpha, enc.ac_snake.inv_alpha)
-        ac = codec._conv(enc.ac_conv2, x, padding=1)
+        ac = higgs_codec._conv(enc.ac_conv2, x, padding=1)
     with st("fc + RVQ"):
         fused = np.concatenate([ac, sem], axis=-1)[0] @ enc.fc_w + enc.fc_b
-        codes = codec.quantize(params, fused, cfg)
+        codes = higgs_codec.quantize(params, fused, cfg)
     return codes
 
 
@@ -322,7 +322,7 @@ def table(title, runs_o, runs_r, total_o, total_r):
 def main():
     import soundfile as sf
 
-    from omnicore.model.codec import Codec
+    from omnicore.model.higgs_codec import Codec
 
     model_dir = ARGS.model
     cdc = Codec(model_dir)
@@ -333,7 +333,7 @@ def main():
     clip, sr = sf.read(ROOT / "tests/fixtures/audio/speech_24k.wav", dtype="float32")
     n = int(ARGS.encode_s * sr)
     clip = np.tile(clip, -(-n // len(clip)))[:n]
-    clip = codec.pad_to_hop(clip, cfg.hop_length)
+    clip = higgs_codec.pad_to_hop(clip, cfg.hop_length)
 
     ref = None
     if not ARGS.no_reference:
@@ -347,7 +347,7 @@ def main():
             from transformers import AutoModel
 
             torch.set_num_threads(ARGS.threads)
-            tok_dir = codec._codec_dir(model_dir)
+            tok_dir = higgs_codec._codec_dir(model_dir)
             ref = AutoModel.from_pretrained(str(tok_dir), dtype=torch.float32).eval()
         except ImportError as exc:
             print(f"(no reference: {exc})", file=sys.stderr)
@@ -357,11 +357,11 @@ def main():
     params = cdc.params
 
     # the walks must compute what the codec computes
-    want = codec.decode(params, codes, cfg)
+    want = higgs_codec.decode(params, codes, cfg)
     got = omni_decode(params, codes, cfg, Stages())
-    assert np.allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max()), "decode walk differs from codec.decode"
-    assert np.array_equal(omni_encode(params, clip, cfg, Stages()), codec.encode(params, clip, cfg)), \
-        "encode walk differs from codec.encode"
+    assert np.allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max()), "decode walk differs from higgs_codec.decode"
+    assert np.array_equal(omni_encode(params, clip, cfg, Stages()), higgs_codec.encode(params, clip, cfg)), \
+        "encode walk differs from higgs_codec.encode"
 
     hooks = RefHooks(ref, cfg) if ref is not None else None
 
@@ -388,7 +388,7 @@ def main():
                     (omni_decode(params, codes, cfg, st) if what == "decode" else omni_encode(params, clip, cfg, st))
                     runs_o.append(st)
                     t0 = time.perf_counter()
-                    codec.decode(params, codes, cfg) if what == "decode" else codec.encode(params, clip, cfg)
+                    higgs_codec.decode(params, codes, cfg) if what == "decode" else higgs_codec.encode(params, clip, cfg)
                     tot_o.append(time.perf_counter() - t0)
                 elif ref is not None:
                     hooks.st = Stages()

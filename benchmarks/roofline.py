@@ -1,5 +1,5 @@
 """The numpy sgemm roofline of one forward pass: how long numpy's BLAS alone takes for exactly
-its GEMMs (FLOPs: omnicore.model.backbone.forward_flops). Shared by the benchmarks."""
+its GEMMs (FLOPs: omnicore.model.cost.forward_flops). Shared by the benchmarks."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def codec_encode_gemms(cfg, samples):
 
     sm, ac = cfg.semantic_model_config, cfg.acoustic_model_config
     out = []
-    from omnicore.model.codec import SEMANTIC_PAD
+    from omnicore.model.higgs_codec import SEMANTIC_PAD
 
     n16 = math.ceil(cfg.semantic_sample_rate * samples / cfg.sample_rate) + 2 * SEMANTIC_PAD
     cin = 1

@@ -72,9 +72,9 @@ class Worker:
     so that the driver can raise it as it is rather than as a dead actor."""
 
     def __init__(self, model: str, threads: int, name: str):
-        from .model import kernels
+        from . import settings
 
-        kernels.set_num_threads(threads)  # the pools' sizes also come from the actor's env
+        settings.configure(threads=threads)  # the pools' sizes also come from the actor's env
         self.name = f"{name}@{socket.gethostname()}:{os.getpid()}"
         self.model = None
         self.error: tuple[str, str] | None = None

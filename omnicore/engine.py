@@ -10,8 +10,9 @@
                                                                  `schedule` picks into one
                                                                  forward_rows
                                                               3. score, pick and fill every pass,
-                                                                 each by its own schedule, in one
-                                                                 call each (unmasking.iterate)
+                                                                 each by its own cells per step,
+                                                                 in one call each
+                                                                 (packed_unmasking.iterate)
                                                               4. retire finished passes; drop
                                                                  cancelled ones
 
@@ -58,14 +59,14 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from .errors import CancelledError, InputError
-from .model import backbone, tokenizer as tok_mod, unmasking
+from .model import cost, packed_unmasking, tokenizer as tok_mod, unmasking
 from .model.config import GenerationConfig, validate_sampling
 
 __all__ = ["PassSpec", "Ticket", "Engine", "EngineLoad", "default_token_budget", "pass_seed",
            "schedule"]
 
 IDLE_EXIT_S = 10.0  # the worker thread ends after this long without work
-# Costs are backbone.forward_flops of a request's rows. Requests costing up to SIMILAR_COST times the
+# Costs are cost.forward_flops of a request's rows. Requests costing up to SIMILAR_COST times the
 # least-work request per iteration share its forwards (packing similar work is cheap per row).
 SIMILAR_COST = 2.0
 # A request sitting out runs once the others have run HOLD x its own per-iteration cost, so it
@@ -144,10 +145,10 @@ def schedule(costs: Sequence[float], work: Sequence[float], held: Sequence[float
 
 
 def default_token_budget(cfg) -> int:
-    """Packed tokens per iteration whose working memory stays within backbone.MAX_PASS_BYTES (the
-    bound every single pass is held to), from the model's per-token cost in backbone.forward_bytes."""
-    per_token = backbone.forward_bytes(cfg, [2], [0]) - backbone.forward_bytes(cfg, [1], [0])
-    return max(1, backbone.MAX_PASS_BYTES // per_token)
+    """Packed tokens per iteration whose working memory stays within cost.MAX_PASS_BYTES (the
+    bound every single pass is held to), from the model's per-token cost in cost.forward_bytes."""
+    per_token = cost.forward_bytes(cfg, [2], [0]) - cost.forward_bytes(cfg, [1], [0])
+    return max(1, cost.MAX_PASS_BYTES // per_token)
 
 
 class Ticket:
@@ -242,11 +243,11 @@ class _Pass:
         self.spec = ticket.specs[index]
         self.prepared: tok_mod.PreparedItem | None = None
         self.state: unmasking.PassState | None = None
-        self.cost = 0  # backbone.forward_flops of its rows: one iteration's cost, set on admission
+        self.cost = 0  # cost.forward_flops of its rows in a mean iteration, set on admission
 
     def work(self) -> int:
         """What running it to the end still costs."""
-        return self.cost * (len(self.state.schedule) - self.state.step)
+        return self.cost * (len(self.state.cells_per_step) - self.state.step)
 
     def ready(self) -> bool:
         a = self.spec.after
@@ -258,8 +259,8 @@ class Engine:
 
     One worker thread (started on first use, a daemon; it ends after IDLE_EXIT_S without work)
     owns the forward. `max_tokens` bounds the packed tokens of one iteration (default:
-    `default_token_budget`) and backbone.forward_bytes of the pack stays within
-    backbone.MAX_PASS_BYTES; passes beyond either wait, first come first served. A pass alone is
+    `default_token_budget`) and cost.forward_bytes of the pack stays within
+    cost.MAX_PASS_BYTES; passes beyond either wait, first come first served. A pass alone is
     always admitted (its memory was checked at submit).
     `trace`, when set, is called on the engine thread after each iteration with the request ids
     of the passes it ran (for tests, benchmarks and metrics; `load()` then describes that
@@ -280,7 +281,7 @@ class Engine:
         self._waiting: deque[_Pass] = deque()
         self._active: list[_Pass] = []
         self._thread: threading.Thread | None = None
-        self._cache = unmasking.PackCache()
+        self._cache = packed_unmasking.PackCache()
 
     # -- submitting -----------------------------------------------------------------------------
 
@@ -303,9 +304,8 @@ class Engine:
                     raise InputError("a pass can only depend on an independent pass of its request")
                 C = self.cfg.num_audio_codebook
                 item = self.prepare(spec, np.zeros((C, specs[spec.after].frames), np.int64))
-            rows = [item.input_ids.shape[1]] + ([spec.frames] if spec.gen.guidance_scale else [])
-            backbone.check_pass_memory(self.cfg, rows, [spec.frames] * len(rows),
-                                       spec.gen.class_temperature > 0)
+            rows, num_out, kept = self._rows(item, spec.gen)
+            cost.check_pass_memory(self.cfg, rows, num_out, spec.gen.class_temperature > 0, kept)
             prepared.append(item if spec.after is None else None)
         return prepared
 
@@ -359,13 +359,24 @@ class Engine:
 
     # -- the worker -----------------------------------------------------------------------------
 
+    def _rows(self, item: tok_mod.PreparedItem, gen) -> tuple[list[int], list[int], int]:
+        """A pass's whole rows (the largest step's), as cost.forward_bytes takes them, and what
+        it keeps between steps (cost.kept_bytes: the fast profile's prompt cache and logits)."""
+        T, guided = item.num_target, gen.guidance_scale != 0
+        rows = [item.input_ids.shape[1]] + ([T] if guided else [])
+        kept = cost.kept_bytes(self.cfg, gen, item.input_ids.shape[1] - T, T, guided)
+        return rows, [T] * len(rows), kept
+
     def _fits(self, passes: list[_Pass]) -> bool:
-        """The pack of `passes` within the token budget and backbone.MAX_PASS_BYTES of memory."""
-        lengths = [ids.shape[1] for p in passes for ids, _ in p.state.rows]
-        num_out = [n for p in passes for n in p.state.num_out]
+        """The pack of `passes` within the token budget and cost.MAX_PASS_BYTES of memory: the
+        forward of all their whole rows, and what each keeps between steps."""
+        lengths, num_out, kept = [], [], 0
+        for p in passes:
+            rows, outs, keeps = self._rows(p.prepared, p.spec.gen)
+            lengths, num_out, kept = lengths + rows, num_out + outs, kept + keeps
         sampling = any(p.spec.gen.class_temperature > 0 for p in passes)
-        return (sum(lengths) <= self.max_tokens and backbone.forward_bytes(
-            self.cfg, lengths, num_out, sampling) <= backbone.MAX_PASS_BYTES)
+        return (sum(lengths) <= self.max_tokens and cost.forward_bytes(
+            self.cfg, lengths, num_out, sampling) + kept <= cost.MAX_PASS_BYTES)
 
     def _admit(self) -> None:
         """Move ready waiting passes to the active set, FIFO, within the token budget."""
@@ -382,16 +393,20 @@ class Engine:
             try:
                 if p.prepared is None:  # the reference pass just retired: its codes are the voice
                     p.prepared = self.prepare(p.spec, ticket._results[p.spec.after][0])
-                if p.state is None:
-                    p.state = unmasking.PassState(p.prepared, p.spec.gen, p.spec.seed, self.cfg)
-                    p.cost = backbone.forward_flops(
-                        self.cfg, [ids.shape[1] for ids, _ in p.state.rows], p.state.num_out)
             except BaseException as exc:  # surfaces in the caller's result()
                 ticket._finish("error", exc)
                 continue
             if self._active and not self._fits(self._active + [p]):
                 blocked = True  # first come first served: later passes do not overtake it
                 kept.append(p)
+                continue
+            try:  # its buffers (and the fast profile's cache) once it fits
+                p.state = unmasking.PassState(p.prepared, p.spec.gen, p.spec.seed, self.cfg)
+                gen, T = p.spec.gen, p.prepared.num_target
+                p.cost = cost.pass_flops(self.cfg, gen, p.state.prompt, T,
+                                         p.state.use_uncond) // gen.num_step
+            except BaseException as exc:
+                ticket._finish("error", exc)
                 continue
             self._active.append(p)
         self._waiting = kept
@@ -423,7 +438,7 @@ class Engine:
                     for p in list(self._active) + list(self._waiting):
                         p.ticket._finish("error", exc)
                     self._active, self._waiting = [], deque()
-                self._cache = unmasking.PackCache()
+                self._cache = packed_unmasking.PackCache()
 
     def _iteration(self) -> None:
         while True:
@@ -442,13 +457,14 @@ class Engine:
                         raise _Idle
                     continue
                 active = self._select(self._active)
-                tokens = sum(ids.shape[1] for p in active for ids, _ in p.state.rows)
+                tokens = sum(ids.shape[1] for p in active for ids, *_ in p.state.rows_now())
             try:
-                unmasking.iterate(self.params, self.cfg, [p.state for p in active], self._cache)
+                packed_unmasking.iterate(self.params, self.cfg, [p.state for p in active],
+                                         self._cache)
             except BaseException as exc:  # the shared forward failed: every pass in it fails
                 for p in active:
                     p.ticket._finish("error", exc)
-                self._cache = unmasking.PackCache()
+                self._cache = packed_unmasking.PackCache()
                 return
             with self._cond:
                 self.iterations += 1

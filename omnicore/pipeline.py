@@ -5,11 +5,11 @@
         tokenizer.json -> Tokenizer; audio_tokenizer/ -> Codec (encoder half loaded lazily)
     generate(text, ...)
         1. prepare    limits.validate_text, resolve language / instruct, voice prompt from ref_audio
-                      (postprocess.prepare_reference_audio -> codec.encode), duration estimate -> T frames
+                      (postprocess.prepare_reference_audio -> Codec.encode), duration estimate -> T frames
         2. unmask     the plan's passes -> engine.Engine (the model's one worker thread, 32 steps
                       of CFG unmasking, passes of every caller packed into shared forwards);
                       long text: text chunks, chunk 0 becomes the voice reference of the rest
-        3. decode     codec.decode: [8, T] codes -> 960*T samples at 24 kHz
+        3. decode     higgs_codec.decode: [8, T] codes -> 960*T samples at 24 kHz
         4. postprocess postprocess.postprocess_output: silence trim, loudness, fades, padding (with
                       pause marks, postprocess.postprocess_paused: segments joined by exact silence)
 
@@ -28,15 +28,14 @@ from typing import Callable
 
 import numpy as np
 
-from . import streaming
+from . import checkpoint, settings, streaming
 from .audio import postprocess
 from .audio.loading import load_audio
 from .engine import Engine, PassSpec
-from .errors import AudioError, InputError, RefTextMismatchWarning
-from .model import backbone, codec as codec_mod, tokenizer as tok_mod
+from .errors import AudioError, ConfigError, InputError, RefTextMismatchWarning
+from .model import backbone, higgs_codec
 from .model.backend import check_precision
-from .model.config import GenerationConfig, OmniVoiceConfig
-from .model.weights import ParamReader, resolve_codec_dir, resolve_model_dir
+from .model.config import PROFILES, GenerationConfig, OmniVoiceConfig
 from .request import Request, build_requests
 from .text import frontend, limits, planner
 from .voice import Synthesis, VoiceClonePrompt, check_voice_prompt
@@ -49,7 +48,9 @@ from .voice import Synthesis, VoiceClonePrompt, check_voice_prompt
 class OmniVoice:
     """OmniVoice text-to-speech on numpy: voice cloning, voice design and auto voice."""
 
-    def __init__(self, model_dir: Path, cfg: OmniVoiceConfig, params, tokenizer, codec: Codec):
+    def __init__(self, model_dir: Path, cfg: OmniVoiceConfig, params, tokenizer, codec: Codec,
+                 profile: str = "exact"):
+        self.profile = profile  # the generation profile of calls that name none
         self.model_dir = Path(model_dir)
         self.config = cfg
         self.params = params
@@ -66,22 +67,29 @@ class OmniVoice:
         return getattr(self.params, "precision", "fp32")
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str = "k2-fsa/OmniVoice", precision: str = "fp32"
-                        ) -> "OmniVoice":
+    def from_pretrained(cls, name_or_path: str = checkpoint.HUB_REPO, precision: str = "fp32",
+                        profile: str = "exact") -> "OmniVoice":
         """Load from a local checkpoint directory or a hub repo id (downloaded once, then cached).
 
         precision: what the backbone's GEMMs take as inputs: "fp32" (exact, the default),
         "tf32", "bf16" or "fp16" (inputs rounded to that format, float32 accumulation, norms,
-        softmax and scoring in float32; docs/configuration.md). ConfigError for another value."""
+        softmax and scoring in float32; docs/configuration.md). ConfigError for another value.
+        profile: the generation profile of calls that name none: "exact" (the default) or
+        "fast" (approximate: GenerationConfig.for_profile; docs/performance.md). ConfigError
+        for another value. The process's runtime settings (backend, threads) are read first
+        (settings.configure)."""
+        settings.configure()
         check_precision(precision)
-        model_dir = resolve_model_dir(name_or_path)
-        cfg = OmniVoiceConfig.from_file(model_dir / "config.json")
-        reader = ParamReader.open(model_dir / "model.safetensors")
+        if profile not in PROFILES:
+            raise ConfigError(f"profile={profile!r} is not one of {', '.join(map(repr, PROFILES))}")
+        model_dir = checkpoint.resolve_model_dir(name_or_path)
+        cfg = checkpoint.read_config(model_dir / "config.json", OmniVoiceConfig)
+        reader = checkpoint.open_params(model_dir / "model.safetensors")
         params = backbone.load_params(reader, cfg, precision)
-        reader.finish()
-        tokenizer = tok_mod.load_tokenizer(model_dir)
-        codec = Codec(resolve_codec_dir(model_dir))
-        return cls(model_dir, cfg, params, tokenizer, codec)
+        reader.finish()  # the file stays open: the text embedding table is read by rows
+        tokenizer = checkpoint.load_tokenizer(model_dir)
+        codec = Codec(checkpoint.resolve_codec_dir(model_dir))
+        return cls(model_dir, cfg, params, tokenizer, codec, profile)
 
     # -- voice prompts ------------------------------------------------------------------------
 
@@ -261,8 +269,9 @@ class Codec:
     """
 
     def __init__(self, codec_dir: Path):
+        settings.configure()
         self.dir = Path(codec_dir)
-        self.cfg, self.params = codec_mod.load_codec(self.dir, encoder=False)
+        self.cfg, self.params = checkpoint.load_codec(self.dir, encoder=False)
         self.sampling_rate = self.cfg.sample_rate
         self.frame_rate = self.cfg.frame_rate
         self.hop_length = self.cfg.hop_length
@@ -276,7 +285,7 @@ class Codec:
         unmasking pass) are decoded in one shot; longer arrays in windows of that length with
         the decoder's receptive field of overlap, so memory stays bounded.
         """
-        arr = codec_mod.check_codes(codes, self.cfg)  # shape, dtype and range -> InputError
+        arr = higgs_codec.check_codes(codes, self.cfg)  # shape, dtype and range -> InputError
         batch = arr.shape[0] if arr.ndim == 3 else 1
         frames = arr.shape[-1]
         if batch * frames > limits.MAX_DURATION_S * self.frame_rate:
@@ -289,9 +298,9 @@ class Codec:
                 return np.zeros((0, self.hop_length * frames), np.float32)
             return np.stack([self.decode(c) for c in arr])  # one item at a time: bounded memory
         if frames > limits.MAX_PASS_FRAMES:
-            return codec_mod.decode_chunked(self.params, arr, self.cfg,
+            return higgs_codec.decode_chunked(self.params, arr, self.cfg,
                                             chunk_frames=limits.MAX_PASS_FRAMES)
-        return codec_mod.decode(self.params, arr, self.cfg)
+        return higgs_codec.decode(self.params, arr, self.cfg)
 
     def encode(self, waveform, sample_rate: int) -> np.ndarray:
         """Audio [L] or [C, L] at any rate -> int64 codes [C, T] (mixed to mono, resampled to
@@ -300,5 +309,5 @@ class Codec:
         wav = load_audio((waveform, sample_rate), self.sampling_rate)
         limits.check_clip_length(wav.shape[-1], self.sampling_rate)
         with self._lock:  # concurrent first uses (demo queue) load the encoder half once
-            self.params = codec_mod.ensure_encoder(self.params, self.cfg, self.dir)
-        return codec_mod.encode(self.params, wav, self.cfg)
+            self.params = checkpoint.load_codec_encoder(self.params, self.cfg, self.dir)
+        return higgs_codec.encode(self.params, wav, self.cfg)

@@ -41,7 +41,7 @@ import numpy as np
 from .audio.streamjoin import SilenceTrimmer, StreamJoiner, peak_gain, rms_gain
 from .engine import PassResult
 from .errors import AudioError, CancelledError, InputError
-from .model import codec as codec_mod
+from .model import higgs_codec
 from .model.config import GenerationConfig
 from .request import build_requests
 from .text import limits, planner
@@ -209,8 +209,8 @@ LATER_WINDOWS = 4  # windows after a chunk's first are this many times longer
 
 def decode_windows(codec, codes: np.ndarray, first: int) -> Iterator[np.ndarray]:
     """Decode codes [C, T] progressively: frames [0, first), then `LATER_WINDOWS * first` frames
-    at a time, each with the decoder's receptive field of context (`codec.decode_stream`)."""
-    return codec_mod.decode_stream(codec.params, codes, codec.cfg, chunk_frames=first,
+    at a time, each with the decoder's receptive field of context (`higgs_codec.decode_stream`)."""
+    return higgs_codec.decode_stream(codec.params, codes, codec.cfg, chunk_frames=first,
                                    later_frames=LATER_WINDOWS * first)
 
 

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from omnicore.model import backbone as bb
-from omnicore.model.config import OmniVoiceConfig
-from omnicore.model.weights import ParamReader, SafetensorsFile
+from omnicore import checkpoint
+from omnicore.checkpoint import SafetensorsFile
 
 TINY = Path(__file__).resolve().parents[1] / "weights" / "tiny-random"
 # CI installs every test dependency and ships every fixture, so there a missing one is a failure
@@ -32,6 +32,23 @@ def read_safetensors(path) -> dict:
     the loader's SafetensorsFile gives, key by key (WeightsError for anything malformed)."""
     with SafetensorsFile(path) as f:
         return {key: f.read(key) for key in f}
+
+
+@pytest.fixture
+def good(tmp_path):
+    """A small well-formed safetensors file (float, int64 and a one-element tensor) and its
+    tensors."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    tensors = {
+        "w": rng.standard_normal((4, 3)).astype(np.float32),
+        "ids": np.arange(8, dtype=np.int64),
+        "scalarish": np.ones((1,), np.float32),
+    }
+    p = tmp_path / "good.safetensors"
+    save_file(tensors, str(p), metadata={"format": "pt"})
+    return p, tensors
 
 
 def missing(what: str, how: str):
@@ -212,12 +229,12 @@ def house_voices(tmp_path_factory, tiny_model):
 
 @pytest.fixture(scope="module")
 def cfg():
-    return OmniVoiceConfig.from_file(TINY / "config.json")
+    return checkpoint.read_config(TINY / "config.json")
 
 
 @pytest.fixture(scope="module")
 def params(cfg):
-    reader = ParamReader.open(TINY / "model.safetensors")
+    reader = checkpoint.open_params(TINY / "model.safetensors")
     p = bb.load_params(reader, cfg)
     reader.finish()  # every tensor of the checkpoint is used
     return p
@@ -227,11 +244,11 @@ def codebook_gaps(model, wav):
     """omnicore's encoder codes [Q, T] of `wav`, and for each pick the gap between the nearest
     and second-nearest codeword's distance, relative to the largest nearest distance of that
     codebook [Q, T]: how close each code is to a tie."""
-    from omnicore.model import codec as codec_mod
+    from omnicore.model import higgs_codec
 
     params, cfg = model.codec.params, model.codec.cfg
-    fused = codec_mod.encode_features(params, wav, cfg)["fused"]
-    codes, residuals = codec_mod.quantize(params, fused, cfg, return_residuals=True)
+    fused = higgs_codec.encode_features(params, wav, cfg)["fused"]
+    codes, residuals = higgs_codec.quantize(params, fused, cfg, return_residuals=True)
     enc, gaps = params.encoder, []
     for q, r in enumerate(residuals):
         z = r @ enc.in_w[q] + enc.in_b[q]  # [T, D] -> [T, d]

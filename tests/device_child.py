@@ -2,7 +2,8 @@
 
     OMNICORE_BACKEND=strict python3 tests/device_child.py OUT.npz     (or =cupy on a GPU)
 
-The backend is chosen when omnicore is imported, so `tests/test_strict_backend.py` runs this
+The backend is chosen once per process (omnicore.settings.configure, at the model's load), so
+`tests/test_strict_backend.py` runs this
 in a child process and compares its outputs, in the parent (numpy backend), with the reference
 fixtures and with the numpy backend's own outputs. Saved arrays are named `<case>/<what>`;
 `meta` is a JSON string (backend, per-step transfer counts, dtypes seen on the device, timings).
@@ -32,6 +33,9 @@ BATCH_KW = dict(num_step=6, seed=[3, 4, 5], position_temperature=5.0, postproces
 # is numpy's introselect on the strict backend but a full sort on CuPy, and the noise is matched
 # to candidates in that order: seeded class sampling is the same on numpy and strict, not CuPy.
 CLASS_KW = dict(num_step=4, seed=[6, 7], position_temperature=5.0, class_temperature=0.5)
+# The fast profile's reuse within the fixtures' steps: prompt kept for 3 steps, the
+# unconditional logits for 2.
+FAST_KW = dict(prefix_refresh=3, uncond_every=2)
 STREAM_TEXT = ("Hello there, this is a small test of streaming speech. The second sentence is "
                "here, and it goes on for a while! Is this the third one?")
 STREAM_KW = dict(num_step=3, seed=7)
@@ -113,11 +117,14 @@ def produce(device_checks: bool = True) -> tuple[dict, dict]:
     """Every output of the cases above as numpy arrays, and the meta dict. Runs under whatever
     backend this process has (the parent test calls it too, on the numpy backend, without the
     device checks: transfers per step, backend.matmul and the kernels against their twins)."""
-    from omnicore import OmniVoice
+    from omnicore import OmniVoice, settings
     from omnicore.model import backend
-    from omnicore.model import codec as codec_mod
+    from omnicore.model import higgs_codec
+    from omnicore.testing import transfers as counter
 
-    out, meta, timings = {}, {"backend": backend.BACKEND}, {}
+    settings.configure()
+    counter.start()
+    out, meta, timings = {}, {"backend": backend.name()}, {}
     t0 = time.perf_counter()
     model = OmniVoice.from_pretrained(TINY)
     timings["load"] = time.perf_counter() - t0
@@ -127,6 +134,9 @@ def produce(device_checks: bool = True) -> tuple[dict, dict]:
         inp, kwargs = fixture_inputs(name)
         r = model.synthesize(**inp, **kwargs)[0]
         out[f"{name}/codes"], out[f"{name}/audio"] = r.codes, r.audio
+        # The fast profile: with its knobs at 1 (exact's codes), and reusing rows (FAST_KW)
+        for key, fast in (("codes_fast1", dict(prefix_refresh=1, uncond_every=1)), ("codes_fast", FAST_KW)):
+            out[f"{name}/{key}"] = model.synthesize(**inp, **kwargs, profile="fast", **fast)[0].codes
         timings[name] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -156,13 +166,13 @@ def produce(device_checks: bool = True) -> tuple[dict, dict]:
     dec = np.load(REF / "codec_decode.npz")
     codec = model.codec
     for key in ("50", "batch"):
-        out[f"decode/wav_{key}"] = codec_mod.decode(codec.params, dec[f"codes_{key}"], codec.cfg)
-    out["decode/wav_chunked_50"] = codec_mod.decode_chunked(codec.params, dec["codes_50"], codec.cfg,
+        out[f"decode/wav_{key}"] = higgs_codec.decode(codec.params, dec[f"codes_{key}"], codec.cfg)
+    out["decode/wav_chunked_50"] = higgs_codec.decode_chunked(codec.params, dec["codes_50"], codec.cfg,
                                                         chunk_frames=20)
     enc = np.load(REF / "codec_encode.npz")
-    feats = codec_mod.encode_features(codec.params, enc["input"], codec.cfg)
+    feats = higgs_codec.encode_features(codec.params, enc["input"], codec.cfg)
     out["encode/fused"] = feats["fused"]
-    out["encode/codes"] = codec_mod.quantize(codec.params, feats["fused"], codec.cfg)
+    out["encode/codes"] = higgs_codec.quantize(codec.params, feats["fused"], codec.cfg)
     out["encode/codes_api"] = codec.encode(enc["input"], codec.sampling_rate)
     timings["codec"] = time.perf_counter() - t0
 
@@ -174,7 +184,7 @@ def produce(device_checks: bool = True) -> tuple[dict, dict]:
     transfers = {}
     for key, (texts, kw) in TRANSFER_RUNS.items() if device_checks else ():
         marks = []
-        model.engine.trace = lambda ids: marks.append(backend.transfers())
+        model.engine.trace = lambda ids: marks.append(counter.transfers())
         try:
             model.synthesize(texts, _decode=False, **kw)
         finally:
@@ -193,8 +203,8 @@ def produce(device_checks: bool = True) -> tuple[dict, dict]:
             for a, b in matmul_cases(rng))
         meta["kernel_rel_err"] = kernel_errors(rng)
         meta["graphs"] = backend.graph_stats()
-    if backend.BACKEND == "strict":
-        from omnicore.model import strictxp
+    if backend.name() == "strict":
+        from omnicore.testing import strictxp
 
         meta["device_dtypes"] = sorted(strictxp.seen_dtypes())
     meta["timings"] = timings

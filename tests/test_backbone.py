@@ -18,8 +18,11 @@ from hypothesis import strategies as st
 
 from conftest import read_safetensors, require_file, require_module
 from omnicore.model import backbone as bb
+from omnicore.model import kernels
 from omnicore.errors import WeightsError
-from omnicore.model.weights import ParamReader, RowTable
+from omnicore import checkpoint
+from omnicore.checkpoint import RowTable
+from omnicore.model.weights import ParamReader
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "weights" / "tiny-random"
@@ -124,7 +127,7 @@ def test_hidden_states_and_logits_match_reference(params, cfg, batch):
         if i in kept:
             err = rel_err(x, batch[f"hidden_layer{i}"])
             assert err <= RTOL, f"layer {i}: relative error {err:.2e}"
-    final = bb.rms_norm(x, params.norm, cfg.llm_config.rms_norm_eps)
+    final = kernels.rms_norm(x, params.norm, cfg.llm_config.rms_norm_eps)
     assert rel_err(final, batch["final_hidden"]) <= RTOL
 
     logits = bb.forward_rows(params, cfg, ids, mask, pack, T * 2)
@@ -169,13 +172,71 @@ def test_batched_device_attention_equals_the_row_loop(params, cfg, batch, monkey
     ids, mask, lengths, T = packed_rows(batch)
     pack = bb.make_packing(lengths, cfg)
     loop = bb.forward_rows(params, cfg, ids, mask, pack, T * 2)
-    monkeypatch.setattr(bb, "IS_NUMPY", False)  # what a device backend selects
+    monkeypatch.setattr(bb._attend, "_run", bb._attend.twin)  # what a device backend selects
     batched = bb.forward_rows(params, cfg, ids, mask, pack, T * 2)
     assert len(set(lengths)) > 1  # rows of different lengths: padding is really exercised
     for a, b in zip(batched, loop):
         assert rel_err(a, b) <= 5e-6  # measured <= 7.6e-7 (OpenBLAS Haswell)
     if group == "checkpoint":
         assert rel_err(batched[1], batch["item1_cond_logits"]) <= RTOL
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_fused_layer_is_the_readable_layer_bit_for_bit(cfg, batch, precision):
+    """hidden_states runs `_layer_fused` (each residual add fused with the next norm, in the
+    workspace's buffers); `decoder_layer` is the layer as written to be read. The same
+    operations in the same order: equal bit for bit, every layer, any precision profile."""
+    params = bb.load_params(checkpoint.open_params(CKPT / "model.safetensors"), cfg, precision)
+    ids, mask, lengths, _ = packed_rows(batch)
+    pack = bb.make_packing(lengths, cfg)
+    x = bb.embed(params, cfg, ids, mask)
+    work = bb.make_workspace(cfg, pack)
+    fused = bb.hidden_states(params, cfg, x, pack, work).copy()
+    readable = x
+    for lp in params.layers:
+        readable = bb.decoder_layer(lp, cfg, readable, pack, work, precision)
+    assert readable is not x and readable.dtype == np.float32
+    np.testing.assert_array_equal(readable, fused)
+
+
+def _cached_rows(cfg, batch):
+    """The fixture's conditional rows (with their unconditional rows) and a prompt cache for
+    each conditional row: its positions before the targets."""
+    ids, mask, lengths, T = packed_rows(batch)
+    B = len(T)
+    caches = [bb.make_prompt_cache(cfg, lengths[b] - T[b]) for b in range(B)] + [None] * B
+    return ids, mask, lengths, T, caches
+
+
+@pytest.mark.parametrize("device_attention", [False, True])
+def test_targets_alone_on_the_kept_prompt_equal_the_whole_row(params, cfg, batch, monkeypatch,
+                                                              device_attention):
+    """The fast profile's prompt cache: a whole row writing its cache computes exactly what it
+    computes without one (bit for bit), and the row's targets alone, attending to that cache,
+    give its targets' logits again (to the rounding of GEMMs of other shapes) while the ids
+    have not changed: keys, values and rotary positions are where the whole row had them. On
+    the per-row loop and on the padded batch a device runs."""
+    if device_attention:
+        monkeypatch.setattr(bb._attend, "_run", bb._attend.twin)
+    ids, mask, lengths, T, caches = _cached_rows(cfg, batch)
+    whole = bb.forward_rows(params, cfg, ids, mask, bb.make_packing(lengths, cfg), T * 2)
+    writing = bb.forward_rows(params, cfg, ids, mask, bb.make_packing(lengths, cfg, caches=caches), T * 2)
+    for a, b in zip(writing, whole):
+        np.testing.assert_array_equal(a, b)
+    B = len(T)
+    assert all((np.abs(c.k).max(axis=(1, 2)) > 0).all() for c in caches[:B])  # every layer's prompt kept
+    # The conditional rows' targets alone (after their prompts), the unconditional rows whole
+    starts = np.cumsum([0] + lengths[:-1])
+    cols = np.concatenate([np.arange(s + lengths[b] - T[b], s + lengths[b]) for b, s in
+                           enumerate(starts[:B])] + [np.arange(s, s + L) for s, L in
+                                                     zip(starts[B:], lengths[B:])])
+    offsets = [lengths[b] - T[b] for b in range(B)] + [0] * B
+    pack = bb.make_packing(T + lengths[B:], cfg, offsets, caches)
+    reading = bb.forward_rows(params, cfg, ids[:, cols], mask[cols], pack, T * 2)
+    for r, (a, b) in enumerate(zip(reading, whole)):
+        assert rel_err(a, b) <= 5e-6, r  # measured: equal here (BLAS may round other shapes otherwise)
+    with pytest.raises(ValueError, match="without a prompt cache"):
+        bb.make_packing(T, cfg, offsets[:B])
 
 
 def test_attention_is_bidirectional(params, cfg, batch):
@@ -310,7 +371,7 @@ def test_precision_profiles_round_the_gemm_weights_and_keep_the_rest(cfg):
     from omnicore.model import backend
 
     def load(precision):
-        reader = ParamReader.open(CKPT / "model.safetensors")
+        reader = checkpoint.open_params(CKPT / "model.safetensors")
         p = bb.load_params(reader, cfg, precision)
         reader.finish()
         return p

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from omnicore import OmniVoice
-from omnicore.model import codec as codec_mod
+from omnicore.model import higgs_codec
 
 TINY = Path(__file__).resolve().parents[1] / "weights" / "tiny-random"
 INT16_STEP = 2.0 ** -15
@@ -155,13 +155,13 @@ def test_voice_clone_prompts_from_threads_on_a_fresh_model(monkeypatch):
     fresh = OmniVoice.from_pretrained(TINY)
     assert fresh.codec.params.encoder is None
     loads = []
-    real_load = codec_mod.load_encoder_params
+    real_load = higgs_codec.load_encoder_params
 
     def counting_load(*args, **kwargs):
         loads.append(threading.get_ident())
         return real_load(*args, **kwargs)
 
-    monkeypatch.setattr(codec_mod, "load_encoder_params", counting_load)
+    monkeypatch.setattr(higgs_codec, "load_encoder_params", counting_load)
     clips = [_clip(1), _clip(2, seconds=1.4)]
     refs = ["The first reference clip.", "A second reference, a little longer."]
 

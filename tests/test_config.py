@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from omnicore.model.config import GenerationConfig, OmniVoiceConfig, Qwen3Config, read_json
+from omnicore import checkpoint
+from omnicore.checkpoint import read_json
+from omnicore.model.config import GenerationConfig, OmniVoiceConfig, Qwen3Config
 from omnicore.errors import ConfigError, InputError
 
 REAL_LLM = {
@@ -65,7 +67,7 @@ def test_missing_fields_and_files(tmp_path):
     with pytest.raises(ConfigError, match="invalid JSON"):
         read_json(tmp_path / "c.json")
     (tmp_path / "d.json").write_text(json.dumps(REAL))
-    assert OmniVoiceConfig.from_file(tmp_path / "d.json").num_audio_codebook == 8
+    assert checkpoint.read_config(tmp_path / "d.json").num_audio_codebook == 8
 
 
 def test_generation_defaults_match_reference():
@@ -244,7 +246,7 @@ def _floored_decoder_tensors(cfg, rng) -> dict:
 def test_decoder_width_not_divisible_by_the_block_count_is_floored_like_the_reference():
     import numpy as np
 
-    from omnicore.model import codec
+    from omnicore.model import higgs_codec
     from omnicore.model.config import HiggsAudioV2TokenizerConfig
     from conftest import read_safetensors
     from omnicore.model.weights import ParamReader
@@ -255,14 +257,14 @@ def test_decoder_width_not_divisible_by_the_block_count_is_floored_like_the_refe
     tensors = {k: v for k, v in read_safetensors(TINY_CODEC / "model.safetensors").items()
                if not k.startswith("acoustic_decoder.")}
     tensors.update(_floored_decoder_tensors(cfg, np.random.default_rng(0)))
-    params = codec.load_params(ParamReader(tensors, "floored.safetensors"), cfg)  # every key used
+    params = higgs_codec.load_params(ParamReader(tensors, "floored.safetensors"), cfg)  # every key used
 
     dec = params.decoder
     assert [b.snake.alpha.shape[0] for b in dec.blocks] == [48, 24, 12, 6, 3]
     assert [b.conv_t_b.shape[0] for b in dec.blocks] == [24, 12, 6, 3, 1]
     assert dec.snake.alpha.shape == (1,)
     codes = np.random.default_rng(1).integers(0, cfg.codebook_size, (cfg.num_quantizers, 6))
-    wav = codec.decode(params, codes, cfg)
+    wav = higgs_codec.decode(params, codes, cfg)
     assert wav.shape == (6 * cfg.hop_length,) and np.all(np.isfinite(wav)) and wav.std() > 0
     # a width that leaves the last block no channel at all is still refused
     d["acoustic_model_config"]["decoder_hidden_size"] = 31

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omnicore.model import conv_kernels as CK
-from omnicore.model import kernels as K
+from omnicore.model import jit
+
 from test_kernels import SETTINGS, _rng, rel_err  # the twin tests' shared settings and helpers
 
 
@@ -172,19 +173,19 @@ def test_l2_size_from_sysfs_layout(tmp_path):
     assert CK._l2_bytes(str(tmp_path)) == 512 << 10
     assert CK._cache_size_bytes("2M") == 2 << 20 and CK._cache_size_bytes("1048576") == 1 << 20
     assert CK._l2_bytes(str(tmp_path / "missing")) > 0  # glibc's answer, or the 1 MiB default
-    assert 1 << 20 <= CK._RES_UNIT_CHUNK_BYTES <= 8 << 20
+    assert 1 << 20 <= CK._res_unit_chunk_bytes() <= 8 << 20
 
 
 def test_parallel_threshold_paths_both_used(monkeypatch):
     # with parallel kernels on (OMNICORE_PARALLEL_KERNELS=1) the public functions pick the serial
     # kernel for small inputs and the parallel one above the threshold; both give the same numbers
     rng = _rng(0)
-    big = rng.standard_normal((K._PARALLEL_MIN // 8 + 1, 8)).astype(np.float32)
+    big = rng.standard_normal((jit.PARALLEL_MIN // 8 + 1, 8)).astype(np.float32)
     a = np.full(8, 0.7, np.float32)
-    assert K._pick(CK._snake_nb, CK._snake_nb_par, big.size) is CK._snake_nb  # off by default
-    monkeypatch.setattr(K, "PARALLEL_KERNELS", True)
-    assert K._pick(CK._snake_nb, CK._snake_nb_par, big.size).__wrapped__ is CK._snake_nb_par  # under a lock
-    assert K._pick(CK._snake_nb, CK._snake_nb_par, 8) is CK._snake_nb
+    assert jit.serial_or_parallel(CK._snake_nb, CK._snake_nb_par, big.size) is CK._snake_nb  # off by default
+    monkeypatch.setattr(jit, "PARALLEL_KERNELS", True)
+    assert jit.serial_or_parallel(CK._snake_nb, CK._snake_nb_par, big.size).__wrapped__ is CK._snake_nb_par  # under a lock
+    assert jit.serial_or_parallel(CK._snake_nb, CK._snake_nb_par, 8) is CK._snake_nb
     assert np.array_equal(CK.snake(big, a, 1 / a), _call(CK._snake_nb, big, a, 1 / a))
     assert np.array_equal(CK.gelu(big), _call(CK._gelu_nb, big.reshape(-1)).reshape(big.shape))
 
@@ -270,17 +271,17 @@ def test_dac_res_unit_chunked_matches_plain(b, t, c, dilation, chunk_rows, seed)
     a1, a2 = rng.uniform(0.5, 1.5, (2, c)).astype(np.float32)
     args = (a1, (1 / a1).astype(np.float32), w7, b7, dilation, a2, (1 / a2).astype(np.float32), w1, b1)
     want = CK.dac_res_unit_np(x, *args)
-    old = CK._RES_UNIT_CHUNK_BYTES, K.PARALLEL_KERNELS, K._PARALLEL_MIN
+    old = CK._RES_UNIT_CHUNK_BYTES, jit.PARALLEL_KERNELS, jit.PARALLEL_MIN
     try:  # chunks of `chunk_rows` rows (many chunks, chunks shorter than the padding); both kernels
         CK._RES_UNIT_CHUNK_BYTES = 4 * 7 * c * chunk_rows
-        K._PARALLEL_MIN = 1
+        jit.PARALLEL_MIN = 1
         for parallel in (False, True):
-            K.PARALLEL_KERNELS = parallel
+            jit.PARALLEL_KERNELS = parallel
             got = CK.dac_res_unit(x, *args)
             assert got.shape == x.shape and got.dtype == np.float32
             assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max()
     finally:
-        CK._RES_UNIT_CHUNK_BYTES, K.PARALLEL_KERNELS, K._PARALLEL_MIN = old
+        CK._RES_UNIT_CHUNK_BYTES, jit.PARALLEL_KERNELS, jit.PARALLEL_MIN = old
 
 
 @settings(max_examples=10, deadline=None)

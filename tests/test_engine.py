@@ -14,7 +14,7 @@ import pytest
 
 from omnicore import OmniVoice, VoiceClonePrompt
 from omnicore.text import limits, planner
-from omnicore.model import backbone as backbone_mod, unmasking
+from omnicore.model import cost, packed_unmasking, unmasking
 from omnicore.model.config import GenerationConfig
 from omnicore import engine as E
 from omnicore.engine import Engine, PassSpec
@@ -241,7 +241,7 @@ def test_cancel_stops_one_request_and_not_the_others(model, specs, alone):
 
 def test_failures_reach_the_callers_and_the_engine_keeps_running(model, specs, alone, monkeypatch):
     eng = _fresh(model)
-    real = unmasking.iterate
+    real = packed_unmasking.iterate
     calls = {"n": 0}
 
     def flaky(*a, **k):
@@ -250,7 +250,7 @@ def test_failures_reach_the_callers_and_the_engine_keeps_running(model, specs, a
             raise MemoryError("simulated")
         return real(*a, **k)
 
-    monkeypatch.setattr(unmasking, "iterate", flaky)
+    monkeypatch.setattr(packed_unmasking, "iterate", flaky)
     t = eng.submit([specs[0]])
     with pytest.raises(MemoryError, match="simulated"):
         t.result(timeout=WAIT_S)
@@ -290,7 +290,7 @@ def _cost(model, spec) -> int:
     """The engine's per-iteration cost of a one-pass request (text.forward_flops of its rows)."""
     item = Engine.prepare(model.engine, spec)
     rows = [item.input_ids.shape[1]] + ([spec.frames] if spec.gen.guidance_scale else [])
-    return backbone_mod.forward_flops(model.config, rows, [spec.frames] * len(rows))
+    return cost.forward_flops(model.config, rows, [spec.frames] * len(rows))
 
 
 def test_a_short_request_overtakes_a_long_one(model):
@@ -367,11 +367,11 @@ def test_schedule_at_full_size_costs(model, long_s, steps, long_joins):
     one keeps its place behind it. Rows are text + target (cond) and target (uncond)."""
     cfg = replace(model.config, llm_config=replace(model.config.llm_config, **FULL_SIZE))
 
-    def cost(seconds, text_tokens):
+    def flops(seconds, text_tokens):
         T_ = seconds * 25
-        return backbone_mod.forward_flops(cfg, [text_tokens + T_, T_], [T_, T_])
+        return cost.forward_flops(cfg, [text_tokens + T_, T_], [T_, T_])
 
-    costs = [cost(long_s, 135), cost(2, 50)]
+    costs = [flops(long_s, 135), flops(2, 50)]
     left, held, packs = [steps - 2, steps], [0, 0], []  # the long one ran 2 steps alone
     while left[1]:
         live = [i for i in (0, 1) if left[i]]

@@ -57,7 +57,7 @@ from omnicore.audio import loading
 from omnicore.model import backbone as bb
 from omnicore.model.config import GenerationConfig, HiggsAudioV2TokenizerConfig, OmniVoiceConfig, Qwen3Config
 from omnicore.errors import OmniCoreError, VoicePromptError
-from omnicore.model.weights import ParamReader
+from omnicore import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "weights" / "tiny-random"
@@ -201,7 +201,8 @@ USUAL = {
     "class_temperature": st.floats(0, 2), "denoise": st.booleans(), "preprocess_prompt": st.booleans(),
     "postprocess_output": st.booleans(), "audio_chunk_duration": st.floats(0.1, 20),
     "audio_chunk_threshold": st.floats(0.1, 40), "pad_duration": st.floats(0, 1),
-    "fade_duration": st.floats(0, 1), "language": st.sampled_from([None, "en", "zh", "French"]),
+    "fade_duration": st.floats(0, 1), "profile": st.sampled_from(["exact", "fast"]),
+    "prefix_refresh": st.integers(1, 3), "uncond_every": st.integers(1, 3), "language": st.sampled_from([None, "en", "zh", "French"]),
     "instruct": st.sampled_from([None, "female", "male, low pitch, british accent"]),
     "duration": st.floats(0.04, 0.3), "speed": st.floats(0.5, 2), "seed": st.integers(0, 2**64 - 1),
     "on_step": st.sampled_from([None, lambda step, total: None]), "ref_text": st.none(),
@@ -869,7 +870,7 @@ def test_mutated_real_checkpoint_loads_or_refuses(tmp_path_factory, real_checkpo
     cfg = OmniVoiceConfig.from_dict(MODEL_CONFIG)
 
     def load():
-        reader = ParamReader.open(path)
+        reader = checkpoint.open_params(path)
         params = bb.load_params(reader, cfg)
         reader.finish()
         return params

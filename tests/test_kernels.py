@@ -1,15 +1,12 @@
-"""The shared kernel machinery and the backbone and scoring kernels: each Numba kernel, serial and
-parallel, agrees with its plain-array twin and a float64 definition (the codec's kernels:
-test_conv_kernels.py)."""
+"""The backbone's kernels: each Numba kernel, serial and parallel, agrees with its plain-array
+twin and a float64 definition (the scoring kernels: test_scoring_kernels.py; the codec's:
+test_conv_kernels.py; the shared machinery: test_jit.py)."""
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnicore.model import conv_kernels as CK
 from omnicore.model import kernels as K
-from omnicore.model import scoring_kernels as SK
 
 SETTINGS = settings(max_examples=25, deadline=None)
 
@@ -23,7 +20,7 @@ def rel_err(a, b):
 
 
 # --------------------------------------------------------------------------------------------
-# Backbone and scoring kernels: every Numba kernel, serial and parallel,
+# Backbone kernels: every Numba kernel, serial and parallel,
 # against its plain-array twin and a float64 definition
 # --------------------------------------------------------------------------------------------
 
@@ -33,24 +30,6 @@ F32_TINY = np.finfo(np.float32).tiny
 def _rms_f64(x, w, eps=1e-6):
     x = x.astype(np.float64)
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
-
-
-def test_exp_polynomial_within_one_ulp_and_flushes_subnormals():
-    x = np.concatenate([-np.geomspace(1e-8, 110, 20000), [0.0, -87.3, -87.34, -103.0, -np.inf]]).astype(np.float32)
-    got = np.array([K._exp_nonpos(v) for v in x], np.float32)
-    want = np.exp(x.astype(np.float64))
-    normal = want >= F32_TINY
-    assert np.all(np.abs(got[normal] - want[normal]) <= 1.5 * np.spacing(want[normal].astype(np.float32)))
-    # where the exact result is subnormal the kernel gives 0 (never a subnormal)
-    assert np.all((got[~normal] == 0) | (got[~normal] >= F32_TINY))
-    assert got[x == -np.inf][0] == 0 and got[x == 0][0] == 1
-
-
-def test_parallel_twins_have_their_own_cache_entries():
-    # Numba caches by function name: the parallel twin must be a separately named function
-    for ser, par in ((K._softmax_nb, K._softmax_nb_par), (CK._snake_nb, CK._snake_nb_par)):
-        assert par.py_func.__qualname__ == ser.py_func.__qualname__ + "_par"
-        assert par.targetoptions.get("parallel") and not ser.targetoptions.get("parallel")
 
 
 @SETTINGS
@@ -156,195 +135,6 @@ def test_swiglu_twins_agree(n, f, scale, seed):
 
 
 @SETTINGS
-@given(c=st.integers(1, 8), t=st.integers(1, 30), v=st.sampled_from([3, 17, 1025]),
-       guidance=st.sampled_from([0.0, 2.0, 3.5]), with_uncond=st.booleans(),
-       scale=st.sampled_from([1.0, 8.0, 60.0]), seed=st.integers(0, 99))
-def test_guided_scores_twins_agree(c, t, v, guidance, with_uncond, scale, seed):
-    rng = _rng(seed)
-    # the kernel receives [C, T, V] views of the heads' [T, C, V] output, as the backbone gives them
-    cond = (scale * rng.standard_normal((t, c, v))).astype(np.float32).transpose(1, 0, 2)
-    uncond = (scale * rng.standard_normal((t, c, v))).astype(np.float32).transpose(1, 0, 2) if with_uncond else None
-    mask = v - 1
-
-    def lsm(x):
-        return x - x.max(-1, keepdims=True) - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))
-
-    c64 = lsm(cond.astype(np.float64))
-    want = lsm(c64 + guidance * (c64 - lsm(uncond.astype(np.float64)))) if with_uncond and guidance else c64
-    want[..., mask] = -np.inf
-    for fn in (SK.guided_scores, SK.guided_scores_np):
-        lp, tokens, conf = fn(cond, uncond, guidance, mask)
-        assert lp.shape == (c, t, v) and tokens.dtype == np.int64 and conf.dtype == np.float32
-        assert np.isneginf(lp[..., mask]).all()
-        err = np.abs(lp[..., :mask] - want[..., :mask]).max() if v > 1 else 0.0
-        assert err <= 2e-6 * (1 + 2 * guidance) * max(1.0, np.abs(want[..., :mask]).max())
-        np.testing.assert_array_equal(conf, lp.max(-1))
-        np.testing.assert_array_equal(tokens, lp.argmax(-1))  # first index of the maximum
-
-
-@pytest.mark.parametrize("guidance", [0.0, 2.0])
-def test_confidence_of_a_sure_cell_keeps_float32_relative_precision(guidance):
-    """A near-certain cell's confidence, -log(1 + rest) with rest far below 1, to float32's
-    relative precision: summing 1 + rest as one float32 would leave it only 6e-8 absolute, and
-    near-tied confidences of two such cells are told apart below that."""
-    rng = _rng(7)
-    cond = (3 * rng.standard_normal((40, 8, 1025))).astype(np.float32)
-    uncond = (3 * rng.standard_normal((40, 8, 1025))).astype(np.float32)
-    best = rng.integers(0, 1024, size=(40, 8))
-    lead = rng.uniform(12, 40, size=(40, 8, 1)) if guidance == 0 else rng.uniform(3, 14, size=(40, 8, 1))
-    np.put_along_axis(cond, best[..., None], lead.astype(np.float32), -1)
-    cond, uncond = cond.transpose(1, 0, 2), uncond.transpose(1, 0, 2)
-
-    def lsm(x):  # float64, the sum of exp as 1 + the rest too (else float64 too keeps 1e-16)
-        d = x - x.max(-1, keepdims=True)
-        return d - np.log1p(np.where(d < 0, np.exp(d), 0).sum(-1, keepdims=True))
-
-    c64 = lsm(cond.astype(np.float64))
-    want = lsm(c64 + guidance * (c64 - lsm(uncond.astype(np.float64)))) if guidance else c64
-    want = want[..., :1024].max(-1)
-    assert want.max() < 0 and np.mean((want > -1e-3) & (want < -1e-10)) > 0.15  # many sure cells
-    for fn in (SK.guided_scores, SK.guided_scores_np):
-        _, _, conf = fn(cond, uncond if guidance else None, guidance, 1024)
-        assert np.all(np.abs(conf - want) <= 1e-5 * np.abs(want))
-
-
-def test_guided_scores_ties_take_the_first_index():
-    cond = np.zeros((2, 3, 9), np.float32)
-    cond[:, :, [2, 5]] = 4.0  # two equal best tokens per cell
-    for fn in (SK.guided_scores, SK.guided_scores_np):
-        _, tokens, _ = fn(cond, cond.copy(), 2.0, 8)
-        assert (tokens == 2).all()
-
-
-def _plan(rng, Ts, guided, guidance, penalty, temperature, C):
-    """A ScorePlan of passes with target lengths Ts laid out as unmasking packs them: the
-    conditional target rows first, then the unconditional ones; in the ids, every pass's
-    conditional row (a prompt of 3 + b tokens, then its targets), then the unconditional rows."""
-    B = len(Ts)
-    cond_row = np.cumsum([0] + Ts[:-1])
-    uncond_row, u = [], sum(Ts)
-    for b in range(B):
-        uncond_row.append(u if guided[b] else -1)
-        u += Ts[b] if guided[b] else 0
-    lengths = [3 + b + Ts[b] for b in range(B)] + [Ts[b] for b in range(B) if guided[b]]
-    starts = np.cumsum([0] + lengths[:-1])
-    cond_col = [starts[b] + lengths[b] - Ts[b] for b in range(B)]
-    ucols, j = [], B
-    for b in range(B):
-        ucols.append(starts[j] if guided[b] else -1)
-        j += guided[b]
-    plan = SK.ScorePlan(Ts, cond_row, uncond_row, cond_col, ucols, guidance, penalty, temperature,
-                       C, np.asarray)
-    return plan, u, sum(lengths)
-
-
-@SETTINGS
-@given(Ts=st.lists(st.integers(1, 12), min_size=1, max_size=5), v=st.sampled_from([3, 17, 1025]),
-       data=st.data(), seed=st.integers(0, 99))
-def test_packed_scores_twins_agree_with_scoring_each_pass(Ts, v, data, seed):
-    rng, C = _rng(seed), 3
-    B = len(Ts)
-    guided = data.draw(st.lists(st.booleans(), min_size=B, max_size=B))
-    guidance = [data.draw(st.sampled_from([0.0, 2.0, 3.5])) if g else 0.0 for g in guided]
-    plan, n, _ = _plan(rng, Ts, guided, guidance, [5.0] * B, [0.0] * B, C)
-    # the heads' [n, C, V] output, scored through its [C, n, V] view as the backbone returns it
-    logits = (20 * rng.standard_normal((n, C, v))).astype(np.float32)
-    outs = [fn(logits, plan, v - 1) for fn in (SK.packed_scores, SK.packed_scores_np)]
-    kern = [SK._packed_scores_nb, SK._packed_scores_nb_par]
-    h = plan.host
-    for fn in kern:
-        pred, conf = np.empty(plan.num_cells, np.int64), np.empty(plan.num_cells, np.float32)
-        fn(logits, h["cond_row"], h["uncond_row"], h["T"], h["cell_off"], h["guidance"], v - 1, pred, conf)
-        outs.append((pred, conf))
-    view = logits.transpose(1, 0, 2)  # [C, n, V]
-    for b, T in enumerate(Ts):
-        r, u, off = h["cond_row"][b], h["uncond_row"][b], h["cell_off"][b]
-        cells = slice(off, off + C * T)
-        for fn, got in ((SK.guided_scores, outs[0]), (SK.guided_scores_np, outs[1]),
-                        (SK.guided_scores, outs[2])):
-            _, tokens, conf = fn(view[:, r:r + T], view[:, u:u + T] if u >= 0 else None,
-                                 guidance[b], v - 1)
-            # the same arithmetic per cell: bit for bit, whatever the other passes
-            np.testing.assert_array_equal(got[0][cells], tokens.reshape(-1))
-            np.testing.assert_array_equal(got[1][cells], conf.reshape(-1))
-        # The parallel compile may contract c + g * (c - u) into an FMA where the serial one
-        # does not (or the reverse): the same cells to a few float32 roundings of the logits.
-        np.testing.assert_allclose(outs[3][1][cells], outs[2][1][cells], rtol=1e-4, atol=1e-5)
-
-
-@SETTINGS
-@given(Ts=st.lists(st.integers(1, 9), min_size=1, max_size=5), data=st.data(),
-       seed=st.integers(0, 99))
-def test_pick_fill_twins_agree_with_choosing_cells_pass_by_pass(Ts, data, seed):
-    from omnicore.model import unmasking as um
-    from omnicore.model.config import GenerationConfig
-
-    rng, C, mask = _rng(seed), 3, 9
-    B = len(Ts)
-    guided = data.draw(st.lists(st.booleans(), min_size=B, max_size=B))
-    temps = data.draw(st.lists(st.sampled_from([0.0, 5.0]), min_size=B, max_size=B))
-    pens = data.draw(st.lists(st.sampled_from([0.0, 5.0]), min_size=B, max_size=B))
-    plan, _, N = _plan(rng, Ts, guided, [2.0 if g else 0.0 for g in guided], pens, temps, C)
-    cells = plan.num_cells
-    # coarse confidences: ties across cells and codebooks happen
-    conf = rng.integers(-6, 0, cells).astype(np.float32)
-    pred = rng.integers(0, mask, cells).astype(np.int64)
-    noise = rng.gumbel(size=cells).astype(np.float32)
-    tokens0 = np.where(rng.random(cells) < 0.4, rng.integers(0, mask, cells), mask).astype(np.int64)
-    fill0 = np.where(tokens0 != mask, 0, -1).astype(np.int64)
-    off = plan.host["cell_off"]
-    k = np.array([data.draw(st.integers(0, int((tokens0[off[b]:off[b + 1]] == mask).sum())))
-                  for b in range(B)], np.int64)
-    step = rng.integers(1, 5, B).astype(np.int64)
-    ids0 = rng.integers(0, mask, (C, N)).astype(np.int64)
-    for b, T in enumerate(Ts):  # the invariant: every row's targets are its pass's tokens
-        for col in (plan.host["cond_col"][b], plan.host["uncond_col"][b]):
-            if col >= 0:
-                ids0[:, col:col + T] = tokens0[off[b]:off[b + 1]].reshape(C, T)
-    got = []
-    for fn in (SK.pick_fill, SK.pick_fill_np):
-        tokens, fill, ids = tokens0.copy(), fill0.copy(), ids0.copy()
-        fn(pred, conf, noise, k, step, plan, mask, tokens, fill, ids)
-        got.append((tokens, fill, ids))
-    for a, b in zip(*got):
-        np.testing.assert_array_equal(a, b)
-    tokens, fill, ids = got[0]
-    for b, T in enumerate(Ts):  # the one-pass definition
-        sl = slice(off[b], off[b + 1])
-        gen = GenerationConfig(layer_penalty_factor=pens[b], position_temperature=temps[b])
-        chosen = um.choose_cells(conf[sl].reshape(C, T), tokens0[sl].reshape(C, T) != mask, int(k[b]),
-                                 gen, None, noise[sl].reshape(C, T) if temps[b] else None)
-        want = tokens0[sl].copy()
-        want[chosen] = pred[sl][chosen]
-        np.testing.assert_array_equal(tokens[sl], want)
-        assert (fill[sl][chosen] == step[b]).all() and (fill[sl] == step[b]).sum() == k[b]
-        col = plan.host["cond_col"][b]
-        np.testing.assert_array_equal(want.reshape(C, T), ids[:, col:col + T])
-        if guided[b]:
-            uc = plan.host["uncond_col"][b]
-            np.testing.assert_array_equal(ids[:, uc:uc + T], ids[:, col:col + T])
-
-
-@pytest.mark.parametrize("module", ["kernels", "conv_kernels"])  # whichever kernel module loads first
-def test_omnicore_num_threads_sizes_the_pools(module):
-    import os
-    import subprocess
-    import sys
-
-    code = (f"from omnicore.model import {module}; import threading, numba; "
-            "out = [numba.get_num_threads()]; "
-            "t = threading.Thread(target=lambda: out.append(numba.get_num_threads())); t.start(); t.join(); "
-            "print(numba.config.NUMBA_NUM_THREADS, *out)")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, OMNICORE_NUM_THREADS="1", PYTHONPATH=root)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["1", "1", "1"]  # the pool, this thread and any other thread
-    env["OMNICORE_NUM_THREADS"] = "two"
-    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert bad.returncode != 0 and "OMNICORE_NUM_THREADS" in bad.stderr and "ConfigError" in bad.stderr
-
-
-@SETTINGS
 @given(m=st.integers(1, 40), n=st.integers(1, 200), seed=st.integers(0, 99))
 def test_unnormalised_softmax_and_row_scaling_twins_agree(m, n, seed):
     s0 = (20 * _rng(seed).standard_normal((m, n))).astype(np.float32)
@@ -377,15 +167,3 @@ def test_scale_heads_into_puts_heads_in_checkpoint_order(length, kv, group, e, s
         fn(o, inv, full[1:length + 1])
         np.testing.assert_allclose(full[1:length + 1], want, rtol=1e-6)
         assert np.isnan(full[0]).all() and np.isnan(full[length + 1:]).all()
-
-
-def test_packed_scores_twin_is_the_same_in_slices(monkeypatch):
-    rng, C, v = _rng(3), 4, 33
-    Ts = [5, 2, 7]
-    plan, n, _ = _plan(rng, Ts, [True, False, True], [2.0, 0.0, 2.0], [5.0] * 3, [0.0] * 3, C)
-    logits = (20 * rng.standard_normal((n, C, v))).astype(np.float32)
-    whole = SK.packed_scores_np(logits, plan, v - 1)
-    monkeypatch.setattr(SK, "TWIN_SLICE_CELLS", 1)  # slices of the longest pass's cells, 28
-    sliced = SK.packed_scores_np(logits, plan, v - 1)
-    for a, b in zip(whole, sliced):
-        np.testing.assert_array_equal(a, b)

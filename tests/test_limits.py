@@ -21,7 +21,7 @@ import pytest
 
 from omnicore import OmniVoice
 from omnicore.text import limits
-from omnicore.model import config as config_mod, backbone as backbone_mod, tokenizer as tok, unmasking
+from omnicore.model import config as config_mod, cost, packed_unmasking, tokenizer as tok, unmasking
 from omnicore.model.config import FRAME_RATE, GenerationConfig, OmniVoiceConfig
 from omnicore.errors import InputError
 
@@ -196,22 +196,23 @@ def _released_config() -> OmniVoiceConfig:
 def test_budget_fits_normal_use_and_refuses_the_extremes():
     cfg = _released_config()
     # Default use: a 10 s clone reference, 30 s target, ~100 text tokens: well under 1 GB.
-    normal = backbone_mod.forward_bytes(cfg, [100 + 250 + 750, 750], [750, 750])
+    normal = cost.forward_bytes(cfg, [100 + 250 + 750, 750], [750, 750])
     assert normal < 0.6e9
     # The longest pass with a 12 s reference fits the budget...
     longest = limits.MAX_PASS_FRAMES
-    assert backbone_mod.check_pass_memory(cfg, [300 + 300 + longest, longest], [longest, longest])
+    assert cost.check_pass_memory(cfg, [300 + 300 + longest, longest], [longest, longest])
     # ...but not with the longest reference and its transcript on top.
     with pytest.raises(InputError, match="GiB of working memory"):
         L = 1500 + limits.MAX_REF_FRAMES + longest
-        backbone_mod.check_pass_memory(cfg, [L, longest], [longest, longest])
+        cost.check_pass_memory(cfg, [L, longest], [longest, longest])
 
 
 @pytest.mark.parametrize("frames,ref,class_temperature,guidance", [
     (100, 0, 0.0, 2.0), (1200, 0, 0.0, 2.0), (1200, 400, 0.0, 0.0), (800, 200, 0.7, 2.0)])
 def test_memory_estimate_bounds_what_a_pass_allocates(frames, ref, class_temperature, guidance):
     """forward_bytes is an upper bound of a pass's peak allocations (numpy reports them to
-    tracemalloc), and a close one (measured 75-90 %), so the budget means what it says."""
+    tracemalloc) in the loop the engine runs (packed_unmasking.iterate), and a close one
+    (measured 75-90 %), so the budget means what it says."""
     m = _model()
     # three steps: a step's logits and scores overlap with the next step's forward
     gen = GenerationConfig(num_step=3, class_temperature=class_temperature,
@@ -219,17 +220,24 @@ def test_memory_estimate_bounds_what_a_pass_allocates(frames, ref, class_tempera
     item = tok.prepare_item(m.tokenizer, m.config, "A pass whose memory is measured.", frames,
                             ref_text="Hi." if ref else None,
                             ref_codes=np.zeros((8, ref), np.int64) if ref else None)
-    unmasking.generate_codes(m.params, m.config, [item, item], gen, seed=0)  # compile first
+
+    def run():  # the engine's loop: two passes packed, one cache, every step
+        states = [unmasking.PassState(item, gen, 0, m.config) for _ in range(2)]
+        cache = packed_unmasking.PackCache()
+        for _ in range(gen.num_step):
+            packed_unmasking.iterate(m.params, m.config, states, cache)
+
+    run()  # compile first
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
-        unmasking.generate_codes(m.params, m.config, [item, item], gen, seed=0)
+        run()
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
     L = item.input_ids.shape[1]
     rows, outs = ([L, L, frames, frames], [frames] * 4) if guidance else ([L, L], [frames] * 2)
-    estimate = backbone_mod.forward_bytes(m.config, rows, outs, class_temperature > 0)
+    estimate = cost.forward_bytes(m.config, rows, outs, class_temperature > 0)
     assert peak <= estimate <= 1.5 * peak, (peak, estimate)
 
 
@@ -251,16 +259,16 @@ def test_batches_are_split_to_fit_the_budget_without_changing_results(monkeypatc
     sizes = []  # passes per engine iteration
 
     _, _, specs, _ = m._passes(texts)
-    biggest = max(backbone_mod.forward_bytes(m.config, [it.input_ids.shape[1], it.num_target],
+    biggest = max(cost.forward_bytes(m.config, [it.input_ids.shape[1], it.num_target],
                                   [it.num_target] * 2)
                   for it in (m.engine.prepare(s) for s in specs))
-    monkeypatch.setattr(backbone_mod, "MAX_PASS_BYTES", int(biggest * 1.5))  # room for one item, not two
+    monkeypatch.setattr(cost, "MAX_PASS_BYTES", int(biggest * 1.5))  # room for one item, not two
     monkeypatch.setattr(m.engine, "trace", lambda ids: sizes.append(len(ids)))
     split = m.generate_codes(texts, **kw)
     assert sizes and max(sizes) < len(texts)
     for a, b in zip(together, split):
         assert np.array_equal(a, b)
-    monkeypatch.setattr(backbone_mod, "MAX_PASS_BYTES", 1000)  # not even one item fits: a typed refusal
+    monkeypatch.setattr(cost, "MAX_PASS_BYTES", 1000)  # not even one item fits: a typed refusal
     with pytest.raises(InputError, match="working memory"):
         m.generate_codes(texts, **kw)
 
@@ -282,7 +290,7 @@ def test_text_too_long_for_its_duration():
     # All of a 20,000-character text in one 2-frame pass: ~12k prompt tokens in one row, a
     # 2.3 GB attention buffer on the tiny model (quadratic in the text).
     out = _in_child("result = m.generate_codes('word ' * 4000, duration=0.08, num_step=1)")
-    _refused(out, f"{backbone_mod.MAX_PASS_POSITIONS:,}", "longer duration")
+    _refused(out, f"{cost.MAX_PASS_POSITIONS:,}", "longer duration")
 
 
 @pytest.mark.parametrize("knob,value", [

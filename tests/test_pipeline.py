@@ -125,7 +125,7 @@ def test_voice_clone_prompt_matches_reference(model, name):
     assert p.ref_audio_tokens.shape == want.shape
     assert min(len(np.unique(row)) for row in want) >= 5  # codes vary along time
     # Codes are exact (measured: all equal), except where float rounding may legitimately pick
-    # the other codeword of a near-tie (as tests/test_codec.py argues for the encoder): a frame
+    # the other codeword of a near-tie (as tests/test_higgs_codec.py argues for the encoder): a frame
     # may differ only from a codebook whose two nearest codewords are within 1e-5 of a tie.
     # (clone_prompt has one such pick, 5e-6 from a tie; clone_prompt_16k_stereo none.)
     wav, _ = postprocess.prepare_reference_audio(inp["ref_audio"], inp.get("preprocess_prompt", True),

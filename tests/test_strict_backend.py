@@ -1,9 +1,9 @@
 """The device code path, proven on the CPU: the pipeline under OMNICORE_BACKEND=strict.
 
-The strict backend (`omnicore/strictxp.py`) refuses what CuPy refuses (implicit conversion to
+The strict backend (`omnicore/testing/strictxp.py`) refuses what CuPy refuses (implicit conversion to
 numpy, host arrays mixed into device operations, Numba kernels) plus any float64 array on the
-device, and counts every host <-> device transfer. The backend is chosen when omnicore is
-imported, so `tests/device_child.py` runs the tiny checkpoint's pipeline in a child process
+device, and counts every host <-> device transfer (`omnicore/testing/transfers.py`). The backend is
+chosen once per process, so `tests/device_child.py` runs the tiny checkpoint's pipeline in a child process
 under it: generate in auto / design / clone mode, a voice prompt, a packed batch with seeded
 sampling, a stream, codec decode (one-shot, batched, windowed) and encode. Here, on the numpy
 backend, the same cases run again and the two are compared:
@@ -45,7 +45,7 @@ REF = ROOT / "tests" / "fixtures" / "reference"
 # see the module docstring.
 DEVICE_REL = 1e-5
 WAVE_TOL = 2e-5  # vs the reference's waveform, as tests/test_pipeline.py
-CHUNK_TOL = 2e-5  # windowed vs one-shot decode, as tests/test_codec.py
+CHUNK_TOL = 2e-5  # windowed vs one-shot decode, as tests/test_higgs_codec.py
 # Per unmasking step: text ids to the host and their embedding rows back (the text table is
 # read from disk by rows), plus one copy of all items' Gumbel noise when sampling.
 MAX_TRANSFERS_PER_STEP = 3
@@ -77,7 +77,7 @@ def host():
     """The same cases on the numpy backend, in this process."""
     from omnicore.model import backend
 
-    assert backend.BACKEND == "numpy", "run the suite itself on the numpy backend"
+    assert backend.name() == "numpy", "run the suite itself on the numpy backend"
     return device_child.produce(device_checks=False)[0]
 
 
@@ -97,6 +97,17 @@ def test_generate_is_token_exact_with_the_reference(device, name):
         assert device_child.rel(device[0][f"{name}/audio"], z["wave"]) <= WAVE_TOL
 
 
+@pytest.mark.parametrize("name", device_child.FIXTURE_CASES)
+def test_fast_profile_with_its_knobs_at_one_is_exact(device, host, name):
+    """profile="fast" with prefix_refresh=1 and uncond_every=1 gives exact's codes bit for bit
+    (auto, design and clone) on the device path and on numpy; with reuse (FAST_KW) the two
+    backends agree with each other (test_same_codes_as_the_numpy_backend)."""
+    want = np.load(REF / f"generate_{name}.npz", allow_pickle=False)["codes"]
+    for arrays in (device[0], host):
+        np.testing.assert_array_equal(arrays[f"{name}/codes_fast1"], want)
+        assert not np.array_equal(arrays[f"{name}/codes_fast"], want)  # reuse changes them
+
+
 def test_voice_prompt_codes_match_the_reference(device):
     want = np.load(REF / "generate_clone_prompt.npz", allow_pickle=False)["ref_audio_tokens"]
     got = device[0]["clone_prompt/codes"]
@@ -114,7 +125,7 @@ def test_codec_matches_the_reference(device):
     assert device_child.rel(arrays["decode/wav_chunked_50"], arrays["decode/wav_50"]) <= CHUNK_TOL
     np.testing.assert_array_equal(arrays["encode/codes"], enc["codes"])
     np.testing.assert_array_equal(arrays["encode/codes_api"], enc["codes"])
-    assert device_child.rel(arrays["encode/fused"], enc["fused"]) <= 5e-6  # tests/test_codec.py's bound
+    assert device_child.rel(arrays["encode/fused"], enc["fused"]) <= 5e-6  # tests/test_higgs_codec.py's bound
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,8 +207,11 @@ def test_replay_refuses_host_round_trips():
     makes a data-sized result is refused from the second call on (a graph could not hold it)."""
     code = """
 import numpy as np
+from omnicore import settings
 from omnicore.model import backend
 from omnicore.model.backend import xp
+from omnicore.testing.transfers import CaptureError
+settings.configure()
 a = backend.to_device(np.arange(6, dtype=np.float32))
 out = backend.to_device(np.zeros(6, dtype=np.float32))
 for name, fn in {"fine": lambda: xp.multiply(a, 2, out=out),
@@ -209,7 +223,7 @@ for name, fn in {"fine": lambda: xp.multiply(a, 2, out=out),
     try:
         backend.replay(store, 0, fn)
         print(name, "ran")
-    except backend.CaptureError:
+    except CaptureError:
         print(name, "refused")
 print(backend.to_numpy(backend.replay({}, 0, lambda: a + 1)).tolist())
 """
@@ -233,7 +247,7 @@ def test_no_float64_on_the_device(device):
 
 
 def test_strict_arrays_refuse_what_cupy_refuses_and_float64():
-    from omnicore.model import strictxp
+    from omnicore.testing import strictxp
 
     counts = []
     xp = strictxp.make_namespace(counts.append)
@@ -270,25 +284,43 @@ _PROFILE_CHILD = r"""
 import json, sys
 import numpy as np
 from omnicore import OmniVoice
-from omnicore.model import backend, strictxp
+from omnicore.model import backend
+from omnicore.testing import strictxp
+gemms, real = [], backend.matmul_half
+
+
+def spy(a, b, precision, out=None):
+    r = real(a, b, precision, out)
+    gemms.append([a.dtype.name, b.dtype.name, r.dtype.name])
+    return r
+
+
+backend.matmul_half = spy
 out = {}
 for precision in backend.PRECISIONS:
+    gemms.clear()
     m = OmniVoice.from_pretrained(sys.argv[1], precision=precision)
-    before = strictxp.seen_dtypes() if backend.IS_STRICT else set()
+    strict = backend.name() == "strict"
     codes = m.generate_codes("Rounded on the way in.", duration=1.5, num_step=6,
                              position_temperature=0.0, class_temperature=0.0)[0]
     out[precision] = {"codes": np.asarray(codes).tolist(),
-                      "dtypes": sorted(strictxp.seen_dtypes()) if backend.IS_STRICT else []}
+                      "dtypes": sorted(strictxp.seen_dtypes()) if strict else [],
+                      "half_gemms": gemms[:], "weights": m.params.layers[0].q_proj.dtype.name,
+                      "layers": len(m.params.layers)}
 print("RESULT " + json.dumps(out))
 """
 
 
 def test_precision_profiles_run_their_dtype_flow_on_the_device_path():
-    """Each profile on the strict backend: what it rounds is made on the device (float16 for
-    fp16, the float32 bits as uint32 for tf32 / bf16), never float64. fp32's greedy codes are
-    the numpy backend's token for token; a rounded profile's nearly so: the device path's
-    float32 twins differ from the Numba kernels in the last bits, and a value that straddles a
-    rounding boundary of the format moves by a whole unit of it (measured: 1 cell of 296)."""
+    """Each profile on the strict backend: what it rounds is made on the device, never float64.
+    bf16 and fp16 run the tensor cores' flow there: weights stored as half-precision arrays
+    (float16; bfloat16's bits as uint16), every GEMM of the forward (7 projections and 2
+    attention products per layer, the heads) fed half-precision arrays and returning float32
+    (backend.matmul_half); tf32 rounds float32 bits (uint32). On numpy the rounding stands in
+    and no half array exists. fp32's greedy codes are the numpy backend's token for token; a
+    rounded profile's nearly so: the device path's float32 twins differ from the Numba kernels
+    in the last bits, and a value that straddles a rounding boundary of the format moves by a
+    whole unit of it (measured: 1 cell of 296)."""
     if DEVICE_BACKEND != "strict":
         pytest.skip("the dtype census is kept by the strict backend")
     runs = {}
@@ -303,5 +335,13 @@ def test_precision_profiles_run_their_dtype_flow_on_the_device_path():
         same = np.mean(np.array(strict[precision]["codes"]) == np.array(host[precision]["codes"]))
         assert same >= 0.95, (precision, same)
     assert "float64" not in strict["fp16"]["dtypes"]
-    assert "float16" in strict["fp16"]["dtypes"] and "uint32" in strict["bf16"]["dtypes"]
+    assert "float16" in strict["fp16"]["dtypes"] and "uint32" in strict["tf32"]["dtypes"]
+    for precision, half in (("bf16", "uint16"), ("fp16", "float16")):
+        run = strict[precision]
+        assert run["weights"] == half and half in run["dtypes"]
+        assert len(run["half_gemms"]) == 6 * (9 * run["layers"] + 1)  # every GEMM of 6 steps
+        assert all(g == [half, half, "float32"] for g in run["half_gemms"])
+        assert host[precision]["weights"] == "float32" and not host[precision]["half_gemms"]
+    for precision in ("fp32", "tf32"):
+        assert not strict[precision]["half_gemms"] and strict[precision]["weights"] == "float32"
     assert host["bf16"]["codes"] != host["fp32"]["codes"]  # the profile changes the numbers

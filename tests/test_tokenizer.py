@@ -9,10 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnicore.model.config import OmniVoiceConfig
+from omnicore import checkpoint
+from omnicore.checkpoint import load_tokenizer
 from omnicore.errors import ConfigError, InputError, ModelNotFoundError, WeightsError
 from omnicore.model.tokenizer import (NONVERBAL_TAGS, SPECIAL_TOKENS, TextTokenizer, combine_text,
-                                load_tokenizer, prepare_item, tokenize_with_nonverbal_tags)
+                                      prepare_item, tokenize_with_nonverbal_tags)
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "weights" / "tiny-random"
@@ -26,7 +27,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def cfg():
-    return OmniVoiceConfig.from_file(CKPT / "config.json")
+    return checkpoint.read_config(CKPT / "config.json")
 
 
 @pytest.fixture(scope="module")

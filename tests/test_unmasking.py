@@ -1,5 +1,6 @@
-"""The iterative unmasking loop: schedule bit-exact, greedy tokens equal to the reference at
-every step, and the loop's invariants under sampling (property tests on the tiny checkpoint)."""
+"""The iterative unmasking loop, as written to be read (unmasking.py): cells per step bit-exact,
+greedy tokens equal to the reference at every step, and the loop's invariants under sampling
+(property tests on the tiny checkpoint). Its fast form: test_packed_unmasking.py."""
 
 from pathlib import Path
 from unittest import mock
@@ -14,7 +15,8 @@ from omnicore.model import scoring_kernels
 from omnicore.model import unmasking as um
 from omnicore.model.config import GenerationConfig
 from omnicore.errors import InputError
-from omnicore.model.tokenizer import PreparedItem, load_tokenizer, prepare_item
+from omnicore.checkpoint import load_tokenizer
+from omnicore.model.tokenizer import PreparedItem, prepare_item
 
 
 def guided_log_probs(cond_logits, uncond_logits, guidance_scale: float, mask_id: int):
@@ -78,7 +80,7 @@ def test_time_grid_is_bit_exact():
 def test_schedule_matches_reference():
     d = _load("backbone_schedule.npz")
     for cells, n, s, counts in zip(d["case_cells"], d["case_steps"], d["case_shift"], d["case_counts"]):
-        got = um.unmask_schedule(int(cells), int(n), float(s))
+        got = um.cells_per_step(int(cells), int(n), float(s))
         assert got == counts[:n].tolist()
         assert sum(got) == cells and min(got) >= 0
 
@@ -88,17 +90,21 @@ def test_schedule_matches_reference():
 # ---------------------------------------------------------------------------------------------
 
 
-def test_reference_codes_are_diverse():
+def test_generated_codes_are_diverse(params, cfg):
     """Random weights can collapse greedy codes to one value per row; then a token-exact test
-    would prove nothing. The dump also re-ran the reference in float64 with identical codes."""
+    would prove nothing. The loop's own codes for the reference's first item vary along time
+    and were filled over every step (the dump also re-ran the reference in float64 with
+    identical codes)."""
     d = _load("backbone_batch.npz")
     assert bool(d["float64_agrees"])
-    codes = d["item0_codes"]
+    gen = _gen(d, "gen_")
+    codes, fill = um.generate_codes(params, cfg, _items(d, ["item0_"]), gen, return_fill_steps=True)
+    codes, fill = codes[0], fill[0]
     assert codes.shape[1] >= 60
     assert min(len(np.unique(row)) for row in codes) >= 10
     assert len(np.unique(codes)) >= 100
     # and cells were filled over many different steps, not all at once
-    assert len(np.unique(d["item0_fill_step"])) == int(d["gen_num_step"])
+    assert len(np.unique(fill)) == gen.num_step
 
 
 @pytest.mark.parametrize("npz,prefixes,gen_prefix", _cases())
@@ -125,9 +131,8 @@ def test_greedy_predictions_match_reference_at_every_step(params, cfg, npz, pref
         pack = bb.make_packing([r.shape[1] for r in rows], cfg)
         logits = bb.forward_rows(params, cfg, np.concatenate(rows, 1), np.concatenate(masks), pack, num_out)
         for b, p in enumerate(prefixes):
-            lp = guided_log_probs(logits[b], logits[B + b] if use_uncond else None,
-                                  gen.guidance_scale, mask_id)
-            tokens, conf = um.predict_tokens(lp, 0.0, None)
+            _, tokens, conf = scoring_kernels.guided_scores(
+                logits[b], logits[B + b] if use_uncond else None, gen.guidance_scale, mask_id)
             np.testing.assert_array_equal(tokens, d[p + "pred_tokens"][step], err_msg=f"{p} step {step}")
             want = d[p + "scores"][step]
             err = np.abs(conf - want).max()
@@ -152,27 +157,45 @@ def test_greedy_codes_and_fill_order_equal_reference(params, cfg, npz, prefixes,
 
 def test_class_sampling_stays_in_the_top_ten_percent():
     rng = np.random.default_rng(0)
-    lp = um.log_softmax(rng.standard_normal((8, 50, 1025)).astype(np.float32) * 3)
+    lp = scoring_kernels.log_softmax_np(rng.standard_normal((8, 50, 1025)).astype(np.float32) * 3)
     lp[..., 1024] = -np.inf
-    tokens, conf = um.predict_tokens(lp, 1.0, np.random.default_rng(1))
+    k = um.class_top_k(1025)
+    tokens = um.sample_tokens(lp, 1.0, um.gumbel_noise(np.random.default_rng(1), (8, 50, k)))
     rank = (lp > np.take_along_axis(lp, tokens[..., None], -1)).sum(-1)
     assert rank.max() < 103 and (tokens != lp.argmax(-1)).any()
-    np.testing.assert_array_equal(conf, lp.max(-1))  # confidence is the best log-prob, not the draw
-    cold, _ = um.predict_tokens(lp, 1e-4, np.random.default_rng(2))
+    cold = um.sample_tokens(lp, 1e-4, um.gumbel_noise(np.random.default_rng(2), (8, 50, k)))
     np.testing.assert_array_equal(cold, lp.argmax(-1))
+
+
+def test_a_sampled_step_picks_cells_by_confidence_not_by_the_draw(cfg):
+    """With class sampling, the cells a step fills are the most confident ones (best log-prob of
+    the cell), whatever token the draw gave them."""
+    C, T, V = cfg.num_audio_codebook, 6, cfg.audio_vocab_size
+    ids = np.full((C, 3 + T), cfg.audio_mask_id, np.int64)
+    item = PreparedItem(ids, np.arange(3 + T) >= 3, T)
+    gen = GenerationConfig(num_step=4, guidance_scale=0.0, layer_penalty_factor=0.0,
+                           position_temperature=0.0, class_temperature=2.0)
+    state = um.PassState(item, gen, 5, cfg)
+    logits = np.random.default_rng(3).standard_normal((C, T, V)).astype(np.float32)
+    _, _, conf = scoring_kernels.guided_scores(logits, None, 0.0, cfg.audio_mask_id)
+    um.unmask_step(state, logits)
+    k = state.cells_per_step[0]
+    filled = np.flatnonzero(state.fill_step.ravel() == 0)
+    np.testing.assert_array_equal(np.sort(filled), np.sort(np.argsort(-conf.ravel(), kind="stable")[:k]))
+    assert state.step == 1 and (state.codes().ravel()[filled] != cfg.audio_mask_id).all()
 
 
 def test_guidance_zero_is_plain_log_softmax():
     rng = np.random.default_rng(0)
     c = rng.standard_normal((8, 5, 1025)).astype(np.float32)
     lp = guided_log_probs(c, None, 0.0, 1024)
-    want = um.log_softmax(c)
+    want = scoring_kernels.log_softmax_np(c)
     np.testing.assert_allclose(lp[..., :1024], want[..., :1024], rtol=1e-6)
     assert np.isneginf(lp[..., 1024]).all()
     # guidance: log_softmax(c' + g (c' - u')) of the log-softmaxes c', u', before MASK is dropped
     u = rng.standard_normal((8, 5, 1025)).astype(np.float32)
-    cl, ul = um.log_softmax(c), um.log_softmax(u)
-    want = um.log_softmax(cl + 2.0 * (cl - ul))
+    cl, ul = scoring_kernels.log_softmax_np(c), scoring_kernels.log_softmax_np(u)
+    want = scoring_kernels.log_softmax_np(cl + 2.0 * (cl - ul))
     got = guided_log_probs(c, u, 2.0, 1024)
     np.testing.assert_allclose(got[..., :1024], want[..., :1024], rtol=1e-5, atol=1e-5)
 
@@ -239,7 +262,7 @@ def test_loop_invariants(params, cfg, tok, case, seed):
         assert c.shape == (8, T) and c.dtype == np.int64
         assert (c != mask_id).all() and c.min() >= 0  # nothing left masked
         # cells filled per step follow the schedule exactly
-        sched = um.unmask_schedule(8 * T, gen.num_step, gen.t_shift)
+        sched = um.cells_per_step(8 * T, gen.num_step, gen.t_shift)
         assert np.bincount(f.ravel(), minlength=gen.num_step).tolist() == sched
         # what the model saw at step s: exactly the cells filled before s, with their final value
         for s, (ids, pack) in enumerate(seen):

@@ -8,7 +8,7 @@ The page is PAGE below, prose written once, with this run's shapes and values fi
 value comes from omnicore's own functions on the tiny random checkpoint; nothing of the model
 is computed again here. Two inner tensors are observed in passing: layer 0's attention weights,
 read from the backbone's workspace after `backbone.attention` (numpy backend only), and the
-decoder's intermediate arrays, recorded by `spy` while `codec.decode` runs.
+decoder's intermediate arrays, recorded by `spy` while `higgs_codec.decode` runs.
 
 Floats are printed with 4 significant digits, and `differences` compares pages with a relative
 tolerance on them: BLAS kernels round differently from one CPU to the next (AVX-512 against
@@ -33,12 +33,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout's omnicore, the one the page describes
 
-from omnicore import OmniVoice  # noqa: E402
+from omnicore import OmniVoice, checkpoint  # noqa: E402
 from omnicore.audio import postprocess  # noqa: E402
 from omnicore.audio.writers import write_atomic  # noqa: E402
-from omnicore.model import backbone, codec, kernels, scoring_kernels, unmasking  # noqa: E402
+from omnicore.model import backbone, backend, higgs_codec, kernels, scoring_kernels, unmasking  # noqa: E402
 from omnicore.model import tokenizer as tok_mod  # noqa: E402
-from omnicore.model.backend import IS_NUMPY  # noqa: E402
 from omnicore.model.config import GenerationConfig  # noqa: E402
 from omnicore.text import frontend, planner  # noqa: E402
 
@@ -127,7 +126,7 @@ audio. With a voice prompt, its codes would sit between the two (section 12).
 
 Classifier-free guidance needs a second, **unconditional** row: the target frames alone, no
 text ([`PreparedItem.uncond_ids`](../omnicore/model/tokenizer.py)), shape **{uncond_shape}**.
-[`unmasking.iterate`](../omnicore/model/unmasking.py) packs both rows back to back into one
+[`unmasking.generate_codes`](../omnicore/model/unmasking.py) packs both rows back to back into one
 sequence of N = {N} tokens ([`backbone.make_packing`](../omnicore/model/backbone.py): rows
 start at {starts}), so that every projection is one matrix product over both rows, while
 attention stays within each row.
@@ -188,23 +187,23 @@ unconditional one. For codebook 0, frame 0, the first four logits are
 {cond_head} (conditional) and
 {uncond_head} (unconditional).
 
-[`scoring_kernels.guided_scores`](../omnicore/model/scoring_kernels.py) (what
-[`unmasking.iterate`](../omnicore/model/unmasking.py) runs for all passes of a step at once, as
-`scoring_kernels.packed_scores`) takes log-softmaxes c and u of the two and
+[`unmasking.unmask_step`](../omnicore/model/unmasking.py), one step of one pass, first calls
+[`scoring_kernels.guided_scores`](../omnicore/model/scoring_kernels.py), which takes
+log-softmaxes c and u of the two and
 scores every cell by log_softmax(c + {guidance}·(c − u)), with MASK ruled out
 (its score is {lp_mask}): lp **{lp_shape}**. Cell (0, 0): lp starts
 {lp_head}; its best token is {tok00} with log-probability {conf00} (the conditional logits
 alone would give {plain_tok00} at {plain_conf00}).
 
 [`unmasking.choose_cells`](../omnicore/model/unmasking.py) ranks the cells by confidence minus
-{layer_penalty} × codebook index, so coarse codebooks come first, and fills the best
-{k1} (the schedule's share of step 1, next section). Step 1 fills (codebook, frame) → token:
+{layer_penalty} × codebook index, so coarse codebooks come first, and the step fills the best
+{k1} (step 1's share of the cells, next section). Step 1 fills (codebook, frame) → token:
 
 ```
 {chosen}
 ```
 
-## 7. The schedule
+## 7. Cells per step
 
 Over {num_step} steps, every one of the C × T = {cells} cells gets filled.
 [`unmasking.time_steps`](../omnicore/model/unmasking.py) warps the grid i / {num_step} by
@@ -212,17 +211,19 @@ t_shift = {t_shift}:
 
 t = {t_grid}
 
-[`unmasking.unmask_schedule`](../omnicore/model/unmasking.py) gives step i
+[`unmasking.cells_per_step`](../omnicore/model/unmasking.py) gives step i
 ceil({cells} × (t[i+1] − t[i])) cells and the last step the rest: **{schedule}**. Few cells
 early, while the canvas is nearly all MASK; most at the end.
 
 ## 8. The loop
 
 [`unmasking.generate_codes`](../omnicore/model/unmasking.py) runs sections 4 to 6 once per step,
-{num_step} steps in all ([`unmasking.iterate`](../omnicore/model/unmasking.py)): each step embeds
-the cells filled so far, runs the whole forward again, and fills its share of the still-masked
-cells; a filled cell is never revisited. (The server and `generate` run the same step in
-[`engine.Engine`](../omnicore/engine.py), packing the rows of concurrent requests together.)
+{num_step} steps in all: each step embeds the cells filled so far, runs the whole forward again,
+and fills its share of the still-masked cells; a filled cell is never revisited. (The server and
+`generate` run the same step in [`engine.Engine`](../omnicore/engine.py), packing the rows of
+concurrent requests together, in its fast form
+[`packed_unmasking.iterate`](../omnicore/model/packed_unmasking.py): every pass scored, picked
+and filled in one kernel call each, tested equal to `unmask_step` bit for bit.)
 Cells filled per step and codebook:
 
 {fill_table}
@@ -246,8 +247,8 @@ survives). The first frames:
 
 ## 10. The decoder
 
-[`codec.decode`](../omnicore/model/codec.py) turns codes back into sound.
-[`codec.dequantize`](../omnicore/model/codec.py) looks up each codebook's entry and projects it,
+[`higgs_codec.decode`](../omnicore/model/higgs_codec.py) turns codes back into sound.
+[`higgs_codec.dequantize`](../omnicore/model/higgs_codec.py) looks up each codebook's entry and projects it,
 summing the {C} codebooks into a latent **{latent_shape}** (batch × T × latent width); `fc2`
 maps it to {fc2_width} channels and a first convolution to {conv1_width}. Then one DAC block per
 upsampling ratio: Snake activation, a transposed convolution that makes `stride` samples of
@@ -270,17 +271,34 @@ at both ends: {final_samples} samples, the waveform the public API returns (chec
 ## 12. Voice cloning: the encoder
 
 With a voice prompt, a reference clip and its transcript condition every pass. Taking the
-waveform above as the clip ([`codec.encode_features`](../omnicore/model/codec.py)): the
+waveform above as the clip ([`higgs_codec.encode_features`](../omnicore/model/higgs_codec.py)): the
 {num_samples} samples, resampled to 16 kHz, go through HuBERT (averaged hidden states, every
 second frame: {hubert_shape}) and a semantic convolution stack ({semantic_shape}); the DAC
 encoder takes the 24 kHz samples down by the same strides ({acoustic_shape}); the two,
 concatenated and projected, give {fused_shape}, and
-[`codec.quantize`](../omnicore/model/codec.py) picks the nearest codeword of each codebook in
+[`higgs_codec.quantize`](../omnicore/model/higgs_codec.py) picks the nearest codeword of each codebook in
 turn (residual vector quantisation): codes {ref_codes_shape}, R = {R} reference frames.
 [`tokenizer.prepare_item`](../omnicore/model/tokenizer.py) then builds the conditional row
 `<|denoise|>`, language, instruct, transcript + " " + text ({clone_text} tokens), the R reference
 frames and T = {clone_T} target frames (estimated at the clip's own pace): shape
 {clone_shape}. The unconditional row is still the T target frames alone.
+
+## 13. What this page did not show
+
+Sections 2 to 12 follow the model's reading order
+([omnicore/model/__init__.py](../omnicore/model/__init__.py)): the tokenizer, the backbone,
+the unmasking loop, the codec with HuBERT and the resampler. Two parts of the folder come
+after it. How it is made fast: the Numba kernels between the GEMMs, each beside the plain twin
+it is tested against ([kernels.py](../omnicore/model/kernels.py),
+[scoring_kernels.py](../omnicore/model/scoring_kernels.py),
+[conv_kernels.py](../omnicore/model/conv_kernels.py)), the packed step the engine runs
+([`packed_unmasking.iterate`](../omnicore/model/packed_unmasking.py)), the backbone's fused
+layer (`backbone._layer_fused`), the numpy/CuPy switch
+([backend.py](../omnicore/model/backend.py)) and what a forward costs
+([cost.py](../omnicore/model/cost.py)). How a checkpoint is read: `config.json` into frozen
+dataclasses ([config.py](../omnicore/model/config.py)) and every tensor taken by its key
+([`weights.ParamReader`](../omnicore/model/weights.py)), from files that
+[omnicore/checkpoint.py](../omnicore/checkpoint.py) finds and reads safely.
 """
 
 
@@ -389,7 +407,7 @@ def layer0_attention(m: OmniVoice, ids, audio_mask, lengths):
     work = backbone.make_workspace(cfg, pack)
     backbone.embed(params, cfg, ids, audio_mask, out=work.x)  # [N, D]
     lp = params.layers[0]
-    backbone.rms_norm(work.x, lp.input_layernorm, cfg.llm_config.rms_norm_eps, out=work.h)
+    kernels.rms_norm(work.x, lp.input_layernorm, cfg.llm_config.rms_norm_eps, out=work.h)
     backbone.attention(lp, cfg, work.h, pack, work)  # -> work.q, k, v, qg, attn; scores of the last row
     return pack, work
 
@@ -400,7 +418,7 @@ def stage_backbone(m: OmniVoice, item: tok_mod.PreparedItem, v: dict):
     S, T, n_text = item.input_ids.shape[1], item.num_target, item.num_prompt
     K = cfg.llm_config.num_key_value_heads
     G = cfg.llm_config.num_attention_heads // K
-    # the packed rows of one pass, as unmasking.iterate builds them
+    # the packed rows of one pass, as unmasking.generate_codes builds them
     ids = np.concatenate([item.input_ids, item.uncond_ids], axis=1)  # [C, S] + [C, T] -> [C, N]
     audio_mask = np.concatenate([item.audio_mask, item.uncond_audio_mask])  # [N]
     pack, work = layer0_attention(m, ids, audio_mask, [S, T])
@@ -436,24 +454,24 @@ def stage_step_one(m: OmniVoice, item, ids, audio_mask, pack, v: dict) -> dict:
     cond, uncond = (np.array(x) for x in
                     backbone.forward_rows(m.params, cfg, ids, audio_mask, pack, [T, T]))  # [C, T, V] each
     lp, tokens, confidence = scoring_kernels.guided_scores(cond, uncond, GEN.guidance_scale, mask)
-    plain = unmasking.log_softmax(cond)  # without guidance
-    schedule = unmasking.unmask_schedule(C * T, GEN.num_step, GEN.t_shift)
-    chosen = unmasking.choose_cells(confidence, np.zeros((C, T), bool), schedule[0], GEN, None)
+    plain = scoring_kernels.log_softmax_np(cond)  # without guidance
+    counts = unmasking.cells_per_step(C * T, GEN.num_step, GEN.t_shift)
+    chosen = unmasking.choose_cells(confidence, np.zeros((C, T), bool), counts[0], GEN)
     picks = {divmod(int(i), T): int(tokens.reshape(-1)[i]) for i in chosen}  # (c, t) -> token
     plain_best = plain[0, 0, :mask]  # MASK excluded, as the scoring does
     v.update(logits_shape=shape(cond), cond_head=floats(cond[0, 0, :4]),
              uncond_head=floats(uncond[0, 0, :4]), lp_shape=shape(lp), lp_head=floats(lp[0, 0, :4]),
              lp_mask=f4(lp[0, 0, mask]), tok00=int(tokens[0, 0]), conf00=f4(confidence[0, 0]),
-             plain_tok00=int(plain_best.argmax()), plain_conf00=f4(plain_best.max()), k1=schedule[0],
+             plain_tok00=int(plain_best.argmax()), plain_conf00=f4(plain_best.max()), k1=counts[0],
              chosen="\n".join(f"({c}, {t:>2}) -> {tok}" for (c, t), tok in sorted(picks.items())))
     return picks
 
 
 def stage_loop(m: OmniVoice, item, picks: dict, v: dict) -> np.ndarray:
-    """Sections 7 to 9: the schedule, the whole loop, its codes."""
+    """Sections 7 to 9: cells per step, the whole loop, its codes."""
     C, T = m.config.num_audio_codebook, item.num_target
     t = unmasking.time_steps(GEN.num_step, GEN.t_shift)
-    schedule = unmasking.unmask_schedule(C * T, GEN.num_step, GEN.t_shift)
+    counts_per_step = unmasking.cells_per_step(C * T, GEN.num_step, GEN.t_shift)
     (codes,), (fills,) = unmasking.generate_codes(m.params, m.config, [item], GEN, seed=SEED,
                                                   return_fill_steps=True)  # [C, T] each
     first = {divmod(int(i), T) for i in np.flatnonzero(fills == 0)}
@@ -461,7 +479,7 @@ def stage_loop(m: OmniVoice, item, picks: dict, v: dict) -> np.ndarray:
         raise AssertionError("the loop's first step filled other cells than section 6 shows")
     counts = [[int((fills[c] == s).sum()) for c in range(C)] for s in range(GEN.num_step)]
     rows = [[s + 1] + n + [sum(n)] for s, n in enumerate(counts)]
-    v.update(t_grid=floats(t), cells=C * T, schedule=", ".join(map(str, schedule)),
+    v.update(t_grid=floats(t), cells=C * T, schedule=", ".join(map(str, counts_per_step)),
              fill_table=table(["step"] + [f"cb {c}" for c in range(C)] + ["all"], rows),
              fill_map="\n".join("".join(str(s + 1) for s in fills[c]) for c in range(C)),
              last_codebook=C - 1, last_frame=T - 1, codes_shape=shape(codes),
@@ -475,10 +493,10 @@ def stage_loop(m: OmniVoice, item, picks: dict, v: dict) -> np.ndarray:
 def stage_decoder(m: OmniVoice, codes: np.ndarray, v: dict) -> np.ndarray:
     """Sections 10 and 11: codes -> waveform, with the shapes on the way."""
     ccfg, dec = m.codec.cfg, m.codec.params.decoder
-    with spy(codec, "dequantize") as latents, spy(codec, "conv_transpose1d") as ups:
-        wav = codec.decode(m.codec.params, codes, ccfg)  # [C, T] -> [L]
+    with spy(higgs_codec, "dequantize") as latents, spy(higgs_codec, "conv_transpose1d") as ups:
+        wav = higgs_codec.decode(m.codec.params, codes, ccfg)  # [C, T] -> [L]
     if len(latents) != 1 or not ups:
-        raise AssertionError("codec.decode no longer calls dequantize / conv_transpose1d")
+        raise AssertionError("higgs_codec.decode no longer calls dequantize / conv_transpose1d")
     rows = []
     for i, (args, kw, out) in enumerate(ups):
         rows.append([i + 1, kw["stride"], shape(args[0]), shape(out),
@@ -507,9 +525,9 @@ def stage_decoder(m: OmniVoice, codes: np.ndarray, v: dict) -> np.ndarray:
 def stage_clone(m: OmniVoice, wav: np.ndarray, v: dict) -> None:
     """Section 12: the waveform as a voice prompt, through the codec's encoder."""
     ccfg = m.codec.cfg
-    params = codec.ensure_encoder(m.codec.params, ccfg, m.codec.dir)
-    feats = codec.encode_features(params, wav, ccfg)
-    ref_codes = codec.quantize(params, feats["fused"], ccfg)  # [T, D] -> [C, R]
+    params = checkpoint.load_codec_encoder(m.codec.params, ccfg, m.codec.dir)
+    feats = higgs_codec.encode_features(params, wav, ccfg)
+    ref_codes = higgs_codec.quantize(params, feats["fused"], ccfg)  # [T, D] -> [C, R]
     R = ref_codes.shape[1]
     T = frontend.estimate_target_frames(TEXT, TEXT, R)
     clone = tok_mod.prepare_item(m.tokenizer, m.config, TEXT, T, ref_text=TEXT, ref_codes=ref_codes,
@@ -522,9 +540,9 @@ def stage_clone(m: OmniVoice, wav: np.ndarray, v: dict) -> None:
 
 def render() -> str:
     """Run every stage on the tiny checkpoint and return the page."""
-    if not IS_NUMPY:
-        raise SystemExit("the walkthrough reads the numpy backend's workspace: unset OMNICORE_BACKEND")
     m = OmniVoice.from_pretrained(str(CHECKPOINT))
+    if backend.name() != "numpy":
+        raise SystemExit("the walkthrough reads the numpy backend's workspace: unset OMNICORE_BACKEND")
     v: dict = {}
     stage_dims(m, v)
     item = stage_text(m, v)

@@ -32,10 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import platform
 import resource
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -124,12 +122,16 @@ class Side:
 class OmnicoreSide(Side):
     def __init__(self, args):
         super().__init__(args)
+        from omnicore import settings
         from omnicore.model import backend
+        from omnicore.testing import transfers
 
-        self.backend = backend
-        self.res["backend"] = backend.BACKEND
+        settings.configure()
+        transfers.start()
+        self.backend, self.transfers = backend, transfers
+        self.res["backend"] = backend.name()
         self.peak = None
-        if backend.BACKEND == "cupy":
+        if backend.name() == "cupy":
             import cupy
 
             pool = cupy.cuda.MemoryPool()
@@ -148,7 +150,7 @@ class OmnicoreSide(Side):
             self.res["versions"] = {"cupy": cupy.__version__, "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion()}
         else:
             self._sync = None
-            self.res["device"] = f"CPU ({backend.BACKEND} backend)"
+            self.res["device"] = f"CPU ({backend.name()} backend)"
         self.res["versions"] = dict(self.res.get("versions", {}), numpy=np.__version__)
 
     def sync(self):
@@ -157,7 +159,7 @@ class OmnicoreSide(Side):
 
     def run(self):
         from omnicore import OmniVoice
-        from omnicore.model import unmasking
+        from omnicore.model import packed_unmasking
 
         a = self.args
         t0 = time.perf_counter()
@@ -166,7 +168,7 @@ class OmnicoreSide(Side):
         self.sync()
         self.res["load_s"] = time.perf_counter() - t0
         self.save()
-        um = unmasking
+        um = packed_unmasking
         fwd = []
         orig = um.forward_rows
 
@@ -191,7 +193,7 @@ class OmnicoreSide(Side):
 
             def gen():
                 fwd.clear(), host.clear(), tokens.clear()
-                before = self.backend.transfer_total()
+                before = self.transfers.transfer_total()
                 t = time.perf_counter()
                 m.generate(TEXT, language="en", duration=a.seconds, num_step=a.steps, **GREEDY)
                 self.sync()
@@ -199,7 +201,7 @@ class OmnicoreSide(Side):
                 return {"forward_median": float(np.median(fwd)), "forward_count": len(fwd),
                         "forward_host_median": float(np.median(host)), "forward_tokens": max(tokens),
                         "outside_forward_per_step": (wall - sum(fwd)) / max(len(fwd), 1),
-                        "transfers": self.backend.transfer_total() - before}
+                        "transfers": self.transfers.transfer_total() - before}
 
             self.measure("generate", gen)
             n_tok = (self.res.get("generate") or {}).get("forward_tokens")
@@ -265,7 +267,7 @@ def forward_f64(path, cfg, ids, audio_mask, T):
     """Float64 oracle of one row on the host, straight from the checkpoint file: [C, T, V]
     logits of its last T positions (the model's definition, nothing shared with omnicore's
     float32 code but the file reader)."""
-    from omnicore.model.weights import SafetensorsFile
+    from omnicore.checkpoint import SafetensorsFile
 
     q = cfg.llm_config
     C, V, D, E = cfg.num_audio_codebook, cfg.audio_vocab_size, q.hidden_size, q.head_dim
@@ -468,7 +470,7 @@ def report(out: Path) -> str:
     line(f"encode {o.get('encode_seconds', '?')} s clip", "encode", "s", 1.0, 3)
     line(f"{batch} requests in one call, audio s per s", "throughput", "",
          fn=lambda s: throughput(s)[0])
-    line(f"  throughput vs 1 request (x)", "throughput", "", fn=lambda s: throughput(s)[1])
+    line("  throughput vs 1 request (x)", "throughput", "", fn=lambda s: throughput(s)[1])
     line("  host time to launch one forward (median)", "generate", "ms", 1e3, 1, field="forward_host_median")
     line("  per step outside the forward (scoring, fill)", "generate", "ms", 1e3, 1,
          field="outside_forward_per_step")

@@ -13,7 +13,7 @@ from . import common
 
 def _codec(args):
     from ..pipeline import Codec
-    from ..model.weights import resolve_codec_dir, resolve_model_dir
+    from ..checkpoint import resolve_codec_dir, resolve_model_dir
 
     path = resolve_model_dir(args.model)
     return Codec(path if (path / "model.safetensors").is_file() and not (path / "audio_tokenizer").is_dir()

@@ -5,10 +5,8 @@ command name)."""
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-from ..errors import InputError
+from ..errors import ConfigError, InputError
 from . import common
 from .batch import cmd_batch
 from .options import add_reference_options
@@ -17,7 +15,7 @@ from .say import cmd_say
 
 def _select_device(device: str | None) -> None:
     """--device (torch's names) -> omnicore's array backend: cpu -> numpy, cuda[:N] -> CuPy on
-    GPU N. The backend is fixed when omnicore.model.backend is first imported, so this runs first."""
+    GPU N. The backend is chosen once per process (settings.configure), so this runs first."""
     if device is None:  # the reference auto-detects; omnicore keeps OMNICORE_BACKEND (numpy)
         return
     kind, _, index = device.strip().lower().partition(":")
@@ -31,16 +29,16 @@ def _select_device(device: str | None) -> None:
         if importlib.util.find_spec("cupy") is None:
             raise InputError(f"--device {device} runs omnicore on CuPy, which is not installed: "
                              "pip install 'omnicore[gpu]' (needs CUDA 12), or use --device cpu")
-    loaded = sys.modules.get("omnicore.model.backend")
-    if loaded is None:
-        os.environ["OMNICORE_BACKEND"] = backend
-    elif loaded.BACKEND != backend:
-        raise InputError(f"--device {device}: this process already runs omnicore on "
-                         f"{loaded.BACKEND}; set OMNICORE_BACKEND={backend} before starting it")
-    if backend == "cupy" and index:
-        from ..model.backend import xp
+    from ..model import backend as array_backend
+    from ..settings import configure
 
-        xp.cuda.Device(int(index)).use()
+    try:
+        configure(backend=backend)
+    except ConfigError:
+        raise InputError(f"--device {device}: this process already runs omnicore on "
+                         f"{array_backend.name()}; set OMNICORE_BACKEND={backend} before starting it") from None
+    if backend == "cupy" and index:
+        array_backend.xp.cuda.Device(int(index)).use()
 
 
 def cmd_infer(args) -> int:
@@ -74,7 +72,7 @@ def cmd_infer_batch(args) -> int:
 
 # The GenerationConfig fields each reference command takes as `--<field>`, in its order.
 _KNOBS = ("num_step", "guidance_scale", "t_shift", "denoise", "postprocess_output",
-          "layer_penalty_factor", "position_temperature", "class_temperature")
+          "layer_penalty_factor", "position_temperature", "class_temperature", "profile")
 _BATCH_KNOBS = ("audio_chunk_duration", "audio_chunk_threshold", "preprocess_prompt")
 
 

@@ -1,129 +1,151 @@
-"""The one place where omnicore chooses its array library.
+"""The one place where omnicore chooses its array library: `xp`.
 
 Model code does `from omnicore.model.backend import xp` and writes `xp.matmul(...)`, never `np.`
-for arrays that live on the compute device. With the default backend `xp` *is* numpy, so the
-code reads exactly like plain numpy. Setting OMNICORE_BACKEND=cupy (with the `gpu` extra
-installed) swaps in CuPy, which mirrors the numpy API on an NVIDIA GPU.
+for arrays that live on the compute device. With the default backend `xp` holds numpy's
+functions, so the code reads exactly like plain numpy. `use("cupy")` (the configuration step
+does it for OMNICORE_BACKEND=cupy, with the `gpu` extra installed) swaps in CuPy, which mirrors
+the numpy API on an NVIDIA GPU; `use(Device(...))` swaps in a test backend (omnicore.testing's
+strict arrays, which refuse what CuPy refuses, on the CPU). The choice is made once per
+process: the first use of `xp`, of a transfer or of a kernel fixes it (numpy if `use` was not
+called), and `use` then refuses to change it.
 
-Numba kernels only accept numpy arrays; the kernel modules (`kernels`, `conv_kernels`) pick their
-plain-xp twins when the backend is not numpy (that choice, too, is made there, from `IS_NUMPY`).
-
-OMNICORE_BACKEND=strict is a test backend, no faster than numpy: device arrays that are not
-numpy arrays and refuse what CuPy refuses (implicit conversion to numpy, host arrays mixed into
-device operations, Numba) plus float64 on the device (`strictxp.py` lists the rules).
-The test suite runs the pipeline under it, so a CPU-only machine proves the CuPy path has no
-hidden host round trips and no float64.
+Numba kernels only accept numpy arrays; each kernel module's kernels run their plain-xp twins
+on any other backend (`jit.Kernel` chooses, from `name()`, at a kernel's first call).
 
 `replay(store, key, fn)` runs device work that repeats unchanged on fixed buffers (a backbone
 step) so that repeating it is cheap: on CuPy as a CUDA graph, recorded at the second call.
 
-Every host <-> device copy goes through `to_device` / `to_numpy`, which count them
-(`transfers()`; with the numpy backend there are none, so nothing is counted). Under the strict
-backend the counter also sees device scalars read back to Python (`float(a)`, `int(a)`,
-`bool(a)`, `a.item()`, `a.tolist()`, kind "scalar"): on CuPy each of those is a copy and a
-synchronisation too.
+Every host <-> device copy goes through `to_device` / `to_numpy`; an observer set with
+`set_observer` sees each one that moves data (omnicore.testing counts them). With the numpy
+backend there are none.
 """
 
 import ctypes
-import os
 import threading
+import types
 import weakref
 
 import numpy as np
 
 from ..errors import ConfigError
 
-BACKEND = os.environ.get("OMNICORE_BACKEND", "numpy").strip().lower() or "numpy"
 
-_TRANSFER_KINDS = ("to_device", "to_numpy", "scalar")
-_transfers = dict.fromkeys(_TRANSFER_KINDS, 0)
-_transfers_lock = threading.Lock()
+class Device:
+    """What a backend other than numpy provides: its name, its `xp` namespace, how to tell its
+    arrays from host ones, the two copies, and (optionally) how to record repeated work:
+    `new_replay()` makes the object `replay` keeps per key (None: every call runs fn())."""
 
-
-class CaptureError(RuntimeError):
-    """Device work passed to `replay` reached for the host (a transfer, a scalar read or a
-    data-sized result): a CUDA graph cannot record that."""
-
-
-_capturing = threading.local()
+    def __init__(self, name: str, namespace, is_device, to_host, from_host, new_replay=None):
+        self.name, self.xp = name, namespace
+        self.is_device, self.to_host, self.from_host = is_device, to_host, from_host
+        self.new_replay = new_replay
 
 
-def _count(kind: str) -> None:
-    if getattr(_capturing, "on", False):
-        raise CaptureError(f"a host round trip ({kind}) inside work recorded by backend.replay: "
-                           "a CUDA graph cannot hold it; move it out of the replayed function")
-    if kind == "sync":  # seen by the strict backend; no data moved
-        return
-    with _transfers_lock:
-        _transfers[kind] += 1
+_device: Device | None = None  # None: numpy
+_fixed = False  # set by the first use: from then on the backend cannot change
+_use_lock = threading.Lock()
+_observer = None
 
 
-def transfers() -> dict:
-    """Host <-> device copies so far, by kind: "to_device", "to_numpy" (calls that moved data;
-    a to_numpy of a host array, a to_device of a device array and anything on the numpy
-    backend move nothing and are not counted) and "scalar" (device scalars read by Python;
-    seen by the strict backend only)."""
-    with _transfers_lock:
-        return dict(_transfers)
+class _Namespace(types.ModuleType):
+    """`xp`: the chosen library's namespace. The first name looked up fixes the backend; each
+    name is then kept here, so `xp.f` costs what `np.f` does."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        _fix()
+        value = getattr(np if _device is None else _device.xp, name)
+        setattr(self, name, value)
+        return value
 
 
-def transfer_total() -> int:
-    """All transfers so far, every kind (compare two readings to count a stretch of work)."""
-    with _transfers_lock:
-        return sum(_transfers.values())
+xp = _Namespace(__name__ + ".xp")
 
 
-if BACKEND == "numpy":
-    xp = np
-elif BACKEND == "cupy":
+def _fix() -> None:
+    global _fixed
+    _fixed = True
+
+
+def use(backend, graphs: bool = True) -> None:
+    """Choose the array library before the model's first array operation: "numpy", "cupy" or
+    a `Device` (a test backend). graphs: on CuPy, replay each backbone step as a CUDA graph.
+    Choosing the backend in use already does nothing; another one, once the backend has been
+    used, is a ConfigError."""
+    global _device, _CUBLAS
+    with _use_lock:
+        wanted = backend if isinstance(backend, str) else backend.name
+        if _fixed:
+            if wanted != name():
+                raise ConfigError(f"the array backend is {name()} already (it is chosen once, before "
+                                  f"the first model call); {wanted!r} cannot replace it")
+            return
+        if backend == "numpy":
+            device = None
+        elif backend == "cupy":
+            device = _cupy_device(graphs)
+        elif isinstance(backend, Device):
+            device = backend
+        else:
+            raise ConfigError(f"array backend {backend!r} is not 'numpy' or 'cupy'")
+        _device = device
+        _CUBLAS = _Cublas() if wanted == "cupy" else None
+        _fix()
+
+
+def name() -> str:
+    """The backend in use: "numpy", "cupy" or a test backend's name (fixes it if not yet)."""
+    _fix()
+    return "numpy" if _device is None else _device.name
+
+
+def _cupy_device(graphs: bool) -> Device:
     try:
-        import cupy as xp  # type: ignore[no-redef]
+        import cupy
     except ImportError as exc:  # pragma: no cover - depends on the machine
         raise ConfigError(
             "OMNICORE_BACKEND=cupy but CuPy is not importable; install the GPU extra for the "
             "machine's CUDA version (pip install 'omnicore[gpu-cuda12]' or 'omnicore[gpu-cuda13]'), "
             "or unset OMNICORE_BACKEND."
         ) from exc
-elif BACKEND == "strict":
-    from . import strictxp
-
-    xp = strictxp.make_namespace(_count)  # type: ignore[assignment]
-else:
-    raise ConfigError(f"OMNICORE_BACKEND={BACKEND!r} is not one of 'numpy', 'cupy', 'strict' "
-                      "(strict: a test backend that checks the device code paths on the CPU).")
-
-IS_NUMPY = xp is np
-IS_STRICT = BACKEND == "strict"
-IS_CUPY = BACKEND == "cupy"
-# CUDA graphs for `replay` on CuPy (OMNICORE_CUDA_GRAPHS=0: every call launches its kernels).
-GRAPHS = os.environ.get("OMNICORE_CUDA_GRAPHS", "1").strip() != "0"
+    return Device("cupy", cupy, lambda a: isinstance(a, cupy.ndarray), cupy.asnumpy,
+                  lambda a, dtype: cupy.asarray(a, dtype=dtype), _GraphReplay if graphs else None)
 
 
-def _is_device(a) -> bool:
-    if IS_NUMPY:
-        return False
-    return isinstance(a, strictxp.StrictArray) if IS_STRICT else isinstance(a, xp.ndarray)
+def set_observer(fn) -> None:
+    """fn(kind) is called for every transfer that moves data, kind "to_device" or "to_numpy"
+    (None: no observer). omnicore.testing counts transfers with it."""
+    global _observer
+    _observer = fn
+
+
+def _observe(kind: str) -> None:
+    if _observer is not None:
+        _observer(kind)
 
 
 def to_numpy(a):
     """Bring an array back to host memory as a numpy array (no copy when already numpy)."""
-    if not _is_device(a):
+    if not _fixed:
+        _fix()
+    if _device is None or not _device.is_device(a):
         return np.asarray(a)
-    _count("to_numpy")
-    return strictxp.to_host(a) if IS_STRICT else xp.asnumpy(a)
+    _observe("to_numpy")
+    return _device.to_host(a)
 
 
 def to_device(a, dtype=None):
     """Move a host array onto the compute device (a no-op view with the numpy backend); a
     device array is returned as it is (converted to `dtype` if given, on the device)."""
-    if IS_NUMPY:
+    if not _fixed:
+        _fix()
+    if _device is None:
         return np.asarray(a, dtype=dtype)
-    if _is_device(a):
+    if _device.is_device(a):
         return a if dtype is None or a.dtype == dtype else a.astype(dtype)
-    _count("to_device")
-    if IS_STRICT:
-        return strictxp.from_host(a, dtype)
-    return xp.asarray(a, dtype=dtype)
+    _observe("to_device")
+    return _device.from_host(a, dtype)
 
 
 def f32(a) -> np.ndarray:
@@ -151,6 +173,37 @@ def check_precision(precision) -> str:
     return precision
 
 
+# On a device, bf16 and fp16 GEMMs take half-precision arrays and accumulate in float32 (the
+# tensor cores' own flow): weights stored so at load, activations converted before each product,
+# results float32 (`half_gemm`). bfloat16 has no array dtype of its own: its 16 bits live in
+# uint16 arrays. On numpy (no such GEMM) the rounding above stands in: the same products.
+HALF = ("bf16", "fp16")
+
+
+def half_gemm(precision: str) -> bool:
+    """Whether `precision`'s GEMMs take half-precision arrays here (on a device backend)."""
+    if not _fixed:
+        _fix()
+    return precision in HALF and _device is not None
+
+
+def to_half(x, precision: str):
+    """float32 x -> a new half-precision array of it, rounded to nearest even: float16, or the
+    bfloat16 bits as uint16."""
+    if precision == "fp16":
+        return x.astype(xp.float16)
+    bits = xp.ascontiguousarray(x).view(xp.uint32)
+    bits = bits + ((bits >> 16) & 1) + xp.uint32(0x7FFF)  # ties to even
+    return (bits >> 16).astype(xp.uint16)
+
+
+def from_half(h, precision: str):
+    """A half-precision array (to_half's) -> float32, exactly."""
+    if precision == "fp16":
+        return h.astype(xp.float32)
+    return (h.astype(xp.uint32) << 16).view(xp.float32)
+
+
 def round_gemm_input(x, precision: str):
     """x (float32) rounded in place to what `precision` feeds a GEMM; returns x."""
     if precision == "fp32":
@@ -172,24 +225,24 @@ def round_gemm_input(x, precision: str):
 # cost more than the GPU's work. Recorded once as a CUDA graph, a step is one launch.
 
 _graph_stats = {"captured": 0, "replayed": 0, "failed": 0}
-
-
+_stats_lock = threading.Lock()
 _live_graphs: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def graph_stats() -> dict:
-    """How `replay` ran so far: graphs "captured" (strict backend: checked calls), "replayed"
+    """How `replay` ran so far: graphs "captured" (a test backend: checked calls), "replayed"
     and captures that "failed" (that work then runs kernel by kernel), and "pool_bytes": the
     device memory held now by the live graphs' own pools."""
-    with _transfers_lock:
+    with _stats_lock:
         stats = dict(_graph_stats)
     stats["pool_bytes"] = sum(g.pool.total_bytes() for g in list(_live_graphs))
     return stats
 
 
-def _stat(name: str) -> None:
-    with _transfers_lock:
-        _graph_stats[name] += 1
+def note_graph(event: str) -> None:
+    """Count a "captured", "replayed" or "failed" recording (for graph_stats)."""
+    with _stats_lock:
+        _graph_stats[event] += 1
 
 
 def replay(store: dict, key, fn):
@@ -197,44 +250,19 @@ def replay(store: dict, key, fn):
     round trip, whose result is the same array (or list of arrays) at every call, overwritten
     by the next one. On CuPy the first call runs as is (compiling kernels, sizing memory), the
     second records fn as a CUDA graph with its own memory pool and later calls replay it; on
-    numpy every call is fn(). The strict backend runs fn at every call but refuses, from the
-    second call on, what a graph could not record (transfers, scalar reads, data-sized results)
-    and hands back the first call's arrays, refilled, as a replay would.
+    numpy every call is fn(). A test backend may check, from the second call on, that fn does
+    nothing a graph could not record.
 
     store: a dict kept by the owner of the buffers (the graph dies with it); key: everything the
     work depends on besides the buffers' contents."""
-    if IS_NUMPY or (not IS_STRICT and not GRAPHS):
+    if not _fixed:
+        _fix()
+    if _device is None or _device.new_replay is None:
         return fn()
     entry = store.get(key)
     if entry is None:
-        entry = store[key] = _StrictReplay() if IS_STRICT else _GraphReplay()
+        entry = store[key] = _device.new_replay()
     return entry(fn)
-
-
-def _refill(dst, src) -> None:
-    if isinstance(dst, (list, tuple)):
-        for d, s_ in zip(dst, src, strict=True):
-            _refill(d, s_)
-    else:
-        dst[...] = src
-
-
-class _StrictReplay:
-    def __init__(self):
-        self.out = None
-
-    def __call__(self, fn):
-        if self.out is None:
-            self.out = fn()
-            return self.out
-        _capturing.on = True
-        try:
-            new = fn()
-        finally:
-            _capturing.on = False
-        _stat("captured")
-        _refill(self.out, new)
-        return self.out
 
 
 class _GraphReplay:
@@ -248,7 +276,7 @@ class _GraphReplay:
     def __call__(self, fn):
         if self.graph is not None:
             self.graph.launch()  # on the current stream, after the work that filled the inputs
-            _stat("replayed")
+            note_graph("replayed")
             return self.out
         self.calls += 1
         if self.calls > 2:  # capture failed before: kernel by kernel
@@ -267,12 +295,12 @@ class _GraphReplay:
                         graph = self.stream.end_capture()
                     graph.launch(self.stream)
                     self.graph = graph
-                    _stat("captured")
+                    note_graph("captured")
             self.stream.synchronize()
         except Exception as exc:  # noqa: BLE001 - a failed capture degrades to plain launches
             if self.calls == 1:
                 raise
-            _stat("failed")
+            note_graph("failed")
             import logging
 
             logging.getLogger(__name__).warning("CUDA graph capture failed, running kernel by "
@@ -293,6 +321,8 @@ class _GraphReplay:
 # workspace is allocated when the handle is made.
 
 _F4 = 4  # bytes per float32
+_CUDA_R_32F, _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT = 0, 68, -1
+_CUDA_TYPES = {"fp16": 2, "bf16": 14}  # cudaDataType of float16 and bfloat16 inputs
 
 
 def matmul(a, b, out=None):
@@ -303,11 +333,20 @@ def matmul(a, b, out=None):
     return _cublas_matmul(a, b, out)
 
 
+def matmul_half(a, b, precision: str, out=None):
+    """a @ b of two half-precision arrays (to_half's, `precision` "bf16" or "fp16"), accumulated
+    and returned in float32: on CuPy one cuBLAS GemmEx (tensor cores); on another device backend
+    both widened to float32 first, which gives the same products as the rounded float32 GEMM."""
+    if _CUBLAS and min(a.shape + b.shape) > 0:
+        return _cublas_matmul(a, b, out, _CUDA_TYPES[precision])
+    return matmul(from_half(a, precision), from_half(b, precision), out)
+
+
 def _layout(x):
     """(op, ld) with which cuBLAS reads x's last two axes as the column-major matrix x^T:
     op 0 when rows are contiguous (x^T stored as is), 1 for a transposed view; None otherwise."""
     r, c = x.shape[-2:]
-    s0, s1 = x.strides[-2] // _F4, x.strides[-1] // _F4
+    s0, s1 = x.strides[-2] // x.itemsize, x.strides[-1] // x.itemsize
     if (s1 == 1 or c == 1) and (s0 >= c or r == 1):
         return 0, max(s0 if r > 1 else c, c, 1)
     if (s0 == 1 or r == 1) and (s1 >= r or c == 1):
@@ -322,7 +361,7 @@ def _batch_stride(x):
     stride = None
     expect = None
     for n, s in zip(reversed(x.shape[:-2]), reversed(x.strides[:-2])):
-        s //= _F4
+        s //= x.itemsize
         if n == 1:
             continue
         if stride is None:
@@ -334,7 +373,9 @@ def _batch_stride(x):
     return stride if stride is not None else 0
 
 
-def _cublas_matmul(a, b, out):
+def _cublas_matmul(a, b, out, half=None):
+    """The cuBLAS call of `matmul` (float32: Sgemm) and `matmul_half` (`half`: the inputs'
+    cudaDataType; GemmEx with float32 output and compute)."""
     batch = a.shape[:-2] if a.ndim > 2 else b.shape[:-2]
     if (a.ndim > 2 and b.ndim > 2 and a.shape[:-2] != b.shape[:-2]) or a.shape[-1] != b.shape[-2]:
         return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
@@ -357,7 +398,16 @@ def _cublas_matmul(a, b, out):
     lib.cublasSetStream_v2(h, xp.cuda.get_current_stream().ptr)
     lib.cublasSetPointerMode_v2(h, 0)  # alpha, beta on the host
     one, zero = ctypes.addressof(_CUBLAS.one), ctypes.addressof(_CUBLAS.zero)
-    if count == 1:
+    if half is not None and count == 1:
+        st = lib.cublasGemmEx(h, opb, opa, N, M, K, one, pb.data.ptr, half, ldb, pa.data.ptr,
+                              half, lda, zero, c.data.ptr, _CUDA_R_32F, N, _CUBLAS_COMPUTE_32F,
+                              _CUBLAS_GEMM_DEFAULT)
+    elif half is not None:
+        st = lib.cublasGemmStridedBatchedEx(h, opb, opa, N, M, K, one, pb.data.ptr, half, ldb, sb,
+                                            pa.data.ptr, half, lda, sa, zero, c.data.ptr,
+                                            _CUDA_R_32F, N, M * N, count, _CUBLAS_COMPUTE_32F,
+                                            _CUBLAS_GEMM_DEFAULT)
+    elif count == 1:
         st = lib.cublasSgemm_v2(h, opb, opa, N, M, K, one, pb.data.ptr, ldb, pa.data.ptr, lda,
                                 zero, c.data.ptr, N)
     else:
@@ -387,7 +437,10 @@ class _Cublas:
         self.lib.cublasSgemm_v2.argtypes = [P, I, I, I, I, I, P, P, I, P, I, P, P, I]
         self.lib.cublasSgemmStridedBatched.argtypes = [P, I, I, I, I, I, P, P, I, L, P, I, L,
                                                        P, P, I, L, I]
+        self.lib.cublasGemmEx.argtypes = [P, I, I, I, I, I, P, P, I, I, P, I, I, P, P, I, I, I, I]
+        self.lib.cublasGemmStridedBatchedEx.argtypes = [P, I, I, I, I, I, P, P, I, I, L, P, I, I,
+                                                        L, P, P, I, I, L, I, I, I]
         self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
 
 
-_CUBLAS = _Cublas() if IS_CUPY else None
+_CUBLAS = None  # made by use("cupy")

@@ -1,49 +1,21 @@
 """Frozen configuration dataclasses, one per pipeline stage, built from the checkpoint's JSON.
 
-Field names are the Hugging Face ones, so `config.json` maps onto them one to one. Unknown JSON
-fields are ignored (the hub file carries training-only keys); missing required fields or values
-omnicore cannot run raise ConfigError naming the file and field.
+Field names are the Hugging Face ones, so `config.json` maps onto them one to one (`from_dict`;
+omnicore.checkpoint reads the file). Unknown JSON fields are ignored (the hub file carries
+training-only keys); missing required fields or values omnicore cannot run raise ConfigError
+naming the file and field.
 
 Sampling knobs are not model config: they live in GenerationConfig with the reference's defaults.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, InputError
-
-
-# A config file is a few KB; anything far larger is not one (and must not be read whole).
-_MAX_JSON_BYTES = 64 * 1024 * 1024
-
-
-def read_json(path: str | Path) -> dict:
-    """Read a JSON object from `path`, turning every failure into a ConfigError.
-
-    Only a regular file is opened (a FIFO would block forever, a device never end)."""
-    from .weights import read_regular
-
-    path = Path(path)
-    data = read_regular(path, _MAX_JSON_BYTES, ConfigError)
-    if len(data) > _MAX_JSON_BYTES:
-        raise ConfigError(f"{path}: larger than {_MAX_JSON_BYTES // 2**20} MB; is this really a config.json?")
-    try:
-        obj = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text; is this really a config.json?") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: JSON nested too deeply to be a config file") from None
-    if not isinstance(obj, dict):
-        raise ConfigError(f"{path}: expected a JSON object at the top level")
-    return obj
 
 
 def _is_int(v) -> bool:
@@ -70,7 +42,7 @@ _FIELD_TYPES = {
 }
 
 
-def _pick(cls, d: dict, where: str, required: tuple[str, ...] = (), nullable: tuple[str, ...] = ()) -> dict:
+def _fields_of(cls, d: dict, where: str, required: tuple[str, ...] = (), nullable: tuple[str, ...] = ()) -> dict:
     """The keys of `d` that are fields of `cls`, each checked against the field's declared type
     (a string "1e-6" or true where a number belongs is refused here, not deep in the model);
     floats come back as float, lists as tuples. Keys in `nullable` may also be null."""
@@ -136,7 +108,7 @@ class Qwen3Config:
         rope_type = rope.get("rope_type", "default")
         if rope_type not in ("default", None):
             raise ConfigError(f"{where}: rope_type {rope_type!r} is not supported (only 'default')")
-        kw = _pick(cls, d, where, required=(
+        kw = _fields_of(cls, d, where, required=(
             "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads"))
         if "head_dim" not in kw and kw["num_attention_heads"] > 0:
@@ -180,7 +152,7 @@ class OmniVoiceConfig:
         if not isinstance(llm, dict):
             raise ConfigError(f"{where}: missing the `llm_config` object; is this an OmniVoice "
                               "checkpoint (architectures [\"OmniVoice\"])?")
-        kw = _pick(cls, d, where, nullable=("audio_codebook_weights",))
+        kw = _fields_of(cls, d, where, nullable=("audio_codebook_weights",))
         kw["llm_config"] = Qwen3Config.from_dict(llm, f"{where}: llm_config")
         if kw.get("audio_codebook_weights", ()) is None:
             del kw["audio_codebook_weights"]
@@ -194,14 +166,29 @@ class OmniVoiceConfig:
                               f"vocabulary of {cfg.audio_vocab_size}")
         return cfg
 
-    @classmethod
-    def from_file(cls, path: str | Path) -> "OmniVoiceConfig":
-        return cls.from_dict(read_json(path), str(path))
+
+# The generation profiles. "exact" is the reference's algorithm, every step in full. "fast"
+# approximates it: each pass keeps the keys and values of its prompt positions and reruns only
+# its targets between refreshes, and reuses the unconditional log-probs between recomputations
+# (docs/performance.md says what is and is not known of its quality).
+PROFILES = ("exact", "fast")
+# The fast profile's settings: the steps and reuse periods measured by others on real weights.
+FAST_PROFILE = {"num_step": 16, "prefix_refresh": 8, "uncond_every": 3}
+MAX_STEPS = 1000
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """Sampling knobs of the iterative unmasking, with the reference's defaults."""
+    """Sampling knobs of the iterative unmasking, with the reference's defaults.
+
+    `profile`, `prefix_refresh` and `uncond_every` choose between the exact algorithm and its
+    approximation: with profile "fast" the conditional row runs in full only every
+    `prefix_refresh` steps (between those, its targets alone, attending to the prompt's kept
+    keys and values) and the unconditional row every `uncond_every` steps (its log-probs kept
+    in between). "exact" requires both at 1. `GenerationConfig.for_profile("fast")` (or
+    `profile="fast"` on a call) gives the fast profile's own settings (`FAST_PROFILE`); fast
+    with both knobs at 1 computes exactly what exact computes.
+    """
 
     num_step: int = 32
     guidance_scale: float = 2.0
@@ -216,6 +203,9 @@ class GenerationConfig:
     audio_chunk_threshold: float = 30.0
     pad_duration: float = 0.1
     fade_duration: float = 0.1
+    profile: str = "exact"
+    prefix_refresh: int = 1  # fast: the conditional row in full every this many steps
+    uncond_every: int = 1  # fast: the unconditional row every this many steps
 
     def __post_init__(self):
         from ..errors import InputError
@@ -226,8 +216,15 @@ class GenerationConfig:
                 raise InputError(f"{name} must be a finite number, got {v!r}")
             return v
 
-        if isinstance(self.num_step, bool) or not isinstance(self.num_step, int) or not 1 <= self.num_step <= 1000:
-            raise InputError(f"num_step must be an integer between 1 and 1000, got {self.num_step!r}")
+        for name in ("num_step", "prefix_refresh", "uncond_every"):  # a period >= num_step: once
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_STEPS:
+                raise InputError(f"{name} must be an integer between 1 and {MAX_STEPS}, got {v!r}")
+        if self.profile not in PROFILES:
+            raise InputError(f"profile must be one of {', '.join(map(repr, PROFILES))}, got {self.profile!r}")
+        if self.profile == "exact" and (self.prefix_refresh, self.uncond_every) != (1, 1):
+            raise InputError("prefix_refresh and uncond_every approximate the algorithm: they need "
+                             "profile='fast' (exact runs every step in full)")
         for name in ("guidance_scale", "layer_penalty_factor", "position_temperature",
                      "class_temperature", "pad_duration", "fade_duration"):
             if finite(name) < 0:
@@ -241,6 +238,25 @@ class GenerationConfig:
     def from_dict(cls, d: dict[str, Any]) -> "GenerationConfig":
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+    def full_row_at(self, step: int) -> bool:
+        """Whether a pass's conditional row runs in full at `step` (0-based; else its targets
+        alone, on its prompt's kept keys and values): every step for exact."""
+        return step % self.prefix_refresh == 0
+
+    def uncond_at(self, step: int) -> bool:
+        """Whether a guided pass's unconditional row runs at `step` (else its last log-probs
+        are reused): every step for exact."""
+        return step % self.uncond_every == 0
+
+    @classmethod
+    def for_profile(cls, profile: str = "exact", **fields_) -> "GenerationConfig":
+        """The settings of `profile` ("exact": the reference's defaults; "fast": FAST_PROFILE
+        on top of them), then `fields_` (InputError for an unknown profile)."""
+        if profile not in PROFILES:
+            raise InputError(f"profile must be one of {', '.join(map(repr, PROFILES))}, got {profile!r}")
+        base = FAST_PROFILE if profile == "fast" else {}
+        return cls(**{**base, "profile": profile, **fields_})
 
 
 # --- Higgs Audio V2 codec ---
@@ -283,7 +299,7 @@ class DacConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "acoustic_model_config") -> "DacConfig":
-        kw = _tuples(_pick(cls, d, where, required=("downsampling_ratios",)),
+        kw = _tuples(_fields_of(cls, d, where, required=("downsampling_ratios",)),
                      "downsampling_ratios", "upsampling_ratios")
         down = kw["downsampling_ratios"]
         for name in ("downsampling_ratios", "upsampling_ratios"):
@@ -330,7 +346,7 @@ class HubertConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "semantic_model_config") -> "HubertConfig":
-        kw = _tuples(_pick(cls, d, where), "conv_dim", "conv_stride", "conv_kernel")
+        kw = _tuples(_fields_of(cls, d, where), "conv_dim", "conv_stride", "conv_kernel")
         cfg = cls(**kw)
         _positive_ints(cfg, where, "hidden_size", "num_hidden_layers", "num_attention_heads",
                        "intermediate_size", "num_conv_pos_embeddings", "num_conv_pos_embedding_groups")
@@ -386,7 +402,7 @@ class HiggsAudioV2TokenizerConfig:
         for sub in ("acoustic_model_config", "semantic_model_config"):
             if not isinstance(d.get(sub), dict):
                 raise ConfigError(f"{where}: missing the `{sub}` object")
-        kw = _tuples(_pick(cls, d, where, nullable=("codebook_dim",)),
+        kw = _tuples(_fields_of(cls, d, where, nullable=("codebook_dim",)),
                      "strides", "channel_ratios", "block_dilations", "target_bandwidths")
         kw["acoustic_model_config"] = DacConfig.from_dict(d["acoustic_model_config"],
                                                           f"{where}: acoustic_model_config")
@@ -414,10 +430,6 @@ class HiggsAudioV2TokenizerConfig:
             raise ConfigError(f"{where}: hop_length {cfg.hop_length} and downsample_factor "
                               f"{cfg.downsample_factor} give a semantic downsampling factor below 1")
         return cfg
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> "HiggsAudioV2TokenizerConfig":
-        return cls.from_dict(read_json(path), str(path))
 
     @property
     def hop_length(self) -> int:
@@ -449,27 +461,31 @@ class HiggsAudioV2TokenizerConfig:
 
 
 # The released codec's rates (24 kHz, 960 samples per frame = 25 frames per second), for what has
-# no loaded codec at hand: input limits in seconds, the duration rule, defaults. A codec whose
-# config.json says otherwise is refused when it loads (omnicore.model.codec.load_codec).
+# no loaded codec at hand: input limits in seconds, the duration rule, defaults. What has one
+# (the pipeline, streaming, the CLI's codec commands) reads its own rates from its config.
 SAMPLE_RATE = 24000
 HOP_LENGTH = 960
 FRAME_RATE = SAMPLE_RATE // HOP_LENGTH
 
 
-def resolve_generation_config(generation_config, kwargs: dict) -> GenerationConfig:
+def resolve_generation_config(generation_config, kwargs: dict,
+                              default_profile: str = "exact") -> GenerationConfig:
     """The GenerationConfig of a call from `generation_config` (a GenerationConfig, a dict of
     its fields, or None) and keyword arguments naming its fields.
 
     The reference lets `generation_config` silently win over the keyword arguments; here a
     keyword that disagrees with it is an InputError (it would be ignored), one that agrees is
-    fine. Unknown names are an InputError.
+    fine. Unknown names are an InputError. Without `generation_config`, the keyword `profile`
+    (else `default_profile`: the model's) picks the base settings (`GenerationConfig.for_profile`)
+    and the other keywords change them.
     """
     names = {f.name for f in fields(GenerationConfig)}
     unknown = set(kwargs) - names
     if unknown:
         raise InputError(f"unknown argument(s): {', '.join(sorted(unknown))}")
     if generation_config is None:
-        gen = GenerationConfig(**kwargs)
+        rest = {k: v for k, v in kwargs.items() if k != "profile"}
+        gen = GenerationConfig.for_profile(kwargs.get("profile", default_profile), **rest)
         validate_sampling(gen)
         return gen
     if isinstance(generation_config, dict):

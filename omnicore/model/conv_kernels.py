@@ -3,8 +3,8 @@
 Snake (DAC), GELU and GroupNorm (HuBERT), the plain, grouped and transposed convolutions, and
 the DAC residual unit fused chunk by chunk. Like every kernel module, each Numba kernel
 `_name_nb` sits beside a plain array twin `name_np` written with `xp`, and the public
-`name(...)` picks one (the twins run with the CuPy backend, `IS_NUMPY` false); the shared
-machinery (serial/parallel pairs, the float32 exp) is in `kernels`. `tests/test_conv_kernels.py`
+`name(...)` is a `jit.Kernel` that runs one of them (the twins on any backend but numpy); the
+shared machinery (deferred compilation, serial/parallel pairs, the float32 exp) is `jit`. `tests/test_conv_kernels.py`
 checks each pair agrees, and the convolutions against their definitions.
 
 Activations are time-major, `[B, T, C]`, so a convolution tap is a contiguous block of rows
@@ -29,12 +29,9 @@ import os
 
 import numpy as np
 
-from .backend import IS_NUMPY, xp
-from .kernels import _exp_nonpos, _pick, _twice  # first: kernels sizes Numba's pool before Numba loads
-
-import numba as nb  # noqa: E402
-
-_F32 = np.float32
+from . import jit
+from .backend import xp
+from .jit import F32 as _F32, exp_nonpos, prange
 
 # ---------------------------------------------------------------------------------------------
 # Layout conversions (called by loaders)
@@ -86,7 +83,7 @@ _HALF_PI_PARTS = (_F32(1.5703125), _F32(4.837512969970703125e-4), _F32(7.5497899
 _SIN_POLY = (_F32(-1.9515295891e-4), _F32(8.3321608736e-3), _F32(-1.6666654611e-1))
 
 
-@nb.njit(inline="always", fastmath={"contract"}, error_model="numpy")
+@jit.njit(inline="always", fastmath={"contract"}, error_model="numpy")
 def _snake_value(v, alpha, inv_alpha):
     # All float32 (8 lanes per AVX2 op; float64 would be 4), with the reference's own
     # float32 accuracy: within 3 ulp of the larger term, like torch's x + sin(a x)^2 / a.
@@ -104,12 +101,12 @@ def _snake_value(v, alpha, inv_alpha):
 
 def _snake_impl(x, alpha, inv_alpha, out):  # x, out [N, C] float32
     n, c = x.shape
-    for i in nb.prange(n):
+    for i in prange(n):
         for j in range(c):
             out[i, j] = _snake_value(x[i, j], alpha[j], inv_alpha[j])
 
 
-_snake_nb, _snake_nb_par = _twice(_snake_impl, fastmath={"contract"})
+_snake_nb, _snake_nb_par = jit.twice(_snake_impl, fastmath={"contract"})
 
 
 def snake_np(x, alpha, inv_alpha):
@@ -118,13 +115,12 @@ def snake_np(x, alpha, inv_alpha):
     return x + inv_alpha * (s * s)
 
 
+@jit.kernel(twin=snake_np)
 def snake(x, alpha, inv_alpha):
     """Snake activation over the last axis of x [..., C] with per-channel alpha, inv_alpha [C]."""
-    if not IS_NUMPY:
-        return snake_np(x, alpha, inv_alpha)
     flat = np.ascontiguousarray(x, dtype=_F32).reshape(-1, x.shape[-1])  # [..., C] -> [N, C]
     out = np.empty_like(flat)
-    _pick(_snake_nb, _snake_nb_par, flat.size)(flat, alpha, inv_alpha, out)
+    jit.serial_or_parallel(_snake_nb, _snake_nb_par, flat.size)(flat, alpha, inv_alpha, out)
     return out.reshape(x.shape)
 
 
@@ -133,7 +129,7 @@ def snake(x, alpha, inv_alpha):
 # ---------------------------------------------------------------------------------------------
 
 
-@nb.njit(inline="always", fastmath={"contract"}, error_model="numpy")
+@jit.njit(inline="always", fastmath={"contract"}, error_model="numpy")
 def _gelu_value(v):
     """x * Phi(x) = 0.5 x erfc(-x / sqrt 2) in float32, vectorisable.
 
@@ -154,18 +150,18 @@ def _gelu_value(v):
     p = p * t + _F32(0.37409196)
     p = p * t + _F32(1.00002368)
     p = p * t + _F32(-1.26551223)
-    r = t * _exp_nonpos(p - a * a)  # erfc(|z|); the exponent is <= 0 up to rounding
+    r = t * exp_nonpos(p - a * a)  # erfc(|z|); the exponent is <= 0 up to rounding
     half_x = _F32(0.5) * v
     # z >= 0 (x <= 0): erfc(z) = r; z < 0: erfc(z) = 2 - r
     return half_x * r if z >= 0 else v - half_x * r
 
 
 def _gelu_impl(x, out):  # x, out [N] float32
-    for i in nb.prange(x.size):
+    for i in prange(x.size):
         out[i] = _gelu_value(x[i])
 
 
-_gelu_nb, _gelu_nb_par = _twice(_gelu_impl, fastmath={"contract"})
+_gelu_nb, _gelu_nb_par = jit.twice(_gelu_impl, fastmath={"contract"})
 
 
 # erfc(a) = t exp(-a^2 + P(t)), t = 1 / (1 + a/2): P's coefficients, highest degree first
@@ -190,13 +186,12 @@ def gelu_np(x):
     return xp.where(z >= 0, half_x * r, x - half_x * r)
 
 
+@jit.kernel(twin=gelu_np)
 def gelu(x):
     """GELU(x) = x * Phi(x) with the exact Gaussian CDF, elementwise, float32 out."""
-    if not IS_NUMPY:
-        return gelu_np(x)
     flat = np.ascontiguousarray(x, dtype=_F32).reshape(-1)
     out = np.empty_like(flat)
-    _pick(_gelu_nb, _gelu_nb_par, flat.size)(flat, out)
+    jit.serial_or_parallel(_gelu_nb, _gelu_nb_par, flat.size)(flat, out)
     return out.reshape(x.shape)
 
 
@@ -205,7 +200,7 @@ def gelu(x):
 # ---------------------------------------------------------------------------------------------
 
 
-@nb.njit(cache=True, nogil=True, error_model="numpy")
+@jit.njit(cache=True, nogil=True, error_model="numpy")
 def _group_norm_nb(x, num_groups, weight, bias, eps, out):  # x, out [B, T, C] float32
     b_, t_, c_ = x.shape
     cg = c_ // num_groups
@@ -271,10 +266,9 @@ def group_norm_np(x, num_groups, weight, bias, eps):
     return ((x - per_channel(mean)) - per_channel(shift)) * scale + bias
 
 
+@jit.kernel(twin=group_norm_np)
 def group_norm(x, num_groups: int, weight, bias, eps: float = 1e-5):
     """torch.nn.GroupNorm on time-major x [B, T, C]: statistics over the whole clip per group."""
-    if not IS_NUMPY:
-        return group_norm_np(x, num_groups, weight, bias, eps)
     x = np.ascontiguousarray(x, dtype=_F32)
     out = np.empty_like(x)
     _group_norm_nb(x, num_groups, weight, bias, eps, out)
@@ -384,7 +378,7 @@ def conv_transpose1d_np(x, w, b, *, kernel_size: int, stride: int, padding: int 
 def _shift_taps_impl(x, start, cols):  # cols[i, j*C + c] = x[start + i - j, c] (0 outside x)
     t_, c = x.shape
     m = cols.shape[1] // c
-    for i in nb.prange(cols.shape[0]):
+    for i in prange(cols.shape[0]):
         for j in range(m):
             src = start + i - j
             if 0 <= src < t_:
@@ -396,18 +390,19 @@ def _shift_taps_impl(x, start, cols):  # cols[i, j*C + c] = x[start + i - j, c] 
 
 
 def _add_bias_impl(src, bias, dst):  # dst <- src + bias
-    for i in nb.prange(dst.shape[0]):
+    for i in prange(dst.shape[0]):
         for j in range(dst.shape[1]):
             dst[i, j] = src[i, j] + bias[j]
 
 
-_shift_taps_nb, _shift_taps_nb_par = _twice(_shift_taps_impl)
-_add_bias_nb, _add_bias_nb_par = _twice(_add_bias_impl)
+_shift_taps_nb, _shift_taps_nb_par = jit.twice(_shift_taps_impl)
+_add_bias_nb, _add_bias_nb_par = jit.twice(_add_bias_impl)
 # Chunk of the shifted copies: the time hardly depends on it across a wide range, and larger
 # chunks would compute mostly padding in the widest, shortest layer (benchmarks/README.md).
 _TRANSPOSE_CHUNK_BYTES = 1 << 21
 
 
+@jit.kernel(twin=conv_transpose1d_np)
 def conv_transpose1d(x, w, b, *, kernel_size: int, stride: int, padding: int = 0, output_padding: int = 0):
     """torch ConvTranspose1d: x [B, T, Cin], w [M*Cin, stride*Cout] (conv_transpose_weight) -> [B, To, Cout].
 
@@ -417,7 +412,7 @@ def conv_transpose1d(x, w, b, *, kernel_size: int, stride: int, padding: int = 0
     GEMMs, like `dac_res_unit`: rows do not depend on where a chunk starts).
     """
     b_, t_, cin = x.shape
-    if not IS_NUMPY or x.dtype != _F32:
+    if x.dtype != _F32:
         return conv_transpose1d_np(x, w, b, kernel_size=kernel_size, stride=stride, padding=padding,
                                    output_padding=output_padding)
     m, cout = w.shape[0] // cin, w.shape[1] // stride
@@ -428,8 +423,8 @@ def conv_transpose1d(x, w, b, *, kernel_size: int, stride: int, padding: int = 0
     yc = np.empty((rows, stride * cout), _F32)
     zero = np.zeros(cout, _F32)
     out = np.empty((b_, t_out, cout), _F32)
-    shift_taps = _pick(_shift_taps_nb, _shift_taps_nb_par, rows * m * cin)
-    add_bias = _pick(_add_bias_nb, _add_bias_nb_par, rows * m * cin)
+    shift_taps = jit.serial_or_parallel(_shift_taps_nb, _shift_taps_nb_par, rows * m * cin)
+    add_bias = jit.serial_or_parallel(_add_bias_nb, _add_bias_nb_par, rows * m * cin)
     for bi in range(b_):
         xb = np.ascontiguousarray(x[bi])
         for q0 in range(0, q_, rows):
@@ -453,7 +448,7 @@ def _snake_taps_impl(x, alpha, inv_alpha, start, dilation, win, cols):
     # win [n + (K-1)*d, C] <- snake(x[start + i]), zero outside x (the conv pads after Snake);
     # cols [n, K*C] <- the K dilated taps of every output row (im2col)
     t_, c = x.shape
-    for i in nb.prange(win.shape[0]):
+    for i in prange(win.shape[0]):
         src = start + i
         if 0 <= src < t_:
             for j in range(c):
@@ -462,27 +457,27 @@ def _snake_taps_impl(x, alpha, inv_alpha, start, dilation, win, cols):
             for j in range(c):
                 win[i, j] = _F32(0.0)
     k_ = cols.shape[1] // c
-    for i in nb.prange(cols.shape[0]):
+    for i in prange(cols.shape[0]):
         for k in range(k_):
             for j in range(c):
                 cols[i, k * c + j] = win[i + k * dilation, j]
 
 
 def _bias_snake_impl(h, bias, alpha, inv_alpha):  # in place: h <- snake(h + bias)
-    for i in nb.prange(h.shape[0]):
+    for i in prange(h.shape[0]):
         for j in range(h.shape[1]):
             h[i, j] = _snake_value(h[i, j] + bias[j], alpha[j], inv_alpha[j])
 
 
 def _bias_residual_impl(y, bias, x, out):  # out <- x + (y + bias)
-    for i in nb.prange(out.shape[0]):
+    for i in prange(out.shape[0]):
         for j in range(out.shape[1]):
             out[i, j] = x[i, j] + (y[i, j] + bias[j])
 
 
-_snake_taps_nb, _snake_taps_nb_par = _twice(_snake_taps_impl, fastmath={"contract"})
-_bias_snake_nb, _bias_snake_nb_par = _twice(_bias_snake_impl, fastmath={"contract"})
-_bias_residual_nb, _bias_residual_nb_par = _twice(_bias_residual_impl)
+_snake_taps_nb, _snake_taps_nb_par = jit.twice(_snake_taps_impl, fastmath={"contract"})
+_bias_snake_nb, _bias_snake_nb_par = jit.twice(_bias_snake_impl, fastmath={"contract"})
+_bias_residual_nb, _bias_residual_nb_par = jit.twice(_bias_residual_impl)
 
 # Units at most this wide run chunk by chunk (im2col + one GEMM per chunk); wider ones as
 # per-tap GEMMs, which BLAS already runs near its peak there (benchmarks/README.md).
@@ -521,10 +516,18 @@ def _l2_bytes(base: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
 
 # im2col chunk size: 4x one core's L2, within [1, 8] MiB. The im2col chunk is written by one
 # kernel and read back by BLAS's packing; past a few L2s it goes out to L3 and memory, below
-# about one the GEMMs get too short (benchmarks/README.md, design notes). The row cap
-# keeps very narrow layers (tiny test models) from computing mostly padding.
-_RES_UNIT_CHUNK_BYTES = min(8 << 20, max(1 << 20, 4 * _l2_bytes()))
+# about one the GEMMs get too short (benchmarks/README.md, design notes). Read from the machine
+# at the first use, not at import. The row cap keeps very narrow layers (tiny test models) from
+# computing mostly padding.
+_RES_UNIT_CHUNK_BYTES: int | None = None
 _RES_UNIT_MAX_ROWS = 16384
+
+
+def _res_unit_chunk_bytes() -> int:
+    global _RES_UNIT_CHUNK_BYTES
+    if _RES_UNIT_CHUNK_BYTES is None:
+        _RES_UNIT_CHUNK_BYTES = min(8 << 20, max(1 << 20, 4 * _l2_bytes()))
+    return _RES_UNIT_CHUNK_BYTES
 
 
 def dac_res_unit_np(x, alpha1, inv1, w7, b7, dilation: int, alpha2, inv2, w1, b1):
@@ -536,6 +539,7 @@ def dac_res_unit_np(x, alpha1, inv1, w7, b7, dilation: int, alpha2, inv2, w1, b1
     return x + conv1d(y, w1, b1)
 
 
+@jit.kernel(twin=dac_res_unit_np)
 def dac_res_unit(x, alpha1, inv1, w7, b7, dilation: int, alpha2, inv2, w1, b1):
     """DAC residual unit on x [B, T, C]: x + conv_k1(snake(conv_K(snake(x), dilated, 'same'))).
 
@@ -552,11 +556,11 @@ def dac_res_unit(x, alpha1, inv1, w7, b7, dilation: int, alpha2, inv2, w1, b1):
     not bit for bit (sizes: benchmarks/README.md).
     """
     k_, c, _ = w7.shape
-    if not IS_NUMPY or c > _RES_UNIT_MAX_C or x.dtype != _F32:
+    if c > _RES_UNIT_MAX_C or x.dtype != _F32:
         return dac_res_unit_np(x, alpha1, inv1, w7, b7, dilation, alpha2, inv2, w1, b1)
     b_, t_, _ = x.shape
     pad = (k_ - 1) * dilation // 2
-    rows = max(1, min(_RES_UNIT_MAX_ROWS, _RES_UNIT_CHUNK_BYTES // (4 * k_ * c)))  # depends on the layer only
+    rows = max(1, min(_RES_UNIT_MAX_ROWS, _res_unit_chunk_bytes() // (4 * k_ * c)))  # depends on the layer only
     win = np.empty((rows + 2 * pad, c), _F32)
     cols = np.empty((rows, k_ * c), _F32)
     h = np.empty((rows, c), _F32)
@@ -564,9 +568,9 @@ def dac_res_unit(x, alpha1, inv1, w7, b7, dilation: int, alpha2, inv2, w1, b1):
     w_taps = w7.reshape(k_ * c, c)  # [K, Cin, Cout] -> [K*Cin, Cout], rows (k, cin) like cols
     out = np.empty_like(x)
     size = rows * k_ * c
-    snake_taps = _pick(_snake_taps_nb, _snake_taps_nb_par, size)
-    bias_snake = _pick(_bias_snake_nb, _bias_snake_nb_par, size)
-    bias_residual = _pick(_bias_residual_nb, _bias_residual_nb_par, size)
+    snake_taps = jit.serial_or_parallel(_snake_taps_nb, _snake_taps_nb_par, size)
+    bias_snake = jit.serial_or_parallel(_bias_snake_nb, _bias_snake_nb_par, size)
+    bias_residual = jit.serial_or_parallel(_bias_residual_nb, _bias_residual_nb_par, size)
     for b in range(b_):
         xb = np.ascontiguousarray(x[b])
         for s in range(0, t_, rows):

@@ -1,13 +1,14 @@
 """The unmasking loop's scoring kernels: guided log-softmax, confidences, pick and fill.
 
-Each step of `unmasking.iterate` turns the audio heads' logits of every pass into a best token
-and a confidence per cell (classifier-free guidance, log-softmax with MASK ruled out), then
-picks the step's share of cells per pass by confidence minus the layer penalty and fills them.
-`guided_scores` does that for one pass (class sampling needs its log-probabilities);
-`packed_scores` and `pick_fill` do it for every pass of an iteration in one call each, over the
-ragged cell offsets of a `ScorePlan`. As in `kernels` (whose shared machinery, float32 exp and
-running max these build on), every Numba kernel sits beside a plain array twin written with
-`xp`, and `tests/test_kernels.py` checks each pair agrees.
+An unmasking step turns the audio heads' logits of a pass into a best token and a confidence
+per cell (classifier-free guidance, log-softmax with MASK ruled out), then picks the step's
+share of cells by confidence minus the layer penalty and fills them. `guided_scores` scores one
+pass (`unmasking.unmask_step` calls it; class sampling needs its log-probabilities);
+`packed_scores` and `pick_fill` score, pick and fill every pass of an iteration in one call
+each, over the ragged cell offsets of a `packed_unmasking.ScorePlan` (`packed_unmasking.iterate`,
+the fast form of the step). As in `kernels`, every Numba kernel sits beside a plain
+array twin written with `xp` (the shared machinery, float32 exp and running max are `jit`'s),
+and `tests/test_scoring_kernels.py` checks each pair agrees.
 
 Dimension legend:
     C  codebooks        T  target frames of a pass      V  audio vocabulary per codebook
@@ -18,30 +19,28 @@ Dimension legend:
 from __future__ import annotations
 
 import math
-import types
 
 import numpy as np
 
-from .backend import IS_NUMPY, xp
-from .kernels import _F32, _FAST, _exp_nonpos, _pick, _row_max, _twice  # first: sizes Numba's pool
-
-import numba as nb  # noqa: E402
+from . import jit
+from .backend import xp
+from .jit import F32 as _F32, FAST, exp_nonpos, prange, row_max
 
 
 # --- guided scoring of the unmasking loop ----------------------------------------------------
 
 
-@nb.njit(inline="always", fastmath=_FAST, error_model="numpy")
+@jit.njit(inline="always", fastmath=FAST, error_model="numpy")
 def _log_sum_exp(row, n):
     # its rounding shifts a whole row of cl or ul alike, which the final normalisation cancels
-    mx = _row_max(row, n)
+    mx = row_max(row, n)
     tot = _F32(0.0)
     for j in range(n):
-        tot += _exp_nonpos(row[j] - mx)
+        tot += exp_nonpos(row[j] - mx)
     return mx, math.log(tot)
 
 
-@nb.njit(cache=True, fastmath={"contract", "nsz"}, error_model="numpy")
+@jit.njit(cache=True, fastmath={"contract", "nsz"}, error_model="numpy")
 def _shift_row(out, n, mx, lse):
     # Its own function, compiled without reassociation: in the caller's fastmath
     # (x - max) - lse would become x - (max + lse), and the best entry would carry max's rounding.
@@ -49,17 +48,17 @@ def _shift_row(out, n, mx, lse):
         out[j] = (out[j] - mx) - lse
 
 
-@nb.njit(inline="always", fastmath=_FAST, error_model="numpy")
+@jit.njit(inline="always", fastmath=FAST, error_model="numpy")
 def _log_normalise(out, n):
     """out <- log_softmax(out) in place; returns lse, and the best entries are exactly -lse.
     The sum of exp(x - max) is 1 + rest: as one float32 it loses rest's digits below 6e-8, and
     near-tied confidences (near 0) differ there, so rest is summed apart and log1p taken."""
-    mx = _row_max(out, n)
+    mx = row_max(out, n)
     rest = _F32(0.0)
     ties = np.int32(0)
     for j in range(n):
         d = out[j] - mx
-        rest += _exp_nonpos(d) if d < _F32(0.0) else _F32(0.0)
+        rest += exp_nonpos(d) if d < _F32(0.0) else _F32(0.0)
         # an integer count: a float one fastmath could fold back into rest
         ties += np.int32(1) if d >= _F32(0.0) else np.int32(0)
     lse = math.log1p(rest + _F32(ties - 1))  # maxima beyond the first add exactly 1 each
@@ -67,7 +66,7 @@ def _log_normalise(out, n):
     return lse
 
 
-@nb.njit(inline="always", fastmath=_FAST, error_model="numpy")
+@jit.njit(inline="always", fastmath=FAST, error_model="numpy")
 def _score_cell(x, y, use_uncond, guidance, mask_id, out):
     """One cell: out [V] <- guided log-probs of logits x (and y, unconditional); returns the
     first index of the maximum and the maximum (MASK excluded)."""
@@ -86,7 +85,7 @@ def _score_cell(x, y, use_uncond, guidance, mask_id, out):
     # the maxima are exactly -lse: no pass to find the best, unless MASK was one of them
     masked_max = out[mask_id] == -lse
     out[mask_id] = -np.inf  # MASK is never a prediction
-    best = _row_max(out, v_) if masked_max else -lse
+    best = row_max(out, v_) if masked_max else -lse
     arg = 0
     while out[arg] != best:  # first index of the maximum, as argmax
         arg += 1
@@ -96,14 +95,14 @@ def _score_cell(x, y, use_uncond, guidance, mask_id, out):
 def _guided_scores_impl(cond, uncond, guidance, use_uncond, mask_id, lp, tokens, conf):
     # cond, uncond, lp [T, C, V] C-contiguous; tokens [C, T] int64, conf [C, T] float32
     t_, c_, v_ = cond.shape
-    for cell in nb.prange(t_ * c_):
+    for cell in prange(t_ * c_):
         t, c = cell // c_, cell % c_
         arg, best = _score_cell(cond[t, c], uncond[t, c], use_uncond, guidance, mask_id, lp[t, c])
         tokens[c, t] = arg
         conf[c, t] = best
 
 
-_guided_scores_nb, _guided_scores_nb_par = _twice(_guided_scores_impl, fastmath=_FAST)
+_guided_scores_nb, _guided_scores_nb_par = jit.twice(_guided_scores_impl, fastmath=FAST)
 
 
 def log_softmax_np(x):
@@ -126,6 +125,7 @@ def guided_scores_np(cond, uncond, guidance: float, mask_id: int):
     return lp, lp.argmax(axis=-1).astype(xp.int64), lp.max(axis=-1)
 
 
+@jit.kernel(twin=guided_scores_np)
 def guided_scores(cond, uncond, guidance: float, mask_id: int):
     """Classifier-free-guided log-probabilities of every cell, its best token and confidence.
 
@@ -133,8 +133,6 @@ def guided_scores(cond, uncond, guidance: float, mask_id: int):
     lp [C, T, V] = log_softmax(c + g (c - u)) of the log-softmaxes c, u, with lp[..., MASK] = -inf;
     tokens [C, T] int64 = argmax lp (first on ties); confidence [C, T] float32 = max lp.
     """
-    if not IS_NUMPY:
-        return guided_scores_np(cond, uncond, guidance, mask_id)
     use_uncond = uncond is not None and guidance != 0
     # [C, T, V] views of the heads' [T, C, V] output are contiguous again once transposed back
     ct = np.ascontiguousarray(cond.transpose(1, 0, 2), dtype=_F32)  # [C, T, V] -> [T, C, V]
@@ -143,68 +141,24 @@ def guided_scores(cond, uncond, guidance: float, mask_id: int):
     lp = np.empty((t_, c_, v_), _F32)
     tokens = np.empty((c_, t_), np.int64)
     conf = np.empty((c_, t_), _F32)
-    _pick(_guided_scores_nb, _guided_scores_nb_par, ct.size)(
+    jit.serial_or_parallel(_guided_scores_nb, _guided_scores_nb_par, ct.size)(
         ct, ut, _F32(guidance), use_uncond, mask_id, lp, tokens, conf)
     return lp.transpose(1, 0, 2), tokens, conf
 
 
 # --- packed scoring, pick and fill: every pass of an iteration in one call each ------------
 #
-# The passes' target cells are laid out back to back, pass b's C x T_b cells C-major from
-# cell_off[b] (its tokens array flattened). A `ScorePlan` holds the ragged offsets once per set
-# of passes; the per-cell index arrays are what the twins gather with.
-
-
-class ScorePlan:
-    """Where every pass's target cells and rows are, for `packed_scores` and `pick_fill`.
-
-    Per pass b (host arrays [B], for the Numba kernels): T_b; cond_row (first of its T_b conditional
-    target rows in the forward's [n, C, V] logits) and uncond_row (-1 without guidance);
-    cond_col / uncond_col (first target column of its rows in the packed ids [C, N]);
-    guidance, layer penalty and position temperature (float32); cell_off [B + 1]. Per cell
-    (device arrays [cells], for the twins): its pass, codebook, both logits rows, both ids
-    columns and its pass's settings.
-    """
-
-    def __init__(self, T, cond_row, uncond_row, cond_col, uncond_col, guidance, penalty,
-                 temperature, num_codebooks: int, to_device):
-        host = {"T": np.asarray(T, np.int64), "cond_row": np.asarray(cond_row, np.int64),
-                "uncond_row": np.asarray(uncond_row, np.int64),
-                "cond_col": np.asarray(cond_col, np.int64),
-                "uncond_col": np.asarray(uncond_col, np.int64),
-                "guidance": np.asarray(guidance, _F32), "penalty": np.asarray(penalty, _F32),
-                "temperature": np.asarray(temperature, _F32)}
-        C = num_codebooks
-        T = host["T"]
-        host["cell_off"] = np.concatenate([[0], np.cumsum(C * T)]).astype(np.int64)  # [B + 1]
-        self.host, self.C = host, C
-        self.num_cells = int(host["cell_off"][-1])
-        self.max_cells = int(C * T.max()) if T.size else 0
-        seg = np.repeat(np.arange(T.size), C * T)  # [cells] pass of every cell
-        local = np.arange(self.num_cells) - host["cell_off"][seg]  # index within its pass
-        cb, t = local // T[seg], local % T[seg]
-        guided = host["uncond_row"][seg] >= 0
-        cells = {"seg": seg, "cb": cb, "cb_f32": cb.astype(_F32),
-                 "row_cond": host["cond_row"][seg] + t,
-                 "row_uncond": np.where(guided, host["uncond_row"][seg] + t, host["cond_row"][seg] + t),
-                 "guided": guided & (host["guidance"][seg] != 0),
-                 "guidance": host["guidance"][seg],
-                 "col_cond": host["cond_col"][seg] + t,
-                 # without an unconditional row its target is written to the conditional one again
-                 "col_uncond": np.where(host["uncond_col"][seg] >= 0,
-                                        host["uncond_col"][seg] + t, host["cond_col"][seg] + t),
-                 "penalty": host["penalty"][seg],
-                 "sampled": host["temperature"][seg] > 0,
-                 "temperature": np.where(host["temperature"][seg] > 0, host["temperature"][seg],
-                                         _F32(1)).astype(_F32),
-                 "off": host["cell_off"][seg]}
-        self.dev = types.SimpleNamespace(**{k: to_device(v) for k, v in cells.items()})
+# The kernels of `packed_unmasking.iterate`, the fast form of `unmasking.unmask_step`. The
+# passes' target cells are laid out back to back, pass b's C x T_b cells C-major from
+# cell_off[b] (its tokens array flattened). A `packed_unmasking.ScorePlan` (`plan` below) holds
+# the ragged offsets once per set of passes: `plan.host` the per-pass arrays the Numba kernels
+# read, `plan.dev` the per-cell index arrays the twins gather with.
 
 
 def _packed_scores_impl(logits, cond_row, uncond_row, T, cell_off, guidance, mask_id, pred, conf):
     # logits [n, C, V] C-contiguous; per pass b its cells at cell_off[b] + c*T[b] + t
     c_, v_ = logits.shape[1], logits.shape[2]
-    for j in nb.prange(T.shape[0] * c_):
+    for j in prange(T.shape[0] * c_):
         b, c = j // c_, j % c_
         use_uncond = uncond_row[b] >= 0 and guidance[b] != 0
         out = np.empty(v_, dtype=np.float32)
@@ -217,7 +171,7 @@ def _packed_scores_impl(logits, cond_row, uncond_row, T, cell_off, guidance, mas
             conf[cell] = best
 
 
-_packed_scores_nb, _packed_scores_nb_par = _twice(_packed_scores_impl, fastmath=_FAST)
+_packed_scores_nb, _packed_scores_nb_par = jit.twice(_packed_scores_impl, fastmath=FAST)
 
 
 # Cells the twin scores per slice at least (~34 MB per [cells, V] temporary): on a device the
@@ -225,7 +179,7 @@ _packed_scores_nb, _packed_scores_nb_par = _twice(_packed_scores_impl, fastmath=
 TWIN_SLICE_CELLS = 8192
 
 
-def packed_scores_np(logits, plan: ScorePlan, mask_id: int):
+def packed_scores_np(logits, plan, mask_id: int):
     """Twin of `packed_scores`: the per-cell rows gathered, in slices of the longest pass's
     cells or TWIN_SLICE_CELLS, whichever is more, so its temporaries stay bounded."""
     d = plan.dev
@@ -245,24 +199,23 @@ def packed_scores_np(logits, plan: ScorePlan, mask_id: int):
     return pred, conf
 
 
-def packed_scores(logits, plan: ScorePlan, mask_id: int):
+@jit.kernel(twin=packed_scores_np)
+def packed_scores(logits, plan, mask_id: int):
     """Greedy token and confidence of every target cell of every pass, in one call.
 
     logits [n, C, V] (the forward's scored rows, back to back) -> pred [cells] int64, conf
     [cells] float32, per cell what `guided_scores` gives on its pass's own logits. No [C, T, V]
     log-probabilities are kept (one row of scratch per codebook row)."""
-    if not IS_NUMPY:
-        return packed_scores_np(logits, plan, mask_id)
     h = plan.host
     x = np.ascontiguousarray(logits, dtype=_F32)
     pred = np.empty(plan.num_cells, np.int64)
     conf = np.empty(plan.num_cells, _F32)
-    _pick(_packed_scores_nb, _packed_scores_nb_par, x.size)(
+    jit.serial_or_parallel(_packed_scores_nb, _packed_scores_nb_par, x.size)(
         x, h["cond_row"], h["uncond_row"], h["T"], h["cell_off"], h["guidance"], mask_id, pred, conf)
     return pred, conf
 
 
-@nb.njit(cache=True, nogil=True, error_model="numpy")
+@jit.njit(cache=True, nogil=True, error_model="numpy")
 def _pick_fill_nb(pred, conf, noise, k, step, cell_off, T, penalty, temperature, cond_col,
                   uncond_col, mask_id, tokens, fill, ids):
     # No fastmath: the score must round as the twin's separate float32 operations do.
@@ -291,7 +244,7 @@ def _pick_fill_nb(pred, conf, noise, k, step, cell_off, T, penalty, temperature,
                 ids[c, uncond_col[b] + t] = pred[cell]
 
 
-def pick_fill_np(pred, conf, noise, k, step, plan: ScorePlan, mask_id: int, tokens, fill, ids):
+def pick_fill_np(pred, conf, noise, k, step, plan, mask_id: int, tokens, fill, ids):
     """Twin of `pick_fill` (whole-array operations only: no size read back from the device)."""
     d = plan.dev
     score = conf - d.penalty * d.cb_f32
@@ -309,7 +262,8 @@ def pick_fill_np(pred, conf, noise, k, step, plan: ScorePlan, mask_id: int, toke
     return tokens
 
 
-def pick_fill(pred, conf, noise, k, step, plan: ScorePlan, mask_id: int, tokens, fill, ids):
+@jit.kernel(twin=pick_fill_np)
+def pick_fill(pred, conf, noise, k, step, plan, mask_id: int, tokens, fill, ids):
     """Fill the k[b] best still-masked cells of every pass b, in one call.
 
     score = conf - penalty * codebook, then (temperature > 0) / temperature + noise; masked
@@ -317,8 +271,6 @@ def pick_fill(pred, conf, noise, k, step, plan: ScorePlan, mask_id: int, tokens,
     cells get their `pred` token in `tokens` [cells] and in both rows' targets of `ids`
     [C, N], and `step[b]` in `fill` [cells]; all three are written in place. k, step [B]
     int64; noise [cells] float32 (read only for passes with a temperature)."""
-    if not IS_NUMPY:
-        return pick_fill_np(pred, conf, noise, k, step, plan, mask_id, tokens, fill, ids)
     h = plan.host
     _pick_fill_nb(pred, conf, noise, k, step, h["cell_off"], h["T"], h["penalty"],
                   h["temperature"], h["cond_col"], h["uncond_col"], mask_id, tokens, fill, ids)

@@ -14,8 +14,8 @@ Dimension legend:
     C  audio codebooks (8)          S  length of the conditional row
     R  reference (prompt) frames    T  target frames to generate
 
-The text tokenizer is the checkpoint's own `tokenizer.json` run through the `tokenizers`
-library. The ids of OmniVoice's control tokens are read from that file, never assumed: the
+The text tokenizer is the checkpoint's own `tokenizer.json` (read by omnicore.checkpoint) run
+through the `tokenizers` library. The ids of OmniVoice's control tokens are read from that file, never assumed: the
 real checkpoint puts them at 151669..151675, the tiny test checkpoint somewhere else.
 """
 
@@ -28,8 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import OmniVoiceConfig
-from ..errors import ConfigError, InputError, ModelNotFoundError, WeightsError
-from .weights import read_regular
+from ..errors import ConfigError, InputError, WeightsError
 
 SPECIAL_TOKENS = ("<|denoise|>", "<|lang_start|>", "<|lang_end|>", "<|instruct_start|>",
                   "<|instruct_end|>", "<|text_start|>", "<|text_end|>")
@@ -41,9 +40,6 @@ NONVERBAL_TAGS = ("laughter", "sigh", "confirmation-en", "question-en", "questio
                   "question-oh", "question-ei", "question-yi", "surprise-ah", "surprise-oh",
                   "surprise-wa", "surprise-yo", "dissatisfaction-hnn")
 _NONVERBAL_RE = re.compile(r"\[(?:" + "|".join(re.escape(t) for t in NONVERBAL_TAGS) + r")\]")
-
-# Qwen's tokenizer.json is about 11 MB; a file far larger is not one (and would be read whole).
-MAX_TOKENIZER_BYTES = 256 << 20
 
 _LINE_BREAKS_RE = re.compile(r"[\r\n]+")
 _BLANKS_RE = re.compile(r"[ \t]+")
@@ -69,19 +65,12 @@ class TextTokenizer:
         self.special_ids: dict[str, int] = ids
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "TextTokenizer":
-        path = Path(path)
-        if not path.exists():
-            raise ModelNotFoundError(f"{path}: tokenizer.json not found; the checkpoint "
-                                     "directory must contain the model's tokenizer.json")
-        # Read through the loader's opener: a FIFO or device would block the Rust reader forever.
-        raw = read_regular(path, MAX_TOKENIZER_BYTES, WeightsError, ModelNotFoundError)
-        if len(raw) > MAX_TOKENIZER_BYTES:
-            raise WeightsError(f"{path}: over {MAX_TOKENIZER_BYTES >> 20} MB, not a tokenizer.json")
+    def from_json(cls, text: str, path: str | Path = "<memory>") -> "TextTokenizer":
+        """The tokenizer described by a tokenizer.json's text (`path` names it in errors)."""
         try:
             from tokenizers import Tokenizer
 
-            backend = Tokenizer.from_str(raw.decode("utf-8"))
+            backend = Tokenizer.from_str(text)
         except Exception as exc:  # the Rust side raises plain Exception on bad JSON
             raise WeightsError(f"{path}: cannot load the tokenizer ({exc})") from None
         return cls(backend, path)
@@ -92,11 +81,6 @@ class TextTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
-
-
-def load_tokenizer(model_dir: str | Path) -> TextTokenizer:
-    """The text tokenizer of the checkpoint in `model_dir`."""
-    return TextTokenizer.from_file(Path(model_dir) / "tokenizer.json")
 
 
 def combine_text(text: str, ref_text: str | None = None) -> str:

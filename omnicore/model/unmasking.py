@@ -3,7 +3,7 @@
 All C x T target cells of an item start as MASK. Each of `num_step` steps runs the backbone on
 the conditional row (prompt + current targets) and, for guidance, on the unconditional row
 (current targets alone), scores every still-masked cell, and fills the k most confident ones
-with their predicted token. k follows a shifted schedule that fills few cells early and many
+with their predicted token. k follows a shifted time grid that fills few cells early and many
 late; the last step fills whatever remains, so no MASK survives.
 
 Scoring one cell (logits over the V audio ids):
@@ -15,6 +15,17 @@ Scoring one cell (logits over the V audio ids):
     score = max lp - layer_penalty * c   (coarse codebooks first), plus Gumbel noise on
                                          score / position_temperature when that is > 0
     filled cells score -inf              (a filled cell is never revisited)
+
+`unmask_step` is that step for one pass, and `generate_codes` the whole loop: the algorithm,
+written to be read. The product runs its fast equivalent, `packed_unmasking.iterate` (every
+pass of an iteration scored, picked and filled in one call each); tests/test_packed_unmasking.py
+holds the two to the same codes and fill steps, bit for bit.
+
+The fast profile (GenerationConfig.profile "fast") changes which rows a step runs, never the
+step itself: between its refresh steps (every `prefix_refresh`) a pass's conditional row runs
+its targets alone, attending to the prompt's keys and values kept from the last full run
+(backbone.PromptCache), and its unconditional row runs every `uncond_every` steps, its logits
+reused in between (`PassState.rows_now`, `PassState.uncond_logits`).
 
 Randomness comes from numpy Generators, one per item, so an item's result depends only on its
 own inputs and seed, never on the other items of the batch. The reference draws from torch's
@@ -35,16 +46,17 @@ import numpy as np
 
 from ..errors import InputError
 from . import scoring_kernels
-from .backbone import BackboneParams, check_pass_memory, forward_rows, make_packing, make_workspace
+from .backbone import BackboneParams, forward_rows, make_packing, make_prompt_cache, make_workspace
 from .backend import to_device, to_numpy, xp
 from .config import GenerationConfig, OmniVoiceConfig, validate_sampling, validate_seed
+from .cost import check_pass_memory, kept_bytes
 from .tokenizer import PreparedItem
 
 CLASS_TOP_RATIO = 0.1  # class sampling keeps the best ceil(10 % of V) tokens of a cell
 
 
 # ---------------------------------------------------------------------------------------------
-# Schedule
+# How many cells each step fills
 # ---------------------------------------------------------------------------------------------
 
 
@@ -67,7 +79,7 @@ def time_steps(num_step: int, t_shift: float) -> np.ndarray:
     return (s * t / (np.float32(1.0) + np.float32(t_shift - 1.0) * t)).astype(np.float32)
 
 
-def unmask_schedule(num_cells: int, num_step: int, t_shift: float) -> list[int]:
+def cells_per_step(num_cells: int, num_step: int, t_shift: float) -> list[int]:
     """How many cells each step fills; sums to num_cells, the last step takes the remainder."""
     t = time_steps(num_step, t_shift).astype(np.float64)
     counts, left = [], num_cells
@@ -79,33 +91,14 @@ def unmask_schedule(num_cells: int, num_step: int, t_shift: float) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Scoring
+# Sampling pieces
 # ---------------------------------------------------------------------------------------------
 
 
-log_softmax = scoring_kernels.log_softmax_np  # the twin the fused scoring kernel is tested against
-
-
 def gumbel_noise(rng: np.random.Generator, shape) -> np.ndarray:
-    """Standard Gumbel noise with the reference's 1e-10 guards (float32)."""
+    """Standard Gumbel noise with the reference's 1e-10 guards (float32, on the host)."""
     u = rng.random(shape, dtype=np.float32)
     return -np.log(-np.log(u + np.float32(1e-10)) + np.float32(1e-10))
-
-
-def step_noise(draws) -> list:
-    """Gumbel noise for several (rng, shape) draws, drawn on the host in that order (so every
-    generator yields exactly the numbers it yields drawing one array at a time) and moved to
-    the device in one copy: one transfer per step whatever the number of passes."""
-    if not draws:
-        return []
-    host = np.concatenate([gumbel_noise(rng, shape).reshape(-1) for rng, shape in draws])
-    dev = to_device(host)  # one host -> device copy
-    out, at = [], 0
-    for _, shape in draws:
-        n = math.prod(shape)
-        out.append(dev[at:at + n].reshape(shape))
-        at += n
-    return out
 
 
 def class_top_k(vocab: int) -> int:
@@ -113,37 +106,23 @@ def class_top_k(vocab: int) -> int:
     return math.ceil(CLASS_TOP_RATIO * vocab)
 
 
-def predict_tokens(lp, class_temperature: float, rng: np.random.Generator | None, noise=None):
-    """Token per cell and its confidence (max log-prob): [C, T, V] -> [C, T] int64, [C, T] f32.
-
-    With class_temperature > 0, `noise` [C, T, k] is the Gumbel noise to use (from
-    `step_noise`); without it the noise is drawn from `rng` here."""
-    confidence = lp.max(axis=-1)
-    if class_temperature > 0:
-        k = class_top_k(lp.shape[-1])
-        top = xp.argpartition(-lp, k - 1, axis=-1)[..., :k]  # [C, T, k] candidate ids
-        noisy = xp.take_along_axis(lp, top, axis=-1) / xp.float32(class_temperature)
-        if noise is None:
-            noise = step_noise([(rng, noisy.shape)])[0]
-        noisy = noisy + noise  # Gumbel-max = a softmax draw
-        tokens = xp.take_along_axis(top, noisy.argmax(axis=-1)[..., None], axis=-1)[..., 0]
-    else:
-        tokens = lp.argmax(axis=-1)
-    return tokens.astype(xp.int64), confidence
+def sample_tokens(lp, class_temperature: float, noise):
+    """Class sampling: per cell, a Gumbel-max draw (a softmax draw at `class_temperature`) among
+    its best class_top_k(V) tokens. lp [C, T, V], noise [C, T, k] -> tokens [C, T] int64."""
+    k = class_top_k(lp.shape[-1])
+    top = xp.argpartition(-lp, k - 1, axis=-1)[..., :k]  # [C, T, k] candidate ids
+    noisy = xp.take_along_axis(lp, top, axis=-1) / xp.float32(class_temperature) + noise
+    return xp.take_along_axis(top, noisy.argmax(axis=-1)[..., None], axis=-1)[..., 0].astype(xp.int64)
 
 
-def choose_cells(confidence, filled, k: int, gen: GenerationConfig,
-                 rng: np.random.Generator | None, noise=None):
-    """Flat indices (C-major over [C, T]) of the k cells to fill this step.
-
-    With position_temperature > 0, `noise` [C, T] is the Gumbel noise to use (from
-    `step_noise`); without it the noise is drawn from `rng` here."""
+def choose_cells(confidence, filled, k: int, gen: GenerationConfig, noise=None):
+    """Flat indices (C-major over [C, T]) of the k cells to fill this step: the best scores,
+    confidence minus the layer penalty per codebook, and with position_temperature > 0 divided
+    by it plus `noise` [C, T] (Gumbel); filled cells never again; ties go to the first cell."""
     C = confidence.shape[0]
     # Coarse codebooks carry the most information: make them win ties against fine ones.
     score = confidence - xp.float32(gen.layer_penalty_factor) * xp.arange(C, dtype=xp.float32)[:, None]
     if gen.position_temperature > 0:
-        if noise is None:
-            noise = step_noise([(rng, score.shape)])[0]
         score = score / xp.float32(gen.position_temperature) + noise
     score = xp.where(filled, -xp.inf, score).ravel()  # [C, T] -> [C*T]
     # k never exceeds the number of masked cells, so the -inf cells are never chosen.
@@ -151,7 +130,7 @@ def choose_cells(confidence, filled, k: int, gen: GenerationConfig,
 
 
 # ---------------------------------------------------------------------------------------------
-# One pass and one iteration: the loop body shared by `generate_codes` and the engine
+# One pass, one step
 # ---------------------------------------------------------------------------------------------
 
 
@@ -160,8 +139,8 @@ _SERIALS = itertools.count()
 
 class PassState:
     """One item's unmasking in flight: its rows (targets rewritten after every step), its own
-    schedule, step index and random generator, so that its result depends only on its own
-    inputs and seed, never on which other passes share its forwards."""
+    cells per step, step index and random generator, so that its result depends only on its
+    own inputs and seed, never on which other passes share its forwards."""
 
     def __init__(self, item: PreparedItem, gen: GenerationConfig, seed: int | None,
                  cfg: OmniVoiceConfig):
@@ -177,173 +156,92 @@ class PassState:
         if self.use_uncond:
             self.rows.append((to_device(np.array(item.uncond_ids)), item.uncond_audio_mask))
         self.num_out = [T] * len(self.rows)  # the targets end every row
-        self.tokens = xp.full((C, T), self.mask_id, dtype=xp.int64)
-        self._fill_step = xp.full((C, T), -1, dtype=xp.int64)  # on the device: no copy back per step
-        self.schedule = unmask_schedule(C * T, gen.num_step, gen.t_shift)
+        self.prompt = item.input_ids.shape[1] - T  # P: the positions before the targets
+        # The fast profile's kept state: the prompt's keys and values, the last unconditional
+        # logits (cost.kept_bytes counts both)
+        fast = gen.profile == "fast"
+        self.cache = make_prompt_cache(cfg, self.prompt) if fast else None
+        keep = fast and self.use_uncond and gen.uncond_every > 1
+        self.kept_uncond = xp.zeros((C, T, cfg.audio_vocab_size), xp.float32) if keep else None
+        self.tokens = xp.full((C, T), self.mask_id, dtype=xp.int64)  # [C, T], MASK until filled
+        self.filled_at = xp.full((C, T), -1, dtype=xp.int64)  # step of each fill, on the device
+        self.cells_per_step = cells_per_step(C * T, gen.num_step, gen.t_shift)
         self.rng = np.random.default_rng(seed)
         self.step = 0
-        self.serial = next(_SERIALS)  # tells passes apart in PackCache (ids can be reused)
+        self.serial = next(_SERIALS)  # tells passes apart (object ids can be reused)
 
     @property
     def done(self) -> bool:
-        return self.step >= len(self.schedule)
+        return self.step >= len(self.cells_per_step)
+
+    @property
+    def runs_uncond(self) -> bool:
+        """Whether this step runs the unconditional row (else its kept logits stand in)."""
+        return self.use_uncond and self.gen.uncond_at(self.step)
+
+    def rows_now(self):
+        """The rows this step runs, as (ids [C, L], audio_mask [L], offset, cache): the
+        conditional row, whole or (between the fast profile's refreshes) its targets alone
+        after its cached prompt, then the unconditional row if it runs. Views of self.rows."""
+        (ids, mask), P = self.rows[0], self.prompt
+        if self.cache is None or self.gen.full_row_at(self.step):
+            rows = [(ids, mask, 0, self.cache)]  # a whole row (re)writes its cache
+        else:
+            rows = [(ids[:, P:], mask[P:], P, self.cache)]
+        if self.runs_uncond:
+            rows.append((*self.rows[1], 0, None))
+        return rows
+
+    def uncond_logits(self, fresh):
+        """The unconditional logits [C, T, V] this step scores with: `fresh` from this step's
+        forward (kept, when later steps reuse them), or the kept ones."""
+        if fresh is None:
+            return self.kept_uncond
+        if self.kept_uncond is not None:
+            self.kept_uncond[...] = fresh
+        return fresh
 
     def codes(self) -> np.ndarray:
-        # a copy: the tokens are a view into the buffers of the pack the pass last ran in
+        # a copy: the tokens may be a view into the buffers of the pack the pass last ran in
         return np.array(to_numpy(self.tokens))
 
     @property
     def fill_step(self) -> np.ndarray:
         """[C, T] int64 on the host: the step (0-based) at which each cell was filled."""
-        return np.array(to_numpy(self._fill_step))
+        return np.array(to_numpy(self.filled_at))
 
 
-class _Packed:
-    """The unmasking state of a set of passes as packed arrays, which the passes' own arrays
-    are views of (so a pass leaving the set keeps its state): ids [C, N] of every row back to
-    back, tokens and fill steps [cells] (pass b's C x T_b cells C-major from plan's cell_off),
-    and each pass's schedule and step on the device (the step advances there, no copy)."""
-
-    def __init__(self, cfg: OmniVoiceConfig, states: Sequence["PassState"]):
-        C = cfg.num_audio_codebook
-        guided = [s for s in states if s.use_uncond]
-        rows = [(s, 0) for s in states] + [(s, 1) for s in guided]
-        self.ids = xp.concatenate([s.rows[i][0] for s, i in rows], axis=1)  # [C, N]
-        starts, at = {}, 0
-        for s, i in rows:  # the passes' rows become views of the packed ids
-            ids, mask = s.rows[i]
-            L = ids.shape[1]
-            s.rows[i] = (self.ids[:, at:at + L], mask)
-            starts[s.serial, i] = at
-            at += L
-        self.tokens = xp.concatenate([s.tokens.reshape(-1) for s in states])  # [cells]
-        self.fill = xp.concatenate([s._fill_step.reshape(-1) for s in states])  # [cells]
-        off = 0
-        for s in states:
-            n = C * s.T
-            s.tokens = self.tokens[off:off + n].reshape(C, s.T)
-            s._fill_step = self.fill[off:off + n].reshape(C, s.T)
-            off += n
-        Ts = [s.T for s in states]
-        cond_row = np.cumsum([0] + Ts[:-1])
-        uncond_row, u = [], sum(Ts)
-        for s in states:
-            uncond_row.append(u if s.use_uncond else -1)
-            u += s.T if s.use_uncond else 0
-        self.plan = scoring_kernels.ScorePlan(
-            Ts, cond_row, uncond_row,
-            [starts[s.serial, 0] + s.rows[0][0].shape[1] - s.T for s in states],
-            [starts[s.serial, 1] if s.use_uncond else -1 for s in states],
-            [s.gen.guidance_scale for s in states], [s.gen.layer_penalty_factor for s in states],
-            [s.gen.position_temperature for s in states], C, to_device)
-        S = max(len(s.schedule) for s in states)
-        sched = np.zeros((len(states), S + 1), np.int64)  # [B, S + 1]: 0 past a pass's end
-        for b, s in enumerate(states):
-            sched[b, :len(s.schedule)] = s.schedule
-        self.schedule = to_device(sched)
-        self.step = to_device(np.array([s.step for s in states], np.int64))  # [B]
-        self.no_noise = xp.zeros(self.plan.num_cells, dtype=xp.float32)
+def unmask_step(s: PassState, cond, uncond=None) -> None:
+    """One unmasking step of pass `s`, from the audio heads' logits of its T target positions:
+    cond [C, T, V] on its conditional row, uncond [C, T, V] on its unconditional row (None
+    without guidance). Fills this step's share of cells: s.tokens, s.filled_at and both rows'
+    targets; then s.step moves on."""
+    gen, (C, T) = s.gen, s.tokens.shape
+    # 1. Guided log-softmax over V, MASK ruled out; each cell's best token and its log-prob,
+    #    the cell's confidence. (A scoring kernel: on numpy Numba, elsewhere its xp twin.)
+    lp, tokens, confidence = scoring_kernels.guided_scores(
+        cond, uncond if s.use_uncond else None, gen.guidance_scale, s.mask_id)
+    # 2. How many cells this step fills.
+    k = s.cells_per_step[s.step]
+    if k > 0:  # (a step that fills nothing draws no noise)
+        # 3. Class sampling: a draw among each cell's best tokens instead of the best one.
+        if gen.class_temperature > 0:
+            noise = to_device(gumbel_noise(s.rng, (C, T, class_top_k(lp.shape[-1]))))
+            tokens = sample_tokens(lp, gen.class_temperature, noise)
+        # 4. Pick the k best cells still masked.
+        noise = to_device(gumbel_noise(s.rng, (C, T))) if gen.position_temperature > 0 else None
+        cells = choose_cells(confidence, s.tokens != s.mask_id, k, gen, noise)
+        # 5. Fill them: their tokens, the step, and the targets of both rows.
+        s.tokens.reshape(-1)[cells] = tokens.reshape(-1)[cells]
+        s.filled_at.reshape(-1)[cells] = s.step
+        for ids, _ in s.rows:
+            ids[:, -T:] = s.tokens
+    s.step += 1
 
 
-class PackCache:
-    """The packing, workspace and packed state of the last set of passes: it changes only when
-    one joins or leaves, so most iterations reuse them (no fresh pages to fault in)."""
-
-    def __init__(self):
-        self.key: tuple[int, ...] | None = None
-        self.pack = self.work = None
-        self.mask_key: tuple[int, ...] | None = None
-        self.audio_mask = None
-        self.packed: _Packed | None = None
-        self.packed_key: tuple[int, ...] | None = None
-
-    def get(self, cfg: OmniVoiceConfig, rows, serials: tuple[int, ...]):
-        key = tuple(ids.shape[1] for ids, _ in rows)
-        if key != self.key:
-            self.key = None  # a failed rebuild must not leave a stale entry
-            self.pack = make_packing(key, cfg)
-            self.work = make_workspace(cfg, self.pack)
-            self.key = key
-        if serials != self.mask_key:  # equal lengths do not mean equal text/audio positions
-            self.audio_mask = to_device(np.concatenate([to_numpy(m) for _, m in rows]))  # [N]
-            self.mask_key = serials
-        return self.pack, self.work, self.audio_mask
-
-    def packed_state(self, cfg: OmniVoiceConfig, states: Sequence["PassState"]) -> _Packed:
-        serials = tuple(s.serial for s in states)
-        if self.packed_key != serials:
-            self.packed = None  # let the old buffers go before the new ones are allocated
-            self.packed = _Packed(cfg, states)
-            self.packed_key = serials
-        return self.packed
-
-
-def _step_noise(cfg: OmniVoiceConfig, states: Sequence["PassState"], ks: Sequence[int], packed):
-    """This step's Gumbel noise, each pass drawing from its own generator in the order it always
-    has (class noise [C, T, k], then position noise [C, T]), in one host -> device copy:
-    position noise per cell [cells] (0 for passes without it) and each class-sampled pass's
-    class noise (None for the others)."""
-    C, top = cfg.num_audio_codebook, class_top_k(cfg.audio_vocab_size)
-    pos, cls, drawn = [], [], False
-    for s, k in zip(states, ks):
-        g = s.gen
-        c = gumbel_noise(s.rng, (C, s.T, top)) if k > 0 and g.class_temperature > 0 else None
-        p = gumbel_noise(s.rng, (C, s.T)) if k > 0 and g.position_temperature > 0 else None
-        drawn |= c is not None or p is not None
-        pos.append(p.reshape(-1) if p is not None else np.zeros(C * s.T, np.float32))
-        cls.append(c)
-    if not drawn:
-        return packed.no_noise, cls
-    dev = to_device(np.concatenate(pos + [c.reshape(-1) for c in cls if c is not None]))  # one copy
-    at, out = packed.plan.num_cells, []
-    for c in cls:
-        if c is not None:
-            out.append(dev[at:at + c.size].reshape(c.shape))
-            at += c.size
-        else:
-            out.append(None)
-    return dev[:packed.plan.num_cells], out
-
-
-def iterate(params: BackboneParams, cfg: OmniVoiceConfig, states: Sequence[PassState],
-            cache: PackCache | None = None) -> None:
-    """One unmasking step of every pass in `states` (each at its own step index): the rows of
-    all passes packed into one forward, then every pass scored, picked and filled by its own
-    schedule in one call each (only class sampling goes pass by pass, its [C, T, V]
-    log-probabilities one pass at a time)."""
-    cache = cache or PackCache()
-    packed = cache.packed_state(cfg, states)
-    # Packed rows: every conditional row, then the unconditional ones (passes with guidance).
-    guided = [s for s in states if s.use_uncond]
-    rows = [s.rows[0] for s in states] + [s.rows[1] for s in guided]
-    num_out = [s.T for s in states] + [s.T for s in guided]
-    pack, work, audio_mask = cache.get(cfg, rows, tuple(s.serial for s in states))
-    logits = forward_rows(params, cfg, packed.ids, audio_mask, pack, num_out, work=work,
-                          whole=True)  # [C, n, V]
-    ks = [s.schedule[s.step] for s in states]
-    noise, class_noise = _step_noise(cfg, states, ks, packed)
-    plan = packed.plan
-    pred, conf = scoring_kernels.packed_scores(logits.transpose(1, 0, 2), plan,
-                                               cfg.audio_mask_id)  # [n, C, V] -> [cells]
-    for b, (s, k, cn) in enumerate(zip(states, ks, class_noise)):
-        if cn is None:
-            continue
-        # class sampling: this pass's log-probabilities alone (the memory of one pass)
-        r, u, off = (int(v) for v in (plan.host["cond_row"][b], plan.host["uncond_row"][b],
-                                      plan.host["cell_off"][b]))
-        lp, _, _ = scoring_kernels.guided_scores(
-            logits[:, r:r + s.T], logits[:, u:u + s.T] if u >= 0 else None,
-            s.gen.guidance_scale, cfg.audio_mask_id)
-        tokens, _ = predict_tokens(lp, s.gen.class_temperature, s.rng, cn)
-        pred[off:off + tokens.size] = tokens.reshape(-1)
-        del lp
-    step = xp.minimum(packed.step, packed.schedule.shape[1] - 1)
-    k = xp.take_along_axis(packed.schedule, step[:, None], axis=1)[:, 0]  # [B]
-    scoring_kernels.pick_fill(pred, conf, noise, k, packed.step, plan, cfg.audio_mask_id,
-                              packed.tokens, packed.fill, packed.ids)
-    packed.step += 1
-    for s in states:
-        s.step += 1
+# ---------------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------------
 
 
 def pass_seeds(seed, B: int) -> list:
@@ -356,8 +254,9 @@ def generate_codes(params: BackboneParams, cfg: OmniVoiceConfig, items: Sequence
                    gen: GenerationConfig, seed: int | Sequence[int] | None = None,
                    on_step: Callable[[int, int], None] | None = None,
                    return_fill_steps: bool = False):
-    """Run the whole unmasking loop on prepared items in the calling thread (all packed into
-    one forward per step); returns one [C, T_i] int64 code array each.
+    """Run the whole unmasking loop on prepared items in the calling thread: every step, one
+    forward of all their rows packed together (the conditional rows, then the unconditional
+    ones), then `unmask_step` on each item. Returns one [C, T_i] int64 code array each.
 
     seed: None (fresh entropy), one int (every item uses it: an item generates the same codes
     alone or in any batch) or one int per item. Only used when a temperature is > 0.
@@ -368,13 +267,37 @@ def generate_codes(params: BackboneParams, cfg: OmniVoiceConfig, items: Sequence
     if not items:
         return ([], []) if return_fill_steps else []
     validate_sampling(gen)  # past these bounds the float32 scoring overflows
+    # Refuse a pass whose buffers would not fit, before any of them is allocated: the rows of
+    # the first step (every row whole) and what the passes keep between steps.
+    guided = gen.guidance_scale != 0
+    lengths = [it.input_ids.shape[1] for it in items] + [it.num_target for it in items if guided]
+    num_out = [it.num_target for it in items] * (2 if guided else 1)
+    kept = sum(kept_bytes(cfg, gen, it.input_ids.shape[1] - it.num_target, it.num_target, guided)
+               for it in items)
+    check_pass_memory(cfg, lengths, num_out, gen.class_temperature > 0, kept)
     states = [PassState(it, gen, s, cfg) for it, s in zip(items, pass_seeds(seed, len(items)))]
-    # Refuse a pass whose buffers would not fit, before any of them is allocated.
-    check_pass_memory(cfg, [ids.shape[1] for s in states for ids, _ in s.rows],
-                               [n for s in states for n in s.num_out], gen.class_temperature > 0)
-    cache = PackCache()
+    # Packing and workspace of each layout of rows (exact: just one); the first step's, every
+    # row whole, is the largest, and the others' buffers are views of its.
+    forwards, largest = {}, None
     for step in range(gen.num_step):
-        iterate(params, cfg, states, cache)
+        # This step's rows: every conditional row, then the unconditional ones that run.
+        per_pass = [s.rows_now() for s in states]
+        rows = [r[0] for r in per_pass] + [r[1] for r in per_pass if len(r) > 1]
+        key = tuple((ids.shape[1], offset) for ids, _, offset, _ in rows)
+        if key not in forwards:
+            pack = make_packing([ids.shape[1] for ids, *_ in rows], cfg,
+                                [offset for *_, offset, _ in rows], [c for *_, c in rows])
+            work = make_workspace(cfg, pack, largest)
+            largest = largest or work
+            forwards[key] = (pack, work, to_device(np.concatenate([to_numpy(m) for _, m, *_ in rows])))
+        pack, work, audio_mask = forwards[key]
+        ids = xp.concatenate([ids for ids, *_ in rows], axis=1)  # [C, N]: this step's targets
+        logits = forward_rows(params, cfg, ids, audio_mask, pack, [s.T for s in states] +
+                              [s.T for s in states if s.runs_uncond], work=work)  # [C, T, V] per row
+        fresh = iter(logits[len(states):])
+        for s, cond in zip(states, logits):
+            uncond = s.uncond_logits(next(fresh) if s.runs_uncond else None) if s.use_uncond else None
+            unmask_step(s, cond, uncond)
         if on_step is not None:
             on_step(step + 1, gen.num_step)
     codes = [s.codes() for s in states]

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ..audio import writers
 from ..errors import OmniCoreError, VoicePromptError
-from ..model.weights import open_regular, read_regular
+from ..checkpoint import open_regular, read_regular
 from .protocol import HTTPError
 
 try:

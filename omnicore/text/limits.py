@@ -4,7 +4,7 @@ Each ``MAX_*`` is a bound in the user's units (characters, seconds) and each ``v
 ``check_*`` raises ``InputError`` saying what to change, before anything is allocated. The API,
 the streaming planner, the CLI, the server and the demo all check through these. The sampling
 knobs' bounds live beside ``GenerationConfig`` (model/config.py); the memory of one forward is
-modelled beside the workspace it describes (``backbone.forward_bytes``).
+modelled from the workspace it describes (model/cost.py: ``forward_bytes``).
 """
 
 from __future__ import annotations

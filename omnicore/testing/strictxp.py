@@ -1,6 +1,7 @@
 """A test backend that behaves like a GPU array library where ports usually break (numpy inside).
 
-`OMNICORE_BACKEND=strict` makes `omnicore.model.backend.xp` the namespace built here. Its arrays
+`OMNICORE_BACKEND=strict` makes `omnicore.model.backend.xp` the namespace built here (`device()`,
+which the configuration step hands to `backend.use`). Its arrays
 (`StrictArray`) hold a numpy array and compute with numpy, so results are those of the numpy
 code paths run on the same inputs, but they refuse what CuPy refuses, and a little more, so
 that a CPU-only test run proves the model code is ready for the device:
@@ -31,6 +32,9 @@ import numbers
 import types
 
 import numpy as np
+
+from ..model import backend
+from . import transfers
 
 _REFUSED_DTYPE_KINDS = "c"  # complex arrays (any width) are refused like float64
 
@@ -265,7 +269,7 @@ class _UfuncProxy:
 class StrictNamespace(types.ModuleType):
     """numpy's namespace seen through the wall: functions take and return StrictArrays."""
 
-    def __init__(self, module, name="omnicore.model.strictxp.xp"):
+    def __init__(self, module, name="omnicore.testing.strictxp.xp"):
         super().__init__(name)
         self._np = module
 
@@ -328,3 +332,12 @@ def to_host(a) -> np.ndarray:
 def from_host(a, dtype=None) -> StrictArray:
     """A device copy of host data (what backend.to_device does under this backend)."""
     return StrictArray(np.array(a, dtype=dtype, copy=True))
+
+
+def device() -> backend.Device:
+    """The strict backend for `backend.use`: its transfers and scalar reads counted
+    (omnicore.testing.transfers), its replayed work checked for host round trips."""
+    transfers.start()
+    return backend.Device("strict", make_namespace(transfers.count),
+                          lambda a: isinstance(a, StrictArray), to_host, from_host,
+                          transfers.CheckedReplay)

@@ -11,7 +11,7 @@ second frame, semantic conv encoder; (acoustic) DAC encoder -> concat, acoustic 
 Public API (pure functions over params, arrays and the config):
     load_params(reader, cfg, encoder=True) -> CodecParams     (decoder-only with encoder=False)
     load_encoder_params(reader, cfg, params) -> CodecParams   (add the encoder half later)
-    load_codec(codec_dir, encoder=True) -> (cfg, params);  ensure_encoder(params, cfg, codec_dir)
+    (omnicore.checkpoint.load_codec and load_codec_encoder read them from a directory)
     decode(params, codes, cfg) -> float32 waveform [hop*T] (or [B, hop*T] for codes [B, Q, T])
     decode_stream(params, codes, cfg, chunk_frames=50, overlap_frames=None, later_frames=None)
         -> waveform pieces (a first window of `chunk_frames`, then windows of `later_frames`)
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 
@@ -306,45 +305,6 @@ def load_encoder_params(reader, cfg: HiggsAudioV2TokenizerConfig, params: CodecP
         reader.skip(p)
     reader.finish()
     return replace(params, encoder=enc)
-
-
-def load_codec(codec_dir, *, encoder: bool = True) -> tuple[HiggsAudioV2TokenizerConfig, CodecParams]:
-    """Read `config.json` + `model.safetensors` of an audio tokenizer directory (an OmniVoice
-    checkpoint directory works too: its `audio_tokenizer/` is used).
-
-    Every tensor is copied into process memory and the file is closed: nothing stays mapped,
-    so the file may change on disk afterwards without harming the loaded codec."""
-    from .weights import ParamReader
-
-    codec_dir = _codec_dir(codec_dir)
-    cfg = HiggsAudioV2TokenizerConfig.from_file(codec_dir / "config.json")
-    with ParamReader.open(codec_dir / "model.safetensors") as reader:
-        params = load_params(reader, cfg, encoder=encoder)
-        source = reader.tensors.stamp
-    return cfg, replace(params, source=source)
-
-
-def ensure_encoder(params: CodecParams, cfg: HiggsAudioV2TokenizerConfig, codec_dir) -> CodecParams:
-    """`params` with the encoder half loaded from `codec_dir` if it is not there yet.
-
-    The file must still be the one the decoder half came from (same size and mtime), or the
-    two halves would belong to different checkpoints: otherwise a WeightsError says to reload."""
-    if params.encoder is not None:
-        return params
-    from .weights import ParamReader
-
-    path = _codec_dir(codec_dir) / "model.safetensors"
-    with ParamReader.open(path) as reader:
-        if params.source is not None and reader.tensors.stamp != params.source:
-            raise WeightsError(f"{path}: the checkpoint file changed on disk since the codec's decoder "
-                               "half was loaded from it; reload the model to use the new file")
-        return load_encoder_params(reader, cfg, params)
-
-
-def _codec_dir(path) -> Path:
-    path = Path(path)
-    sub = path / "audio_tokenizer"
-    return sub if sub.is_dir() else path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -629,7 +589,7 @@ def _encoder_forward(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerCo
                      pad: bool) -> dict:
     if params.encoder is None:
         raise InputError("the codec was loaded without its encoder half; load it with "
-                         "load_params(..., encoder=True) or ensure_encoder(...) before encoding")
+                         "load_params(..., encoder=True) or load_encoder_params(...) before encoding")
     wav = check_audio(waveform, cfg.sample_rate if sample_rate is None else sample_rate, cfg)
     if pad:
         wav = pad_to_hop(wav, cfg.hop_length)

@@ -1,0 +1,290 @@
+"""Numba for the kernel modules: compiled on demand, in serial and parallel twins, and the
+choice, made once, of which implementation of a kernel runs.
+
+The kernel modules (`kernels`, `scoring_kernels`, `conv_kernels`) write their loops as plain
+Python functions decorated with `njit` (or `twice`) from here. Importing them imports no Numba
+and reads no setting: `start()` does, once, before the first kernel runs (the configuration
+step, `omnicore.settings.configure`, calls it; otherwise the first kernel call does, with
+Numba's defaults). Numba sizes its thread pool when it is imported, which is why the import
+waits for `start`. `start` compiles nothing either: it turns every decorated function into a
+Numba dispatcher, which compiles (or loads from the on-disk cache) at its first call.
+
+A public kernel is a `Kernel`: its body runs on the numpy backend (calling the Numba loops),
+its plain-array twin written with `xp` runs on every other backend, and an optional CUDA twin
+on CuPy. Which one runs is decided at the kernel's first call, from the backend, and never
+again: the one place a kernel looks at the backend.
+
+Also here, because every kernel module builds on them: the serial/parallel choice per call
+(`serial_or_parallel`), the float32 exp and running max that keep loops vectorised
+(`exp_nonpos`, `row_max`), and the fastmath flags they are compiled with.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+
+import numpy as np
+
+from . import backend
+
+F32 = np.float32
+FAST = {"contract", "reassoc", "nsz"}  # FMA contraction and reordered sums; NaN and inf kept
+
+# ---------------------------------------------------------------------------------------------
+# Deferred compilation
+# ---------------------------------------------------------------------------------------------
+
+_deferred: list["_Deferred"] = []
+_numba = None  # the numba module, once started
+_start_lock = threading.RLock()
+
+
+def prange(*args):
+    """numba.prange inside a kernel (`start` puts Numba's in its place); range in plain Python."""
+    return range(*args)
+
+
+_PRANGE = prange  # the stand-in, whatever `prange` names after start
+
+class _Deferred:
+    """A function to compile with Numba once `start` has run; until then a stand-in that
+    starts Numba when it is called or looked into."""
+
+    def __init__(self, fn, make):
+        self.fn, self.make, self.compiled = fn, make, None
+        self.__name__, self.__doc__ = fn.__name__, fn.__doc__
+
+    def __call__(self, *args):
+        start()
+        return self.compiled(*args)
+
+    def __getattr__(self, name):  # py_func, targetoptions, signatures, ...
+        if name.startswith("__"):
+            raise AttributeError(name)
+        start()
+        return getattr(self.compiled, name)
+
+
+def _defer(fn, make):
+    if _numba is not None:  # a module imported after start: compile on demand right away
+        return make(_numba, fn)
+    d = _Deferred(fn, make)
+    _deferred.append(d)
+    return d
+
+
+def njit(fn=None, **opts):
+    """numba.njit(**opts), applied when Numba starts. Use as `@njit(...)` or `njit(fn, ...)`."""
+    def wrap(f):
+        return _defer(f, lambda nb, f_: nb.njit(**opts)(f_))
+    return wrap(fn) if fn is not None else wrap
+
+
+def intrinsic(fn):
+    """numba.extending.intrinsic, applied when Numba starts (`fn` imports numba's types itself)."""
+    return _defer(fn, lambda nb, f_: _numba_extending().intrinsic(f_))
+
+
+def _numba_extending():
+    from numba import extending
+
+    return extending
+
+
+def twice(fn, **opts):
+    """`fn` (written with `prange`) compiled twice: serial and parallel, both cached on disk.
+
+    error_model="numpy" (also on every helper): with Numba's default, Python's, every float
+    division checks for zero to raise ZeroDivisionError, and that branch stops LLVM from
+    vectorising any loop that divides (GELU and SwiGLU among them).
+
+    The parallel twin is compiled from a renamed copy of `fn`: Numba names its on-disk cache
+    after the function's qualified name and line, not its compile options, so two versions of
+    one function would share a cache entry and the second would silently load the first's code.
+    """
+    par = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_par", fn.__defaults__,
+                             fn.__closure__)
+    par.__qualname__ = fn.__qualname__ + "_par"
+    opts.setdefault("error_model", "numpy")
+    # Without the GIL: caller threads (decoding, progress callbacks, a server's event loop)
+    # run while the engine thread is inside a kernel, instead of queueing behind it.
+    opts.setdefault("nogil", True)
+    return njit(fn, cache=True, **opts), njit(par, cache=True, parallel=True, **opts)
+
+
+def start(threads: int | None = None, parallel: bool | None = None) -> None:
+    """Import Numba and make every deferred function a dispatcher (idempotent).
+
+    threads: the kernels' and BLAS's threads (None: all cores). Numba's pool is sized at its
+    import, so the configuration step puts NUMBA_NUM_THREADS in the environment before calling
+    this; here the calling thread's count and BLAS's pool (through threadpoolctl, when it is
+    installed) are set. parallel: whether parallel twins run (None: leave as is)."""
+    global _numba, PARALLEL_KERNELS
+    with _start_lock:
+        if _numba is None:
+            import numba
+
+            for d in _deferred:
+                d.compiled = d.make(numba, d.fn)
+            stand_in = _PRANGE
+            swap = {id(d): d.compiled for d in _deferred}
+            swap[id(stand_in)] = numba.prange
+            # Every kernel module's globals now name the dispatchers (Numba resolves a kernel's
+            # callees through them when it compiles), and prange is Numba's.
+            for space in {id(d.fn.__globals__): d.fn.__globals__ for d in _deferred}.values():
+                for name, value in list(space.items()):
+                    if id(value) in swap and (value is stand_in or isinstance(value, _Deferred)):
+                        space[name] = swap[id(value)]
+            _deferred.clear()
+            _numba = numba
+    if parallel is not None:
+        PARALLEL_KERNELS = bool(parallel)
+    if threads is not None:
+        set_num_threads(threads)
+
+
+def started() -> bool:
+    return _numba is not None
+
+
+def set_num_threads(n: int) -> None:
+    """Use `n` threads for the BLAS under numpy (every GEMM) and for Numba's kernels.
+
+    BLAS is resized through threadpoolctl when that is installed (without it, set
+    OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS before starting Python). Numba's
+    setting made here holds for the calling thread, within the pool Numba was started with."""
+    start()
+    _numba.set_num_threads(max(1, min(int(n), _numba.config.NUMBA_NUM_THREADS)))
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(int(n), user_api="blas")
+
+
+# ---------------------------------------------------------------------------------------------
+# Serial or parallel, per call
+# ---------------------------------------------------------------------------------------------
+
+# Numba's thread pool is off by default: a parallel region waits for the cores that BLAS's
+# spinning workers hold (benchmarks/README.md, design notes). OMNICORE_PARALLEL_KERNELS=1 turns
+# the parallel twins on (through the configuration step), for machines where BLAS leaves cores idle.
+PARALLEL_KERNELS = False
+# Work below this many elements runs on one thread: spawning threads costs more than it saves.
+PARALLEL_MIN = 1 << 16
+
+# One parallel region at a time: Numba's fallback threading layer (workqueue, used when neither
+# OpenMP nor TBB loads) aborts the process when two threads enter parallel code at once, and on
+# the other layers two regions would only fight over the same cores.
+_PARALLEL_LOCK = threading.Lock()
+
+
+def _serialised(kernel):
+    def run(*args):
+        with _PARALLEL_LOCK:
+            return kernel(*args)
+    run.__wrapped__ = kernel
+    return run
+
+
+def serial_or_parallel(serial, parallel, size):
+    """The parallel twin for big enough work when parallel kernels are on, else the serial one."""
+    return _serialised(parallel) if PARALLEL_KERNELS and size >= PARALLEL_MIN else serial
+
+
+# ---------------------------------------------------------------------------------------------
+# The implementation of a kernel, chosen once
+# ---------------------------------------------------------------------------------------------
+
+
+class Kernel:
+    """A public kernel: `host` (the decorated function) on the numpy backend, `cuda` on CuPy
+    when given, `twin` (plain `xp`) everywhere else. Chosen at the first call, from the backend
+    (which that call fixes if nothing has yet), and kept."""
+
+    def __init__(self, host, twin, cuda=None):
+        self.host, self.twin, self.cuda = host, twin, cuda
+        self.__name__, self.__doc__ = host.__name__, host.__doc__
+        self.__wrapped__ = host
+        self._run = None
+
+    def __call__(self, *args, **kwargs):
+        run = self._run
+        if run is None:
+            kind = backend.name()
+            run = self._run = (self.host if kind == "numpy" else
+                               self.cuda if kind == "cupy" and self.cuda is not None else self.twin)
+        return run(*args, **kwargs)
+
+
+def kernel(twin, cuda=None):
+    """Decorator: the function is a kernel's numpy-backend body; `twin` its plain-xp twin."""
+    return lambda host: Kernel(host, twin, cuda)
+
+
+# ---------------------------------------------------------------------------------------------
+# Float32 helpers that vectorise
+#
+# So that the loops around them vectorise, exp() is our own float32 polynomial (`exp_nonpos`)
+# and a running max is kept in 16 lanes (`row_max`). Results that would be subnormal are
+# flushed to 0: later arithmetic on them is far slower, and they cannot change a sum holding
+# exp(0) = 1. (Why: benchmarks/README.md, design notes.)
+# ---------------------------------------------------------------------------------------------
+
+_LANES = 16
+_EXP_MIN = np.float32(-87.33)  # exp below this is subnormal in float32
+
+
+@intrinsic
+def f32_from_bits(typingctx, bits):
+    """The float32 whose bit pattern is the int32 `bits` (a free reinterpretation)."""
+    from numba.core import types as nbtypes
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], context.get_value_type(nbtypes.float32))
+    return nbtypes.float32(nbtypes.int32), codegen
+
+
+@njit(inline="always", fastmath={"contract"}, error_model="numpy")
+def exp_nonpos(x):
+    """exp(x) for float32 x <= 0, within 1.5 ulp; 0 instead of a subnormal (x < -87.33).
+
+    exp(x) = 2**n * exp(r) with n = round(x / ln 2) and |r| <= ln(2)/2 (ln 2 split in two
+    parts so r is exact), exp(r) by a degree-7 polynomial (Cephes' expf coefficients), 2**n
+    built directly in the exponent bits (-126 <= n <= 0 here).
+
+    The kernel modules inline it, and Numba's on-disk cache only notices edits to the file a
+    function is defined in: after changing this, delete omnicore/model/__pycache__.
+    """
+    # Branch-free (a select at the end) and n kept in float32: both keep the loop around it
+    # vectorised (AVX2 has no int64 <-> float conversion; float32 -> int32 is one instruction).
+    xc = max(x, _EXP_MIN)  # keeps 2**n a normal number; such results are replaced by 0 below
+    n = np.floor(xc * F32(1.44269504) + F32(0.5))
+    r = (xc - n * F32(0.693359375)) - n * F32(-2.12194440e-4)
+    p = F32(1.9875691500e-4)
+    p = p * r + F32(1.3981999507e-3)
+    p = p * r + F32(8.3334519073e-3)
+    p = p * r + F32(4.1665795894e-2)
+    p = p * r + F32(1.6666665459e-1)
+    p = p * r + F32(5.0000001201e-1)
+    y = p * (r * r) + r + F32(1.0)
+    y = y * f32_from_bits(np.int32((np.int32(n) + 127) << 23))
+    return F32(0.0) if x < _EXP_MIN else y
+
+
+@njit(inline="always", fastmath=FAST, error_model="numpy")
+def row_max(row, n):
+    """max(row[:n]) kept in 16 lanes so that it vectorises (NaN-free rows)."""
+    acc = np.full(_LANES, -np.inf, dtype=np.float32)
+    n16 = n - n % _LANES
+    for j in range(0, n16, _LANES):
+        for lane in range(_LANES):
+            v = row[j + lane]
+            acc[lane] = v if v > acc[lane] else acc[lane]
+    mx = acc[0]
+    for lane in range(1, _LANES):
+        mx = acc[lane] if acc[lane] > mx else mx
+    for j in range(n16, n):
+        mx = row[j] if row[j] > mx else mx
+    return mx
