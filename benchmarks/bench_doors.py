@@ -3,7 +3,8 @@
 time, from the moment the request leaves the client (its connection already open, as a client
 that keeps one holds it) to the first audio byte it gets back, the median of --reps runs after
 one warm-up run, the same text and voice, the server's default generation settings (what the
-frameworks' stock classes, which cannot set them, get).
+frameworks' stock classes, which cannot set them, get). Each run stops at its first audio (the
+request is closed or cancelled, as a barge-in would), so the server is idle for the next.
 
     python3 benchmarks/bench_doors.py [--model DIR] [--reps 3] [--steps N] [--markdown FILE]
 
@@ -92,11 +93,7 @@ async def http_pcm(url, settings):
                     "stream_format": "audio", **settings}) as r:
                 async for part in r.aiter_bytes():
                     if part:
-                        first = time.perf_counter() - t0
-                        break
-                async for _ in r.aiter_bytes():
-                    pass
-            return first
+                        return time.perf_counter() - t0  # leaving closes the response
         return await timed(ARGS.reps, once)
 
 
@@ -117,6 +114,7 @@ async def websocket(url, settings):
                 m = await ws.recv()
                 if isinstance(m, bytes) and first is None:
                     first = time.perf_counter() - t0
+                    await ws.send(json.dumps({"cancel": True}))
                 elif isinstance(m, str) and json.loads(m)["type"] == "audio.done":
                     return first
         return await timed(ARGS.reps, once)
@@ -129,11 +127,9 @@ async def livekit_stock(url, settings):
 
     async def once():
         t0 = time.perf_counter()
-        first = None
         async with tts.synthesize(TEXT) as stream:
             async for _ in stream:
-                first = first or time.perf_counter() - t0
-        return first
+                return time.perf_counter() - t0  # leaving closes the stream
     try:
         return await timed(ARGS.reps, once)
     finally:
@@ -151,10 +147,10 @@ async def livekit_adapter(url, settings):
         for w in WORDS:
             stream.push_text(w)
         stream.end_input()
-        first = None
         async for _ in stream:
-            first = first or time.perf_counter() - t0
-        await stream.aclose()
+            first = time.perf_counter() - t0
+            break
+        await stream.aclose()  # a barge-in: the server cancels the rest
         return first
     try:
         return await timed(ARGS.reps, once)
@@ -175,10 +171,8 @@ async def pipecat_stock(url, settings):
 
     async def once():
         t0 = time.perf_counter()
-        first = None
         async for _ in svc.run_tts(TEXT, "turn"):
-            first = first or time.perf_counter() - t0
-        return first
+            return time.perf_counter() - t0  # leaving closes the response
     try:
         return await timed(ARGS.reps, once)
     finally:
@@ -186,9 +180,8 @@ async def pipecat_stock(url, settings):
 
 
 async def pipecat_adapter(url, settings):
-    from pipecat.frames.frames import (EndFrame, LLMFullResponseEndFrame,
-                                       LLMFullResponseStartFrame, LLMTextFrame, TTSAudioRawFrame,
-                                       TTSStoppedFrame)
+    from pipecat.frames.frames import (EndFrame, InterruptionFrame, LLMFullResponseEndFrame,
+                                       LLMFullResponseStartFrame, LLMTextFrame, TTSAudioRawFrame)
     from pipecat.pipeline.pipeline import Pipeline
     from pipecat.pipeline.worker import PipelineWorker
     from pipecat.processors.frame_processor import FrameDirection
@@ -211,11 +204,15 @@ async def pipecat_adapter(url, settings):
         for w in WORDS:
             await worker.queue_frame(LLMTextFrame(text=w))
         await worker.queue_frame(LLMFullResponseEndFrame())
-        first = None
-        while not isinstance(frame := await out.get(), TTSStoppedFrame):
-            if isinstance(frame, TTSAudioRawFrame):
-                first = first or time.perf_counter() - t0
-        return first
+        while not isinstance(await out.get(), TTSAudioRawFrame):
+            pass
+        first = time.perf_counter() - t0
+        await worker.queue_frame(InterruptionFrame())  # a barge-in: the server cancels the rest
+        while True:  # until the interrupted turn's frames stop coming
+            try:
+                await asyncio.wait_for(out.get(), 2)
+            except asyncio.TimeoutError:
+                return first
     try:
         return await timed(ARGS.reps, once)
     finally:
@@ -229,8 +226,11 @@ async def wyoming(port, streamed: bool):
                              SynthesizeVoice)
 
     voice = SynthesizeVoice(name=VOICE)
-    async with AsyncTcpClient("127.0.0.1", port) as client:
-        async def once():
+
+    async def once():
+        # Wyoming has no cancel: a client stops a text by leaving, so a run has its own
+        # connection (opened before the clock starts).
+        async with AsyncTcpClient("127.0.0.1", port) as client:
             t0 = time.perf_counter()
             if streamed:
                 await client.write_event(SynthesizeStart(voice=voice).event())
@@ -239,12 +239,10 @@ async def wyoming(port, streamed: bool):
                 await client.write_event(SynthesizeStop().event())
             else:
                 await client.write_event(Synthesize(text=TEXT, voice=voice).event())
-            first, end = None, "synthesize-stopped" if streamed else "audio-stop"
-            while (event := await client.read_event()).type != end:
-                if event.type == "audio-chunk":
-                    first = first or time.perf_counter() - t0
-            return first
-        return await timed(ARGS.reps, once)
+            while (await client.read_event()).type != "audio-chunk":
+                pass
+            return time.perf_counter() - t0
+    return await timed(ARGS.reps, once)
 
 
 async def mcp_speak(model, settings_flags):
@@ -277,12 +275,9 @@ def floor(model_dir, settings) -> list[float]:
 
     def once():
         t0 = time.perf_counter()
-        stream = model.stream(TEXT, voice_clone_prompt=prompt, **settings)
-        next(stream)
-        first = time.perf_counter() - t0
-        for _ in stream:
-            pass
-        return first
+        with model.stream(TEXT, voice_clone_prompt=prompt, **settings) as stream:
+            next(stream)
+            return time.perf_counter() - t0  # leaving closes the stream
     once()
     return [once() for _ in range(ARGS.reps)]
 
@@ -302,7 +297,7 @@ def main() -> None:
     settings = {"num_step": ARGS.steps} if ARGS.steps else {}
     flags = ("--steps", ARGS.steps) if ARGS.steps else ()
     voices = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-doors-{os.getpid()}"
-    rows = [("model.stream (this process, no door)", floor(ARGS.model, settings))]
+    rows = []
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -336,6 +331,8 @@ def main() -> None:
         stop(proc)
     rows.append(("MCP speak (stdio; the whole file)", asyncio.run(
         mcp_speak(ARGS.model, ("--voices-dir", str(voices), *map(str, flags))))))
+    # Last: no server holds a model while this process does.
+    rows.insert(0, ("model.stream (this process, no door)", floor(ARGS.model, settings)))
 
     load = os.getloadavg()
     http = statistics.median(rows[1][1])

@@ -79,6 +79,8 @@ def parse_args(argv=None):
     ap.add_argument("--onnx", type=Path, default=os.environ.get("OMNICORE_BENCH_ONNX"),
                     help="the checkpoint's ONNX sub-models (default: the model folder + '-onnx')")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--profiles", action="store_true",
+                    help="only the profiles table: fast against exact (and ONNX Runtime)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--markdown", type=Path, help="also write the result table here")
     ap.add_argument("--json", type=Path, help="also write raw numbers here")
@@ -170,10 +172,11 @@ class OmnicoreSide:
 
         return OmniVoice.from_pretrained(str(model_dir))
 
-    def generate(self, text, seconds, steps):
-        """-> (wall s, others, codes [8, T], forward times, scoring times, rows, heads positions)."""
+    def generate(self, text, seconds, steps, **extra):
+        """-> (wall s, others, codes [8, T], forward times, scoring times, rows, heads positions,
+        and per forward whether it ran a conditional row's targets alone: "reuse")."""
         um = self.um
-        fwd, marks, info = [], [], {}
+        fwd, marks, info = [], [], {"reuse": []}
         orig_fwd, orig_it = um.forward_rows, um.iterate
 
         def forward_rows(params, cfg, ids, audio_mask, pack, num_out, **kw):
@@ -181,6 +184,7 @@ class OmnicoreSide:
             out = orig_fwd(params, cfg, ids, audio_mask, pack, num_out, **kw)
             fwd.append((t0, time.perf_counter()))
             info["rows"], info["heads"] = list(pack.lengths), int(sum(num_out))
+            info["reuse"].append(any(pack.offsets))
             return out
 
         # The engine thread runs every step as packed_unmasking.iterate (forward + scoring + fill):
@@ -194,7 +198,8 @@ class OmnicoreSide:
         um.forward_rows, um.iterate = forward_rows, iterate
         try:
             with Timer() as t:
-                self.model.generate(text, language="en", duration=seconds, num_step=steps, **GREEDY)
+                self.model.generate(text, language="en", duration=seconds, num_step=steps,
+                                    **GREEDY, **extra)
         finally:
             um.forward_rows, um.iterate = orig_fwd, orig_it
         return _step_stats(t, fwd, marks[-1], info)
@@ -287,7 +292,8 @@ def _step_stats(t, fwd, end, info):
     forward = [b - a for a, b in fwd]
     scoring = [starts[i + 1] - fwd[i][1] for i in range(len(fwd))]
     return {"wall": t.wall, "others": t.others, "codes": info["codes"], "forward": forward,
-            "scoring": scoring, "rows": info["rows"], "heads": info["heads"]}
+            "scoring": scoring, "rows": info["rows"], "heads": info["heads"],
+            "reuse": info.get("reuse", [])}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,9 +374,120 @@ def timed_pairs(sides, fn, repeats):
     return times, last
 
 
+# ---------------------------------------------------------------------------------------------
+# --profiles: the fast profile against exact, and ONNX Runtime beside them
+# ---------------------------------------------------------------------------------------------
+
+PROFILE_CASES = (("exact, 32 steps", dict(num_step=32)), ("exact, 16 steps", dict(num_step=16)),
+                 ("fast, 16 steps", dict(profile="fast")))
+ORT_CASE = dict(num_step=16)  # ONNX Runtime's case: exact, at the fast profile's steps
+GOALS = {"auto": 0.33, "clone": 0.25}  # fast's generate() as a share of exact-32's
+STREAM_TEXT = ("Hello! This is OmniVoice running on numpy. It speaks more than six hundred "
+               "languages.")  # the Space's first typical input
+
+
+def first_audio(model, **kw):
+    """(seconds to stream()'s first piece, seconds to its end, audio seconds)."""
+    t0 = time.perf_counter()
+    first, n = None, 0
+    for piece in model.stream(STREAM_TEXT, language="en", seed=0, **GREEDY, **kw):
+        first = first if first is not None else time.perf_counter() - t0
+        n += len(piece)
+    return first, time.perf_counter() - t0, n / model.sampling_rate
+
+
+def profiles_main():
+    log = lambda *a: print(*a, file=sys.stderr, flush=True)  # noqa: E731
+    import soundfile as sf
+
+    with open("/proc/loadavg") as f:
+        load0 = f.read().strip()
+    sides = [OmnicoreSide(ARGS.model)]
+    if not onnx_side.missing_parts(ARGS.onnx):
+        sides.append(OnnxRuntimeSide(ARGS.model))
+    omni = sides[0]
+    clip, sr = sf.read(ROOT / "tests/fixtures/audio/speech_24k.wav", dtype="float32")
+    words = (ROOT / "tests/fixtures/audio/speech.txt").read_text().strip()
+    clip = np.tile(clip, int(np.ceil(5 * sr / len(clip))))[:5 * sr]  # 5 s: the clip and a half
+    prompt = omni.model.create_voice_clone_prompt((clip, sr), f"{words} {words}")
+    voices = {"auto": {}, "clone": {"voice_clone_prompt": prompt}}
+    for side in sides:  # first use: compile, first touch, the fast profile's paths
+        side.generate(TEXTS[5], 1.0, 2)
+        side.generate(TEXTS[5], 1.0, 3, profile="fast", prefix_refresh=2, uncond_every=2)
+    res = {}
+    for mode, voice in voices.items():
+        for label, kw in PROFILE_CASES:
+            for side in sides:
+                if side.name == "onnxruntime" and kw != ORT_CASE:
+                    continue  # exact at 16 steps (the export keeps no prompt cache)
+                log(f"{mode}: {side.name} {label} ...")
+                r = side.generate(TEXTS[5], 5.0, kw.get("num_step", 16), **voice,
+                                  **{k: v for k, v in kw.items() if k != "num_step"})
+                res[(mode, side.name, label)] = r
+                log(f"  {r['wall']:.1f} s")
+    log("stream() first audio ...")
+    streams = {}
+    for label, kw in (("exact, 32 steps", {}), ("Space's Fast preset (8 steps)", dict(num_step=8)),
+                      ("fast, 16 steps", dict(profile="fast")),
+                      ("Space's Fast preset with the fast profile (8 steps)",
+                       dict(profile="fast", num_step=8))):
+        streams[label] = first_audio(omni.model, **kw)
+    with open("/proc/loadavg") as f:
+        load1 = f.read().strip()
+    report = profiles_report(res, streams, [s.name for s in sides], load0, load1)
+    print(report)
+    if ARGS.markdown:
+        ARGS.markdown.write_text(report + "\n")
+
+
+def profiles_report(res, streams, names, load0, load1):
+    cols = [("omnicore", label) for label, _ in PROFILE_CASES] + \
+        [("onnxruntime", label) for label, kw in PROFILE_CASES if kw == ORT_CASE and "onnxruntime" in names]
+    head = "| line | " + " | ".join(f"{n} {label}" for n, label in cols) + " | fast / exact-32 | goal |"
+    rows = [head, "|---" * (len(cols) + 3) + "|"]
+
+    def line(name, vals, fmt, ratio=None, goal=""):
+        cells = [fmt.format(v) if v is not None else "" for v in vals]
+        rows.append(f"| {name} | " + " | ".join(cells) + f" | {ratio or ''} | {goal} |")
+
+    for mode in ("auto", "clone"):
+        got = [res.get((mode, n, label)) for n, label in cols]
+        walls = [r["wall"] if r else None for r in got]
+        ratio = walls[2] / walls[0]
+        goal = GOALS[mode]
+        line(f"generate() {mode}, 5 s", walls, "{:.1f} s", f"{ratio:.2f}",
+             f"<= {goal:.2f}: {'met' if ratio <= goal else 'missed'}")
+        line("  RTF", [w / 5 if w else None for w in walls], "{:.2f}", f"{ratio:.2f}")
+        line("  backbone step, median", [median(r["forward"]) * 1e3 if r else None for r in got],
+             "{:.0f} ms")
+        fast = res[(mode, "omnicore", "fast, 16 steps")]
+        reuse = [t for t, u in zip(fast["forward"], fast["reuse"]) if u]
+        refresh = [t for t, u in zip(fast["forward"], fast["reuse"]) if not u]
+        exact_step = median(res[(mode, "omnicore", "exact, 32 steps")]["forward"])
+        line("  fast: refresh step (conditional row whole)", [None, None, median(refresh) * 1e3]
+             + [None] * (len(cols) - 3), "{:.0f} ms", f"{median(refresh) / exact_step:.2f} of an exact step")
+        line("  fast: reuse step (targets alone)", [None, None, median(reuse) * 1e3]
+             + [None] * (len(cols) - 3), "{:.0f} ms", f"{median(reuse) / exact_step:.2f} of an exact step")
+        line("  unmasking steps: forwards (refresh + reuse)", [len(r["forward"]) if r else None for r in got],
+             "{}")
+    rows += ["", "| stream() of the Space's first typical input (auto voice) | first audio | "
+             "all of it | audio |", "|---|---|---|---|"]
+    for label, (first, total, audio) in streams.items():
+        rows.append(f"| {label} | {first:.1f} s | {total:.1f} s | {audio:.1f} s |")
+    rows += ["", f"Machine: {machine_description(ARGS.threads)}; load average before {load0}, "
+             f"after {load1}. Greedy settings, fixed 5 s duration, the same text; clone: a voice "
+             "prompt made once from a 5 s clip (the encode is not timed). fast = "
+             "GenerationConfig.for_profile('fast'): 16 steps, the prompt's keys and values "
+             "reused between refreshes every 8 steps, the unconditional pass every 3rd step. "
+             "ONNX Runtime runs exact at 16 steps (its export keeps no prompt cache)."]
+    return "\n".join(rows)
+
+
 def main():
     if ARGS.only:
         return child_main()
+    if ARGS.profiles:
+        return profiles_main()
     ensure_checkpoint(ARGS.model)
     quick = ARGS.quick
     repeats = 2 if quick else 5

@@ -6,10 +6,12 @@ never read (a 4 KiB receive buffer each), while the server's queue holds exactly
                                               [--steps 8] [--timeout 600]
 
 --model defaults to $OMNICORE_BENCH_MODEL, else weights/tiny-random. Per stalled client, from
-the server end of its connection in /proc/net/tcp (Linux; sampled every 20 ms): when its
-kernel send queue stopped growing (the client has stopped taking bytes), the most it held, and
-when the connection was cut; the cut's lateness is (cut - stall - send timeout). Meanwhile a
-normal request is tried every 100 ms: how long it was refused (429) after the last client was
+the server end of its connection as `ss -tin` shows it (Linux, iproute2; sampled every 50 ms):
+when the client last acknowledged a byte (its kernel still takes a few after the application
+stopped reading, as it compacts its receive queue), when the server's send queue stopped
+growing (the buffers are full), the most it held, and when the connection was cut. The cut's
+lateness is the cut's time minus either moment minus the send timeout. Meanwhile a normal
+request is tried every 100 ms: how long it was refused (429) after the last client was
 admitted, and its time to the whole answer once admitted. The table goes to stdout.
 """
 
@@ -18,7 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,12 +37,18 @@ from bench_server import ROOT, start  # noqa: E402
 TEXT = " ".join(f"Sentence {i} of a story that never ends." for i in range(60))
 
 
-def send_queues(port: int) -> dict[int, int]:
-    """{client port: bytes the kernel holds} for the server end of each connection to `port`."""
-    with open("/proc/net/tcp") as f:
-        rows = [line.split() for line in f.read().splitlines()[1:]]
-    return {int(r[2].rsplit(":", 1)[1], 16): int(r[4].split(":")[0], 16)
-            for r in rows if int(r[1].rsplit(":", 1)[1], 16) == port and r[3] == "01"}
+def server_ends(port: int) -> dict[int, tuple[int, int]]:
+    """{client port: (bytes the kernel holds for it, bytes it acknowledged)} for the server end
+    of each established connection to `port`."""
+    out = subprocess.run(["ss", "-tinH", "state", "established", f"( sport = :{port} )"],
+                         capture_output=True, text=True, check=True).stdout
+    ends = {}
+    for head, info in re.findall(r"^\s*(\d+\s+\d+\s+\S+\s+\S+)\s*\n(.*?)(?=^\s*\d+\s+\d+\s|\Z)",
+                                 out, re.M | re.S):
+        _, send_q, _, peer = head.split()
+        acked = re.search(r"bytes_acked:(\d+)", info)
+        ends[int(peer.rsplit(":", 1)[1])] = (int(send_q), int(acked[1]) if acked else 0)
+    return ends
 
 
 def stalled_reader(url: str, body: bytes) -> socket.socket:
@@ -59,8 +70,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--timeout", type=float, default=600.0)
     args = p.parse_args()
-    if not os.path.exists("/proc/net/tcp"):
-        raise SystemExit("needs Linux's /proc/net/tcp")
+    if shutil.which("ss") is None:
+        raise SystemExit("needs Linux's ss (iproute2)")
     voices = Path(tempfile.mkdtemp(prefix="bench-clocks-"))
     proc, url = start(args.model, voices, "--max-queue", str(args.clients), "--send-timeout",
                       str(args.send_timeout), "--idle-timeout", str(10 * args.timeout))
@@ -77,6 +88,7 @@ def main() -> int:
             time.sleep(0.02)
         admitted_all = time.monotonic() - t0
         last = {p: (0, 0.0) for p in ports}  # (queue, when it last grew)
+        acked = {p: (-1, 0.0) for p in ports}  # (bytes acknowledged, when that last changed)
         peak, cut = dict.fromkeys(ports, 0), {}
         refused_until = answered = None
         next_try = 0.0
@@ -84,39 +96,44 @@ def main() -> int:
             now = time.monotonic() - t0
             if now > args.timeout:
                 break
-            queues = send_queues(port)
+            ends = server_ends(port)
             for p in ports:
                 if p in cut:
                     continue
-                q = queues.get(p)
-                if q is None:
+                if p not in ends:
                     cut[p] = now
                     continue
+                q, a = ends[p]
                 peak[p] = max(peak[p], q)
                 if q > last[p][0]:
                     last[p] = (q, now)
+                if a != acked[p][0]:
+                    acked[p] = (a, now)
             if answered is None and now >= next_try:
                 next_try = now + 0.1
                 t = time.monotonic()
                 r = httpx.post(url + "/v1/audio/speech", json=normal, timeout=args.timeout)
                 if r.status_code == 200:
                     refused_until, answered = now - admitted_all, time.monotonic() - t
-            time.sleep(0.02)
+            time.sleep(0.05)
     finally:
         for r in readers:
             r.close()
         proc.terminate()
         proc.wait(30)
-    late = sorted(cut[p] - last[p][1] - args.send_timeout for p in cut)
+    late = {what: sorted(cut[p] - when[p][1] - args.send_timeout for p in cut)
+            for what, when in (("the client's last acknowledgement", acked),
+                               ("the buffers filled", last))}
     load = os.getloadavg()
     print(f"{args.clients} stalled clients, --send-timeout {args.send_timeout:g} s, "
           f"{args.steps} steps, model {Path(args.model).name}; load average "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end\n")
     print("| measure | value |\n|---|---|")
     print(f"| clients cut | {len(cut)} of {args.clients} |")
-    if late:
-        print(f"| cut after the client stopped reading, beyond the timeout: min / median / max | "
-              f"{late[0]:+.2f} / {late[len(late) // 2]:+.2f} / {late[-1]:+.2f} s |")
+    for what, xs in late.items():
+        if xs:
+            print(f"| cut after {what}, beyond the timeout: min / median / max | "
+                  f"{xs[0]:+.2f} / {xs[len(xs) // 2]:+.2f} / {xs[-1]:+.2f} s |")
     print(f"| most bytes the kernel held for one client | {max(peak.values()):,} |")
     print(f"| all clients admitted after | {admitted_all:.2f} s |")
     if refused_until is not None:

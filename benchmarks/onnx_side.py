@@ -85,11 +85,11 @@ class OnnxCodec:
     Voices must come as ready prompts: there is no encoder here."""
 
     def __init__(self, checkpoint_dir: Path, backbone: OnnxBackbone):
-        from omnicore.checkpoint import read_config
+        from omnicore import checkpoint
         from omnicore.model.config import HiggsAudioV2TokenizerConfig
 
-        self.cfg = read_config(Path(checkpoint_dir) / "audio_tokenizer" / "config.json",
-                               HiggsAudioV2TokenizerConfig)
+        self.cfg = checkpoint.read_config(Path(checkpoint_dir) / "audio_tokenizer" / "config.json",
+                                          HiggsAudioV2TokenizerConfig)
         self.sampling_rate, self.frame_rate = self.cfg.sample_rate, self.cfg.frame_rate
         self.hop_length = self.cfg.hop_length
         self.decode = backbone.decode
@@ -98,10 +98,11 @@ class OnnxCodec:
         raise NotImplementedError("the ONNX column takes ready voice prompts (no encoder export)")
 
 
-def install(unmasking) -> None:
-    """Route `forward_rows` in the module `unmasking` (packed_unmasking: the engine's step) to ORT when the params are an OnnxBackbone (omnicore's
-    own forward otherwise), so one process can hold both columns. Idempotent."""
-    orig = unmasking.forward_rows
+def install(loop) -> None:
+    """Route the forward of `loop` (omnicore.model.packed_unmasking: what the engine runs) to
+    ORT when the params are an OnnxBackbone (omnicore's own forward otherwise), so one process
+    can hold both columns. Idempotent."""
+    orig = loop.forward_rows
     if getattr(orig, "_onnx_dispatch", False):
         return
     from omnicore.model.backend import to_numpy
@@ -113,15 +114,16 @@ def install(unmasking) -> None:
         return logits if whole else np.split(logits, np.cumsum(num_out)[:-1].tolist(), axis=1)
 
     forward_rows._onnx_dispatch = True
-    unmasking.forward_rows = forward_rows
+    loop.forward_rows = forward_rows
 
 
 def onnx_model(checkpoint_dir: Path, onnx_dir: Path, threads: int):
     """An omnicore OmniVoice (tokenizer, planner, engine, scoring, post-processing) whose
     backbone forward and codec decode run on ONNX Runtime."""
-    from omnicore import OmniVoice, checkpoint
+    from omnicore import OmniVoice, checkpoint, settings
     from omnicore.model import packed_unmasking
 
+    settings.configure()  # omnicore's scoring kernels run here too
     install(packed_unmasking)
     checkpoint_dir = Path(checkpoint_dir)
     cfg = checkpoint.read_config(checkpoint_dir / "config.json")

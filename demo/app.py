@@ -24,7 +24,8 @@ see their place in the queue; beyond that new requests are refused with a "queue
 
 The wait, said before it starts (presets.py): at start-up the app times the model on this machine
 (`presets.measure`) and opens with the speed preset (Fast / Balanced / Best: the reference's
-`num_step`, nothing else) whose first audio of a typical input fits the goal of 15 s, streaming
+`num_step`, nothing else; the Approximate preset, the fast profile, is offered and labelled but
+never chosen for a visitor) whose first audio of a typical input fits the goal of 15 s, streaming
 on (on a GPU: Best, not streamed). Above each Generate button the estimate of the wait updates as
 the text and settings change (and, when other work keeps the machine's cores busy, says so and
 how long it may take instead); the timings compare it with what the run took. A few examples per
@@ -79,6 +80,7 @@ except ImportError:  # a source checkout without `pip install -e .`: use the pac
 
 from omnicore import GenerationConfig, OmniVoice, VoiceClonePrompt  # noqa: E402
 from omnicore.audio.writers import to_pcm16  # noqa: E402
+from omnicore.checkpoint import HUB_REPO  # noqa: E402
 from omnicore.errors import InputError, OmniCoreError  # noqa: E402
 from omnicore.model import backend  # noqa: E402
 from omnicore.text import limits  # noqa: E402
@@ -90,7 +92,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import presets  # noqa: E402
 from visuals import render_unmasking, render_waveform  # noqa: E402
 
-DEFAULT_MODEL = "k2-fsa/OmniVoice"
+DEFAULT_MODEL = HUB_REPO
 DEFAULT_CONCURRENCY = 1
 DEFAULT_MAX_QUEUE = 16
 AUTO_LANGUAGE = "auto"
@@ -208,7 +210,7 @@ def _number(value, name: str, default=None, integer: bool = False):
 
 def _settings(language, num_step, guidance_scale, speed, duration, seed, denoise,
               postprocess_output, t_shift, layer_penalty_factor, position_temperature,
-              class_temperature) -> dict:
+              class_temperature, profile="exact") -> dict:
     """Shared-panel values -> keyword arguments of OmniVoice.synthesize; the API applies the
     limits (omnicore.text) and says what is wrong."""
     duration = _number(duration, "duration", 0.0)
@@ -227,6 +229,7 @@ def _settings(language, num_step, guidance_scale, speed, duration, seed, denoise
         position_temperature=_number(position_temperature, "position temperature",
                                      GEN.position_temperature),
         class_temperature=_number(class_temperature, "class temperature", GEN.class_temperature),
+        profile=profile or "exact",  # "fast": approximate (the API refuses another name)
     )
 
 
@@ -445,10 +448,10 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
     def clone(text, ref_audio, ref_text, voice_prompt_file, preprocess_prompt, language,
               num_step, guidance_scale, speed, duration, seed, denoise, postprocess_output,
               t_shift, layer_penalty_factor, position_temperature, class_temperature,
-              stream=False, normalize_text=False, progress=gr.Progress()):
+              stream=False, normalize_text=False, profile="exact", progress=gr.Progress()):
         kwargs = _checked_settings(language, num_step, guidance_scale, speed, duration, seed,
                                    denoise, postprocess_output, t_shift, layer_penalty_factor,
-                                   position_temperature, class_temperature)
+                                   position_temperature, class_temperature, profile)
         if voice_prompt_file:
             if ref_audio:
                 gr.Info("Using the voice prompt file; the reference clip is ignored.")
@@ -470,19 +473,20 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
     def design(text, instruct, language, num_step, guidance_scale, speed, duration, seed,
                denoise, postprocess_output, t_shift, layer_penalty_factor,
                position_temperature, class_temperature, stream=False, normalize_text=False,
-               progress=gr.Progress()):
+               profile="exact", progress=gr.Progress()):
         kwargs = _checked_settings(language, num_step, guidance_scale, speed, duration, seed,
                                    denoise, postprocess_output, t_shift, layer_penalty_factor,
-                                   position_temperature, class_temperature)
+                                   position_temperature, class_temperature, profile)
         yield from dispatch(stream, progress, text, instruct=instruct or None,
                             normalize_text=bool(normalize_text), **kwargs)
 
     def auto(text, language, num_step, guidance_scale, speed, duration, seed, denoise,
              postprocess_output, t_shift, layer_penalty_factor, position_temperature,
-             class_temperature, stream=False, normalize_text=False, progress=gr.Progress()):
+             class_temperature, stream=False, normalize_text=False, profile="exact",
+             progress=gr.Progress()):
         kwargs = _checked_settings(language, num_step, guidance_scale, speed, duration, seed,
                                    denoise, postprocess_output, t_shift, layer_penalty_factor,
-                                   position_temperature, class_temperature)
+                                   position_temperature, class_temperature, profile)
         yield from dispatch(stream, progress, text, normalize_text=bool(normalize_text), **kwargs)
 
     def save_prompt(prompt, stem: str) -> str:
@@ -525,9 +529,9 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
     def waits(clone_text, ref_audio, ref_text, voice_file, design_text, instruct, auto_text,
               *settings):
         """The estimate line of each tab (clone, design, auto) for the inputs as they are."""
-        *values, stream, normalize_text = settings
+        *values, stream, normalize_text, profile = settings
         try:
-            kwargs = _settings(*values)
+            kwargs = _settings(*values, profile)
         except OmniCoreError as exc:
             return (presets.describe(None, None, 0, str(exc)),) * 3
         kwargs["normalize_text"] = bool(normalize_text)
@@ -651,10 +655,18 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                                  "supported; type to search)",
                                            filterable=True, elem_id="language")
                     steps_of = ", ".join(f"{name} {n}" for name, n in presets.PRESETS.items())
-                    preset = gr.Radio(list(presets.PRESETS), value=defaults.preset,
-                                      label="Speed", elem_id="preset",
+                    preset = gr.Radio(list(presets.PRESETS) + [presets.APPROXIMATE],
+                                      value=defaults.preset, label="Speed", elem_id="preset",
                                       info=f"Unmasking steps: {steps_of} (the reference's "
-                                           "default). Fewer steps: sooner, a little rougher.")
+                                           "default). Fewer steps: sooner, a little rougher. "
+                                           f"{presets.APPROXIMATE}: 16 steps of the fast profile, "
+                                           "approximate.")
+                    profile = gr.Radio([("Exact", "exact"), ("Fast (approximate)", "fast")],
+                                       value="exact", label="Profile", elem_id="profile",
+                                       info="Fast reuses the prompt's keys and values and the "
+                                            "unconditional pass between refresh steps: faster, "
+                                            "and an approximation whose effect on speech has "
+                                            "not been measured here (docs/performance.md).")
                     with gr.Row():
                         num_step = gr.Slider(1, 64, value=presets.PRESETS[defaults.preset],
                                              step=1, label="Unmasking steps", elem_id="steps")
@@ -731,7 +743,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                     elem_classes=["omni-footer"])
 
         settings = [language, num_step, guidance, speed, duration, seed, denoise, postprocess,
-                    t_shift, layer_penalty, pos_temp, class_temp, streamed, normalized]
+                    t_shift, layer_penalty, pos_temp, class_temp, streamed, normalized, profile]
         last_voice = gr.State(None)  # per session: the last result's voice, or why none
         outputs = [audio_out, wave_img, unmask_img, timings, stream_out, last_voice]
         synth = dict(concurrency_limit=concurrency, concurrency_id=SYNTHESIS_GROUP)
@@ -755,9 +767,10 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                            api_visibility="private", **quick)
 
         streamed.change(lambda on: gr.update(visible=bool(on)), streamed, stream_out, **private)
-        # Speed presets set the steps; steps that are no preset's clear the preset.
-        preset.input(lambda name: presets.PRESETS[name], preset, num_step, **private)
-        num_step.input(presets.preset_of, num_step, preset, **private)
+        # Speed presets set the steps and the profile; settings no preset has clear the preset.
+        preset.input(presets.preset_settings, preset, [num_step, profile], **private)
+        for knob in (num_step, profile):
+            knob.input(presets.preset_of, [num_step, profile], preset, **private)
 
         # The wait, estimated as the inputs change (tokenising the text: cheap, never queued).
         if measured:

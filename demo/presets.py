@@ -2,6 +2,8 @@
 
     PRESETS                      "Fast" / "Balanced" / "Best": a step count each (`num_step`, the
                                  reference's own setting; Best = its default, 32)
+    APPROXIMATE                  the preset of the approximate fast profile (its own 16 steps);
+                                 `preset_settings(name)` -> (steps, profile), `preset_of` back
     measure(model)               the machine's rate, timed at start-up: seconds per forward pass
                                  as `overhead + FLOPs / flops_per_s`, decode seconds per frame,
                                  encode seconds per second of clip
@@ -37,6 +39,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from omnicore import GenerationConfig, VoiceClonePrompt
+from omnicore.model.config import FAST_PROFILE
 from omnicore.errors import InputError
 from omnicore.model import cost
 from omnicore.model.higgs_codec import decoder_receptive_field
@@ -47,6 +50,8 @@ from omnicore.text import limits, planner
 # Best is the reference's default (32); Balanced halves the steps, Fast halves them again.
 _BEST = GenerationConfig().num_step
 PRESETS = {"Fast": _BEST // 4, "Balanced": _BEST // 2, "Best": _BEST}
+# The fast profile at its own settings: approximate, and said so wherever it is offered.
+APPROXIMATE = "Approximate (fast profile)"
 GOAL_S = 15.0  # a visitor should hear something within this long
 # The estimate is trusted to +-30 %; a preset is chosen when its estimate leaves that much room.
 HEADROOM = 1.3
@@ -212,11 +217,12 @@ def planned_work(model, text: str, *, streamed: bool, rule=None, ref_audio=None,
         groups = [w for w in waves if w]
     rows = _rows(model, specs)
     cfg = model.config
-    forwards = tuple(
-        (specs[g[0]].gen.num_step,
-         cost.forward_flops(cfg, [n for i in g for n in rows[i]],
-                                [specs[i].frames for i in g for _ in rows[i]]))
-        for g in groups)
+
+    def step_flops(i):  # one of pass i's forwards, on average (the fast profile's steps differ)
+        s, T = specs[i], specs[i].frames
+        return cost.pass_flops(cfg, s.gen, rows[i][0] - T, T, len(rows[i]) > 1) // s.gen.num_step
+
+    forwards = tuple((specs[g[0]].gen.num_step, sum(step_flops(i) for i in g)) for g in groups)
     if streamed:
         overlap = max(decoder_receptive_field(model.codec.cfg))
         decodes = tuple(w for s in specs for w in _windows(s.frames, STREAM_DECODE_FRAMES, overlap))
@@ -315,8 +321,17 @@ def default_preset(model, rate: Rate, rule=None) -> str:
     return by_steps[-1]
 
 
-def preset_of(num_step) -> str | None:
-    """The preset of a step count, or None for a count no preset has."""
+def preset_settings(name: str) -> tuple[int, str]:
+    """(steps, profile) of a preset."""
+    if name == APPROXIMATE:
+        return FAST_PROFILE["num_step"], "fast"
+    return PRESETS[name], "exact"
+
+
+def preset_of(num_step, profile: str = "exact") -> str | None:
+    """The preset of a step count and profile, or None for settings no preset has."""
+    if profile == "fast":
+        return APPROXIMATE if num_step == FAST_PROFILE["num_step"] else None
     return next((name for name, n in PRESETS.items() if n == num_step), None)
 
 

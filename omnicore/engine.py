@@ -243,7 +243,7 @@ class _Pass:
         self.spec = ticket.specs[index]
         self.prepared: tok_mod.PreparedItem | None = None
         self.state: unmasking.PassState | None = None
-        self.cost = 0  # cost.forward_flops of its rows: one iteration's cost, set on admission
+        self.cost = 0  # cost.forward_flops of its rows in a mean iteration, set on admission
 
     def work(self) -> int:
         """What running it to the end still costs."""
@@ -304,9 +304,8 @@ class Engine:
                     raise InputError("a pass can only depend on an independent pass of its request")
                 C = self.cfg.num_audio_codebook
                 item = self.prepare(spec, np.zeros((C, specs[spec.after].frames), np.int64))
-            rows = [item.input_ids.shape[1]] + ([spec.frames] if spec.gen.guidance_scale else [])
-            cost.check_pass_memory(self.cfg, rows, [spec.frames] * len(rows),
-                                       spec.gen.class_temperature > 0)
+            rows, num_out, kept = self._rows(item, spec.gen)
+            cost.check_pass_memory(self.cfg, rows, num_out, spec.gen.class_temperature > 0, kept)
             prepared.append(item if spec.after is None else None)
         return prepared
 
@@ -360,13 +359,24 @@ class Engine:
 
     # -- the worker -----------------------------------------------------------------------------
 
+    def _rows(self, item: tok_mod.PreparedItem, gen) -> tuple[list[int], list[int], int]:
+        """A pass's whole rows (the largest step's), as cost.forward_bytes takes them, and what
+        it keeps between steps (cost.kept_bytes: the fast profile's prompt cache and logits)."""
+        T, guided = item.num_target, gen.guidance_scale != 0
+        rows = [item.input_ids.shape[1]] + ([T] if guided else [])
+        kept = cost.kept_bytes(self.cfg, gen, item.input_ids.shape[1] - T, T, guided)
+        return rows, [T] * len(rows), kept
+
     def _fits(self, passes: list[_Pass]) -> bool:
-        """The pack of `passes` within the token budget and cost.MAX_PASS_BYTES of memory."""
-        lengths = [ids.shape[1] for p in passes for ids, _ in p.state.rows]
-        num_out = [n for p in passes for n in p.state.num_out]
+        """The pack of `passes` within the token budget and cost.MAX_PASS_BYTES of memory: the
+        forward of all their whole rows, and what each keeps between steps."""
+        lengths, num_out, kept = [], [], 0
+        for p in passes:
+            rows, outs, keeps = self._rows(p.prepared, p.spec.gen)
+            lengths, num_out, kept = lengths + rows, num_out + outs, kept + keeps
         sampling = any(p.spec.gen.class_temperature > 0 for p in passes)
         return (sum(lengths) <= self.max_tokens and cost.forward_bytes(
-            self.cfg, lengths, num_out, sampling) <= cost.MAX_PASS_BYTES)
+            self.cfg, lengths, num_out, sampling) + kept <= cost.MAX_PASS_BYTES)
 
     def _admit(self) -> None:
         """Move ready waiting passes to the active set, FIFO, within the token budget."""
@@ -383,16 +393,20 @@ class Engine:
             try:
                 if p.prepared is None:  # the reference pass just retired: its codes are the voice
                     p.prepared = self.prepare(p.spec, ticket._results[p.spec.after][0])
-                if p.state is None:
-                    p.state = unmasking.PassState(p.prepared, p.spec.gen, p.spec.seed, self.cfg)
-                    p.cost = cost.forward_flops(
-                        self.cfg, [ids.shape[1] for ids, _ in p.state.rows], p.state.num_out)
             except BaseException as exc:  # surfaces in the caller's result()
                 ticket._finish("error", exc)
                 continue
             if self._active and not self._fits(self._active + [p]):
                 blocked = True  # first come first served: later passes do not overtake it
                 kept.append(p)
+                continue
+            try:  # its buffers (and the fast profile's cache) once it fits
+                p.state = unmasking.PassState(p.prepared, p.spec.gen, p.spec.seed, self.cfg)
+                gen, T = p.spec.gen, p.prepared.num_target
+                p.cost = cost.pass_flops(self.cfg, gen, p.state.prompt, T,
+                                         p.state.use_uncond) // gen.num_step
+            except BaseException as exc:
+                ticket._finish("error", exc)
                 continue
             self._active.append(p)
         self._waiting = kept
@@ -443,7 +457,7 @@ class Engine:
                         raise _Idle
                     continue
                 active = self._select(self._active)
-                tokens = sum(ids.shape[1] for p in active for ids, _ in p.state.rows)
+                tokens = sum(ids.shape[1] for p in active for ids, *_ in p.state.rows_now())
             try:
                 packed_unmasking.iterate(self.params, self.cfg, [p.state for p in active],
                                          self._cache)

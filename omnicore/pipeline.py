@@ -32,10 +32,10 @@ from . import checkpoint, settings, streaming
 from .audio import postprocess
 from .audio.loading import load_audio
 from .engine import Engine, PassSpec
-from .errors import AudioError, InputError, RefTextMismatchWarning
+from .errors import AudioError, ConfigError, InputError, RefTextMismatchWarning
 from .model import backbone, higgs_codec
 from .model.backend import check_precision
-from .model.config import GenerationConfig, OmniVoiceConfig
+from .model.config import PROFILES, GenerationConfig, OmniVoiceConfig
 from .request import Request, build_requests
 from .text import frontend, limits, planner
 from .voice import Synthesis, VoiceClonePrompt, check_voice_prompt
@@ -48,7 +48,9 @@ from .voice import Synthesis, VoiceClonePrompt, check_voice_prompt
 class OmniVoice:
     """OmniVoice text-to-speech on numpy: voice cloning, voice design and auto voice."""
 
-    def __init__(self, model_dir: Path, cfg: OmniVoiceConfig, params, tokenizer, codec: Codec):
+    def __init__(self, model_dir: Path, cfg: OmniVoiceConfig, params, tokenizer, codec: Codec,
+                 profile: str = "exact"):
+        self.profile = profile  # the generation profile of calls that name none
         self.model_dir = Path(model_dir)
         self.config = cfg
         self.params = params
@@ -65,16 +67,21 @@ class OmniVoice:
         return getattr(self.params, "precision", "fp32")
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str = "k2-fsa/OmniVoice", precision: str = "fp32"
-                        ) -> "OmniVoice":
+    def from_pretrained(cls, name_or_path: str = checkpoint.HUB_REPO, precision: str = "fp32",
+                        profile: str = "exact") -> "OmniVoice":
         """Load from a local checkpoint directory or a hub repo id (downloaded once, then cached).
 
         precision: what the backbone's GEMMs take as inputs: "fp32" (exact, the default),
         "tf32", "bf16" or "fp16" (inputs rounded to that format, float32 accumulation, norms,
         softmax and scoring in float32; docs/configuration.md). ConfigError for another value.
-        The process's runtime settings (backend, threads) are read first (settings.configure)."""
+        profile: the generation profile of calls that name none: "exact" (the default) or
+        "fast" (approximate: GenerationConfig.for_profile; docs/performance.md). ConfigError
+        for another value. The process's runtime settings (backend, threads) are read first
+        (settings.configure)."""
         settings.configure()
         check_precision(precision)
+        if profile not in PROFILES:
+            raise ConfigError(f"profile={profile!r} is not one of {', '.join(map(repr, PROFILES))}")
         model_dir = checkpoint.resolve_model_dir(name_or_path)
         cfg = checkpoint.read_config(model_dir / "config.json", OmniVoiceConfig)
         reader = checkpoint.open_params(model_dir / "model.safetensors")
@@ -82,7 +89,7 @@ class OmniVoice:
         reader.finish()  # the file stays open: the text embedding table is read by rows
         tokenizer = checkpoint.load_tokenizer(model_dir)
         codec = Codec(checkpoint.resolve_codec_dir(model_dir))
-        return cls(model_dir, cfg, params, tokenizer, codec)
+        return cls(model_dir, cfg, params, tokenizer, codec, profile)
 
     # -- voice prompts ------------------------------------------------------------------------
 

@@ -117,7 +117,8 @@ def build_requests(model, paused: Sequence[PausedText] | None, *, language=None,
     request keeps its clip for `Request.encode_voice`. Cheap checks come first, so a bad
     argument never waits for a clip to be encoded.
     """
-    gen = resolve_generation_config(generation_config, gen_kwargs or {})
+    gen = resolve_generation_config(generation_config, gen_kwargs or {},
+                                    getattr(model, "profile", "exact"))
     check_on_step(on_step)
     n = 1 if paused is None else len(paused)
     limits.validate_edges(gen.pad_duration, gen.fade_duration)

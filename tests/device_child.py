@@ -33,6 +33,9 @@ BATCH_KW = dict(num_step=6, seed=[3, 4, 5], position_temperature=5.0, postproces
 # is numpy's introselect on the strict backend but a full sort on CuPy, and the noise is matched
 # to candidates in that order: seeded class sampling is the same on numpy and strict, not CuPy.
 CLASS_KW = dict(num_step=4, seed=[6, 7], position_temperature=5.0, class_temperature=0.5)
+# The fast profile's reuse within the fixtures' steps: prompt kept for 3 steps, the
+# unconditional logits for 2.
+FAST_KW = dict(prefix_refresh=3, uncond_every=2)
 STREAM_TEXT = ("Hello there, this is a small test of streaming speech. The second sentence is "
                "here, and it goes on for a while! Is this the third one?")
 STREAM_KW = dict(num_step=3, seed=7)
@@ -131,6 +134,9 @@ def produce(device_checks: bool = True) -> tuple[dict, dict]:
         inp, kwargs = fixture_inputs(name)
         r = model.synthesize(**inp, **kwargs)[0]
         out[f"{name}/codes"], out[f"{name}/audio"] = r.codes, r.audio
+        # The fast profile: with its knobs at 1 (exact's codes), and reusing rows (FAST_KW)
+        for key, fast in (("codes_fast1", dict(prefix_refresh=1, uncond_every=1)), ("codes_fast", FAST_KW)):
+            out[f"{name}/{key}"] = model.synthesize(**inp, **kwargs, profile="fast", **fast)[0].codes
         timings[name] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

@@ -199,6 +199,46 @@ def test_the_fused_layer_is_the_readable_layer_bit_for_bit(cfg, batch, precision
     np.testing.assert_array_equal(readable, fused)
 
 
+def _cached_rows(cfg, batch):
+    """The fixture's conditional rows (with their unconditional rows) and a prompt cache for
+    each conditional row: its positions before the targets."""
+    ids, mask, lengths, T = packed_rows(batch)
+    B = len(T)
+    caches = [bb.make_prompt_cache(cfg, lengths[b] - T[b]) for b in range(B)] + [None] * B
+    return ids, mask, lengths, T, caches
+
+
+@pytest.mark.parametrize("device_attention", [False, True])
+def test_targets_alone_on_the_kept_prompt_equal_the_whole_row(params, cfg, batch, monkeypatch,
+                                                              device_attention):
+    """The fast profile's prompt cache: a whole row writing its cache computes exactly what it
+    computes without one (bit for bit), and the row's targets alone, attending to that cache,
+    give its targets' logits again (to the rounding of GEMMs of other shapes) while the ids
+    have not changed: keys, values and rotary positions are where the whole row had them. On
+    the per-row loop and on the padded batch a device runs."""
+    if device_attention:
+        monkeypatch.setattr(bb._attend, "_run", bb._attend.twin)
+    ids, mask, lengths, T, caches = _cached_rows(cfg, batch)
+    whole = bb.forward_rows(params, cfg, ids, mask, bb.make_packing(lengths, cfg), T * 2)
+    writing = bb.forward_rows(params, cfg, ids, mask, bb.make_packing(lengths, cfg, caches=caches), T * 2)
+    for a, b in zip(writing, whole):
+        np.testing.assert_array_equal(a, b)
+    B = len(T)
+    assert all((np.abs(c.k).max(axis=(1, 2)) > 0).all() for c in caches[:B])  # every layer's prompt kept
+    # The conditional rows' targets alone (after their prompts), the unconditional rows whole
+    starts = np.cumsum([0] + lengths[:-1])
+    cols = np.concatenate([np.arange(s + lengths[b] - T[b], s + lengths[b]) for b, s in
+                           enumerate(starts[:B])] + [np.arange(s, s + L) for s, L in
+                                                     zip(starts[B:], lengths[B:])])
+    offsets = [lengths[b] - T[b] for b in range(B)] + [0] * B
+    pack = bb.make_packing(T + lengths[B:], cfg, offsets, caches)
+    reading = bb.forward_rows(params, cfg, ids[:, cols], mask[cols], pack, T * 2)
+    for r, (a, b) in enumerate(zip(reading, whole)):
+        assert rel_err(a, b) <= 5e-6, r  # measured: equal here (BLAS may round other shapes otherwise)
+    with pytest.raises(ValueError, match="without a prompt cache"):
+        bb.make_packing(T, cfg, offsets[:B])
+
+
 def test_attention_is_bidirectional(params, cfg, batch):
     ids, mask = batch["item0_input_ids"].copy(), batch["item0_audio_mask"]
     S = ids.shape[1]

@@ -224,11 +224,14 @@ def test_unwritable_outputs_are_one_error_line(tmp_path, capsys, no_model):
 
 def test_generation_options_come_from_generation_config():
     """One description per GenerationConfig field; every option named after a field (say's
-    --steps, infer-batch's --num_step, ...) has the field's default."""
+    --steps, infer-batch's --num_step, ...) has the field's default, or None where the default
+    is the profile's (the steps: 32 exact, 16 fast); left alone they resolve to the profile's
+    settings, exact unless --profile fast."""
     from dataclasses import fields
 
     from omnicore import GenerationConfig
-    from omnicore.cli.options import FIELD_HELP
+    from omnicore.cli.options import FIELD_HELP, gen_kwargs
+    from omnicore.model.config import FAST_PROFILE, resolve_generation_config
 
     names = [f.name for f in fields(GenerationConfig)]
     assert sorted(FIELD_HELP) == sorted(names)
@@ -238,7 +241,18 @@ def test_generation_options_come_from_generation_config():
         args = p.parse_args(argv)
         given = [n for n in names if hasattr(args, n)]
         assert given, argv
-        assert all(getattr(args, n) == getattr(GenerationConfig(), n) for n in given), argv
+        assert all(getattr(args, n) in (getattr(GenerationConfig(), n), None) for n in given), argv
+        assert all(getattr(args, n) is None for n in given if n in FAST_PROFILE or n == "profile")
+    for argv, profile in ((["say", "x", "-o", "x.wav"], "exact"),
+                          (["say", "x", "-o", "x.wav", "--profile", "fast"], "fast")):
+        kw = {k: v for k, v in gen_kwargs(p.parse_args(argv)).items() if k in names}
+        assert resolve_generation_config(None, kw) == GenerationConfig.for_profile(profile), argv
+    assert p.parse_args(["infer", "--text", "x", "--output", "x.wav", "--profile", "fast"]).profile == "fast"
+    args = p.parse_args(["say", "x", "-o", "x.wav", "--profile", "fast", "--steps", "32",
+                         "--prefix-refresh", "4", "--uncond-every", "2"])
+    kw = {k: v for k, v in gen_kwargs(args).items() if k in names}
+    assert resolve_generation_config(None, kw) == GenerationConfig(
+        profile="fast", num_step=32, prefix_refresh=4, uncond_every=2)
 
 
 def test_usage_errors_are_one_line(capsys):

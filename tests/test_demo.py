@@ -236,6 +236,21 @@ def test_api_auto_voice(client):
     assert "RTF" in timings and "unmask" in timings and "seed **1**" in timings
 
 
+def test_api_fast_profile_runs_and_an_unknown_one_is_refused(client):
+    """The page's Profile setting: "fast" runs the approximate profile (other audio than exact
+    for the same seed); an unknown one is refused with the choices."""
+    runs = {}
+    for profile in ("exact", "fast"):
+        audio, *_ = client.predict(text="Hello from the tiny model.", num_step=STEPS, seed=1,
+                                   position_temperature=0.0, profile=profile, api_name="/auto",
+                                   **ONE_PIECE)
+        runs[profile] = _check_wav(_read(audio))
+    assert len(runs["exact"]) != len(runs["fast"]) or not np.array_equal(runs["exact"], runs["fast"])
+    with pytest.raises(AppError) as err:
+        client.predict(text="Hi.", num_step=STEPS, profile="turbo", api_name="/auto", **ONE_PIECE)
+    assert "fast" in str(err.value) and "Traceback" not in str(err.value)  # the choices
+
+
 def test_api_voice_design_and_its_instruct_check(client):
     audio, _, grid, _, _ = client.predict(
         text="Good evening.", instruct="female, british accent", num_step=STEPS, seed=2,

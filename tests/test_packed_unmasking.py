@@ -1,7 +1,8 @@
 """The packed unmasking step (packed_unmasking.iterate, what the engine runs) is the readable one
 (unmasking.unmask_step), bit for bit: the same codes and fill steps for greedy and seeded sampled
 settings (position and class temperature), a pass alone or packed with others that joined at
-other steps, with and without guidance.
+other steps, with and without guidance, exact and fast profile (a step running a pass's
+targets alone, or reusing its kept unconditional logits).
 
 Each iteration's logits are taken from the packed forward itself and handed to `unmask_step`
 on a twin of every pass: both sides see the same numbers, so any difference is one of the
@@ -30,7 +31,12 @@ POSITION = GenerationConfig(num_step=6, position_temperature=5.0, class_temperat
 CLASS = GenerationConfig(num_step=6, position_temperature=5.0, class_temperature=0.8)
 UNGUIDED = GenerationConfig(num_step=5, guidance_scale=0.0, position_temperature=5.0,
                             class_temperature=0.0, t_shift=0.5)
-SETTINGS = {"greedy": GREEDY, "position": POSITION, "class": CLASS, "unguided": UNGUIDED}
+FAST = GenerationConfig(num_step=7, profile="fast", prefix_refresh=3, uncond_every=2,
+                        position_temperature=5.0, class_temperature=0.0)
+FAST_CLASS = GenerationConfig(num_step=6, profile="fast", prefix_refresh=2, uncond_every=3,
+                              position_temperature=5.0, class_temperature=0.8)
+SETTINGS = {"greedy": GREEDY, "position": POSITION, "class": CLASS, "unguided": UNGUIDED,
+            "fast": FAST, "fast_class": FAST_CLASS}
 
 
 @pytest.fixture(scope="module")
@@ -68,16 +74,18 @@ def run_both(params, cfg, items, gens, seeds, joins, monkeypatch):
         iteration += 1
         if not active:
             continue
+        ran = {b: packed[b].runs_uncond for b in active}  # (the fast profile skips some)
         pu.iterate(params, cfg, [packed[b] for b in active], cache)
         logits, at, rows = seen[-1], 0, {}
         for b in active:  # the conditional rows, then the unconditional ones (as iterate packs)
             rows[b, 0], at = logits[:, at:at + packed[b].T], at + packed[b].T
         for b in active:
-            if packed[b].use_uncond:
+            if ran[b]:
                 rows[b, 1], at = logits[:, at:at + packed[b].T], at + packed[b].T
         assert at == logits.shape[1]
         for b in active:
-            um.unmask_step(spec[b], rows[b, 0], rows.get((b, 1)))
+            uncond = spec[b].uncond_logits(rows.get((b, 1))) if spec[b].use_uncond else None
+            um.unmask_step(spec[b], rows[b, 0], uncond)
             np.testing.assert_array_equal(spec[b].codes(), packed[b].codes(), err_msg=f"pass {b}")
             np.testing.assert_array_equal(spec[b].fill_step, packed[b].fill_step, err_msg=f"pass {b}")
     for b, s in enumerate(spec):
@@ -98,10 +106,12 @@ def test_passes_of_every_setting_packed_together_joining_at_other_steps(params, 
     """Greedy, position-sampled, class-sampled and unguided passes in one pack, two of them
     joining later (the engine's continuous batching), one with a voice reference."""
     specs = [("Greedy pass.", 17, 0), ("Position noise, seeded.", 9, 6),
-             ("Class sampling as well, seeded.", 21, 0), ("No guidance here.", 12, 3)]
+             ("Class sampling as well, seeded.", 21, 0), ("No guidance here.", 12, 3),
+             ("The fast profile, with a reference.", 14, 5), ("Fast and class sampled.", 8, 0)]
     items = _items(tok, cfg, specs)
-    gens = [GREEDY, POSITION, CLASS, UNGUIDED]
-    codes, fill = run_both(params, cfg, items, gens, [1, 2, 3, 4], [0, 0, 2, 3], monkeypatch)
+    gens = [GREEDY, POSITION, CLASS, UNGUIDED, FAST, FAST_CLASS]
+    codes, fill = run_both(params, cfg, items, gens, [1, 2, 3, 4, 5, 6], [0, 0, 2, 3, 1, 4],
+                           monkeypatch)
     for c, f, g in zip(codes, fill, gens):
         assert (c != cfg.audio_mask_id).all() and set(np.unique(f)) <= set(range(g.num_step))
 
@@ -112,13 +122,17 @@ def test_any_packing_of_seeded_passes(params, cfg, tok, data, monkeypatch_sessio
     B = data.draw(st.integers(1, 3))
     specs = [(data.draw(st.sampled_from(["a b c", "hello there", "你好 world", "[laughter] ok"])),
               data.draw(st.integers(1, 15)), data.draw(st.sampled_from([0, 4]))) for _ in range(B)]
+    fast = [data.draw(st.booleans()) for _ in range(B)]
     gens = [GenerationConfig(num_step=data.draw(st.integers(1, 7)),
+                             profile="fast" if fast[b] else "exact",
+                             prefix_refresh=data.draw(st.integers(1, 4)) if fast[b] else 1,
+                             uncond_every=data.draw(st.integers(1, 4)) if fast[b] else 1,
                              guidance_scale=data.draw(st.sampled_from([0.0, 2.0])),
                              t_shift=data.draw(st.sampled_from([0.1, 1.0])),
                              layer_penalty_factor=data.draw(st.sampled_from([0.0, 5.0])),
                              position_temperature=data.draw(st.sampled_from([0.0, 5.0])),
                              class_temperature=data.draw(st.sampled_from([0.0, 0.8])))
-            for _ in range(B)]
+            for b in range(B)]
     seeds = [data.draw(st.integers(0, 2**32 - 1)) for _ in range(B)]
     joins = [data.draw(st.integers(0, 3)) for _ in range(B)]
     run_both(params, cfg, _items(tok, cfg, specs), gens, seeds, joins, monkeypatch_session)

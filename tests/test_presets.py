@@ -149,6 +149,34 @@ def test_forward_flops_grow_with_the_rows(model):
                                                                                       [30, 30])
 
 
+def test_the_approximate_preset_is_the_fast_profile_and_costs_what_it_runs(model):
+    """The Approximate preset sets the fast profile's own steps and profile, and back; its plan
+    counts each forward at the rows the fast profile runs (cost.pass_flops): fewer FLOPs than
+    exact at the same steps. The page's default is never the approximate one."""
+    from omnicore.model.config import FAST_PROFILE, GenerationConfig
+
+    steps, profile = presets.preset_settings(presets.APPROXIMATE)
+    assert (steps, profile) == (FAST_PROFILE["num_step"], "fast")
+    assert presets.preset_of(steps, "fast") == presets.APPROXIMATE
+    assert presets.preset_of(steps, "exact") == "Balanced" and presets.preset_of(8, "fast") is None
+    assert presets.preset_settings("Best") == (32, "exact")
+    exact = presets.planned_work(model, TEXT, streamed=False, num_step=steps)
+    fast = presets.planned_work(model, TEXT, streamed=False, num_step=steps, profile="fast")
+    assert [s for s, _ in fast.forwards] == [s for s, _ in exact.forwards] == [steps]
+    (_, e), = exact.forwards
+    (_, f), = fast.forwards
+    specs = model._passes(TEXT, language=None, ref_audio=None, ref_text=None,
+                          voice_clone_prompt=None, instruct=None, duration=None, speed=None,
+                          seed=None, on_step=None, generation_config=None,
+                          normalize_text=False, gen_kwargs={"profile": "fast"})[2]
+    item = model.engine.prepare(specs[0])
+    P, T = item.input_ids.shape[1] - item.num_target, item.num_target
+    assert f == cost.pass_flops(model.config, GenerationConfig.for_profile("fast"), P, T, True) // steps
+    assert f < e
+    assert presets.default_preset(model, _rate(forward_s=0.0, flops_per_s=1e18, decode_s=0.0,
+                                               decode_frame_s=0.0)) in presets.PRESETS
+
+
 def test_describe_says_when_the_machine_is_busy_and_how_long_it_may_take():
     """On a machine whose cores other work keeps busy, the line says so and how long the wait
     may be instead (a run gets a 1 / (1 + load) share of the cores); on a quiet one it is

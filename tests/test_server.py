@@ -162,6 +162,36 @@ def test_formats_match_generate(client, clip_voice, model):
         assert sr == 24000 and abs(len(got) - len(streamed)) / sr < 0.15, fmt
 
 
+def test_the_profile_field_chooses_the_profile_and_the_response_says_which(client, server,
+                                                                              clip_voice, model):
+    """`profile: "fast"` makes the fast profile's audio (the model's own, in process), and every
+    speech response names its profile in X-Omnicore-Profile, "fast (approximate)" for fast; GET /
+    lists the profiles so labelled, and the server's default. The fast profile's knobs are
+    checked within it; an unknown profile is a 400 naming the field."""
+    text = "Hello from the server."
+    for body, label in (({}, "exact"), ({"profile": "fast"}, "fast (approximate)"),
+                        ({"profile": "fast", "prefix_refresh": 2, "uncond_every": 2},
+                         "fast (approximate)")):
+        resp = client.audio.speech.with_raw_response.create(
+            model="omnivoice", voice="clip", input=text, response_format="flac",
+            extra_body={**GREEDY, **body})
+        assert resp.headers["X-Omnicore-Profile"] == label
+        got, _ = sf.read(io.BytesIO(resp.content), dtype="int16")
+        want = model.generate(text, voice_clone_prompt=clip_voice, **GREEDY, **body)[0]
+        _close(got, to_pcm16(want))
+    with client.audio.speech.with_streaming_response.create(
+            model="omnivoice", voice="clip", input=text, response_format="pcm",
+            extra_body={**GREEDY, "profile": "fast"}) as resp:
+        assert resp.headers["X-Omnicore-Profile"] == "fast (approximate)"
+    root = httpx.get(server + "/", timeout=30).json()
+    assert root["profiles"] == {"exact": "exact", "fast": "fast (approximate)"}
+    assert root["default_profile"] == "exact"
+    for bad in ({"profile": "turbo"}, {"profile": "fast", "prefix_refresh": 0}):
+        r = httpx.post(server + "/v1/audio/speech", json={"input": "Hi.", "voice": "clip", **bad},
+                       timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] in bad, r.text
+
+
 def test_bad_requests_are_json_4xx(client, server, clip_voice):
     cases = [
         (dict(voice="clip", input="Hi.", response_format="ogg"), 400, "response_format"),

@@ -208,8 +208,11 @@ def test_stalled_readers_are_cut_and_leave_the_engine(tmp_path):
     off), the kernel holding at most 128 KiB for any of them until then (the documented cap;
     Linux shows it in /proc/net/tcp), and a slot comes back only once the cut reader's passes
     have left the engine: no /health read shows more engine requests than requests in flight.
-    The freed slots then serve the normal request. (How long after its client stopped reading
-    each cut comes, under this load, is benchmarks/bench_server_clocks.py's.)"""
+    The freed slots then serve the normal request. A WebSocket client that stops reading
+    once its utterance is all sent (the audio waits in the kernel, the server has nothing
+    more to write) is cut by the send clock too, where the kernel says what its client has
+    taken (Linux). (How long after its client stopped reading each cut comes, under this
+    load, is benchmarks/bench_server_clocks.py's.)"""
     send_s = 4
     proc, url = start_server(tmp_path / "voices", "--max-queue", str(STALLED), "--send-timeout",
                              str(send_s), "--idle-timeout", "600", log_path=tmp_path / "log")
@@ -242,6 +245,25 @@ def test_stalled_readers_are_cut_and_leave_the_engine(tmp_path):
         assert timeouts(url, "send") == STALLED and timeouts(url, "idle") == 0
         r = httpx.post(url + "/v1/audio/speech", json=normal, timeout=60)
         assert r.status_code == 200 and r.content[:4] == b"RIFF"
+        if kernel_send_queue(port, ports[0]) is not None:
+            # A client library would read the frames into its own memory: this one reads none.
+            readers.append(raw_request(url, (
+                "GET /v1/audio/speech/stream-input HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\n"
+                "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                "Sec-WebSocket-Version: 13\r\n\r\n"), rcvbuf=4096))
+            head = b""
+            while b"\r\n\r\n" not in head:  # the 101, then nothing more is read
+                head += readers[-1].recv(1)
+            assert head.startswith(b"HTTP/1.1 101")
+            for message in ({"response_format": "pcm", **GREEDY},
+                            {"text": "Hi there.", "flush": True}):
+                data = json.dumps(message).encode()  # one masked text frame (mask 0: as is)
+                readers[-1].sendall(bytes([0x81, 0x80 | len(data)]) + b"\0\0\0\0" + data)
+            deadline = time.monotonic() + 120
+            while timeouts(url, "send") == STALLED:  # nothing more is read from it
+                assert time.monotonic() < deadline, "the silent WebSocket was not cut"
+                time.sleep(0.05)
+            assert timeouts(url, "idle") == 0
     finally:
         for r in readers:
             r.close()

@@ -97,6 +97,17 @@ def test_generate_is_token_exact_with_the_reference(device, name):
         assert device_child.rel(device[0][f"{name}/audio"], z["wave"]) <= WAVE_TOL
 
 
+@pytest.mark.parametrize("name", device_child.FIXTURE_CASES)
+def test_fast_profile_with_its_knobs_at_one_is_exact(device, host, name):
+    """profile="fast" with prefix_refresh=1 and uncond_every=1 gives exact's codes bit for bit
+    (auto, design and clone) on the device path and on numpy; with reuse (FAST_KW) the two
+    backends agree with each other (test_same_codes_as_the_numpy_backend)."""
+    want = np.load(REF / f"generate_{name}.npz", allow_pickle=False)["codes"]
+    for arrays in (device[0], host):
+        np.testing.assert_array_equal(arrays[f"{name}/codes_fast1"], want)
+        assert not np.array_equal(arrays[f"{name}/codes_fast"], want)  # reuse changes them
+
+
 def test_voice_prompt_codes_match_the_reference(device):
     want = np.load(REF / "generate_clone_prompt.npz", allow_pickle=False)["ref_audio_tokens"]
     got = device[0]["clone_prompt/codes"]
@@ -275,24 +286,41 @@ import numpy as np
 from omnicore import OmniVoice
 from omnicore.model import backend
 from omnicore.testing import strictxp
+gemms, real = [], backend.matmul_half
+
+
+def spy(a, b, precision, out=None):
+    r = real(a, b, precision, out)
+    gemms.append([a.dtype.name, b.dtype.name, r.dtype.name])
+    return r
+
+
+backend.matmul_half = spy
 out = {}
 for precision in backend.PRECISIONS:
+    gemms.clear()
     m = OmniVoice.from_pretrained(sys.argv[1], precision=precision)
     strict = backend.name() == "strict"
     codes = m.generate_codes("Rounded on the way in.", duration=1.5, num_step=6,
                              position_temperature=0.0, class_temperature=0.0)[0]
     out[precision] = {"codes": np.asarray(codes).tolist(),
-                      "dtypes": sorted(strictxp.seen_dtypes()) if strict else []}
+                      "dtypes": sorted(strictxp.seen_dtypes()) if strict else [],
+                      "half_gemms": gemms[:], "weights": m.params.layers[0].q_proj.dtype.name,
+                      "layers": len(m.params.layers)}
 print("RESULT " + json.dumps(out))
 """
 
 
 def test_precision_profiles_run_their_dtype_flow_on_the_device_path():
-    """Each profile on the strict backend: what it rounds is made on the device (float16 for
-    fp16, the float32 bits as uint32 for tf32 / bf16), never float64. fp32's greedy codes are
-    the numpy backend's token for token; a rounded profile's nearly so: the device path's
-    float32 twins differ from the Numba kernels in the last bits, and a value that straddles a
-    rounding boundary of the format moves by a whole unit of it (measured: 1 cell of 296)."""
+    """Each profile on the strict backend: what it rounds is made on the device, never float64.
+    bf16 and fp16 run the tensor cores' flow there: weights stored as half-precision arrays
+    (float16; bfloat16's bits as uint16), every GEMM of the forward (7 projections and 2
+    attention products per layer, the heads) fed half-precision arrays and returning float32
+    (backend.matmul_half); tf32 rounds float32 bits (uint32). On numpy the rounding stands in
+    and no half array exists. fp32's greedy codes are the numpy backend's token for token; a
+    rounded profile's nearly so: the device path's float32 twins differ from the Numba kernels
+    in the last bits, and a value that straddles a rounding boundary of the format moves by a
+    whole unit of it (measured: 1 cell of 296)."""
     if DEVICE_BACKEND != "strict":
         pytest.skip("the dtype census is kept by the strict backend")
     runs = {}
@@ -307,5 +335,13 @@ def test_precision_profiles_run_their_dtype_flow_on_the_device_path():
         same = np.mean(np.array(strict[precision]["codes"]) == np.array(host[precision]["codes"]))
         assert same >= 0.95, (precision, same)
     assert "float64" not in strict["fp16"]["dtypes"]
-    assert "float16" in strict["fp16"]["dtypes"] and "uint32" in strict["bf16"]["dtypes"]
+    assert "float16" in strict["fp16"]["dtypes"] and "uint32" in strict["tf32"]["dtypes"]
+    for precision, half in (("bf16", "uint16"), ("fp16", "float16")):
+        run = strict[precision]
+        assert run["weights"] == half and half in run["dtypes"]
+        assert len(run["half_gemms"]) == 6 * (9 * run["layers"] + 1)  # every GEMM of 6 steps
+        assert all(g == [half, half, "float32"] for g in run["half_gemms"])
+        assert host[precision]["weights"] == "float32" and not host[precision]["half_gemms"]
+    for precision in ("fp32", "tf32"):
+        assert not strict[precision]["half_gemms"] and strict[precision]["weights"] == "float32"
     assert host["bf16"]["codes"] != host["fp32"]["codes"]  # the profile changes the numbers

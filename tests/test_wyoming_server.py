@@ -198,20 +198,36 @@ def test_a_silent_client_is_closed_after_the_idle_timeout(port):
 LONG = " ".join(f"Sentence {i} of a story that goes on and on." for i in range(400))
 
 
-def test_a_client_that_leaves_frees_its_place_and_sigterm_drains(house_voices, tmp_path):
-    """With one place (--max-queue 1): a client that leaves mid-audio of a text too long to
-    finish in this test frees it at once (the next client is admitted and spoken to); a text in
-    flight at SIGTERM is spoken to its end while a new one is refused, then the server exits 0."""
-    proc, port = start_wyoming(house_voices, "--max-queue", "1", "--grace", "600", *SETTINGS,
-                               log_path=tmp_path / "server.log")
+def test_a_client_that_leaves_or_stops_reading_frees_its_place_and_sigterm_drains(house_voices,
+                                                                                 tmp_path):
+    """With one place (--max-queue 1), a text far too long to finish in this test: a client that
+    leaves mid-audio frees the place at once, and so does one that stops reading, once the send
+    timeout has passed (each time the next client is admitted and spoken to); a text in flight
+    at SIGTERM is spoken to its end while a new one is refused, then the server exits 0."""
+    proc, port = start_wyoming(house_voices, "--max-queue", "1", "--grace", "600",
+                               "--send-timeout", "2", *SETTINGS, log_path=tmp_path / "server.log")
     try:
         async def leave_mid_audio():
             async with AsyncTcpClient("127.0.0.1", port) as c:
                 await c.write_event(Synthesize(text=LONG).event())
                 await until(c, "audio-chunk")
 
+        async def stop_reading():
+            """A client whose receive buffer is small and never read."""
+            import socket
+
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", port))
+            reader, writer = await asyncio.open_connection(sock=sock)
+            writer.write(json.dumps({"type": "synthesize", "data": {"text": LONG}}).encode() + b"\n")
+            await writer.drain()
+            return writer
+
         async def admitted(text):
-            """The client is refused while the place is taken; returns its audio once spoken."""
+            """The client is refused while the place is taken; returns its audio once spoken
+            (within ~30 s: the long text takes minutes, and a stalled client's buffers, a few
+            hundred kB, fill in seconds)."""
             for _ in range(300):
                 async with AsyncTcpClient("127.0.0.1", port) as c:
                     await c.write_event(Synthesize(text=text).event())
@@ -224,6 +240,14 @@ def test_a_client_that_leaves_frees_its_place_and_sigterm_drains(house_voices, t
 
         run(leave_mid_audio())
         assert run(admitted("Hello again."))
+
+        async def stalled_then_admitted():
+            writer = await stop_reading()
+            try:
+                return await admitted("Hello once more.")
+            finally:
+                writer.close()
+        assert run(stalled_then_admitted())
 
         async def drained():
             async with AsyncTcpClient("127.0.0.1", port) as c:

@@ -32,10 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import platform
 import resource
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -472,7 +470,7 @@ def report(out: Path) -> str:
     line(f"encode {o.get('encode_seconds', '?')} s clip", "encode", "s", 1.0, 3)
     line(f"{batch} requests in one call, audio s per s", "throughput", "",
          fn=lambda s: throughput(s)[0])
-    line(f"  throughput vs 1 request (x)", "throughput", "", fn=lambda s: throughput(s)[1])
+    line("  throughput vs 1 request (x)", "throughput", "", fn=lambda s: throughput(s)[1])
     line("  host time to launch one forward (median)", "generate", "ms", 1e3, 1, field="forward_host_median")
     line("  per step outside the forward (scoring, fill)", "generate", "ms", 1e3, 1,
          field="outside_forward_per_step")

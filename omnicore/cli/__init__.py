@@ -42,6 +42,7 @@ import signal
 import threading
 
 from .. import __version__
+from ..checkpoint import HUB_REPO
 from ..errors import OmniCoreError
 from . import batch, codec, languages, reference, say, script, serve, warmup
 from .common import compile_notice, error, warnings_as_lines
@@ -60,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="omnicore",
         description="OmniVoice text-to-speech (600+ languages, voice cloning and voice design) "
                     "running on numpy: no torch needed.",
-        epilog="The first run downloads k2-fsa/OmniVoice (~3.3 GB) into the Hugging Face cache. "
+        epilog=f"The first run downloads {HUB_REPO} (~3.3 GB) into the Hugging Face cache. "
                "Offline smoke test: --model weights/tiny-random (random weights: noise).")
     p.add_argument("--version", action="version", version=f"omnicore {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")

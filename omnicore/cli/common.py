@@ -16,11 +16,11 @@ import threading
 import time
 import warnings
 
+from ..checkpoint import HUB_REPO
 from ..errors import InputError, KernelCacheWarning, RefTextMismatchWarning
+from ..model.backend import PRECISIONS
 
-DEFAULT_MODEL = os.environ.get("OMNICORE_MODEL", "k2-fsa/OmniVoice")
-# omnicore.model.backend.PRECISIONS, spelt out so that parsing arguments loads no array library
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+DEFAULT_MODEL = os.environ.get("OMNICORE_MODEL", HUB_REPO)
 
 
 def add_model_options(sp) -> None:
@@ -41,7 +41,7 @@ def model_name(value: str) -> str:
     if not value.strip():
         raise argparse.ArgumentTypeError(
             "the model is empty (an empty --model, or OMNICORE_MODEL set to nothing): give a "
-            "checkpoint directory or a hub repo id such as k2-fsa/OmniVoice")
+            f"checkpoint directory or a hub repo id such as {HUB_REPO}")
     return value
 
 

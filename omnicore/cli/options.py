@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import typing
 
-from ..model.config import GenerationConfig
+from ..model.config import FAST_PROFILE, PROFILES, GenerationConfig
 
 # What each GenerationConfig field does, in a line: the help of its option.
 FIELD_HELP = {
@@ -39,10 +39,25 @@ FIELD_HELP = {
     "audio_chunk_threshold": "a text estimated longer than this many seconds is cut into chunks",
     "pad_duration": "seconds of silence added at each end of the output",
     "fade_duration": "seconds of fade-in and fade-out at the ends of the output",
+    "profile": "exact (the reference's algorithm) or fast (approximate: prompt keys and values "
+               "reused between refreshes, the unconditional pass every few steps, 16 steps)",
+    "prefix_refresh": "fast profile: the prompt runs in full every this many steps, its keys "
+                      "and values reused in between",
+    "uncond_every": "fast profile: the unconditional pass runs every this many steps, its "
+                    "log-probs reused in between",
 }
 
-_FIELD_TYPES = typing.get_type_hints(GenerationConfig)  # field name -> int, float or bool
+_FIELD_TYPES = typing.get_type_hints(GenerationConfig)  # field name -> int, float, bool or str
 _DEFAULTS = GenerationConfig()
+# Fields whose default depends on the profile: their options default to None (the profile's).
+_BY_PROFILE = {name: (getattr(_DEFAULTS, name), FAST_PROFILE[name]) for name in FAST_PROFILE}
+
+
+def _default_help(name: str) -> str:
+    if name in _BY_PROFILE:
+        exact, fast = _BY_PROFILE[name]
+        return f"(default {exact}; {fast} with --profile fast)"
+    return "(default %(default)s)"
 
 
 def str2bool(value: str) -> bool:
@@ -68,14 +83,17 @@ def _seed(value: str) -> int:
 def add_field_option(group, name: str, flag: str) -> None:
     """Field `name` as this command line spells it: `flag` takes a value, or, for a field that
     is on by default, the switch `flag` (--no-...) turns it off."""
-    default = getattr(_DEFAULTS, name)
+    default = None if name in _BY_PROFILE else getattr(_DEFAULTS, name)
     if _FIELD_TYPES[name] is bool:
         group.add_argument(flag, dest=name, action="store_false", default=default,
                            help=f"do not {FIELD_HELP[name]}")
+    elif name == "profile":
+        group.add_argument(flag, dest=name, choices=PROFILES, default=None,
+                           help=f"{FIELD_HELP[name]} (default exact)")
     else:
         group.add_argument(flag, dest=name, type=_FIELD_TYPES[name], default=default,
                            metavar=flag.lstrip("-").upper(),
-                           help=f"{FIELD_HELP[name]} (default %(default)s)")
+                           help=f"{FIELD_HELP[name]} {_default_help(name)}")
 
 
 def add_generation_options(sp, texts: bool = True) -> None:
@@ -90,7 +108,10 @@ def add_generation_options(sp, texts: bool = True) -> None:
     else:
         sp.set_defaults(instruct=None, duration=None)
     g.add_argument("--speed", type=float, help="speaking rate factor, >1 faster (default 1.0)")
+    add_field_option(g, "profile", "--profile")
     add_field_option(g, "num_step", "--steps")
+    add_field_option(g, "prefix_refresh", "--prefix-refresh")
+    add_field_option(g, "uncond_every", "--uncond-every")
     add_field_option(g, "guidance_scale", "--guidance")
     g.add_argument("--seed", type=_seed, help="random seed (>= 0): same seed, same audio")
     g.add_argument("--greedy", action="store_true",
@@ -105,13 +126,16 @@ def add_generation_options(sp, texts: bool = True) -> None:
 def add_reference_options(sp, names) -> None:
     """`--<field>` for each field in `names`, in that order: the reference's flags."""
     for name in names:
-        default = getattr(_DEFAULTS, name)
+        default = None if name in _BY_PROFILE else getattr(_DEFAULTS, name)
         if _FIELD_TYPES[name] is bool:
             sp.add_argument(f"--{name}", type=str2bool, default=default, metavar="BOOL",
                             help=FIELD_HELP[name])
+        elif name == "profile":
+            sp.add_argument("--profile", choices=PROFILES, default=None,
+                            help=f"{FIELD_HELP[name]} (default exact)")
         else:
             sp.add_argument(f"--{name}", type=_FIELD_TYPES[name], default=default,
-                            help=FIELD_HELP[name])
+                            help=f"{FIELD_HELP[name]} {_default_help(name)}")
 
 
 def gen_kwargs(args) -> dict:
@@ -119,7 +143,9 @@ def gen_kwargs(args) -> dict:
     GenerationConfig field the command has an option for."""
     kw = dict(language=args.language, instruct=args.instruct, duration=args.duration,
               speed=args.speed, seed=args.seed)
-    kw.update({name: getattr(args, name) for name in _FIELD_TYPES if hasattr(args, name)})
+    # None: not given, the profile's own value (a profile's steps are not the exact 32)
+    kw.update({name: getattr(args, name) for name in _FIELD_TYPES
+               if getattr(args, name, None) is not None})
     if args.greedy:
         kw.update(position_temperature=0.0, class_temperature=0.0)
     if getattr(args, "normalize_text", False):

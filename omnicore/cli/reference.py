@@ -72,7 +72,7 @@ def cmd_infer_batch(args) -> int:
 
 # The GenerationConfig fields each reference command takes as `--<field>`, in its order.
 _KNOBS = ("num_step", "guidance_scale", "t_shift", "denoise", "postprocess_output",
-          "layer_penalty_factor", "position_temperature", "class_temperature")
+          "layer_penalty_factor", "position_temperature", "class_temperature", "profile")
 _BATCH_KNOBS = ("audio_chunk_duration", "audio_chunk_threshold", "preprocess_prompt")
 
 

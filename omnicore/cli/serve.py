@@ -10,6 +10,7 @@ import math
 import os
 
 from ..errors import ConfigError, InputError
+from ..model.config import PROFILES
 from . import common
 from .options import add_generation_options, gen_kwargs
 
@@ -44,7 +45,7 @@ def cmd_serve(args) -> int:
                  max_concurrency=args.max_concurrency, ui=args.ui, send_timeout=args.send_timeout,
                  idle_timeout=args.idle_timeout, grace=args.grace,
                  metrics_public=args.metrics_public, require_consent=args.require_consent,
-                 precision=args.precision, voice_aliases=aliases)
+                 precision=args.precision, voice_aliases=aliases, profile=args.profile)
     return 0
 
 
@@ -110,6 +111,10 @@ def add_parser(sub) -> None:
                                     "/health and /metrics (and with --ui the demo at /ui) from "
                                     "one model.")
     common.add_model_options(sv)
+    sv.add_argument("--profile", choices=PROFILES, default="exact",
+                    help="the generation profile of requests that name none: exact (default) or "
+                         "fast (approximate: docs/performance.md); a request's `profile` field "
+                         "chooses its own")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     sv.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
     add_server_options(sv, "speech requests")

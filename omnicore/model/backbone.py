@@ -8,7 +8,10 @@ which is exactly what the reference computes with its padded batch and boolean m
 
 Why there is no KV cache: attention is bidirectional, so every position's keys and values
 depend on every other position of its row, and each unmasking step changes the ids of the
-masked targets. Nothing computed in one step stays valid in the next.
+masked targets. Nothing computed in one step stays valid in the next. The approximate "fast"
+profile keeps one all the same: a row can write the keys and values of its prompt positions to
+a `PromptCache` when it runs in full, and a later run of its targets alone reads them instead
+of recomputing the prompt (`Packing.caches`), accepting that they are a few steps old.
 
 Read in this order: the parameters, the packing, the two GEMM helpers, then the model
 (`embed`, `attention`, `decoder_layer`, `audio_logits`, `forward_rows`). `decoder_layer` is a
@@ -89,13 +92,43 @@ class BackboneParams:
 
 
 @dataclass(frozen=True)
+class PromptCache:
+    """The keys and values of the first P positions of one row (a pass's prompt: style and text
+    tokens, reference frames), after q/k norm and rotation, per layer: what the fast profile
+    keeps between the steps that run the row in full (which write them) and the steps that run
+    only its targets (which read them)."""
+
+    k: np.ndarray  # [layers, P, K*E]
+    v: np.ndarray  # [layers, P, K*E]
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[1]
+
+
+def make_prompt_cache(cfg: OmniVoiceConfig, length: int) -> PromptCache:
+    q = cfg.llm_config
+    shape = (q.num_hidden_layers, length, q.num_key_value_heads * q.head_dim)
+    return PromptCache(xp.zeros(shape, dtype=xp.float32), xp.zeros(shape, dtype=xp.float32))
+
+
+@dataclass(frozen=True)
 class Packing:
-    """Where each row lives in the packed token axis, and the rotary tables for it."""
+    """Where each row lives in the packed token axis, the rotary tables for it, and which rows
+    keep or read a prompt cache.
+
+    Row r covers positions offsets[r] .. offsets[r] + lengths[r] - 1 of its sequence (0 .. L-1
+    for a whole row). With caches[r] given, a row at offset 0 writes its first
+    caches[r].length positions' keys and values to it, and a row at offset P = caches[r].length
+    (its targets alone) attends to those P cached positions before its own (`reads`).
+    """
 
     lengths: tuple[int, ...]  # L of every row
     starts: tuple[int, ...]  # offset of every row in [0, N)
     cos: np.ndarray  # [N, E]
     sin: np.ndarray  # [N, E]
+    offsets: tuple[int, ...] = ()  # first position of every row (() : all 0)
+    caches: tuple = ()  # PromptCache or None per row (() : none)
     # device index arrays made by `tail_index`, by num_out (one copy to the device per packing)
     _tails: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -103,19 +136,42 @@ class Packing:
     def num_tokens(self) -> int:
         return sum(self.lengths)
 
+    def cache(self, r: int) -> PromptCache | None:
+        return self.caches[r] if self.caches else None
+
+    def reads(self, r: int) -> bool:
+        """Whether row r attends to its prompt cache (it is the targets alone)."""
+        return bool(self.offsets) and self.offsets[r] > 0  # (make_packing: then it has one)
+
+    def keys(self, r: int) -> int:
+        """Keys row r attends to: its own positions, and a read cache's before them."""
+        return self.lengths[r] + (self.cache(r).length if self.reads(r) else 0)
+
     def padded_rows(self):
         """The rows as one padded batch, for attention in a single batched call on the device:
         gather [R, Lmax] (packed position of row r's l-th token; past the row's end its last
-        token, so padded queries stay finite), key_bias [R, 1, Lmax] (0, or -inf past the end)
-        and scatter [N] (where each packed token sits in the flattened [R * Lmax] batch)."""
+        token, so padded queries stay finite), key_gather [R, Lk] (where row r's l-th key is
+        in the packed keys followed by the read caches' keys, in row order), key_bias [R, 1, Lk]
+        (0, or -inf past the row's keys) and scatter [N] (where each packed token sits in the
+        flattened [R * Lmax] batch)."""
         if "padded" not in self._tails:
             R, Lmax = len(self.lengths), max(self.lengths)
-            l = np.arange(Lmax)
+            Lk = max(self.keys(r) for r in range(R))
+            l, lk = np.arange(Lmax), np.arange(Lk)
             gather = np.array([s + np.minimum(l, n - 1) for s, n in zip(self.starts, self.lengths)])
-            bias = np.where(l[None, :] < np.array(self.lengths)[:, None], 0.0, -np.inf).astype(np.float32)
+            key_rows, cached = [], self.num_tokens
+            for r, (s, n) in enumerate(zip(self.starts, self.lengths)):
+                own = s + np.arange(n)
+                if self.reads(r):  # the cache's P keys (after the packed ones) come first
+                    P = self.cache(r).length
+                    own = np.concatenate([cached + np.arange(P), own])
+                    cached += P
+                key_rows.append(own[np.minimum(lk, len(own) - 1)])
+            keys = np.array([self.keys(r) for r in range(R)])
+            bias = np.where(lk[None, :] < keys[:, None], 0.0, -np.inf).astype(np.float32)
             scatter = np.concatenate([r * Lmax + np.arange(n) for r, n in enumerate(self.lengths)])
-            self._tails["padded"] = (to_device(gather), to_device(bias.reshape(R, 1, Lmax)),
-                                     to_device(scatter))
+            self._tails["padded"] = (to_device(gather), to_device(np.array(key_rows)),
+                                     to_device(bias.reshape(R, 1, Lk)), to_device(scatter))
         return self._tails["padded"]
 
     def tail_index(self, num_out: Sequence[int]):
@@ -137,15 +193,24 @@ def rope_inv_freq(cfg: OmniVoiceConfig) -> np.ndarray:
     return np.float32(1.0) / power
 
 
-def make_packing(lengths: Sequence[int], cfg: OmniVoiceConfig) -> Packing:
-    """Pack rows of the given lengths; positions restart at 0 in every row."""
+def make_packing(lengths: Sequence[int], cfg: OmniVoiceConfig, offsets: Sequence[int] = (),
+                 caches: Sequence = ()) -> Packing:
+    """Pack rows of the given lengths; positions restart at 0 in every row, or at offsets[r]
+    (a row's targets after its cached prompt). `caches`: a PromptCache or None per row."""
     lengths = tuple(int(n) for n in lengths)
+    offsets = tuple(int(o) for o in offsets) or (0,) * len(lengths)
+    caches = tuple(caches) if any(c is not None for c in caches) else ()
+    for r, o in enumerate(offsets):  # a row starts at 0, or right after its cached prompt
+        if o and (not caches or caches[r] is None or caches[r].length != o):
+            raise ValueError(f"row {r} starts at position {o} without a prompt cache of {o}")
     starts = tuple(int(s) for s in np.cumsum((0,) + lengths[:-1]))
-    positions = np.concatenate([np.arange(n, dtype=np.float32) for n in lengths])  # [N]
+    positions = np.concatenate([np.arange(o, o + n, dtype=np.float32)
+                                for o, n in zip(offsets, lengths)])  # [N]
     angles = positions[:, None] * rope_inv_freq(cfg)[None, :]  # [N] x [E/2] -> [N, E/2]
     # Half-split RoPE: the two halves of a head share the same angles (not interleaved pairs).
     angles = np.concatenate([angles, angles], axis=1)  # [N, E/2] -> [N, E]
-    return Packing(lengths, starts, to_device(np.cos(angles)), to_device(np.sin(angles)))
+    return Packing(lengths, starts, to_device(np.cos(angles)), to_device(np.sin(angles)),
+                   offsets if any(offsets) else (), caches)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,16 +221,24 @@ def make_packing(lengths: Sequence[int], cfg: OmniVoiceConfig) -> Packing:
 def linear(x, w, out=None, precision: str = "fp32"):
     """x [..., in] @ w.T for a projection w kept in the checkpoint's [out, in] layout, into
     `out` when given. x is first rounded, in place, to what `precision` feeds a GEMM
-    (backend.PRECISIONS; w was rounded once, at load; "fp32" leaves both as they are)."""
+    (backend.PRECISIONS; w was rounded once, at load; "fp32" leaves both as they are). On a
+    device, bf16 and fp16 multiply half-precision arrays instead (w stored so; x converted),
+    accumulating in float32: the same products."""
     if precision != "fp32":
+        if w.dtype != xp.float32:  # a half-precision weight (backend.half_gemm)
+            return backend.matmul_half(backend.to_half(x, precision), w.T, precision, out)
         backend.round_gemm_input(x, precision)
     return backend.matmul(x, w.T, out=out)
 
 
 def bmm(a, b, out=None, precision: str = "fp32"):
     """a @ b for attention's batched products of activations ([..., M, K] @ [..., K, N]), both
-    rounded in place to `precision` first, into `out` when given."""
+    rounded in place to `precision` first, into `out` when given (as half-precision arrays on
+    a device, like `linear`)."""
     if precision != "fp32":
+        if backend.half_gemm(precision):
+            return backend.matmul_half(backend.to_half(a, precision), backend.to_half(b, precision),
+                                       precision, out)
         backend.round_gemm_input(a, precision)
         backend.round_gemm_input(b, precision)
     return backend.matmul(a, b, out=out)
@@ -197,9 +270,10 @@ def embed(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, out=Non
 
 
 def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Workspace,
-              precision: str = "fp32"):
+              precision: str = "fp32", layer: int = 0):
     """Bidirectional grouped-query self-attention within each packed row: h [N, D] ->
-    work.attn [N, H*E] (before o_proj). `work` holds the queries, keys, values and scores."""
+    work.attn [N, H*E] (before o_proj). `work` holds the queries, keys, values and scores;
+    `layer` is this layer's index in the rows' prompt caches (`Packing.caches`)."""
     q_cfg = cfg.llm_config
     E, K = q_cfg.head_dim, q_cfg.num_key_value_heads
     G = q_cfg.num_attention_heads // K
@@ -209,16 +283,22 @@ def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Wor
     # Qwen3 normalises every query/key head before the rotation (keeps the logits bounded).
     kernels.qk_norm_rope(work.q, work.k, lp.q_norm, lp.k_norm, pack.cos, pack.sin,
                          q_cfg.rms_norm_eps, work.qg)  # q -> qg [K, N, G*E]; k in place
-    return _attend(pack, work, K, G, E, E ** -0.5, precision)
+    for r, c in enumerate(pack.caches):  # a whole row keeps its prompt's keys and values
+        if c is not None and not pack.reads(r):
+            start = pack.starts[r]
+            c.k[layer] = work.k[start:start + c.length]  # [P, K*E]
+            c.v[layer] = work.v[start:start + c.length]
+    return _attend(pack, work, K, G, E, E ** -0.5, precision, layer)
 
 
 def decoder_layer(lp: LayerParams, cfg: OmniVoiceConfig, x, pack: Packing, work: Workspace,
-                  precision: str = "fp32"):
+                  precision: str = "fp32", layer: int = 0):
     """One pre-norm Qwen3 decoder layer: x [N, D] -> a new [N, D]. (`work`: attention's
-    scratch.) `hidden_states` runs its fused form, `_layer_fused`, which gives the same bits."""
+    scratch; `layer`: its index, for the prompt caches.) `hidden_states` runs its fused form,
+    `_layer_fused`, which gives the same bits."""
     eps = cfg.llm_config.rms_norm_eps
     h = kernels.rms_norm(x, lp.input_layernorm, eps)  # [N, D]
-    attn = attention(lp, cfg, h, pack, work, precision)  # [N, D] -> [N, H*E]
+    attn = attention(lp, cfg, h, pack, work, precision, layer)  # [N, D] -> [N, H*E]
     x = x + linear(attn, lp.o_proj, None, precision)  # [N, H*E] -> [N, D]
     h = kernels.rms_norm(x, lp.post_attention_layernorm, eps)
     gate = linear(h, lp.gate_proj, None, precision)  # [N, D] -> [N, F]
@@ -239,7 +319,7 @@ def hidden_states(params: BackboneParams, cfg: OmniVoiceConfig, x, pack: Packing
     kernels.rms_norm(work.x, layers[0].input_layernorm, cfg.llm_config.rms_norm_eps, out=work.h)
     for i, lp in enumerate(layers):
         nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else None
-        _layer_fused(lp, cfg, pack, work, next_norm=nxt, precision=params.precision)
+        _layer_fused(lp, cfg, pack, work, next_norm=nxt, precision=params.precision, layer=i)
     return work.x
 
 
@@ -272,7 +352,9 @@ def forward_rows(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, 
         h = hidden_states(params, cfg, work.x, pack, work)  # [N, D]
         return audio_logits(params, cfg, h[tails])  # [C, sum(num_out), V]
 
-    logits = backend.replay(work.replays, (id(params), tuple(num_out)), layers_and_heads)
+    caches = tuple((id(c.k), pack.reads(r)) if c is not None else None
+                   for r, c in enumerate(pack.caches))  # recorded work writes / reads these
+    logits = backend.replay(work.replays, (id(params), tuple(num_out), caches), layers_and_heads)
     if whole:
         return logits
     bounds = np.cumsum(num_out)[:-1].tolist()
@@ -300,7 +382,7 @@ class Workspace:
     v: np.ndarray  # [N, K*E] values
     qg: np.ndarray  # [K, N, G*E] queries grouped by kv head: per row one [L*G, E] matrix
     attn: np.ndarray  # [N, H*E] attention output, heads in the checkpoint's order
-    scores: np.ndarray  # [K * max L * G * max L] flat: one row's [K, L*G, L] scores
+    scores: np.ndarray  # [K * G * max L*Lk] flat: one row's [K, L*G, Lk] scores (Lk keys)
     heads_out: np.ndarray  # [K * max L * G * E] flat: one row's [K, L*G, E] outputs
     inv_sums: np.ndarray  # [K * max L * G]: 1 / softmax row sums of one row
     gate: np.ndarray  # [N, F]
@@ -309,24 +391,34 @@ class Workspace:
     replays: dict = field(default_factory=dict, compare=False, repr=False)
 
 
-def make_workspace(cfg: OmniVoiceConfig, pack: Packing) -> Workspace:
+def make_workspace(cfg: OmniVoiceConfig, pack: Packing, within: Workspace | None = None) -> Workspace:
+    """The buffers of `pack`: new, or views of the start of `within`'s (a workspace at least as
+    large in every buffer), so that the fast profile's smaller layouts of one set of rows share
+    the memory of their largest."""
     q = cfg.llm_config
     N, D, F, E = pack.num_tokens, q.hidden_size, q.intermediate_size, q.head_dim
     H, K = q.num_attention_heads, q.num_key_value_heads
     G, Lmax = H // K, max(pack.lengths)
+    square = max(L * pack.keys(r) for r, L in enumerate(pack.lengths))  # queries x keys of a row
 
-    def buf(*shape):
-        return xp.empty(shape, dtype=xp.float32)
+    def buf(name, *shape):
+        if within is None:
+            return xp.empty(shape, dtype=xp.float32)
+        flat = getattr(within, name).reshape(-1)
+        if flat.size < np.prod(shape):
+            raise ValueError(f"workspace buffer {name} too small for this packing")
+        return flat[:int(np.prod(shape))].reshape(shape)
 
-    return Workspace(x=buf(N, D), h=buf(N, D), d=buf(N, D), q=buf(N, H * E), k=buf(N, K * E),
-                     v=buf(N, K * E), qg=buf(K, N, G * E), attn=buf(N, H * E),
-                     scores=buf(K * Lmax * G * Lmax), heads_out=buf(K * Lmax * G * E),
-                     inv_sums=buf(K * Lmax * G),
-                     gate=buf(N, F), up=buf(N, F))
+    return Workspace(x=buf("x", N, D), h=buf("h", N, D), d=buf("d", N, D), q=buf("q", N, H * E),
+                     k=buf("k", N, K * E), v=buf("v", N, K * E), qg=buf("qg", K, N, G * E),
+                     attn=buf("attn", N, H * E), scores=buf("scores", K * G * square),
+                     heads_out=buf("heads_out", K * Lmax * G * E),
+                     inv_sums=buf("inv_sums", K * Lmax * G),
+                     gate=buf("gate", N, F), up=buf("up", N, F))
 
 
 def _layer_fused(lp: LayerParams, cfg: OmniVoiceConfig, pack: Packing, work: Workspace,
-                 next_norm=None, precision: str = "fp32"):
+                 next_norm=None, precision: str = "fp32", layer: int = 0):
     """`decoder_layer` on work.x, in place, in the workspace's buffers.
 
     On entry work.h holds rms_norm(x) with this layer's input norm. Each residual add is fused
@@ -335,7 +427,7 @@ def _layer_fused(lp: LayerParams, cfg: OmniVoiceConfig, pack: Packing, work: Wor
     same order as decoder_layer's: equal bit for bit.
     """
     eps = cfg.llm_config.rms_norm_eps
-    attn = attention(lp, cfg, work.h, pack, work, precision)  # [N, D] -> [N, H*E]
+    attn = attention(lp, cfg, work.h, pack, work, precision, layer)  # [N, D] -> [N, H*E]
     linear(attn, lp.o_proj, work.d, precision)  # [N, H*E] -> [N, D]
     kernels.add_rms_norm(work.x, work.d, lp.post_attention_layernorm, eps, work.h)
     linear(work.h, lp.gate_proj, work.gate, precision)  # [N, D] -> [N, F]
@@ -349,47 +441,58 @@ def _layer_fused(lp: LayerParams, cfg: OmniVoiceConfig, pack: Packing, work: Wor
 
 
 def _attend_rows(pack: Packing, work: Workspace, K: int, G: int, E: int, scale: float,
-                 precision: str = "fp32"):
+                 precision: str = "fp32", layer: int = 0):
     """Attention of the rotated queries work.qg over keys work.k and values work.v, row by row
-    -> work.attn [N, H*E]. (On a device: `_attend_padded`, the rows as one padded batch.)"""
-    for start, L in zip(pack.starts, pack.lengths):
+    -> work.attn [N, H*E]; a row that reads its prompt cache attends to the cache's keys and
+    values of `layer` first. (On a device: `_attend_padded`, the rows as one padded batch.)"""
+    for r, (start, L) in enumerate(zip(pack.starts, pack.lengths)):
         rows, lg = slice(start, start + L), L * G
+        keys, values = work.k[rows], work.v[rows]  # [L, K*E]
+        if pack.offsets and pack.reads(r):  # the prompt's kept keys and values, then the row's own
+            c = pack.cache(r)
+            keys = xp.concatenate((c.k[layer], keys))  # [P + L, K*E]
+            values = xp.concatenate((c.v[layer], values))
+        Lk = keys.shape[0]
         # Query head h = kv * G + g reads key/value head kv (the reference's repeat_kv order):
         # per kv head, its G heads' queries of every position form one [L*G, E] matrix, and K/V
         # are read in place. One batched call runs the K GEMMs of each kind.
         q3 = work.qg[:, rows].reshape(K, lg, E)  # [K, L, G*E] -> [K, L*G, E] (view)
-        k3 = work.k[rows].reshape(L, K, E).transpose(1, 2, 0)  # [L, K*E] -> [K, E, L] (view)
-        v3 = work.v[rows].reshape(L, K, E).transpose(1, 0, 2)  # [L, K*E] -> [K, L, E] (view)
-        s = work.scores[:K * lg * L].reshape(K, lg, L)
-        bmm(q3, k3, s, precision)  # [K, L*G, E] @ [K, E, L] -> [K, L*G, L]
+        k3 = keys.reshape(Lk, K, E).transpose(1, 2, 0)  # [Lk, K*E] -> [K, E, Lk] (view)
+        v3 = values.reshape(Lk, K, E).transpose(1, 0, 2)  # [Lk, K*E] -> [K, Lk, E] (view)
+        s = work.scores[:K * lg * Lk].reshape(K, lg, Lk)
+        bmm(q3, k3, s, precision)  # [K, L*G, E] @ [K, E, Lk] -> [K, L*G, Lk]
         # No causal mask: every frame attends to the whole row, future included. The
         # weights stay unnormalised; the [L*G, E] output rows are scaled instead.
         inv = work.inv_sums[:K * lg]
-        kernels.softmax_rows(s.reshape(K * lg, L), scale, inv)
+        kernels.softmax_rows(s.reshape(K * lg, Lk), scale, inv)
         o = work.heads_out[:K * lg * E].reshape(K, lg, E)
-        bmm(s, v3, o, precision)  # [K, L*G, L] @ [K, L, E] -> [K, L*G, E]
+        bmm(s, v3, o, precision)  # [K, L*G, Lk] @ [K, Lk, E] -> [K, L*G, E]
         kernels.scale_heads_into(o, inv, work.attn[rows])  # -> [L, H*E], heads in order
     return work.attn
 
 
 def _attend_padded(pack: Packing, work: Workspace, K: int, G: int, E: int, scale: float,
-                   precision: str = "fp32"):
+                   precision: str = "fp32", layer: int = 0):
     """`_attend_rows`' loop over rows as one padded batch (the device path: a loop over rows would
     launch a dozen small kernels per row and layer). Keys past a row's end get -inf scores,
-    so every real query sees exactly its own row, as in the loop; the results differ from the
-    loop's only by the rounding of GEMMs of another shape."""
-    gather, key_bias, scatter = pack.padded_rows()
+    so every real query sees exactly its own row (and its read prompt cache), as in the loop;
+    the results differ from the loop's only by the rounding of GEMMs of another shape."""
+    gather, key_gather, key_bias, scatter = pack.padded_rows()
     R, Lmax = gather.shape
+    Lk = key_gather.shape[1]
+    read = [pack.cache(r) for r in range(R) if pack.reads(r)]
+    keys = xp.concatenate([work.k] + [c.k[layer] for c in read]) if read else work.k  # [N + ..., K*E]
+    values = xp.concatenate([work.v] + [c.v[layer] for c in read]) if read else work.v
     q = work.qg[:, gather].reshape(K, R, Lmax * G, E)  # [K, N, G*E] -> [K, R, Lmax*G, E]
-    kv = (work.k[gather].reshape(R, Lmax, K, E), work.v[gather].reshape(R, Lmax, K, E))
-    k4 = kv[0].transpose(2, 0, 3, 1)  # [R, Lmax, K, E] -> [K, R, E, Lmax]
-    v4 = kv[1].transpose(2, 0, 1, 3)  # [R, Lmax, K, E] -> [K, R, Lmax, E]
-    s = bmm(q, k4, precision=precision)  # -> [K, R, Lmax*G, Lmax]
-    s += key_bias  # [R, 1, Lmax] broadcast: padded keys get no weight
+    kv = (keys[key_gather].reshape(R, Lk, K, E), values[key_gather].reshape(R, Lk, K, E))
+    k4 = kv[0].transpose(2, 0, 3, 1)  # [R, Lk, K, E] -> [K, R, E, Lk]
+    v4 = kv[1].transpose(2, 0, 1, 3)  # [R, Lk, K, E] -> [K, R, Lk, E]
+    s = bmm(q, k4, precision=precision)  # -> [K, R, Lmax*G, Lk]
+    s += key_bias  # [R, 1, Lk] broadcast: padded keys get no weight
     inv = xp.empty(K * R * Lmax * G, dtype=xp.float32)
     # matmul may lay s out in its inputs' order (with G = 1, q is a gather's strided result), and
     # then reshape copies: keep the 2-D array the softmax ran on in place, not the original s
-    rows = s.reshape(-1, Lmax)
+    rows = s.reshape(-1, Lk)
     kernels.softmax_rows(rows, scale, inv)  # unnormalised, inv = 1 / row sums
     s = rows.reshape(s.shape)
     o = bmm(s, v4, precision=precision) * inv.reshape(K, R, Lmax * G, 1)  # -> [K, R, Lmax*G, E]
@@ -427,6 +530,8 @@ def load_params(reader, cfg: OmniVoiceConfig, precision: str = "fp32") -> Backbo
 
     def matrix(key, n_out, n_in):  # kept [out, in]; used as x @ W.T, rounded once, here
         w = to_device(reader.take(key, (n_out, n_in), np.float32))
+        if backend.half_gemm(precision):  # a device's half-precision GEMMs: stored as such
+            return backend.to_half(w, precision)
         return w if precision == "fp32" else backend.round_gemm_input(w.copy(), precision)
 
     layers = []

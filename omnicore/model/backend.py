@@ -173,6 +173,37 @@ def check_precision(precision) -> str:
     return precision
 
 
+# On a device, bf16 and fp16 GEMMs take half-precision arrays and accumulate in float32 (the
+# tensor cores' own flow): weights stored so at load, activations converted before each product,
+# results float32 (`half_gemm`). bfloat16 has no array dtype of its own: its 16 bits live in
+# uint16 arrays. On numpy (no such GEMM) the rounding above stands in: the same products.
+HALF = ("bf16", "fp16")
+
+
+def half_gemm(precision: str) -> bool:
+    """Whether `precision`'s GEMMs take half-precision arrays here (on a device backend)."""
+    if not _fixed:
+        _fix()
+    return precision in HALF and _device is not None
+
+
+def to_half(x, precision: str):
+    """float32 x -> a new half-precision array of it, rounded to nearest even: float16, or the
+    bfloat16 bits as uint16."""
+    if precision == "fp16":
+        return x.astype(xp.float16)
+    bits = xp.ascontiguousarray(x).view(xp.uint32)
+    bits = bits + ((bits >> 16) & 1) + xp.uint32(0x7FFF)  # ties to even
+    return (bits >> 16).astype(xp.uint16)
+
+
+def from_half(h, precision: str):
+    """A half-precision array (to_half's) -> float32, exactly."""
+    if precision == "fp16":
+        return h.astype(xp.float32)
+    return (h.astype(xp.uint32) << 16).view(xp.float32)
+
+
 def round_gemm_input(x, precision: str):
     """x (float32) rounded in place to what `precision` feeds a GEMM; returns x."""
     if precision == "fp32":
@@ -290,6 +321,8 @@ class _GraphReplay:
 # workspace is allocated when the handle is made.
 
 _F4 = 4  # bytes per float32
+_CUDA_R_32F, _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT = 0, 68, -1
+_CUDA_TYPES = {"fp16": 2, "bf16": 14}  # cudaDataType of float16 and bfloat16 inputs
 
 
 def matmul(a, b, out=None):
@@ -300,11 +333,20 @@ def matmul(a, b, out=None):
     return _cublas_matmul(a, b, out)
 
 
+def matmul_half(a, b, precision: str, out=None):
+    """a @ b of two half-precision arrays (to_half's, `precision` "bf16" or "fp16"), accumulated
+    and returned in float32: on CuPy one cuBLAS GemmEx (tensor cores); on another device backend
+    both widened to float32 first, which gives the same products as the rounded float32 GEMM."""
+    if _CUBLAS and min(a.shape + b.shape) > 0:
+        return _cublas_matmul(a, b, out, _CUDA_TYPES[precision])
+    return matmul(from_half(a, precision), from_half(b, precision), out)
+
+
 def _layout(x):
     """(op, ld) with which cuBLAS reads x's last two axes as the column-major matrix x^T:
     op 0 when rows are contiguous (x^T stored as is), 1 for a transposed view; None otherwise."""
     r, c = x.shape[-2:]
-    s0, s1 = x.strides[-2] // _F4, x.strides[-1] // _F4
+    s0, s1 = x.strides[-2] // x.itemsize, x.strides[-1] // x.itemsize
     if (s1 == 1 or c == 1) and (s0 >= c or r == 1):
         return 0, max(s0 if r > 1 else c, c, 1)
     if (s0 == 1 or r == 1) and (s1 >= r or c == 1):
@@ -319,7 +361,7 @@ def _batch_stride(x):
     stride = None
     expect = None
     for n, s in zip(reversed(x.shape[:-2]), reversed(x.strides[:-2])):
-        s //= _F4
+        s //= x.itemsize
         if n == 1:
             continue
         if stride is None:
@@ -331,7 +373,9 @@ def _batch_stride(x):
     return stride if stride is not None else 0
 
 
-def _cublas_matmul(a, b, out):
+def _cublas_matmul(a, b, out, half=None):
+    """The cuBLAS call of `matmul` (float32: Sgemm) and `matmul_half` (`half`: the inputs'
+    cudaDataType; GemmEx with float32 output and compute)."""
     batch = a.shape[:-2] if a.ndim > 2 else b.shape[:-2]
     if (a.ndim > 2 and b.ndim > 2 and a.shape[:-2] != b.shape[:-2]) or a.shape[-1] != b.shape[-2]:
         return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
@@ -354,7 +398,16 @@ def _cublas_matmul(a, b, out):
     lib.cublasSetStream_v2(h, xp.cuda.get_current_stream().ptr)
     lib.cublasSetPointerMode_v2(h, 0)  # alpha, beta on the host
     one, zero = ctypes.addressof(_CUBLAS.one), ctypes.addressof(_CUBLAS.zero)
-    if count == 1:
+    if half is not None and count == 1:
+        st = lib.cublasGemmEx(h, opb, opa, N, M, K, one, pb.data.ptr, half, ldb, pa.data.ptr,
+                              half, lda, zero, c.data.ptr, _CUDA_R_32F, N, _CUBLAS_COMPUTE_32F,
+                              _CUBLAS_GEMM_DEFAULT)
+    elif half is not None:
+        st = lib.cublasGemmStridedBatchedEx(h, opb, opa, N, M, K, one, pb.data.ptr, half, ldb, sb,
+                                            pa.data.ptr, half, lda, sa, zero, c.data.ptr,
+                                            _CUDA_R_32F, N, M * N, count, _CUBLAS_COMPUTE_32F,
+                                            _CUBLAS_GEMM_DEFAULT)
+    elif count == 1:
         st = lib.cublasSgemm_v2(h, opb, opa, N, M, K, one, pb.data.ptr, ldb, pa.data.ptr, lda,
                                 zero, c.data.ptr, N)
     else:
@@ -384,6 +437,9 @@ class _Cublas:
         self.lib.cublasSgemm_v2.argtypes = [P, I, I, I, I, I, P, P, I, P, I, P, P, I]
         self.lib.cublasSgemmStridedBatched.argtypes = [P, I, I, I, I, I, P, P, I, L, P, I, L,
                                                        P, P, I, L, I]
+        self.lib.cublasGemmEx.argtypes = [P, I, I, I, I, I, P, P, I, I, P, I, I, P, P, I, I, I, I]
+        self.lib.cublasGemmStridedBatchedEx.argtypes = [P, I, I, I, I, I, P, P, I, I, L, P, I, I,
+                                                        L, P, P, I, I, L, I, I, I]
         self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
 
 

@@ -167,9 +167,28 @@ class OmniVoiceConfig:
         return cfg
 
 
+# The generation profiles. "exact" is the reference's algorithm, every step in full. "fast"
+# approximates it: each pass keeps the keys and values of its prompt positions and reruns only
+# its targets between refreshes, and reuses the unconditional log-probs between recomputations
+# (docs/performance.md says what is and is not known of its quality).
+PROFILES = ("exact", "fast")
+# The fast profile's settings: the steps and reuse periods measured by others on real weights.
+FAST_PROFILE = {"num_step": 16, "prefix_refresh": 8, "uncond_every": 3}
+MAX_STEPS = 1000
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
-    """Sampling knobs of the iterative unmasking, with the reference's defaults."""
+    """Sampling knobs of the iterative unmasking, with the reference's defaults.
+
+    `profile`, `prefix_refresh` and `uncond_every` choose between the exact algorithm and its
+    approximation: with profile "fast" the conditional row runs in full only every
+    `prefix_refresh` steps (between those, its targets alone, attending to the prompt's kept
+    keys and values) and the unconditional row every `uncond_every` steps (its log-probs kept
+    in between). "exact" requires both at 1. `GenerationConfig.for_profile("fast")` (or
+    `profile="fast"` on a call) gives the fast profile's own settings (`FAST_PROFILE`); fast
+    with both knobs at 1 computes exactly what exact computes.
+    """
 
     num_step: int = 32
     guidance_scale: float = 2.0
@@ -184,6 +203,9 @@ class GenerationConfig:
     audio_chunk_threshold: float = 30.0
     pad_duration: float = 0.1
     fade_duration: float = 0.1
+    profile: str = "exact"
+    prefix_refresh: int = 1  # fast: the conditional row in full every this many steps
+    uncond_every: int = 1  # fast: the unconditional row every this many steps
 
     def __post_init__(self):
         from ..errors import InputError
@@ -194,8 +216,15 @@ class GenerationConfig:
                 raise InputError(f"{name} must be a finite number, got {v!r}")
             return v
 
-        if isinstance(self.num_step, bool) or not isinstance(self.num_step, int) or not 1 <= self.num_step <= 1000:
-            raise InputError(f"num_step must be an integer between 1 and 1000, got {self.num_step!r}")
+        for name in ("num_step", "prefix_refresh", "uncond_every"):  # a period >= num_step: once
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_STEPS:
+                raise InputError(f"{name} must be an integer between 1 and {MAX_STEPS}, got {v!r}")
+        if self.profile not in PROFILES:
+            raise InputError(f"profile must be one of {', '.join(map(repr, PROFILES))}, got {self.profile!r}")
+        if self.profile == "exact" and (self.prefix_refresh, self.uncond_every) != (1, 1):
+            raise InputError("prefix_refresh and uncond_every approximate the algorithm: they need "
+                             "profile='fast' (exact runs every step in full)")
         for name in ("guidance_scale", "layer_penalty_factor", "position_temperature",
                      "class_temperature", "pad_duration", "fade_duration"):
             if finite(name) < 0:
@@ -209,6 +238,25 @@ class GenerationConfig:
     def from_dict(cls, d: dict[str, Any]) -> "GenerationConfig":
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+    def full_row_at(self, step: int) -> bool:
+        """Whether a pass's conditional row runs in full at `step` (0-based; else its targets
+        alone, on its prompt's kept keys and values): every step for exact."""
+        return step % self.prefix_refresh == 0
+
+    def uncond_at(self, step: int) -> bool:
+        """Whether a guided pass's unconditional row runs at `step` (else its last log-probs
+        are reused): every step for exact."""
+        return step % self.uncond_every == 0
+
+    @classmethod
+    def for_profile(cls, profile: str = "exact", **fields_) -> "GenerationConfig":
+        """The settings of `profile` ("exact": the reference's defaults; "fast": FAST_PROFILE
+        on top of them), then `fields_` (InputError for an unknown profile)."""
+        if profile not in PROFILES:
+            raise InputError(f"profile must be one of {', '.join(map(repr, PROFILES))}, got {profile!r}")
+        base = FAST_PROFILE if profile == "fast" else {}
+        return cls(**{**base, "profile": profile, **fields_})
 
 
 # --- Higgs Audio V2 codec ---
@@ -420,20 +468,24 @@ HOP_LENGTH = 960
 FRAME_RATE = SAMPLE_RATE // HOP_LENGTH
 
 
-def resolve_generation_config(generation_config, kwargs: dict) -> GenerationConfig:
+def resolve_generation_config(generation_config, kwargs: dict,
+                              default_profile: str = "exact") -> GenerationConfig:
     """The GenerationConfig of a call from `generation_config` (a GenerationConfig, a dict of
     its fields, or None) and keyword arguments naming its fields.
 
     The reference lets `generation_config` silently win over the keyword arguments; here a
     keyword that disagrees with it is an InputError (it would be ignored), one that agrees is
-    fine. Unknown names are an InputError.
+    fine. Unknown names are an InputError. Without `generation_config`, the keyword `profile`
+    (else `default_profile`: the model's) picks the base settings (`GenerationConfig.for_profile`)
+    and the other keywords change them.
     """
     names = {f.name for f in fields(GenerationConfig)}
     unknown = set(kwargs) - names
     if unknown:
         raise InputError(f"unknown argument(s): {', '.join(sorted(unknown))}")
     if generation_config is None:
-        gen = GenerationConfig(**kwargs)
+        rest = {k: v for k, v in kwargs.items() if k != "profile"}
+        gen = GenerationConfig.for_profile(kwargs.get("profile", default_profile), **rest)
         validate_sampling(gen)
         return gen
     if isinstance(generation_config, dict):

@@ -10,6 +10,11 @@ set of passes does not change (`PackCache`), so a step allocates nearly nothing 
 array of noise to the device at most. Only class sampling goes pass by pass (its [C, T, V]
 log-probabilities, one pass at a time).
 
+With the fast profile a step may run a pass's conditional row as its targets alone and skip
+its unconditional row (`PassState.rows_now`): such a step's layout of rows gets its own packing
+and plan (`_Packed.layout`), its workspace a view of the whole rows' one, its ids gathered from
+the packed ids, and a skipped row's kept logits are scored after the forward's.
+
 Every pass gets exactly what `unmask_step` would give it on its own rows: the same arithmetic
 per cell (one scoring routine behind both kernels), the same noise drawn from its generator in
 the same order, the same stable ordering of scores. tests/test_packed_unmasking.py checks codes
@@ -93,6 +98,7 @@ class _Packed:
         guided = [s for s in states if s.use_uncond]
         rows = [(s, 0) for s in states] + [(s, 1) for s in guided]
         self.ids = xp.concatenate([s.rows[i][0] for s, i in rows], axis=1)  # [C, N]
+        self.mask = np.concatenate([to_numpy(s.rows[i][1]) for s, i in rows])  # [N] on the host
         starts, at = {}, 0
         for s, i in rows:  # the passes' rows become views of the packed ids
             ids, mask = s.rows[i]
@@ -127,6 +133,40 @@ class _Packed:
         self.cells_per_step = to_device(counts)
         self.step = to_device(np.array([s.step for s in states], np.int64))  # [B]
         self.no_noise = xp.zeros(self.plan.num_cells, dtype=xp.float32)
+        self.starts, self.cond_row, self.layouts = starts, cond_row, {}
+
+    def layout(self, cfg: OmniVoiceConfig, states: Sequence[PassState], now, whole_work):
+        """The forward of a step whose rows are not all whole (the fast profile): (packing,
+        workspace: views of `whole_work`, audio mask [N'], ids columns [N'] of the packed ids,
+        plan: unconditional logits of passes that skip their row after the forward's), one per
+        layout of rows, kept while the set of passes lasts."""
+        key = tuple((rows[0][2], len(rows)) for rows in now)  # (cond row's offset, rows) per pass
+        if key not in self.layouts:
+            rows = [(s, r[0], 0) for s, r in zip(states, now)] + \
+                [(s, r[1], 1) for s, r in zip(states, now) if len(r) > 1]
+            cols = np.concatenate([self.starts[s.serial, i] + offset + np.arange(ids.shape[1])
+                                   for s, (ids, _, offset, _), i in rows])  # [N']
+            pack = make_packing([ids.shape[1] for _, (ids, *_), _ in rows], cfg,
+                                [offset for _, (*_, offset, _), _ in rows],
+                                [c for _, (*_, c), _ in rows])
+            n_cond = sum(s.T for s in states)
+            at_fresh, at_kept = n_cond, n_cond + sum(s.T for s, r in zip(states, now) if len(r) > 1)
+            uncond_row = []
+            for s, r in zip(states, now):
+                if not s.use_uncond:
+                    uncond_row.append(-1)
+                elif len(r) > 1:  # its row ran: its logits follow the conditional ones
+                    uncond_row.append(at_fresh)
+                    at_fresh += s.T
+                else:  # skipped: its kept logits, appended after the forward's
+                    uncond_row.append(at_kept)
+                    at_kept += s.T
+            h = self.plan.host
+            plan = ScorePlan(h["T"], self.cond_row, uncond_row, h["cond_col"], h["uncond_col"],
+                             h["guidance"], h["penalty"], h["temperature"], cfg.num_audio_codebook)
+            self.layouts[key] = (pack, make_workspace(cfg, pack, whole_work),
+                                 to_device(self.mask[cols]), to_device(cols), plan)
+        return self.layouts[key]
 
 
 class PackCache:
@@ -141,11 +181,15 @@ class PackCache:
         self.packed: _Packed | None = None
         self.packed_key: tuple[int, ...] | None = None
 
-    def get(self, cfg: OmniVoiceConfig, rows, serials: tuple[int, ...]):
-        key = tuple(ids.shape[1] for ids, _ in rows)
+    def get(self, cfg: OmniVoiceConfig, rows, serials: tuple[int, ...], caches=()):
+        """Packing, workspace and audio mask of the passes' whole rows (`caches`: the prompt
+        cache of each row, or None, for the fast profile's whole rows, which write them)."""
+        lengths = tuple(ids.shape[1] for ids, _ in rows)
+        key = (lengths, tuple(id(c) if c is not None else None for c in caches))
         if key != self.key:
             self.key = None  # a failed rebuild must not leave a stale entry
-            self.pack = make_packing(key, cfg)
+            self.pack = self.work = None  # the old buffers go before the new ones come
+            self.pack = make_packing(lengths, cfg, caches=caches)
             self.work = make_workspace(cfg, self.pack)
             self.key = key
         if serials != self.mask_key:  # equal lengths do not mean equal text/audio positions
@@ -200,13 +244,32 @@ def iterate(params: BackboneParams, cfg: OmniVoiceConfig, states: Sequence[PassS
     # Packed rows: every conditional row, then the unconditional ones (passes with guidance).
     guided = [s for s in states if s.use_uncond]
     rows = [s.rows[0] for s in states] + [s.rows[1] for s in guided]
-    num_out = [s.T for s in states] + [s.T for s in guided]
-    pack, work, audio_mask = cache.get(cfg, rows, tuple(s.serial for s in states))
-    logits = forward_rows(params, cfg, packed.ids, audio_mask, pack, num_out, work=work,
+    fast = any(s.cache is not None for s in states)  # whole rows then write prompt caches
+    caches = [s.cache for s in states] + [None] * len(guided) if fast else []
+    pack, work, audio_mask = cache.get(cfg, rows, tuple(s.serial for s in states), caches)
+    ids, plan = packed.ids, packed.plan
+    # The fast profile: this step's rows, when they are not all whole (PassState.rows_now:
+    # a conditional row's targets alone, after its prompt, or an unconditional row skipped)
+    now = [s.rows_now() for s in states]
+    if any(r[0][2] > 0 for r in now) or sum(map(len, now)) < len(rows):
+        pack, work, audio_mask, cols, plan = packed.layout(cfg, states, now, work)
+        ids = packed.ids[:, cols]  # [C, N']
+    num_out = [s.T for s in states] + [s.T for s, r in zip(states, now) if len(r) > 1]
+    logits = forward_rows(params, cfg, ids, audio_mask, pack, num_out, work=work,
                           whole=True)  # [C, n, V]
+    skipped = []
+    for b, (s, r) in enumerate(zip(states, now)):
+        if s.kept_uncond is None:
+            continue
+        if len(r) > 1:  # its unconditional row ran: keep its logits for the steps that skip it
+            u = int(plan.host["uncond_row"][b])
+            s.uncond_logits(logits[:, u:u + s.T])
+        else:
+            skipped.append(s.kept_uncond)
+    if skipped:  # the plan scores them after the forward's rows, in pass order
+        logits = xp.concatenate([logits] + skipped, axis=1)  # [C, n + kept, V]
     ks = [s.cells_per_step[s.step] for s in states]
     noise, class_noise = draw_noise(cfg, states, ks, packed)
-    plan = packed.plan
     pred, conf = scoring_kernels.packed_scores(logits.transpose(1, 0, 2), plan,
                                                cfg.audio_mask_id)  # [n, C, V] -> [cells]
     for b, (s, k, cn) in enumerate(zip(states, ks, class_noise)):

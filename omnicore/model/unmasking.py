@@ -21,6 +21,12 @@ written to be read. The product runs its fast equivalent, `packed_unmasking.iter
 pass of an iteration scored, picked and filled in one call each); tests/test_packed_unmasking.py
 holds the two to the same codes and fill steps, bit for bit.
 
+The fast profile (GenerationConfig.profile "fast") changes which rows a step runs, never the
+step itself: between its refresh steps (every `prefix_refresh`) a pass's conditional row runs
+its targets alone, attending to the prompt's keys and values kept from the last full run
+(backbone.PromptCache), and its unconditional row runs every `uncond_every` steps, its logits
+reused in between (`PassState.rows_now`, `PassState.uncond_logits`).
+
 Randomness comes from numpy Generators, one per item, so an item's result depends only on its
 own inputs and seed, never on the other items of the batch. The reference draws from torch's
 RNG, so only deterministic settings (both temperatures 0) reproduce its tokens exactly.
@@ -40,10 +46,10 @@ import numpy as np
 
 from ..errors import InputError
 from . import scoring_kernels
-from .backbone import BackboneParams, forward_rows, make_packing, make_workspace
+from .backbone import BackboneParams, forward_rows, make_packing, make_prompt_cache, make_workspace
 from .backend import to_device, to_numpy, xp
 from .config import GenerationConfig, OmniVoiceConfig, validate_sampling, validate_seed
-from .cost import check_pass_memory
+from .cost import check_pass_memory, kept_bytes
 from .tokenizer import PreparedItem
 
 CLASS_TOP_RATIO = 0.1  # class sampling keeps the best ceil(10 % of V) tokens of a cell
@@ -150,6 +156,13 @@ class PassState:
         if self.use_uncond:
             self.rows.append((to_device(np.array(item.uncond_ids)), item.uncond_audio_mask))
         self.num_out = [T] * len(self.rows)  # the targets end every row
+        self.prompt = item.input_ids.shape[1] - T  # P: the positions before the targets
+        # The fast profile's kept state: the prompt's keys and values, the last unconditional
+        # logits (cost.kept_bytes counts both)
+        fast = gen.profile == "fast"
+        self.cache = make_prompt_cache(cfg, self.prompt) if fast else None
+        keep = fast and self.use_uncond and gen.uncond_every > 1
+        self.kept_uncond = xp.zeros((C, T, cfg.audio_vocab_size), xp.float32) if keep else None
         self.tokens = xp.full((C, T), self.mask_id, dtype=xp.int64)  # [C, T], MASK until filled
         self.filled_at = xp.full((C, T), -1, dtype=xp.int64)  # step of each fill, on the device
         self.cells_per_step = cells_per_step(C * T, gen.num_step, gen.t_shift)
@@ -160,6 +173,33 @@ class PassState:
     @property
     def done(self) -> bool:
         return self.step >= len(self.cells_per_step)
+
+    @property
+    def runs_uncond(self) -> bool:
+        """Whether this step runs the unconditional row (else its kept logits stand in)."""
+        return self.use_uncond and self.gen.uncond_at(self.step)
+
+    def rows_now(self):
+        """The rows this step runs, as (ids [C, L], audio_mask [L], offset, cache): the
+        conditional row, whole or (between the fast profile's refreshes) its targets alone
+        after its cached prompt, then the unconditional row if it runs. Views of self.rows."""
+        (ids, mask), P = self.rows[0], self.prompt
+        if self.cache is None or self.gen.full_row_at(self.step):
+            rows = [(ids, mask, 0, self.cache)]  # a whole row (re)writes its cache
+        else:
+            rows = [(ids[:, P:], mask[P:], P, self.cache)]
+        if self.runs_uncond:
+            rows.append((*self.rows[1], 0, None))
+        return rows
+
+    def uncond_logits(self, fresh):
+        """The unconditional logits [C, T, V] this step scores with: `fresh` from this step's
+        forward (kept, when later steps reuse them), or the kept ones."""
+        if fresh is None:
+            return self.kept_uncond
+        if self.kept_uncond is not None:
+            self.kept_uncond[...] = fresh
+        return fresh
 
     def codes(self) -> np.ndarray:
         # a copy: the tokens may be a view into the buffers of the pack the pass last ran in
@@ -227,20 +267,37 @@ def generate_codes(params: BackboneParams, cfg: OmniVoiceConfig, items: Sequence
     if not items:
         return ([], []) if return_fill_steps else []
     validate_sampling(gen)  # past these bounds the float32 scoring overflows
+    # Refuse a pass whose buffers would not fit, before any of them is allocated: the rows of
+    # the first step (every row whole) and what the passes keep between steps.
+    guided = gen.guidance_scale != 0
+    lengths = [it.input_ids.shape[1] for it in items] + [it.num_target for it in items if guided]
+    num_out = [it.num_target for it in items] * (2 if guided else 1)
+    kept = sum(kept_bytes(cfg, gen, it.input_ids.shape[1] - it.num_target, it.num_target, guided)
+               for it in items)
+    check_pass_memory(cfg, lengths, num_out, gen.class_temperature > 0, kept)
     states = [PassState(it, gen, s, cfg) for it, s in zip(items, pass_seeds(seed, len(items)))]
-    rows = [s.rows[0] for s in states] + [s.rows[1] for s in states if s.use_uncond]
-    num_out = [s.T for s in states] + [s.T for s in states if s.use_uncond]
-    # Refuse a pass whose buffers would not fit, before any of them is allocated.
-    check_pass_memory(cfg, [ids.shape[1] for ids, _ in rows], num_out, gen.class_temperature > 0)
-    pack = make_packing([ids.shape[1] for ids, _ in rows], cfg)
-    work = make_workspace(cfg, pack)
-    audio_mask = to_device(np.concatenate([to_numpy(m) for _, m in rows]))  # [N]
+    # Packing and workspace of each layout of rows (exact: just one); the first step's, every
+    # row whole, is the largest, and the others' buffers are views of its.
+    forwards, largest = {}, None
     for step in range(gen.num_step):
-        ids = xp.concatenate([ids for ids, _ in rows], axis=1)  # [C, N]: this step's targets
-        logits = forward_rows(params, cfg, ids, audio_mask, pack, num_out, work=work)  # [C, T, V] per row
-        uncond = iter(logits[len(states):])
+        # This step's rows: every conditional row, then the unconditional ones that run.
+        per_pass = [s.rows_now() for s in states]
+        rows = [r[0] for r in per_pass] + [r[1] for r in per_pass if len(r) > 1]
+        key = tuple((ids.shape[1], offset) for ids, _, offset, _ in rows)
+        if key not in forwards:
+            pack = make_packing([ids.shape[1] for ids, *_ in rows], cfg,
+                                [offset for *_, offset, _ in rows], [c for *_, c in rows])
+            work = make_workspace(cfg, pack, largest)
+            largest = largest or work
+            forwards[key] = (pack, work, to_device(np.concatenate([to_numpy(m) for _, m, *_ in rows])))
+        pack, work, audio_mask = forwards[key]
+        ids = xp.concatenate([ids for ids, *_ in rows], axis=1)  # [C, N]: this step's targets
+        logits = forward_rows(params, cfg, ids, audio_mask, pack, [s.T for s in states] +
+                              [s.T for s in states if s.runs_uncond], work=work)  # [C, T, V] per row
+        fresh = iter(logits[len(states):])
         for s, cond in zip(states, logits):
-            unmask_step(s, cond, next(uncond) if s.use_uncond else None)
+            uncond = s.uncond_logits(next(fresh) if s.runs_uncond else None) if s.use_uncond else None
+            unmask_step(s, cond, uncond)
         if on_step is not None:
             on_step(step + 1, gen.num_step)
     codes = [s.codes() for s in states]

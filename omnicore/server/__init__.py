@@ -5,7 +5,8 @@ model's engine packs the passes of all concurrent requests into shared forwards,
 batched continuously instead of serialised.
 
     POST /v1/audio/speech      OpenAI's fields (+ language, num_step, guidance_scale, seed,
-                               duration, normalize_text and every GenerationConfig field)
+                               duration, normalize_text and every GenerationConfig field,
+                               `profile` among them: "fast" is approximate)
     WS /v1/audio/speech/stream-input   text in fragments as an LLM writes it, audio as made
     GET/POST /v1/voices        the voice library (clone from a clip, or a designed voice kept)
     GET/DELETE /v1/voices/{id}
@@ -57,10 +58,11 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir
           max_concurrency: int | None = None, ui: bool = False, send_timeout: float = 30.0,
           idle_timeout: float = 30.0, grace: float = 30.0, metrics_public: bool = False,
           require_consent: bool = False, precision: str = "fp32",
-          voice_aliases: dict | None = None) -> None:
+          voice_aliases: dict | None = None, profile: str = "exact") -> None:
     """Load the model once and serve until a signal, then drain (see runtime.py); with `ui`,
-    the demo at /ui too. `precision`: the model's profile (OmniVoice.from_pretrained);
-    `voice_aliases`: name -> library voice (voices.resolve_voice)."""
+    the demo at /ui too. `precision` and `profile` (the generation profile of requests that
+    name none): OmniVoice.from_pretrained's; `voice_aliases`: name -> library voice
+    (voices.resolve_voice)."""
     import importlib.util
 
     if importlib.util.find_spec("uvicorn") is None:  # the extra, checked before the model loads
@@ -72,7 +74,8 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir
     server = server_state(model_path, precision, voices_dir=voices_dir, api_key=api_key,
                           max_queue=max_queue, max_concurrency=max_concurrency,
                           metrics_public=metrics_public, idle_timeout=idle_timeout,
-                          require_consent=require_consent, voice_aliases=voice_aliases)
+                          require_consent=require_consent, voice_aliases=voice_aliases,
+                          profile=profile)
     app = create_app(server)
     if demo is not None:
         mount_ui(app, server, demo, str(model_path))
@@ -84,13 +87,14 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir
                 on_started=started)
 
 
-def server_state(model_path: str, precision: str = "fp32", **state_args):
+def server_state(model_path: str, precision: str = "fp32", profile: str = "exact", **state_args):
     """The model, loaded once, in the state every front door shares (`omnicore serve`,
-    `wyoming`, `mcp`): its engine, the voice library, admission and the limits."""
+    `wyoming`, `mcp`): its engine, the voice library, admission and the limits. `profile`: the
+    generation profile of requests that name none."""
     from .. import OmniVoice
     from .state import ServerState
 
-    model = OmniVoice.from_pretrained(model_path, precision=precision)
+    model = OmniVoice.from_pretrained(model_path, precision=precision, profile=profile)
     return ServerState(model, model_name=Path(str(model_path)).name, **state_args)
 
 

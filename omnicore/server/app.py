@@ -34,9 +34,10 @@ from ..model.config import SAMPLE_RATE, GenerationConfig, validate_seed
 from ..text import frontend
 from .formats import FORMATS, encode_audio, encoded
 from .library import VoiceLibrary
-from .protocol import (CUT, MAX_UPLOAD_BYTES, HTTPError, as_http, blame, body_field, check_fields,
-                       checked, concerning, error_body, forget, ignored_header, parse_speech,
-                       read_json, read_object, shutting_down, synth_kwargs, timings_header)
+from .protocol import (CUT, MAX_UPLOAD_BYTES, PROFILE_LABELS, HTTPError, as_http, blame,
+                       body_field, check_fields, checked, concerning, error_body, forget,
+                       ignored_header, parse_speech, profile_header, read_json, read_object,
+                       shutting_down, synth_kwargs, timings_header)
 from .state import ServerState, Slot, client_gone
 from .stream_input import stream_input
 from .uploads import check_recording, decode_clip
@@ -129,7 +130,7 @@ async def speak_whole(server: ServerState, slot: Slot, req: dict, kw: dict, t0: 
     server.m_rtf.observe(total / max(secs, 1e-9))
     headers = {"X-Omnicore-Timings": timings_header(dict(queue=queued, **result.timings,
                                                          total=total)),
-               "X-Omnicore-Audio-Seconds": f"{secs:.3f}",
+               "X-Omnicore-Audio-Seconds": f"{secs:.3f}", **profile_header(req, server.model),
                **ignored_header(req["instructions_ignored"])}
     return Response(data, 200, headers, media_type=FORMATS[req["format"]][2])
 
@@ -211,7 +212,7 @@ def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: floa
             raw_cut()
     slot.on_stop(stop)
     headers = {"X-Omnicore-Timings": timings_header(
-        {"queue": queued, "start": time.perf_counter() - t0}),
+        {"queue": queued, "start": time.perf_counter() - t0}), **profile_header(req, server.model),
         **ignored_header(req["instructions_ignored"])}
     if req["stream_format"] == "sse":
         return EventSourceResponse(sse_body(), headers=headers, ping=600,
@@ -565,7 +566,9 @@ async def index(request: Request):
         links["ui"] = server.ui_path
     return JSONResponse({"object": "api", "name": "omnicore", "version": __version__,
                          "description": "OpenAI-compatible text-to-speech (OmniVoice)",
-                         "model": server.model_name, "links": links})
+                         "model": server.model_name, "links": links,
+                         "profiles": PROFILE_LABELS,
+                         "default_profile": getattr(server.model, "profile", "exact")})
 
 
 @route("metrics", needs_auth=lambda server: not server.metrics_public, probe=True)

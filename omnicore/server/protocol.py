@@ -17,7 +17,7 @@ import unicodedata
 from dataclasses import fields
 
 from ..errors import AudioError, CancelledError, ConfigError, InputError, OmniCoreError, VoicePromptError
-from ..model.config import GenerationConfig, resolve_generation_config, validate_seed
+from ..model.config import FAST_PROFILE, GenerationConfig, resolve_generation_config, validate_seed
 from ..text import frontend, limits
 from .formats import FORMATS, PIECEWISE, encoder_missing
 
@@ -29,7 +29,7 @@ MODEL_ALIASES = ("omnivoice", "tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mi
 
 # The JSON types a GenerationConfig field accepts, by its declared type (a float field takes a
 # JSON integer too); the numbers themselves are checked by GenerationConfig.
-_JSON_TYPES = {"int": int, "float": (int, float), "bool": bool}
+_JSON_TYPES = {"int": int, "float": (int, float), "bool": bool, "str": str}
 GEN_FIELDS = {f.name: _JSON_TYPES[f.type] for f in fields(GenerationConfig)}
 # The speech body's fields: OpenAI's, then omnicore's (every GenerationConfig field too).
 SPEECH_FIELDS = ("model", "input", "voice", "instructions", "response_format", "speed",
@@ -43,6 +43,8 @@ CUT = "omnicore.cut"
 
 # Speech speeds OpenAI's API takes (the model itself takes any speed > 0).
 SPEED_RANGE = (0.25, 4.0)
+# What a client is told of each generation profile (GET /, and the X-Omnicore-Profile header).
+PROFILE_LABELS = {"exact": "exact", "fast": "fast (approximate)"}
 
 
 class HTTPError(Exception):
@@ -267,8 +269,9 @@ def speech_options(body: dict, default_format: str = "mp3", models=None) -> dict
     }
     gen = {name: body_field(body, name, types) for name, types in GEN_FIELDS.items()}
     out["gen"] = {name: v for name, v in gen.items() if v is not None}  # absent: the defaults
-    for name, v in out["gen"].items():
-        checked(name, resolve_generation_config, None, {name: v})
+    for name, v in out["gen"].items():  # each alone (the fast profile's knobs within it)
+        fast = {"profile": "fast"} if name in FAST_PROFILE and name != "num_step" else {}
+        checked(name, resolve_generation_config, None, {**fast, name: v})
     return out
 
 
@@ -304,6 +307,13 @@ def synth_kwargs(req: dict, prompt) -> dict:
     if prompt is not None:
         kw["voice_clone_prompt"] = prompt
     return kw
+
+
+def profile_header(req: dict, model) -> dict:
+    """The X-Omnicore-Profile header of a speech response: which profile made the audio, said
+    "approximate" when it is the fast one."""
+    profile = req["gen"].get("profile", getattr(model, "profile", "exact"))
+    return {"X-Omnicore-Profile": PROFILE_LABELS[profile]}
 
 
 def timings_header(timings: dict) -> str:

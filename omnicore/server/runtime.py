@@ -2,12 +2,15 @@
 
 Clocks, each counted in /metrics (omnicore_timeouts_total{kind}):
 
-    send   a connection whose client takes no byte for `send_timeout` seconds is cut: a
-           stream's passes are cancelled and its slot comes back. The clock starts the moment
-           the kernel refuses a byte (the transport's buffer limit is 0: whatever the kernel
-           does not take pauses the writer) and is put back whenever the client takes some,
-           so it counts from when the client stopped reading, however slowly the server makes
-           what it would send next, and a slow reader that keeps reading is never cut.
+    send   a connection whose client takes no byte for `send_timeout` seconds, while bytes
+           wait for it, is cut: a stream's passes are cancelled and its slot comes back. On
+           Linux the clock reads the kernel (the bytes the client has acknowledged, TCP_INFO,
+           and those still queued for it, SIOCOUTQ): it runs from the client's last
+           acknowledgement, so from when it stopped reading, whether or not the server has
+           made anything new to send meanwhile (however loaded it is), and a slow reader that
+           keeps reading is never cut. Elsewhere it runs while the transport holds bytes the
+           kernel refused (its buffer limit is 0: any byte refused pauses the writer) and is
+           put back when the kernel takes some.
     idle   a connection that has not sent a whole request head within `idle_timeout` seconds
            of connecting (or of its previous response) is closed, and a request body that
            stalls that long is a 408; a WebSocket with nothing to say likewise (stream_input).
@@ -29,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import struct
 import time
 
 import uvicorn
@@ -42,7 +46,9 @@ log = logging.getLogger("uvicorn.error")
 # faster than real time over a slow link. (Linux doubles what it is asked for: see
 # `limit_send_buffer`.)
 SEND_BUFFER_BYTES = 128 * 1024
-SEND_CHECKS = 10  # the send clock looks for progress this many times per --send-timeout
+SEND_CHECKS = 10  # the send clock looks for progress this many times per --send-timeout,
+SEND_CHECK_S = 0.25  # and at least this often while bytes wait for the client (its precision)
+_TCPI_BYTES_ACKED = 120  # offset of tcpi_bytes_acked (u64) in Linux's struct tcp_info (>= 4.1)
 STOP_WAIT_S = 10.0   # after the grace: how long stopped work may take to unwind
 CLOSE_WAIT_S = 30.0  # then: how long the worker threads may take to end
 
@@ -61,6 +67,25 @@ def limit_send_buffer(transport) -> None:
     transport.set_write_buffer_limits(high=0, low=0)
 
 
+def kernel_send_state(sock) -> tuple[int, int] | None:
+    """(bytes the peer has acknowledged so far, bytes the kernel still holds for it) of a TCP
+    socket, where the system says (Linux); None elsewhere, or once the socket is closed."""
+    if sock is None or not hasattr(socket, "TCP_INFO"):
+        return None
+    try:
+        import fcntl
+        import termios
+
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+        held = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4)  # SIOCOUTQ on a socket
+    except (ImportError, OSError, AttributeError):
+        return None
+    if len(info) < _TCPI_BYTES_ACKED + 8:
+        return None
+    return (struct.unpack_from("=Q", info, _TCPI_BYTES_ACKED)[0],
+            struct.unpack("=i", held)[0])
+
+
 class _Clocks:
     """Timers on a uvicorn protocol: `send` while its transport holds bytes the client has
     not taken, `idle` as a subclass arms it. An expired timer counts itself and drops the
@@ -72,6 +97,12 @@ class _Clocks:
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         limit_send_buffer(transport)
+        self._sock = transport.get_extra_info("socket")
+        state = kernel_send_state(self._sock)
+        self._kernel_clock = state is not None
+        if self._kernel_clock:
+            self._acked, self._send_since = state[0], self.loop.time()
+            self._arm("send", self.send_timeout / SEND_CHECKS, self._watch_send)
 
     def _arm(self, kind: str, seconds: float, then=None) -> None:
         """In `seconds`, call `then()` (by default: the clock `kind` expires)."""
@@ -89,9 +120,26 @@ class _Clocks:
         self.on_timeout(kind)
         self.transport.abort()  # a full buffer would keep a plain close() waiting to drain
 
+    def _watch_send(self) -> None:
+        """The kernel's send clock, for the connection's life: reset by every byte the client
+        acknowledges and whenever nothing waits for it; expired after send_timeout without."""
+        state = kernel_send_state(self._sock)
+        if state is None:  # closed under us
+            return
+        now, (acked, held) = self.loop.time(), state
+        waiting = held + self.transport.get_write_buffer_size() > 0
+        if acked != self._acked or not waiting:
+            self._acked, self._send_since = acked, now
+        elif now - self._send_since >= self.send_timeout:
+            return self._expired("send")
+        step = self.send_timeout / SEND_CHECKS
+        if waiting:
+            step = min(step, SEND_CHECK_S, self._send_since + self.send_timeout - now)
+        self._arm("send", max(step, 0.0), self._watch_send)
+
     def _check_send(self) -> None:
-        """Paused: cut the connection once the client has taken nothing for send_timeout
-        (the buffer only shrinks while paused, as the kernel takes bytes)."""
+        """Without the kernel's figures, while paused: cut the connection once the transport's
+        buffer has not shrunk for send_timeout (it only shrinks as the kernel takes bytes)."""
         now, left = self.loop.time(), self.transport.get_write_buffer_size()
         if left < self._send_left:  # the client took some: the clock starts again
             self._send_left, self._send_since = left, now
@@ -103,13 +151,15 @@ class _Clocks:
 
     def pause_writing(self) -> None:
         super().pause_writing()
-        self._send_left = self.transport.get_write_buffer_size()
-        self._send_since = self.loop.time()
-        self._arm("send", self.send_timeout / SEND_CHECKS, self._check_send)
+        if not self._kernel_clock:
+            self._send_left = self.transport.get_write_buffer_size()
+            self._send_since = self.loop.time()
+            self._arm("send", self.send_timeout / SEND_CHECKS, self._check_send)
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        self._disarm("send")
+        if not self._kernel_clock:
+            self._disarm("send")
 
     def connection_lost(self, exc) -> None:
         self._disarm("send")

@@ -45,6 +45,7 @@ from wyoming.tts import (Synthesize, SynthesizeChunk, SynthesizeStart, Synthesiz
                          SynthesizeStopped)
 
 from ..audio.writers import to_pcm16
+from ..checkpoint import HUB_REPO
 from ..errors import CancelledError, ConfigError, InputError, OmniCoreError
 from ..model.config import SAMPLE_RATE
 from ..text import frontend
@@ -60,8 +61,9 @@ DEFAULT_PORT = 10200  # Wyoming's TTS port
 MAX_LINE_BYTES = 64 * 1024   # an event's header line (its data and payload follow it)
 CHUNK_SAMPLES = 2048         # audio-chunk size: ~85 ms, small enough for a satellite's buffer
 WEIGHTS = Attribution(name="k2-fsa (OmniVoice: CC-BY-NC 4.0); Boson AI (Higgs audio codec)",
-                      url="https://huggingface.co/k2-fsa/OmniVoice")
-PROGRAM = Attribution(name="omnicore", url="https://github.com/k2-fsa/OmniVoice")
+                      url=f"https://huggingface.co/{HUB_REPO}")
+# omnicore itself runs the model: its program names it, and points at the model it runs.
+PROGRAM = Attribution(name="omnicore, running OmniVoice by k2-fsa", url=WEIGHTS.url)
 LANGUAGES = sorted(frontend.supported_language_ids())
 
 
@@ -146,7 +148,9 @@ class WyomingServer:
         program = TtsProgram(
             name="omnicore", attribution=PROGRAM, installed=True, version=__version__,
             description=f"OmniVoice text-to-speech ({self.server.model_name}) on numpy, 600+ "
-                        "languages, voice cloning and design; the weights are CC-BY-NC 4.0",
+                        "languages, voice cloning and design; the weights are CC-BY-NC 4.0"
+                        + ("; the fast profile (approximate)" if self.synth.get("profile") == "fast"
+                           else ""),
             voices=made + presets, supports_synthesize_streaming=True)
         return Info(tts=[program]).event()
 
@@ -209,7 +213,7 @@ class Connection:
     def __init__(self, door: WyomingServer, reader, writer):
         self.door, self.server = door, door.server
         self.reader, self.writer = reader, writer
-        self.texts: asyncio.Queue = asyncio.Queue()  # (utterance, voice, language, streamed)
+        self.texts: asyncio.Queue = asyncio.Queue()  # (utterance, (voice, language), streamed)
         self.utterances: list[Utterance] = []  # started and not spoken
         self.stream: dict | None = None  # the open text stream: its voice, its text so far
         self.count = 0
