@@ -36,9 +36,9 @@ Randomness: pass k of a request seeded with s draws from child k of `SeedSequenc
 (`pass_seed`: what `SeedSequence(s).spawn(n)[k]` gives), so the chunks of one text draw
 independent noise rather than the same stream again, and the result stays reproducible.
 
-A pass's codes do not depend on which passes share its forward: each pass has its own schedule,
-step index and random generator, and the rows are independent in the backbone (positions
-restart per row, attention is per row). Only float rounding of the shared GEMMs can differ with
+A pass's codes do not depend on which passes share its forward: each pass has its own cells
+per step, step index and random generator, and the rows are independent in the backbone
+(positions restart per row, attention is per row). Only float rounding of the shared GEMMs can differ with
 the pack (OpenBLAS's Haswell sgemm rounds a row by the GEMM's row count), which changes a
 decision only where two candidates tie to within that rounding: never for greedy settings on the
 tiny test checkpoint (tested token-exact), but possible for a Gumbel draw (temperatures > 0) and

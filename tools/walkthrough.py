@@ -212,7 +212,7 @@ t_shift = {t_shift}:
 t = {t_grid}
 
 [`unmasking.cells_per_step`](../omnicore/model/unmasking.py) gives step i
-ceil({cells} × (t[i+1] − t[i])) cells and the last step the rest: **{schedule}**. Few cells
+ceil({cells} × (t[i+1] − t[i])) cells and the last step the rest: **{cells_per_step}**. Few cells
 early, while the canvas is nearly all MASK; most at the end.
 
 ## 8. The loop
@@ -479,7 +479,7 @@ def stage_loop(m: OmniVoice, item, picks: dict, v: dict) -> np.ndarray:
         raise AssertionError("the loop's first step filled other cells than section 6 shows")
     counts = [[int((fills[c] == s).sum()) for c in range(C)] for s in range(GEN.num_step)]
     rows = [[s + 1] + n + [sum(n)] for s, n in enumerate(counts)]
-    v.update(t_grid=floats(t), cells=C * T, schedule=", ".join(map(str, counts_per_step)),
+    v.update(t_grid=floats(t), cells=C * T, cells_per_step=", ".join(map(str, counts_per_step)),
              fill_table=table(["step"] + [f"cb {c}" for c in range(C)] + ["all"], rows),
              fill_map="\n".join("".join(str(s + 1) for s in fills[c]) for c in range(C)),
              last_codebook=C - 1, last_frame=T - 1, codes_shape=shape(codes),

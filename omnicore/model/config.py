@@ -519,7 +519,7 @@ MAX_SEED = 2**64 - 1
 
 # Sampling knobs. Scoring runs in float32 (log-probabilities of a few hundred at most), so these
 # bounds keep every product and quotient finite: guidance c + g (c - u), the layer penalty times
-# a codebook index, a score divided by a temperature, and the shifted schedule. They are far
+# a codebook index, a score divided by a temperature, and the shifted time grid. They are far
 # outside what changes the output meaningfully (reference defaults: 2, 5, 5, 0, t_shift 0.1).
 MAX_GUIDANCE = 100.0
 MAX_LAYER_PENALTY = 1000.0
