@@ -9,12 +9,14 @@ to be accepted and to reach the generation call with the reference's meaning.
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from omnicore import cli
 from omnicore.cli.common import DEFAULT_MODEL
+from omnicore.model.config import GenerationConfig, resolve_generation_config
 from omnicore.pipeline import OmniVoice
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,17 +68,29 @@ def test_every_reference_flag_is_accepted():
     assert set(BATCH_FLAGS) <= _options("infer-batch")
 
 
+def _generation(args):
+    """The settings that reach generate(): an option left unset (None) takes the profile's value."""
+    kw = {f.name: getattr(args, f.name) for f in fields(GenerationConfig)
+          if getattr(args, f.name, None) is not None}
+    return resolve_generation_config(None, kw)
+
+
 def test_defaults_and_boolean_parsing_follow_the_reference():
     p = cli.build_parser()
     a = p.parse_args(["infer", "--text", "x", "--output", "o.wav"])
-    assert (a.model, a.num_step, a.guidance_scale, a.speed, a.duration, a.t_shift, a.denoise,
-            a.postprocess_output, a.layer_penalty_factor, a.position_temperature,
-            a.class_temperature, a.device) == (DEFAULT_MODEL, 32, 2.0, 1.0, None, 0.1, True,
+    g = _generation(a)
+    assert a.num_step is None  # the profile's: 32 steps for exact, 16 for fast
+    assert (a.model, g.num_step, g.guidance_scale, a.speed, a.duration, g.t_shift, g.denoise,
+            g.postprocess_output, g.layer_penalty_factor, g.position_temperature,
+            g.class_temperature, a.device) == (DEFAULT_MODEL, 32, 2.0, 1.0, None, 0.1, True,
                                                True, 5.0, 5.0, 0.0, None)
     b = p.parse_args(["infer-batch", "--test_list", "t", "--res_dir", "r"])
-    assert (b.num_step, b.audio_chunk_duration, b.audio_chunk_threshold, b.preprocess_prompt,
+    h = _generation(b)
+    assert (h.num_step, h.audio_chunk_duration, h.audio_chunk_threshold, b.preprocess_prompt,
             b.lang_id, b.nj_per_gpu, b.batch_size, b.batch_duration, b.warmup) == (
         32, 15.0, 30.0, True, None, 1, 0, 1000.0, 0)
+    assert _generation(p.parse_args(["infer", "--text", "x", "--output", "o.wav",
+                                      "--profile", "fast"])).num_step == 16
     for word, value in [("True", True), ("false", False), ("YES", True), ("n", False),
                         ("1", True), ("0", False), ("t", True), ("F", False)]:
         assert p.parse_args(["infer", "--text", "x", "--output", "o", "--denoise", word]).denoise is value

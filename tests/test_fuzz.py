@@ -58,6 +58,7 @@ from omnicore.model import backbone as bb
 from omnicore.model.config import GenerationConfig, HiggsAudioV2TokenizerConfig, OmniVoiceConfig, Qwen3Config
 from omnicore.errors import OmniCoreError, VoicePromptError
 from omnicore import checkpoint
+from omnicore.warmup import warm_up
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "weights" / "tiny-random"
@@ -136,7 +137,11 @@ def typed(fn, *args, **kwargs):
 
 @pytest.fixture(scope="module")
 def model():
-    return OmniVoice.from_pretrained(TINY)
+    """The tiny model with its kernels compiled first: a cold kernel cache would put the compile
+    (seconds to a minute on a slow machine) inside the first example's time limit."""
+    model = OmniVoice.from_pretrained(TINY)
+    warm_up(model, force=True)
+    return model
 
 
 def check_synthesis(out, cfg) -> None:
