@@ -3,6 +3,7 @@
     python3 benchmarks/bench_compile.py                                   # tiny checkpoint
     python3 benchmarks/bench_compile.py --model weights/tiny-random --model checkpoints/full
     python3 benchmarks/bench_compile.py --paths generate all --markdown compile.md
+    python3 benchmarks/bench_compile.py --tree /tmp/old-checkout --tree .   # before and after
 
 Each path runs in a fresh process twice: first with NUMBA_CACHE_DIR pointed at a new empty
 folder (cold: every kernel the path calls is compiled and written there), then again with the
@@ -18,7 +19,9 @@ same folder (warm: every kernel loads from it). A process loads the model, then 
 Compile seconds are Numba's own "numba:compile" events (outermost ones: a kernel compiling the
 helpers it calls counts once), so they exclude the work itself; "kernels" is how many
 dispatchers compiled. Load average is printed with the table: the figures are only comparable
-on a quiet machine. Figures: benchmarks/README.md, "First runs: kernel compile".
+on a quiet machine. `--tree` (repeatable) measures other checkouts of omnicore the same way,
+each imported from its folder (`git worktree add /tmp/old REV`). Figures: benchmarks/README.md,
+"First runs: kernel compile".
 """
 
 from __future__ import annotations
@@ -97,13 +100,19 @@ def _warmup(model):
     warmup.warm_up(model)
 
 
-def measure(model: str, path: str, steps: int, cache: str) -> dict:
-    env = {**os.environ, "NUMBA_CACHE_DIR": cache, "PYTHONPATH": str(ROOT)}
+def measure(model: str, path: str, steps: int, cache: str, tree: Path = ROOT) -> dict:
+    env = {**os.environ, "NUMBA_CACHE_DIR": cache, "PYTHONPATH": str(tree)}
     done = subprocess.run([sys.executable, __file__, "--child", model, path, str(steps)],
-                          capture_output=True, text=True, env=env, cwd=ROOT)
+                          capture_output=True, text=True, env=env, cwd=tree)
     if done.returncode != 0:
         raise SystemExit(f"{path} on {model} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _rev(tree: Path) -> str:
+    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True)
+    return done.stdout.strip() or tree.name
 
 
 def main() -> None:
@@ -118,26 +127,31 @@ def main() -> None:
     ap.add_argument("--names", action="store_true",
                     help="also list the kernels each path compiles, with their seconds (and xN "
                          "when one compiled for N signatures)")
+    ap.add_argument("--tree", action="append", type=Path,
+                    help="a checkout of omnicore to measure (repeat for several; default: this one)")
     ap.add_argument("--markdown", help="also write the table to this file")
     args = ap.parse_args()
     models = args.model or [str(ROOT / "weights" / "tiny-random")]
-    lines = ["| model | path | cold: compile s (kernels) | cold: load + run s | warm: compile s "
-             "| warm: load + run s |", "|---|---|---:|---:|---:|---:|"]
+    trees = [t.resolve() for t in args.tree or [ROOT]]
+    lines = ["| code | model | path | cold: compile s (kernels) | cold: load + run s "
+             "| warm: compile s | warm: load + run s |", "|---|---|---|---:|---:|---:|---:|"]
     print(f"load average before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}", flush=True)
-    for model in models:
-        for path in args.paths:
-            with tempfile.TemporaryDirectory(prefix="numba-cold-") as cache:
-                cold = measure(model, path, args.steps, cache)
-                warm = measure(model, path, args.steps, cache)
-            row = (f"| {Path(model).name} | {path} | {cold['compile_s']:.1f} ({cold['kernels']}) | "
-                   f"{cold['load_s'] + cold['run_s']:.1f} | {warm['compile_s']:.1f} "
-                   f"({warm['kernels']}) | {warm['load_s'] + warm['run_s']:.1f} |")
-            lines.append(row)
-            print(row, flush=True)
-            if args.names:
-                names = sorted(cold["names"].items(), key=lambda kv: -kv[1][0])
-                print("   ", ", ".join(f"{n} {s:.1f}" + (f" (x{k})" if k > 1 else "")
-                                       for n, (s, k) in names), flush=True)
+    for model, path, tree in ((m, p, t) for m in models for p in args.paths for t in trees):
+        if path == "warmup" and not (tree / "omnicore" / "warmup.py").exists():
+            continue  # that version has no warm-up of its own
+        with tempfile.TemporaryDirectory(prefix="numba-cold-") as cache:
+            cold = measure(model, path, args.steps, cache, tree)
+            warm = measure(model, path, args.steps, cache, tree)
+        row = (f"| {_rev(tree)} | {Path(model).name} | {path} | "
+               f"{cold['compile_s']:.1f} ({cold['kernels']}) | "
+               f"{cold['load_s'] + cold['run_s']:.1f} | {warm['compile_s']:.1f} "
+               f"({warm['kernels']}) | {warm['load_s'] + warm['run_s']:.1f} |")
+        lines.append(row)
+        print(row, flush=True)
+        if args.names:
+            names = sorted(cold["names"].items(), key=lambda kv: -kv[1][0])
+            print("   ", ", ".join(f"{n} {s:.1f}" + (f" (x{k})" if k > 1 else "")
+                                   for n, (s, k) in names), flush=True)
     load = os.getloadavg()
     lines.append(f"\nload average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(lines[-1].strip())
