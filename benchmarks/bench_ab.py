@@ -13,8 +13,8 @@ versions of the code can be measured (make the old one with `git worktree add /t
     encode 5 s            Codec.encode of the 5 s test clip
 
 Each round starts one fresh process per checkout, in the order before, after, after, before,
-... (so that neither side always runs first). A process loads the model, makes one untimed call
-of each case (compiles, first touch of the weights), then times each case `--reps` times and
+... (so that neither side always runs first). A process loads the model, makes one short untimed
+call of each path (compiles, first touch of the weights), then times each case `--reps` times and
 keeps its minimum. The table gives, per case, the median over rounds of those minimums and
 after / before. The codes of both sides must be equal (the script checks: an A/B of a change
 that should compute the same thing). "others" is the CPU the rest of the machine used during
@@ -78,8 +78,11 @@ def child(model_dir: str, reps: int) -> dict:
         "decode 10 s": lambda: model.codec.decode(codes10),
         "encode 5 s": lambda: model.codec.encode(wav5, sr),
     }
-    for name in CASES:  # untimed: compiles, first touch
-        run[name]()
+    # untimed, each path once on a little input: compiles, the weights' first touch
+    model.generate_codes(TEXT[5], duration=1.0, num_step=2)
+    model.generate_codes(TEXT[5], duration=1.0, num_step=2, voice_clone_prompt=prompt)
+    model.codec.decode(codes10[:, :25])
+    model.codec.encode(wav5[:sr], sr)
     best, hz = {}, os.sysconf("SC_CLK_TCK")
     others = 0.0
     wall = 0.0
@@ -132,6 +135,8 @@ def main() -> None:
     ap.add_argument("--markdown", help="also write the table here")
     args = ap.parse_args()
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
+    if Path(args.model).exists():  # a folder here; the processes run in their checkouts
+        args.model = str(Path(args.model).resolve())
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     order = []
     for r in range(args.rounds):

@@ -131,7 +131,8 @@ def main() -> None:
                     help="a checkout of omnicore to measure (repeat for several; default: this one)")
     ap.add_argument("--markdown", help="also write the table to this file")
     args = ap.parse_args()
-    models = args.model or [str(ROOT / "weights" / "tiny-random")]
+    models = [str(Path(m).resolve()) if Path(m).exists() else m  # processes run in their checkout
+              for m in args.model or [str(ROOT / "weights" / "tiny-random")]]
     trees = [t.resolve() for t in args.tree or [ROOT]]
     lines = ["| code | model | path | cold: compile s (kernels) | cold: load + run s "
              "| warm: compile s | warm: load + run s |", "|---|---|---|---:|---:|---:|---:|"]

@@ -282,6 +282,16 @@ def floor(model_dir, settings) -> list[float]:
     return [once() for _ in range(ARGS.reps)]
 
 
+def attempt(door, *args):
+    """The door's runs, or what stopped its client (a framework's own read timeout, say) as a
+    line of the table: one door failing does not lose the others' figures."""
+    try:
+        return asyncio.run(door(*args))
+    except Exception as exc:  # noqa: BLE001 - reported, not hidden
+        cause = exc.__cause__ or exc
+        return f"{type(exc).__name__} ({type(cause).__name__})"
+
+
 # -- the run ------------------------------------------------------------------------------------
 
 def main() -> None:
@@ -311,7 +321,7 @@ def main() -> None:
             doors += [("LiveKit stock OpenAI TTS (mp3 over SSE)", livekit_stock),
                       ("Pipecat stock OpenAITTSService (pcm)", pipecat_stock)]
         for name, door in doors:
-            rows.append((name, asyncio.run(door(url, settings))))
+            rows.append((name, attempt(door, url, settings)))
     finally:
         stop(proc)
 
@@ -325,12 +335,12 @@ def main() -> None:
             with socket.create_connection(("127.0.0.1", port), 1):
                 return True
         wait(proc, up, "wyoming")
-        rows.append(("Wyoming synthesize (one-shot)", asyncio.run(wyoming(port, False))))
-        rows.append(("Wyoming synthesize-chunk (streamed in)", asyncio.run(wyoming(port, True))))
+        rows.append(("Wyoming synthesize (one-shot)", attempt(wyoming, port, False)))
+        rows.append(("Wyoming synthesize-chunk (streamed in)", attempt(wyoming, port, True)))
     finally:
         stop(proc)
-    rows.append(("MCP speak (stdio; the whole file)", asyncio.run(
-        mcp_speak(ARGS.model, ("--voices-dir", str(voices), *map(str, flags))))))
+    rows.append(("MCP speak (stdio; the whole file)", attempt(
+        mcp_speak, ARGS.model, ("--voices-dir", str(voices), *map(str, flags)))))
     # Last: no server holds a model while this process does.
     rows.insert(0, ("model.stream (this process, no door)", floor(ARGS.model, settings)))
 
@@ -340,6 +350,9 @@ def main() -> None:
              f"after a warm-up; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", "",
              "| door | first audio (s), median | runs (s) | / HTTP |", "|---|---|---|---|"]
     for name, runs in rows:
+        if isinstance(runs, str):  # the client gave up: its own timeout, say
+            lines.append(f"| {name} | failed | {runs} | |")
+            continue
         med = statistics.median(runs)
         lines.append(f"| {name} | {med:.2f} | {', '.join(f'{r:.2f}' for r in runs)} | "
                      f"{med / http:.2f} |")
