@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench_compile import git_rev  # this folder is on sys.path when run as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ("generate 5 s", "generate 10 s", "clone 5 s", "decode 10 s", "encode 5 s")
 TEXT = {5: "The quick brown fox jumps over the lazy dog, then rests in the warm afternoon sun.",
@@ -114,12 +116,6 @@ def measure(tree: Path, model: str, reps: int, threads: int) -> dict:
     return res
 
 
-def _git_rev(tree: Path) -> str:
-    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True)
-    return done.stdout.strip() or "?"
-
-
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         print(json.dumps(child(sys.argv[2], int(sys.argv[3]))))
@@ -152,7 +148,7 @@ def main() -> None:
         xs = sorted(xs)
         return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
-    lines = [f"before {_git_rev(trees['before'])}, after {_git_rev(trees['after'])}; "
+    lines = [f"before {git_rev(trees['before'])}, after {git_rev(trees['after'])}; "
              f"{args.model}; {args.threads} threads; {args.rounds} rounds x {args.reps} reps; "
              f"load average {os.getloadavg()[0]:.1f}",
              "", "| case | before (s) | after (s) | after / before |", "|---|---:|---:|---:|"]

@@ -109,7 +109,8 @@ def measure(model: str, path: str, steps: int, cache: str, tree: Path = ROOT) ->
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _rev(tree: Path) -> str:
+def git_rev(tree: Path) -> str:
+    """The checkout's short commit (its folder name outside git)."""
     done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True)
     return done.stdout.strip() or tree.name
@@ -143,7 +144,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="numba-cold-") as cache:
             cold = measure(model, path, args.steps, cache, tree)
             warm = measure(model, path, args.steps, cache, tree)
-        row = (f"| {_rev(tree)} | {Path(model).name} | {path} | "
+        row = (f"| {git_rev(tree)} | {Path(model).name} | {path} | "
                f"{cold['compile_s']:.1f} ({cold['kernels']}) | "
                f"{cold['load_s'] + cold['run_s']:.1f} | {warm['compile_s']:.1f} "
                f"({warm['kernels']}) | {warm['load_s'] + warm['run_s']:.1f} |")
