@@ -245,6 +245,10 @@ async def pipecat_turns(svc, turns, interrupt_first: bool):
             frames.append(frame)
             if i == 0 and interrupt_first and isinstance(frame, TTSAudioRawFrame):
                 await worker.queue_frame(InterruptionFrame())
+                # what left the service before the interruption reached it is this turn's (a
+                # transport drops it on the interruption); anything of it after would be a leak
+                while not isinstance(frame := await out.get(), InterruptionFrame):
+                    frames.append(frame)
                 break
             if isinstance(frame, TTSStoppedFrame):
                 break
