@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_compile import git_rev  # this folder is on sys.path when run as a script
+from bench_compile import git_rev, model_arg  # this folder is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ("generate 5 s", "generate 10 s", "clone 5 s", "decode 10 s", "encode 5 s")
@@ -131,8 +131,7 @@ def main() -> None:
     ap.add_argument("--markdown", help="also write the table here")
     args = ap.parse_args()
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
-    if Path(args.model).exists():  # a folder here; the processes run in their checkouts
-        args.model = str(Path(args.model).resolve())
+    args.model = model_arg(args.model)
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     order = []
     for r in range(args.rounds):

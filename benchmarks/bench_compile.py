@@ -109,6 +109,12 @@ def measure(model: str, path: str, steps: int, cache: str, tree: Path = ROOT) ->
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def model_arg(model: str) -> str:
+    """A model folder given here as an absolute path (the measured processes run in their own
+    checkout); a hub id as it is."""
+    return str(Path(model).resolve()) if Path(model).exists() else model
+
+
 def git_rev(tree: Path) -> str:
     """The checkout's short commit (its folder name outside git)."""
     done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
@@ -132,8 +138,7 @@ def main() -> None:
                     help="a checkout of omnicore to measure (repeat for several; default: this one)")
     ap.add_argument("--markdown", help="also write the table to this file")
     args = ap.parse_args()
-    models = [str(Path(m).resolve()) if Path(m).exists() else m  # processes run in their checkout
-              for m in args.model or [str(ROOT / "weights" / "tiny-random")]]
+    models = [model_arg(m) for m in args.model or [str(ROOT / "weights" / "tiny-random")]]
     trees = [t.resolve() for t in args.tree or [ROOT]]
     lines = ["| code | model | path | cold: compile s (kernels) | cold: load + run s "
              "| warm: compile s | warm: load + run s |", "|---|---|---|---:|---:|---:|---:|"]
