@@ -62,10 +62,10 @@ from ..errors import InputError, OmniCoreError
 from ..model.config import SAMPLE_RATE
 from ..text import frontend, limits
 from .app import check_consent, clip_voice_work, designed_voice_work
-from .formats import FORMATS, encode_audio
+from .formats import FORMATS, encode_audio, encoder_missing
+from .library import VoiceLibrary
 from .protocol import MAX_UPLOAD_BYTES, HTTPError, as_http, check_input_length, has_words
 from .state import ServerState
-from .library import VoiceLibrary
 from .voices import describe_voice, list_voices, new_voice_name, voice_not_found
 
 log = logging.getLogger("omnicore.mcp")
@@ -200,7 +200,7 @@ class McpDoor:
     def __init__(self, server: ServerState, output_dir: str | None, synth: dict,
                  http: bool = False):
         self.server, self.synth = server, synth
-        # wav is exact, and small enough on stdio; HTTP gets mp3, a fifth of its size
+        # wav is exact, and small enough on stdio; HTTP gets mp3, a sixth of its size
         self.default_format = "mp3" if http else "wav"
         self.output_dir = None
         if output_dir is not None:
@@ -312,9 +312,12 @@ class McpDoor:
         fmt, path = arguments["response_format"], arguments["path"]
         if fmt is None:
             fmt = FORMAT_OF.get(Path(path).suffix.lower() if path else "", self.default_format)
+        if why := encoder_missing(fmt):
+            raise ToolFailure(why)
         content = await self.speak(**{**arguments, "response_format": fmt})
         if (arguments["response_format"] is None and fmt == "wav" and too_big(content[0])
-                and self.output_dir is None):  # the default's wav is too big: mp3 fits more
+                and self.output_dir is None and not encoder_missing("mp3")):
+            # the default's wav is too big to send: mp3 carries six times as much
             content, fmt = await self.server.in_thread(recoded, content, "mp3"), "mp3"
         return await self.deliver(content, fmt, path)
 
