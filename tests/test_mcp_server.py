@@ -7,8 +7,12 @@ through Wyoming, MCP, HTTP and Python."""
 
 import asyncio
 import base64
+import contextlib
 import io
 import json
+import os
+import queue
+import subprocess
 import sys
 import threading
 import time
@@ -33,6 +37,8 @@ ROOT = TINY.parents[1]
 VOICE = HOUSE  # a library voice (conftest.house_voices)
 STEPS = ("--steps", "4")
 CLIP = ROOT / "tests" / "fixtures" / "audio" / "speech_24k.wav"
+# Past 1 MiB of wav (the SDK's HTTP client takes no bigger event): ~25 s of speech.
+LONG = " ".join(f"Sentence number {i} of a story that goes on a little longer." for i in range(7))
 
 
 class Session:
@@ -100,12 +106,15 @@ def error_of(result) -> str:
 
 def test_tools_are_listed_with_bounded_inputs(mcp):
     tools = {t.name: t for t in mcp.run(lambda c: c.list_tools()).tools}
-    assert set(tools) == {"speak", "list_voices", "design_voice", "clone_voice", "list_languages"}
+    assert set(tools) == {"speak", "list_voices", "design_voice", "clone_voice", "delete_voice",
+                          "list_languages"}
     props = tools["speak"].input_schema["properties"]
     assert props["text"]["maxLength"] == 20_000 and tools["speak"].input_schema["required"] == ["text"]
     speed = props["speed"]["anyOf"][0]
     assert (speed["minimum"], speed["maximum"]) == (0.25, 4.0)
-    assert props["response_format"]["enum"] == ["wav", "mp3", "flac", "opus", "aac"]
+    assert props["response_format"]["anyOf"][0]["enum"] == ["wav", "mp3", "flac", "opus", "aac"]
+    assert all(t.input_schema["additionalProperties"] is False for t in tools.values())
+    assert tools["delete_voice"].annotations.destructive_hint
     assert tools["clone_voice"].input_schema["properties"]["audio_base64"]["maxLength"] > 20 * 2**20
     assert tools["list_voices"].annotations.read_only_hint
     assert tools["speak"].description
@@ -137,7 +146,7 @@ def test_no_path_writes_outside_the_output_folder(mcp, out_dir, tmp_path):
     before = sorted(p.name for p in out_dir.iterdir())
     hostile = ["../escape.wav", "../../escape.wav", str(outside / "abs.wav"), "sub/x.wav",
                "a\0.wav", "x" * 5000 + ".wav", "..", ".hidden.wav", "link.wav", "", " .wav",
-               "x.wav/", "x.mp3", "C:\\x.wav", "%2e%2e/x.wav"]
+               "x.wav/", "x.txt", "C:\\x.wav", "%2e%2e/x.wav"]
     for path in hostile:
         message = error_of(mcp.call("speak", text="Hi.", path=path))
         assert "speak" in message, (path, message)
@@ -173,11 +182,99 @@ def test_the_voice_tools_share_the_server_library(mcp, house_voices):
     assert "could not read the uploaded audio" in error_of(mcp.call("clone_voice", name="clip2",
                                             audio_base64=base64.b64encode(b"noise" * 99).decode(),
                                             ref_text="Hi."))
-    listed = {v["id"] for v in mcp.call("list_voices").structured_content["result"]}
-    assert {"aria", "clip", VOICE, "alloy", "cedar"} <= listed
+    listed = mcp.call("list_voices")
+    assert len(listed.content) == 1
+    assert {"aria", "clip", VOICE, "alloy", "cedar"} <= {
+        v["id"] for v in json.loads(listed.content[0].text)["voices"]}
     assert audio_of(mcp.call("speak", text="Hi.", voice="clip"))
-    found = mcp.call("list_languages", search="english").structured_content["result"]
-    assert {"id": "en", "name": "English"} in found and len(found) < 20
+    found = json.loads(mcp.call("list_languages", search="english").content[0].text)
+    assert found["languages"]["en"] == "English" and found["count"] < 20
+    assert json.loads(mcp.call("delete_voice", name="clip").content[0].text) == {
+        "id": "clip", "deleted": True}
+    assert not (house_voices / "clip.npz").exists()
+    message = error_of(mcp.call("delete_voice", name="clip"))
+    assert "unknown voice 'clip'" in message and "list_voices" in message
+
+
+def test_messages_name_tools_and_refuse_what_is_not_taken(mcp):
+    """What an agent reads names its tools, never the HTTP routes; an argument no tool takes
+    and a language the model does not know are refused, naming them."""
+    for message in (error_of(mcp.call("speak", text="Hi.", voice="nobody")),
+                    error_of(mcp.call("design_voice", name=VOICE, instruct="male"))):
+        assert "/v1/" not in message and ("list_voices" in message or "delete_voice" in message)
+    message = error_of(mcp.call("speak", text="Hi.", volume=3))
+    assert "speak" in message and "volume: speak takes no such argument" in message
+    message = error_of(mcp.call("speak", text="Hi.", language="Klingon"))
+    assert "unknown language 'Klingon'" in message and "list_languages" in message
+    assert "did you mean 'en'" in error_of(mcp.call("speak", text="Hi.", language="Englsh"))
+    assert "did you mean 'de'" in error_of(mcp.call("design_voice", name="x", instruct="male",
+                                                    language="Germna"))
+    assert not mcp.call("speak", text="Hi.", voice=VOICE, language="en").is_error
+    every = mcp.call("list_languages")
+    assert len(every.content) == 1 and len(every.content[0].text) < 16_000
+    assert json.loads(every.content[0].text)["count"] == 646
+    assert "did you mean" in mcp.call("list_languages", search="Englsh").content[0].text
+
+
+def test_a_long_call_reports_its_progress(mcp):
+    """A call that asks for progress hears of each engine step while it runs: several
+    notifications, their progress growing, all before the result."""
+    heard = []
+
+    async def call(client):
+        async def on_progress(progress, total, message):
+            heard.append((progress, message))
+        result = await client.call_tool("speak", {"text": "One sentence. And then another one.",
+                                                  "voice": VOICE}, progress_callback=on_progress)
+        return result, len(heard)
+    result, before_result = mcp.run(call)
+    assert audio_of(result) and before_result == len(heard) >= 4
+    assert [p for p, _ in heard] == sorted({p for p, _ in heard})
+    assert heard[0][1] == "step 1 of 4" and heard[-1][1] == "step 4 of 4"
+
+
+def test_audio_past_the_inline_limit_is_linked_or_compressed(mcp, out_dir, house_voices,
+                                                             tmp_path):
+    """Past 512 KiB of audio a result links the file it wrote into --output-dir; a server
+    without one sends a default wav that big as mp3, and refuses one asked for (saying how)."""
+    mcp.run(lambda c: c.list_tools())  # the server has started, and made its folder
+    before = set(out_dir.iterdir())
+    result = mcp.call("speak", text=LONG, voice=VOICE)
+    assert [b.type for b in result.content] == ["resource_link", "text"]
+    (written,) = set(out_dir.iterdir()) - before
+    assert result.content[0].uri == written.as_uri() and written.suffix == ".wav"
+    assert written.stat().st_size == result.content[0].size > 512 * 1024
+    written.unlink()
+    bare = Session(stdio_params("--voices-dir", house_voices, *STEPS), tmp_path / "bare.log")
+    try:
+        data, mime = audio_of(bare.call("speak", text=LONG, voice=VOICE))
+        assert mime == "audio/mpeg" and sf.info(io.BytesIO(data)).duration > 11
+        assert "as wav it was over" in bare.call("speak", text=LONG, voice=VOICE).content[1].text
+        message = error_of(bare.call("speak", text=LONG, voice=VOICE, response_format="wav"))
+        assert "--output-dir" in message and "'mp3'" in message
+    finally:
+        bare.close()
+
+
+def test_clone_voice_without_a_needed_consent_is_a_tool_error(tiny_model, tmp_path):
+    """Where a cloned voice needs its speaker's consent, clone_voice without one (or with an
+    unknown one) is a tool error naming the argument, in the agent's terms."""
+    from omnicore.server.mcp_server import McpDoor
+    from omnicore.server.state import ServerState
+
+    server = ServerState(tiny_model, tmp_path / "voices", require_consent=True)
+    clip = base64.b64encode(CLIP.read_bytes()).decode()
+
+    async def clone(**extra):
+        async with Client(McpDoor(server, None, {"num_step": 4}).mcp()) as client:
+            return await client.call_tool("clone_voice", {"name": "c", "audio_base64": clip,
+                                                          "ref_text": "Hello.", **extra})
+    try:
+        for extra in ({}, {"consent": "cons_nobody"}):
+            message = error_of(asyncio.run(clone(**extra)))
+            assert "clone_voice" in message and "consent" in message and "/v1/" not in message
+    finally:
+        server.close()
 
 
 def test_a_cancelled_call_leaves_the_engine_within_steps(tiny_model, tmp_path):
@@ -209,37 +306,117 @@ def test_a_cancelled_call_leaves_the_engine_within_steps(tiny_model, tmp_path):
         server.close()
 
 
-def test_streamable_http_needs_the_key(house_voices, tmp_path):
+@contextlib.contextmanager
+def mcp_over_http(tmp_path, *flags):
+    """`omnicore mcp --http FLAGS` as a subprocess: its URL once it answers."""
     port = free_port()
-    proc = spawn_omnicore("mcp", "--http", "--port", port, "--api-key", "k-123", "--model", TINY,
-                          "--voices-dir", house_voices, *STEPS, log_path=tmp_path / "mcp.log")
+    log = tmp_path / "mcp-http.log"
+    proc = spawn_omnicore("mcp", "--http", "--port", port, "--model", TINY, *STEPS, *flags,
+                          log_path=log)
     url = f"http://127.0.0.1:{port}/mcp"
     try:
         deadline = time.monotonic() + 90
-        while True:  # up once it answers (401: no key)
-            assert proc.poll() is None, (tmp_path / "mcp.log").read_text()[-4000:]
+        while True:  # up once it answers at all
+            assert proc.poll() is None, log.read_text()[-4000:]
             try:
-                if httpx.post(url, json={}, timeout=5).status_code == 401:
-                    break
+                httpx.post(url, json={}, timeout=5)
+                break
             except httpx.HTTPError:
                 pass
             assert time.monotonic() < deadline, "the MCP server is not up"
             time.sleep(0.3)
-
-        async def talk(key):
-            import httpx2
-
-            client = httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=120)
-            async with Client(streamable_http_client(url, http_client=client)) as c:
-                names = [t.name for t in (await c.list_tools()).tools]
-                return names, await c.call_tool("speak", {"text": "Over HTTP.", "voice": VOICE})
-        names, result = asyncio.run(talk("k-123"))
-        assert "speak" in names and sf.read(io.BytesIO(audio_of(result)[0]))[1] == 24000
-        assert httpx.post(url, json={}, timeout=10).status_code == 401
-        with pytest.raises(Exception):
-            asyncio.run(talk("wrong"))
+        yield url
     finally:
         stop_process(proc, 30)
+
+
+def http_session(url, key=None):
+    import httpx2
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return Client(streamable_http_client(url, http_client=httpx2.AsyncClient(headers=headers,
+                                                                              timeout=300)))
+
+
+def test_streamable_http_needs_the_key(house_voices, tmp_path):
+    with mcp_over_http(tmp_path, "--api-key", "k-123", "--voices-dir", house_voices) as url:
+        async def talk(key, arguments):
+            async with http_session(url, key) as c:
+                names = [t.name for t in (await c.list_tools()).tools]
+                return names, await c.call_tool("speak", arguments)
+        names, result = asyncio.run(talk("k-123", {"text": "Over HTTP.", "voice": VOICE}))
+        data, mime = audio_of(result)
+        assert "speak" in names and mime == "audio/mpeg"
+        assert sf.info(io.BytesIO(data)).samplerate == 24000
+        assert httpx.post(url, json={}, timeout=10).status_code == 401
+        with pytest.raises(Exception):
+            asyncio.run(talk("wrong", {"text": "Hi."}))
+        # Too big to carry inline, and no --output-dir: a refusal that says how to get it.
+        message = error_of(asyncio.run(talk("k-123", {"text": LONG, "voice": VOICE,
+                                                      "response_format": "wav"}))[1])
+        assert "KiB a result carries inline" in message and "'mp3'" in message
+        assert "--output-dir" in message
+    assert f"MCP: serving streamable HTTP at {url}" in (tmp_path / "mcp-http.log").read_text()
+
+
+def test_long_speech_over_http_reaches_the_sdks_own_client(house_voices, tmp_path):
+    """The SDK's HTTP client refuses an event over 1 MiB, ~25 s of wav: by default speak
+    answers in mp3 over HTTP, inline, with progress on the way; a wav past the inline limit is
+    written into --output-dir and linked."""
+    out = tmp_path / "out"
+    with mcp_over_http(tmp_path, "--voices-dir", house_voices, "--output-dir", out) as url:
+        heard = []
+
+        async def talk():
+            async with http_session(url) as c:
+                async def on_progress(progress, total, message):
+                    heard.append(progress)
+                mp3 = await c.call_tool("speak", {"text": LONG, "voice": VOICE},
+                                        progress_callback=on_progress)
+                return mp3, await c.call_tool("speak", {"text": LONG, "voice": VOICE,
+                                                        "response_format": "wav"})
+        mp3, wav = asyncio.run(talk())
+    data, mime = audio_of(mp3)
+    assert mime == "audio/mpeg" and sf.info(io.BytesIO(data)).duration * 48_000 > 1.1 * 2**20
+    assert len(heard) >= 4 and heard == sorted(set(heard))
+    assert not wav.is_error and [b.type for b in wav.content] == ["resource_link", "text"]
+    link = wav.content[0]
+    written = out / link.name
+    assert link.uri == written.as_uri() and link.mime_type == "audio/wav"
+    assert written.stat().st_size == link.size > 2**20 and sf.info(written).samplerate == 24000
+    assert "linked" in wav.content[1].text and sorted(out.iterdir()) == [written]
+
+
+def test_stdio_answers_unreadable_lines_and_logs_its_start_on_stderr(house_voices, tmp_path):
+    """A line that is no JSON-RPC message gets JSON-RPC's error (the SDK alone says nothing,
+    and the client waits); the start-up lines go to stderr, stdout carries only messages."""
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "test", "version": "0"}}}
+    with open(tmp_path / "stderr.log", "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "omnicore.cli", "mcp", "--model",
+                                 str(TINY), "--voices-dir", str(house_voices), *STEPS],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+    try:
+        proc.stdin.write(b"this is not json\n" + b'{"jsonrpc": "2.0", "method": 5}\n'
+                         + json.dumps(initialize).encode() + b"\n")
+        proc.stdin.flush()
+        answers = [json.loads(lines.get(timeout=120)) for _ in range(3)]
+        proc.stdin.close()
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            stop_process(proc, 10)
+    assert [(a.get("id"), a.get("error", {}).get("code")) for a in answers] == [
+        (None, -32700), (None, -32600), (1, None)]
+    assert answers[2]["result"]["serverInfo"]["name"] == "omnicore" and lines.empty()
+    log = (tmp_path / "stderr.log").read_text()
+    for line in ("model tiny-random", f" in {house_voices}", "Ready: ",
+                 "MCP: serving on stdio"):
+        assert line in log, log
 
 
 def test_same_text_voice_and_seed_same_audio_through_every_door(mcp, tiny_model, house_voices,

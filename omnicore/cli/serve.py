@@ -151,12 +151,14 @@ def add_parser(sub) -> None:
     wy.set_defaults(func=cmd_wyoming, compile_notice=False)  # the server logs it
 
     mc = sub.add_parser("mcp", help="an MCP server, for LLM agents (pip install 'omnicore[mcp]')",
-                        description="Serve the tools speak, list_voices, design_voice, clone_voice "
-                                    "and list_languages over MCP (stdio, or streamable HTTP with "
-                                    "--http), from one model and the voice library.")
+                        description="Serve the tools speak, list_voices, design_voice, "
+                                    "clone_voice, delete_voice and list_languages over MCP "
+                                    "(stdio, or streamable HTTP with --http), from one model and "
+                                    "the voice library.")
     common.add_model_options(mc)
-    mc.add_argument("--output-dir", help="the folder speak(path=...) writes into, and nothing "
-                                         "outside it (default: no files are written)")
+    mc.add_argument("--output-dir", help="the folder speak writes into (its `path`, and audio "
+                                         "too big to send inline), and nothing outside it "
+                                         "(default: no files are written)")
     mc.add_argument("--http", action="store_true",
                     help="streamable HTTP at http://HOST:PORT/mcp instead of stdio")
     mc.add_argument("--host", default="127.0.0.1", help="address to bind with --http "

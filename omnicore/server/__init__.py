@@ -130,3 +130,18 @@ def log_model(log, server, model_path) -> None:
     if server.voice_aliases:
         log.info("Voice aliases: %s", ", ".join(f"{a} -> {v}"
                                                 for a, v in server.voice_aliases.items()))
+
+
+def log_to_stderr(log, quiet: bool = False) -> None:
+    """A front door's own lines (start-up, drain) on stderr at INFO (WARNING with --quiet):
+    the command line keeps only the warnings of the `omnicore` logger, which `log` is under,
+    so it gets a handler of its own (and stops there: a warning is shown once)."""
+    import logging
+    import sys
+
+    if not log.handlers:  # once, however many times a door starts in one process
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.WARNING if quiet else logging.INFO)
+    log.propagate = False

@@ -80,14 +80,14 @@ def resolve_language(language: str | None) -> str | None:
         "(language-agnostic). Use an id such as 'en', 'zh', 'ja', 'de' or an English name such "
         "as 'English'; %s.",
         language,
-        _language_hint(language),
+        language_hint(language),
         f"supported_language_ids() and supported_language_names() list all {len(ID_TO_NAME)}",
         extra={"listing": "languages"},  # a front end may name its own way to list them
     )
     return None
 
 
-def _language_hint(language: str) -> str:
+def language_hint(language: str) -> str:
     """' (did you mean ...?)' for a near miss of an id or name, else ''."""
     key = language.strip().lower()
     if key in ID_TO_NAME:
