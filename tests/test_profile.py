@@ -275,6 +275,7 @@ STREAM_TEXT = ("Lights off, please. The thermostat is set to twenty-one degrees 
                "Goodnight, and sleep well until the morning comes.")
 # The live knobs at their exact settings: nothing of live's own is left but fast.
 LIVE_AT_EXACT = dict(first_chunk_steps=0, first_chunk_seconds=FIRST_CHUNK_SECONDS)
+MAX_LONG_STEPS = 1000  # a request that outlasts a whole stream (it is cancelled after it)
 
 
 @pytest.fixture(scope="module")
@@ -442,3 +443,33 @@ def test_the_model_may_default_to_live(model):
     b = _streamed(model, STREAM_TEXT, profile="live", **kw)
     assert a[2] == b[2]
     np.testing.assert_array_equal(a[0], b[0])
+
+
+def test_a_live_streams_chunk_0_packs_with_a_running_request(model):
+    """A live stream started while a long request runs: its chunk 0 (its own steps) shares that
+    request's forwards, and the stream is what it is alone, bit for bit."""
+    kw = dict(profile="live", num_step=4, first_chunk_steps=2, seed=8, **GREEDY)
+    alone = _streamed(model, STREAM_TEXT, **kw)
+    # cheaper per step than chunk 0, so the engine's least-work-first rule runs it alongside
+    long = PassSpec("Hi.", 10, "en", None, None, None, 0, GenerationConfig(num_step=MAX_LONG_STEPS))
+    seen, started = [], threading.Event()
+
+    def trace(ids):
+        seen.append(set(ids))
+        started.set()
+    model.engine.trace = trace
+    ticket = model.engine.submit([long])
+    try:
+        assert started.wait(60), "the long request never ran"
+        packed = _streamed(model, STREAM_TEXT, **kw)
+        assert not ticket.done(), "the long request ended before the stream: lengthen it"
+    finally:
+        ticket.cancel()
+        model.engine.trace = None
+    chunk0 = min(i for ids in seen for i in ids if i > ticket.id)
+    assert any({ticket.id, chunk0} <= ids for ids in seen)  # chunk 0 ran packed with it
+    assert sum(chunk0 in ids for ids in seen) == 2  # in its own 2 steps
+    assert packed[2] == alone[2]
+    for a, b in zip(packed[1], alone[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(packed[0], alone[0])
