@@ -75,8 +75,8 @@ class OmniVoice:
         "tf32", "bf16" or "fp16" (inputs rounded to that format, float32 accumulation, norms,
         softmax and scoring in float32; docs/configuration.md). ConfigError for another value.
         profile: the generation profile of calls that name none: "exact" (the default),
-        "fast" or "live" (approximate: GenerationConfig.for_profile; docs/performance.md). ConfigError
-        for another value. The process's runtime settings (backend, threads) are read first
+        "fast" or "live" (approximate: GenerationConfig.for_profile; docs/performance.md).
+        ConfigError for another value. The process's runtime settings (backend, threads) are read first
         (settings.configure)."""
         settings.configure()
         check_precision(precision)
