@@ -76,8 +76,8 @@ class OmniVoice:
         softmax and scoring in float32; docs/configuration.md). ConfigError for another value.
         profile: the generation profile of calls that name none: "exact" (the default),
         "fast" or "live" (approximate: GenerationConfig.for_profile; docs/performance.md).
-        ConfigError for another value. The process's runtime settings (backend, threads) are read first
-        (settings.configure)."""
+        ConfigError for another value. The process's runtime settings (backend, threads) are
+        read first (settings.configure)."""
         settings.configure()
         check_precision(precision)
         if profile not in PROFILES:

@@ -13,7 +13,9 @@ pieces:
 
 Each call is checked and resolved like `generate` (request.build_requests); the voice follows
 the long-form rule (a voice prompt conditions every chunk, else chunk 0's codes are the later
-chunks' reference) and chunk k draws from child k of the seed. The pieces joined equal the
+chunks' reference) and chunk k draws from child k of the seed. For an early first audio,
+GenerationConfig.first_chunk_seconds moves chunk 0's cut and first_chunk_steps gives chunk 0
+its own step count (the live profile sets both). The pieces joined equal the
 offline composition of the same passes (one-shot decodes, trimmed whole, joined by
 `postprocess.join_chunks`) up to float32 rounding; text in fragments gives the same audio as
 the whole string, bit for bit. The chunking rule, the post-processing a stream can and cannot
@@ -474,8 +476,8 @@ def stream(model, text, *, language=None, ref_audio=None, ref_text=None, voice_c
     `generate` (one text only; `audio_chunk_duration` / `audio_chunk_threshold` are accepted and
     unused: `rule` decides the chunks, by default `ChunkRule.with_first(first_chunk_seconds)`,
     and a `rule` given wins over first_chunk_seconds; chunk 0 is unmasked in
-    `first_chunk_steps` steps when that is set; `duration` needs a string). on_step is called from the
-    worker thread. decode_frames: frames of each chunk's first decode window (W; later windows are
+    `first_chunk_steps` steps when that is set; `duration` needs a string). on_step is called
+    from the worker thread. decode_frames: frames of each chunk's first decode window (W; later windows are
     4 W: see `decode_windows`); the first window's peak also sets the gain without a voice
     prompt. lookahead: chunks the worker may
     finish beyond the one being consumed (1 = chunk k+1 is made while chunk k is consumed).

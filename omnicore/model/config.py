@@ -228,8 +228,8 @@ class GenerationConfig:
     profile: str = "exact"
     prefix_refresh: int = 1  # fast: the conditional row in full every this many steps
     uncond_every: int = 1  # fast: the unconditional row every this many steps
-    first_chunk_steps: int = 0  # a stream's chunk 0 in this many steps (0: num_step)
-    first_chunk_seconds: float = FIRST_CHUNK_SECONDS  # a stream's chunk 0 ends after this much speech
+    first_chunk_steps: int = 0  # live: a stream's chunk 0 in this many steps (0: num_step)
+    first_chunk_seconds: float = FIRST_CHUNK_SECONDS  # live: where a stream's chunk 0 ends
 
     def __post_init__(self):
         from ..errors import InputError
