@@ -110,6 +110,21 @@ async def llm_writes(send) -> None:
         await send(frag)
 
 
+async def first_and_all(write, receive, is_audio, is_end) -> tuple[float, float]:
+    """Run `write()` (the request) beside reading `receive()` until `is_end(item)`: (seconds
+    to the first item that `is_audio`, seconds to the end), from the start of the write."""
+    t0 = time.perf_counter()
+    writer = asyncio.create_task(write())
+    first = None
+    while True:
+        item = await receive()
+        if first is None and is_audio(item):
+            first = time.perf_counter() - t0
+        elif is_end(item):
+            await writer
+            return first, time.perf_counter() - t0
+
+
 # -- the doors ----------------------------------------------------------------------------------
 
 async def http_pcm(url, settings):
@@ -140,16 +155,9 @@ async def websocket(url, settings):
                 await llm_writes(lambda f: ws.send(json.dumps({"text": f})))
                 await ws.send(json.dumps({"flush": True}))
 
-            t0 = time.perf_counter()
-            writer = asyncio.create_task(write())
-            first = None
-            while True:
-                m = await ws.recv()
-                if isinstance(m, bytes) and first is None:
-                    first = time.perf_counter() - t0
-                elif isinstance(m, str) and json.loads(m)["type"] == "audio.done":
-                    await writer
-                    return first, time.perf_counter() - t0
+            return await first_and_all(
+                write, ws.recv, lambda m: isinstance(m, bytes),
+                lambda m: isinstance(m, str) and json.loads(m)["type"] == "audio.done")
         return await timed(ARGS.reps, once)
 
 
@@ -249,16 +257,8 @@ async def pipecat_adapter(url, settings):
             await llm_writes(lambda f: worker.queue_frame(LLMTextFrame(text=f)))
             await worker.queue_frame(LLMFullResponseEndFrame())
 
-        t0 = time.perf_counter()
-        writer = asyncio.create_task(write())
-        first = None
-        while True:
-            frame = await out.get()
-            if isinstance(frame, TTSAudioRawFrame) and first is None:
-                first = time.perf_counter() - t0
-            elif isinstance(frame, TTSStoppedFrame) and first is not None:  # the utterance ends
-                await writer
-                return first, time.perf_counter() - t0
+        return await first_and_all(write, out.get, lambda f: isinstance(f, TTSAudioRawFrame),
+                                   lambda f: isinstance(f, TTSStoppedFrame))  # the utterance ends
     try:
         return await timed(ARGS.reps, once)
     finally:
@@ -277,24 +277,18 @@ async def wyoming(port, streamed: bool):
         # Wyoming has no cancel: a client stops a text by leaving, so a run has its own
         # connection (opened before the clock starts).
         async with AsyncTcpClient("127.0.0.1", port) as client:
-            t0 = time.perf_counter()
-            if streamed:
-                async def write():
-                    await client.write_event(SynthesizeStart(voice=voice).event())
-                    await llm_writes(lambda f: client.write_event(SynthesizeChunk(text=f).event()))
-                    await client.write_event(SynthesizeStop().event())
-                writer = asyncio.create_task(write())
-            else:
-                await client.write_event(Synthesize(text=TEXT, voice=voice).event())
-            first, end = None, "synthesize-stopped" if streamed else "audio-stop"
-            while True:
-                kind = (await client.read_event()).type
-                if kind == "audio-chunk" and first is None:
-                    first = time.perf_counter() - t0
-                elif kind == end:
-                    if streamed:
-                        await writer
-                    return first, time.perf_counter() - t0
+            async def write():
+                if not streamed:
+                    return await client.write_event(Synthesize(text=TEXT, voice=voice).event())
+                await client.write_event(SynthesizeStart(voice=voice).event())
+                await llm_writes(lambda f: client.write_event(SynthesizeChunk(text=f).event()))
+                await client.write_event(SynthesizeStop().event())
+
+            async def kind():
+                return (await client.read_event()).type
+            end = "synthesize-stopped" if streamed else "audio-stop"
+            return await first_and_all(write, kind, lambda k: k == "audio-chunk",
+                                       lambda k: k == end)
     return await timed(ARGS.reps, once)
 
 
