@@ -1,21 +1,34 @@
 #!/usr/bin/env python3
-"""The time to first audio through each front door, measured the same way: one request at a
-time, from the moment the request leaves the client (its connection already open, as a client
-that keeps one holds it) to the first audio byte it gets back, the median of --reps runs after
-one warm-up run, the same text and voice, the server's default generation settings (what the
-frameworks' stock classes, which cannot set them, get). Each run stops at its first audio (the
-request is closed or cancelled, as a barge-in would), so the server is idle for the next.
+"""The time to first audio, and to all of it, through each front door, measured the same way:
+one request at a time, from the moment the request leaves the client (its connection already
+open, as a client that keeps one holds it) to the first audio byte it gets back and to the end
+of the utterance, the median of --reps runs after one warm-up run, the same text and voice, the
+server's default generation settings (what the frameworks' stock classes, which cannot set
+them, get).
 
-    python3 benchmarks/bench_doors.py [--model DIR] [--reps 3] [--steps N] [--markdown FILE]
+    python3 benchmarks/bench_doors.py [--model DIR] [--profile exact|fast|live] [--reps 3]
+                                      [--steps N] [--no-stretch] [--rtf-profiles LIST]
+                                      [--markdown FILE]
 
---model defaults to $OMNICORE_BENCH_MODEL, else weights/tiny-random; --steps sets num_step for
-every door (default: the reference's 32; the stock classes then cannot follow, and are left
-out). One server process at a time (a full-size model is 3-6 GB): `omnicore serve` for HTTP
-streaming pcm, the WebSocket, LiveKit's and Pipecat's stock OpenAI classes and omnicore's
-adapters for them; then `omnicore wyoming` (one-shot, and the text streamed in word by word,
-all at once); then `omnicore mcp` over stdio (`speak` returns the whole file: its first audio
-is its last). `model.stream` in this process is the floor. The frameworks run directly,
-without a room or a transport.
+The text is a voice assistant's answer. One-shot doors get it whole; the text-in doors
+(WebSocket, the adapters, Wyoming streamed) and `model.stream` get it as an LLM writes it:
+LLM_CHARS characters every LLM_EVERY_S seconds, the clock starting at the first fragment.
+--model defaults to $OMNICORE_BENCH_MODEL, else weights/tiny-random; --profile is every
+server's default profile (`--profile` of serve, wyoming and mcp) and the in-process stream's;
+--steps sets num_step for every door (default: the profile's; the stock classes then cannot
+follow, and are left out). One server process at a time (a full-size model is 3-6 GB):
+`omnicore serve` for HTTP streaming pcm, the WebSocket, LiveKit's and Pipecat's stock OpenAI
+classes and omnicore's adapters for them; then `omnicore wyoming` (one-shot, and streamed in);
+then `omnicore mcp` over stdio (`speak` returns the whole file: its first audio is its last).
+`model.stream` in this process is the floor. The frameworks run directly, without a room or a
+transport.
+
+The goal column: first audio <= GOAL_S at each door's default (a Home Assistant Voice PE
+satellite gives up after ~5 s without audio); LiveKit's stock class must see its first frame
+within its 10 s timeout; the stretch rows (STRETCH: the most aggressive settings still offered,
+the floor and HTTP) aim at <= STRETCH_GOAL_S. Last, the steady-state RTF after chunk 0 of each
+profile in --rtf-profiles (bench_streaming.run_stream on the floor's text, one run each):
+whether the chunks after the first keep up with playback.
 """
 
 from __future__ import annotations
@@ -34,10 +47,17 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-TEXT = ("Hello! This is the first sentence, and it is long enough to be spoken on its own. "
-        "The second one is made while the first one plays.")
+sys.path.insert(0, str(ROOT / "benchmarks"))
+TEXT = "The living room lights are now off, and the thermostat is set to twenty-one degrees."
 VOICE = "alloy"
-WORDS = [w + " " for w in TEXT.split(" ")]
+LLM_CHARS, LLM_EVERY_S = 4, 0.05  # an LLM writing: a few characters every 50 ms
+FRAGMENTS = [TEXT[i:i + LLM_CHARS] for i in range(0, len(TEXT), LLM_CHARS)]
+GOAL_S = 5.0            # first audio at each door's default
+LIVEKIT_TIMEOUT_S = 10.0  # LiveKit's stock OpenAI class gives up after this (3 retries)
+STRETCH_GOAL_S = 2.5
+# The most aggressive first chunk still offered: 3 steps, cut at a clause end after 0.5 s of
+# speech or a word break after 1.5 s (below 3 steps a pass is nearly one-shot prediction).
+STRETCH = {"profile": "live", "first_chunk_steps": 3, "first_chunk_seconds": 0.5}
 
 
 def free_port() -> int:
@@ -76,10 +96,33 @@ def stop(proc) -> None:
         proc.kill()
 
 
-async def timed(runs: int, once) -> list[float]:
-    """`once()` -> its first-audio seconds; one warm-up run, then `runs`."""
+async def timed(runs: int, once) -> list[tuple[float, float]]:
+    """`once()` -> (first-audio seconds, whole-utterance seconds); one warm-up run, then `runs`."""
     await once()
     return [await once() for _ in range(runs)]
+
+
+async def llm_writes(send) -> None:
+    """`send(fragment)` for each fragment of the text, paced as an LLM writes it."""
+    for i, frag in enumerate(FRAGMENTS):
+        if i:
+            await asyncio.sleep(LLM_EVERY_S)
+        await send(frag)
+
+
+async def first_and_all(write, receive, is_audio, is_end) -> tuple[float, float]:
+    """Run `write()` (the request) beside reading `receive()` until `is_end(item)`: (seconds
+    to the first item that `is_audio`, seconds to the end), from the start of the write."""
+    t0 = time.perf_counter()
+    writer = asyncio.create_task(write())
+    first = None
+    while True:
+        item = await receive()
+        if first is None and is_audio(item):
+            first = time.perf_counter() - t0
+        elif is_end(item):
+            await writer
+            return first, time.perf_counter() - t0
 
 
 # -- the doors ----------------------------------------------------------------------------------
@@ -88,12 +131,15 @@ async def http_pcm(url, settings):
     async with httpx.AsyncClient(timeout=900) as client:
         async def once():
             t0 = time.perf_counter()
+            first = None
             async with client.stream("POST", url + "/v1/audio/speech", json={
                     "input": TEXT, "voice": VOICE, "response_format": "pcm",
                     "stream_format": "audio", **settings}) as r:
+                r.raise_for_status()
                 async for part in r.aiter_bytes():
-                    if part:
-                        return time.perf_counter() - t0  # leaving closes the response
+                    if part and first is None:
+                        first = time.perf_counter() - t0
+            return first, time.perf_counter() - t0
         return await timed(ARGS.reps, once)
 
 
@@ -105,18 +151,13 @@ async def websocket(url, settings):
         await ws.send(json.dumps({"voice": VOICE, "response_format": "pcm", **settings}))
 
         async def once():
-            t0 = time.perf_counter()
-            for w in WORDS:
-                await ws.send(json.dumps({"text": w}))
-            await ws.send(json.dumps({"flush": True}))
-            first = None
-            while True:
-                m = await ws.recv()
-                if isinstance(m, bytes) and first is None:
-                    first = time.perf_counter() - t0
-                    await ws.send(json.dumps({"cancel": True}))
-                elif isinstance(m, str) and json.loads(m)["type"] == "audio.done":
-                    return first
+            async def write():
+                await llm_writes(lambda f: ws.send(json.dumps({"text": f})))
+                await ws.send(json.dumps({"flush": True}))
+
+            return await first_and_all(
+                write, ws.recv, lambda m: isinstance(m, bytes),
+                lambda m: isinstance(m, str) and json.loads(m)["type"] == "audio.done")
         return await timed(ARGS.reps, once)
 
 
@@ -127,9 +168,11 @@ async def livekit_stock(url, settings):
 
     async def once():
         t0 = time.perf_counter()
+        first = None
         async with tts.synthesize(TEXT) as stream:
             async for _ in stream:
-                return time.perf_counter() - t0  # leaving closes the stream
+                first = first or time.perf_counter() - t0
+        return first, time.perf_counter() - t0
     try:
         return await timed(ARGS.reps, once)
     finally:
@@ -144,14 +187,20 @@ async def livekit_adapter(url, settings):
     async def once():
         t0 = time.perf_counter()  # the socket opens per stream: counted
         stream = tts.stream()
-        for w in WORDS:
-            stream.push_text(w)
-        stream.end_input()
+
+        async def write():
+            async def push(fragment):
+                stream.push_text(fragment)
+            await llm_writes(push)
+            stream.end_input()
+        writer = asyncio.create_task(write())
+        first = None
         async for _ in stream:
-            first = time.perf_counter() - t0
-            break
-        await stream.aclose()  # a barge-in: the server cancels the rest
-        return first
+            first = first or time.perf_counter() - t0
+        total = time.perf_counter() - t0
+        await writer
+        await stream.aclose()
+        return first, total
     try:
         return await timed(ARGS.reps, once)
     finally:
@@ -171,8 +220,11 @@ async def pipecat_stock(url, settings):
 
     async def once():
         t0 = time.perf_counter()
-        async for _ in svc.run_tts(TEXT, "turn"):
-            return time.perf_counter() - t0  # leaving closes the response
+        first = None
+        async for frame in svc.run_tts(TEXT, "turn"):
+            if first is None and type(frame).__name__ == "TTSAudioRawFrame":
+                first = time.perf_counter() - t0
+        return first, time.perf_counter() - t0
     try:
         return await timed(ARGS.reps, once)
     finally:
@@ -180,8 +232,9 @@ async def pipecat_stock(url, settings):
 
 
 async def pipecat_adapter(url, settings):
-    from pipecat.frames.frames import (EndFrame, InterruptionFrame, LLMFullResponseEndFrame,
-                                       LLMFullResponseStartFrame, LLMTextFrame, TTSAudioRawFrame)
+    from pipecat.frames.frames import (EndFrame, LLMFullResponseEndFrame,
+                                       LLMFullResponseStartFrame, LLMTextFrame, TTSAudioRawFrame,
+                                       TTSStoppedFrame)
     from pipecat.pipeline.pipeline import Pipeline
     from pipecat.pipeline.worker import PipelineWorker
     from pipecat.processors.frame_processor import FrameDirection
@@ -199,20 +252,13 @@ async def pipecat_adapter(url, settings):
     running = asyncio.create_task(runner.run())
 
     async def once():
-        t0 = time.perf_counter()
-        await worker.queue_frame(LLMFullResponseStartFrame())
-        for w in WORDS:
-            await worker.queue_frame(LLMTextFrame(text=w))
-        await worker.queue_frame(LLMFullResponseEndFrame())
-        while not isinstance(await out.get(), TTSAudioRawFrame):
-            pass
-        first = time.perf_counter() - t0
-        await worker.queue_frame(InterruptionFrame())  # a barge-in: the server cancels the rest
-        while True:  # until the interrupted turn's frames stop coming
-            try:
-                await asyncio.wait_for(out.get(), 2)
-            except asyncio.TimeoutError:
-                return first
+        async def write():
+            await worker.queue_frame(LLMFullResponseStartFrame())
+            await llm_writes(lambda f: worker.queue_frame(LLMTextFrame(text=f)))
+            await worker.queue_frame(LLMFullResponseEndFrame())
+
+        return await first_and_all(write, out.get, lambda f: isinstance(f, TTSAudioRawFrame),
+                                   lambda f: isinstance(f, TTSStoppedFrame))  # the utterance ends
     try:
         return await timed(ARGS.reps, once)
     finally:
@@ -231,17 +277,18 @@ async def wyoming(port, streamed: bool):
         # Wyoming has no cancel: a client stops a text by leaving, so a run has its own
         # connection (opened before the clock starts).
         async with AsyncTcpClient("127.0.0.1", port) as client:
-            t0 = time.perf_counter()
-            if streamed:
+            async def write():
+                if not streamed:
+                    return await client.write_event(Synthesize(text=TEXT, voice=voice).event())
                 await client.write_event(SynthesizeStart(voice=voice).event())
-                for w in WORDS:
-                    await client.write_event(SynthesizeChunk(text=w).event())
+                await llm_writes(lambda f: client.write_event(SynthesizeChunk(text=f).event()))
                 await client.write_event(SynthesizeStop().event())
-            else:
-                await client.write_event(Synthesize(text=TEXT, voice=voice).event())
-            while (await client.read_event()).type != "audio-chunk":
-                pass
-            return time.perf_counter() - t0
+
+            async def kind():
+                return (await client.read_event()).type
+            end = "synthesize-stopped" if streamed else "audio-stop"
+            return await first_and_all(write, kind, lambda k: k == "audio-chunk",
+                                       lambda k: k == end)
     return await timed(ARGS.reps, once)
 
 
@@ -260,26 +307,51 @@ async def mcp_speak(model, settings_flags):
                 t0 = time.perf_counter()
                 result = await client.call_tool("speak", {"text": TEXT, "voice": VOICE})
                 assert not result.is_error, result.content
-                return time.perf_counter() - t0
+                took = time.perf_counter() - t0
+                return took, took
             return await timed(ARGS.reps, once)
 
 
-def floor(model_dir, settings) -> list[float]:
-    """model.stream in this process: no door at all."""
-    from omnicore import OmniVoice
+def llm_text():
+    """The text as an LLM writes it, for `model.stream` (read in its reader thread)."""
+    for i, fragment in enumerate(FRAGMENTS):
+        if i:
+            time.sleep(LLM_EVERY_S)
+        yield fragment
 
+
+def floor(model_dir, settings) -> tuple[list, list]:
+    """model.stream in this process, no door at all: (rows, steady-state RTF per profile)."""
+    from bench_streaming import run_stream
+
+    from omnicore import OmniVoice
     from omnicore.server.voices import PRESET_VOICES, designed_voice
 
-    model = OmniVoice.from_pretrained(model_dir)
+    model = OmniVoice.from_pretrained(model_dir, profile=ARGS.profile)
     prompt = designed_voice(model, *PRESET_VOICES[VOICE])  # the preset, as the servers make it
 
-    def once():
-        t0 = time.perf_counter()
-        with model.stream(TEXT, voice_clone_prompt=prompt, **settings) as stream:
-            next(stream)
-            return time.perf_counter() - t0  # leaving closes the stream
-    once()
-    return [once() for _ in range(ARGS.reps)]
+    def runs(text, kw):
+        def once():
+            t0 = time.perf_counter()
+            first = None
+            with model.stream(text() if callable(text) else text, voice_clone_prompt=prompt,
+                              **kw) as stream:
+                for _ in stream:
+                    first = first or time.perf_counter() - t0
+            return first, time.perf_counter() - t0
+        once()
+        return [once() for _ in range(ARGS.reps)]
+
+    rows = [("model.stream, one-shot (this process, no door)", runs(TEXT, settings), GOAL_S),
+            ("model.stream, streamed in (this process)", runs(llm_text, settings), GOAL_S)]
+    if ARGS.stretch:
+        rows.append(("stretch: model.stream, streamed in", runs(llm_text, {**settings, **STRETCH}),
+                     STRETCH_GOAL_S))
+    rtf = []
+    for profile in ARGS.rtf_profiles:
+        r = run_stream(model, TEXT, dict(voice_clone_prompt=prompt, profile=profile, seed=0))
+        rtf.append((profile, r))
+    return rows, rtf
 
 
 def attempt(door, *args):
@@ -294,34 +366,86 @@ def attempt(door, *args):
 
 # -- the run ------------------------------------------------------------------------------------
 
+def table(rows, rtf) -> list[str]:
+    load = os.getloadavg()
+    http = next((statistics.median(f for f, _ in r) for name, r, _ in rows
+                 if name.startswith("HTTP") and not isinstance(r, str)), None)
+    steps = ARGS.steps or "the profile's"
+    lines = [f"model {ARGS.model}, profile {ARGS.profile}, {steps} steps, "
+             f"voice {VOICE}, text streamed in {LLM_CHARS} characters every {LLM_EVERY_S * 1000:.0f} "
+             f"ms where a door takes text in; median of {ARGS.reps} after a warm-up; load average "
+             f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", "",
+             "| door | first audio (s), median | all of it (s), median | runs: first / all (s) "
+             "| first / HTTP | goal |", "|---|---|---|---|---|---|"]
+    for name, runs, goal in rows:
+        if isinstance(runs, str):  # the client gave up: its own timeout, say
+            lines.append(f"| {name} | failed | | {runs} | | <= {goal:g} s: missed |")
+            continue
+        first = statistics.median(f for f, _ in runs)
+        total = statistics.median(t for _, t in runs)
+        met = "met" if first <= goal else "missed"
+        lines.append(f"| {name} | {first:.2f} | {total:.2f} | "
+                     f"{', '.join(f'{f:.2f} / {t:.2f}' for f, t in runs)} | "
+                     f"{first / http:.2f} | <= {goal:g} s: {met} |" if http else
+                     f"| {name} | {first:.2f} | {total:.2f} | | | <= {goal:g} s: {met} |")
+    if rtf:
+        lines += ["", "| profile (model.stream, one-shot, one run) | first audio (s) | all of it (s) "
+                  "| chunk 0: frames, unmask (s) | steady-state RTF after chunk 0 |",
+                  "|---|---|---|---|---|"]
+        for profile, r in rtf:
+            c0 = r["chunks"][0]
+            lines.append(f"| {profile} | {r['ttfb_s']:.2f} | {r['total_s']:.2f} | {c0['frames']}, "
+                         f"{c0['unmask_s']:.2f} | {r['steady_rtf']:.2f} |")
+    return lines
+
+
 def main() -> None:
     global ARGS
+    from omnicore.model.config import PROFILES
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=os.environ.get("OMNICORE_BENCH_MODEL",
                                                      str(ROOT / "weights" / "tiny-random")))
+    p.add_argument("--profile", choices=PROFILES, default="exact",
+                   help="every server's default profile, and the in-process stream's")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--steps", type=int, help="num_step for every door (default: 32, the "
-                                              "reference's; the stock classes need it)")
+    p.add_argument("--steps", type=int, help="num_step for every door (default: the profile's; "
+                                              "the stock classes need it)")
+    p.add_argument("--no-stretch", dest="stretch", action="store_false",
+                   help="leave out the stretch rows (STRETCH settings)")
+    p.add_argument("--rtf-profiles", default=",".join(PROFILES),
+                   help="profiles whose steady-state RTF after chunk 0 is measured, comma-"
+                        "separated, or 'none' (default %(default)s)")
     p.add_argument("--markdown", help="also write the table here")
     ARGS = p.parse_args()
+    ARGS.rtf_profiles = [] if ARGS.rtf_profiles == "none" else ARGS.rtf_profiles.split(",")
+    bad = [x for x in ARGS.rtf_profiles if x not in PROFILES]
+    if bad:
+        p.error(f"--rtf-profiles: unknown profile(s) {', '.join(bad)}")
     settings = {"num_step": ARGS.steps} if ARGS.steps else {}
-    flags = ("--steps", ARGS.steps) if ARGS.steps else ()
+    flags = (("--steps", ARGS.steps) if ARGS.steps else ()) + ("--profile", ARGS.profile)
     voices = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-doors-{os.getpid()}"
     rows = []
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = spawn("serve", "--model", ARGS.model, "--port", port, "--voices-dir", voices)
+    proc = spawn("serve", "--model", ARGS.model, "--port", port, "--voices-dir", voices,
+                 "--profile", ARGS.profile)
     try:
         wait(proc, lambda: httpx.get(url + "/health", timeout=2).status_code == 200, "serve")
-        doors = [("HTTP POST, pcm streamed", http_pcm), ("WebSocket (stream-input)", websocket),
-                 ("LiveKit adapter (WebSocket)", livekit_adapter),
-                 ("Pipecat adapter (WebSocket)", pipecat_adapter)]
+        doors = [("HTTP POST, pcm streamed (one-shot)", http_pcm, GOAL_S),
+                 ("WebSocket (stream-input), streamed in", websocket, GOAL_S),
+                 ("LiveKit adapter (WebSocket), streamed in", livekit_adapter, GOAL_S),
+                 ("Pipecat adapter (WebSocket), streamed in", pipecat_adapter, GOAL_S)]
         if not ARGS.steps:
-            doors += [("LiveKit stock OpenAI TTS (mp3 over SSE)", livekit_stock),
-                      ("Pipecat stock OpenAITTSService (pcm)", pipecat_stock)]
-        for name, door in doors:
-            rows.append((name, attempt(door, url, settings)))
+            doors += [("LiveKit stock OpenAI TTS (mp3 over SSE, one-shot)", livekit_stock,
+                       LIVEKIT_TIMEOUT_S),
+                      ("Pipecat stock OpenAITTSService (pcm, one-shot)", pipecat_stock, GOAL_S)]
+        for name, door, goal in doors:
+            rows.append((name, attempt(door, url, settings), goal))
+        if ARGS.stretch:
+            rows.append(("stretch: HTTP POST, pcm streamed", attempt(
+                http_pcm, url, {**settings, **STRETCH}), STRETCH_GOAL_S))
     finally:
         stop(proc)
 
@@ -335,27 +459,17 @@ def main() -> None:
             with socket.create_connection(("127.0.0.1", port), 1):
                 return True
         wait(proc, up, "wyoming")
-        rows.append(("Wyoming synthesize (one-shot)", attempt(wyoming, port, False)))
-        rows.append(("Wyoming synthesize-chunk (streamed in)", attempt(wyoming, port, True)))
+        rows.append(("Wyoming synthesize (one-shot)", attempt(wyoming, port, False), GOAL_S))
+        rows.append(("Wyoming synthesize-chunk (streamed in)", attempt(wyoming, port, True), GOAL_S))
     finally:
         stop(proc)
     rows.append(("MCP speak (stdio; the whole file)", attempt(
-        mcp_speak, ARGS.model, ("--voices-dir", str(voices), *map(str, flags)))))
+        mcp_speak, ARGS.model, ("--voices-dir", str(voices), *map(str, flags))), GOAL_S))
     # Last: no server holds a model while this process does.
-    rows.insert(0, ("model.stream (this process, no door)", floor(ARGS.model, settings)))
+    floor_rows, rtf = floor(ARGS.model, settings)
+    rows = floor_rows + rows
 
-    load = os.getloadavg()
-    http = statistics.median(rows[1][1])
-    lines = [f"model {ARGS.model}, {ARGS.steps or 32} steps, voice {VOICE}, median of {ARGS.reps} "
-             f"after a warm-up; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", "",
-             "| door | first audio (s), median | runs (s) | / HTTP |", "|---|---|---|---|"]
-    for name, runs in rows:
-        if isinstance(runs, str):  # the client gave up: its own timeout, say
-            lines.append(f"| {name} | failed | {runs} | |")
-            continue
-        med = statistics.median(runs)
-        lines.append(f"| {name} | {med:.2f} | {', '.join(f'{r:.2f}' for r in runs)} | "
-                     f"{med / http:.2f} |")
+    lines = table(rows, rtf)
     print("\n".join(lines))
     if ARGS.markdown:
         Path(ARGS.markdown).write_text("\n".join(lines) + "\n")

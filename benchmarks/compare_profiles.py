@@ -1,27 +1,34 @@
 #!/usr/bin/env python3
-"""How far the approximate `fast` profile's speech is from `exact`'s, on your own weights.
+"""How far an approximate profile's speech (`fast`, or `live`) is from `exact`'s, on your own
+weights.
 
-    python3 benchmarks/compare_profiles.py --model k2-fsa/OmniVoice
+    python3 benchmarks/compare_profiles.py --model k2-fsa/OmniVoice [--profile fast|live]
         [--texts FILE] [--voice CLIP=TRANSCRIPT ...] [--instruct TEXT ...] [--seeds N]
         [--exact-steps N] [--fast-steps N] [--prefix-refresh N] [--uncond-every N]
-        [--save DIR] [--json FILE]
+        [--first-chunk-steps N] [--first-chunk-seconds S] [--save DIR] [--json FILE]
 
-omnicore cannot measure what `fast` does to speech: no real weights can be had where it is
-built and tested (docs/performance.md). This script lets anyone who has them check. For every
-text and voice (auto, each --instruct design, each --voice clone) and every seed it generates
-the same utterance with profile="exact" and with profile="fast" (the same seed, the same length:
-post-processing off, so both are exactly frames x 960 samples) and reports:
+omnicore cannot measure what `fast` or `live` does to speech: no real weights can be had where
+it is built and tested (docs/performance.md). This script lets anyone who has them check. For
+every text and voice (auto, each --instruct design, each --voice clone) and every seed it
+generates the same utterance with profile="exact" and with the --profile (the same seed, the
+same length: post-processing off, so both are exactly frames x 960 samples) and reports:
 
-    codes equal     the share of the [8, T] cells where fast chose exact's code
-    mel distance    mean |log-mel(fast) - log-mel(exact)| (80 bands, 1024-point frames, hop 256)
+    codes equal     the share of the [8, T] cells where the profile chose exact's code
+    mel distance    mean |log-mel(profile) - log-mel(exact)| (80 bands, 1024-point frames, hop 256)
     seed distance   the same between exact with seed s and exact with seed s + 1000: how far two
-                    equally good takes of the same text lie apart. A fast distance well inside it
-                    means the profile changes the take, not its quality
-    time            wall seconds of each profile, and fast / exact
+                    equally good takes of the same text lie apart. A profile's distance well
+                    inside it means the profile changes the take, not its quality
+    time            wall seconds of each profile, and profile / exact
+
+`live` differs from `fast` only in a stream's chunk 0 (its own steps, an earlier cut), so with
+--profile live both sides are streamed (`model.stream`, the chunks' codes joined) and the time
+to each one's first audio is reported too. When live cuts chunk 0 elsewhere than exact's rule,
+the chunks (and so the codes) do not line up: codes equal is then "-" and the mel distance is
+taken over the shorter take, so it also counts the different cut.
 
 Codes agreement and mel distance say how much the output moved, not whether it got worse:
 for that, listen, or run an ASR / speaker-similarity judge on the files `--save DIR` writes
-(exact_*.wav, fast_*.wav).
+(exact_*.wav, fast_*.wav or live_*.wav).
 
 Dimension legend: C codebooks (8), T frames, L samples, F STFT frames, M mel bands.
 """
@@ -99,10 +106,14 @@ def parse_args(argv=None):
     ap.add_argument("--instruct", action="append", default=[],
                     help="a designed voice, e.g. 'female, low pitch' (repeatable)")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per case (default %(default)s)")
+    ap.add_argument("--profile", choices=("fast", "live"), default="fast",
+                    help="the approximate profile compared with exact (default %(default)s)")
     ap.add_argument("--exact-steps", type=int, help="num_step of exact (default: its own, 32)")
-    ap.add_argument("--fast-steps", type=int, help="num_step of the fast profile (default: its own)")
-    ap.add_argument("--prefix-refresh", type=int, help="the fast profile's prefix_refresh")
-    ap.add_argument("--uncond-every", type=int, help="the fast profile's uncond_every")
+    ap.add_argument("--fast-steps", type=int, help="num_step of the profile (default: its own)")
+    ap.add_argument("--prefix-refresh", type=int, help="the profile's prefix_refresh")
+    ap.add_argument("--uncond-every", type=int, help="the profile's uncond_every")
+    ap.add_argument("--first-chunk-steps", type=int, help="live: chunk 0's steps")
+    ap.add_argument("--first-chunk-seconds", type=float, help="live: where chunk 0 is cut")
     ap.add_argument("--max-texts", type=int, help="use only the first N texts")
     ap.add_argument("--save", type=Path, help="write every take as WAV here, to listen or judge")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
@@ -121,29 +132,38 @@ def voices(model, args):
     return out
 
 
-def take(model, text, voice_kw, seed, **profile_kw):
-    """One generation with post-processing off: (codes [C, T], audio [960 T], seconds)."""
+def take(model, text, voice_kw, seed, streamed=False, **profile_kw):
+    """One generation with post-processing off: (codes [C, T], audio [960 T], seconds, seconds
+    to the first audio). `streamed`: through `model.stream`, its chunks' codes joined."""
     t0 = time.perf_counter()
-    s = model.synthesize(text, seed=seed, postprocess_output=False, **voice_kw, **profile_kw)[0]
-    return s.codes, s.audio, time.perf_counter() - t0
+    kw = dict(seed=seed, postprocess_output=False, **voice_kw, **profile_kw)
+    if not streamed:
+        s = model.synthesize(text, **kw)[0]
+        took = time.perf_counter() - t0
+        return s.codes, s.audio, took, took
+    st = model.stream(text, **kw)
+    audio = np.concatenate(list(st))
+    codes = np.concatenate([c["codes"] for c in st.chunk_stats], axis=1)
+    return codes, audio, time.perf_counter() - t0, st.first_audio_s
 
 
 def compare(model, texts, voice_list, seeds: int, fast_kw: dict, exact_kw: dict,
-            save: Path | None = None) -> list[dict]:
-    sr, rows = model.sampling_rate, []
+            save: Path | None = None, profile: str = "fast") -> list[dict]:
+    sr, rows, streamed = model.sampling_rate, [], profile == "live"
     for ti, text in enumerate(texts):
         for vname, vkw in voice_list:
             for seed in range(seeds):
-                ce, we, te = take(model, text, vkw, seed, profile="exact", **exact_kw)
-                cf, wf, tf = take(model, text, vkw, seed, profile="fast", **fast_kw)
-                c2, w2, _ = take(model, text, vkw, seed + SEED_OFFSET, profile="exact", **exact_kw)
+                ce, we, te, fe = take(model, text, vkw, seed, streamed, profile="exact", **exact_kw)
+                cf, wf, tf, ff = take(model, text, vkw, seed, streamed, profile=profile, **fast_kw)
+                c2, w2, _, _ = take(model, text, vkw, seed + SEED_OFFSET, streamed, profile="exact",
+                                    **exact_kw)
                 rows.append({
                     "text": ti, "voice": vname, "seed": seed, "frames": int(ce.shape[1]),
                     "codes_equal": float((cf == ce).mean()) if cf.shape == ce.shape else None,
                     "mel_distance": mel_distance(wf, we, sr),
                     "seed_distance": mel_distance(w2, we, sr),
                     "seed_codes_equal": float((c2 == ce).mean()) if c2.shape == ce.shape else None,
-                    "exact_s": te, "fast_s": tf,
+                    "exact_s": te, "profile_s": tf, "exact_first_s": fe, "profile_first_s": ff,
                 })
                 if save is not None:
                     import soundfile as sf
@@ -151,20 +171,25 @@ def compare(model, texts, voice_list, seeds: int, fast_kw: dict, exact_kw: dict,
                     save.mkdir(parents=True, exist_ok=True)
                     stem = f"t{ti}_{vname.replace(' ', '')}_s{seed}"
                     sf.write(save / f"exact_{stem}.wav", we, sr)
-                    sf.write(save / f"fast_{stem}.wav", wf, sr)
-                print(_row(rows[-1]), flush=True)
+                    sf.write(save / f"{profile}_{stem}.wav", wf, sr)
+                print(_row(rows[-1], streamed), flush=True)
     return rows
 
 
-def _row(r: dict) -> str:
+def _row(r: dict, streamed: bool = False) -> str:
     eq = "-" if r["codes_equal"] is None else f"{100 * r['codes_equal']:.1f} %"
+    first = (f" {r['exact_first_s']:.1f} s | {r['profile_first_s']:.1f} s |" if streamed else "")
     return (f"| {r['text']} | {r['voice']} | {r['seed']} | {r['frames']} | {eq} | "
             f"{r['mel_distance']:.3f} | {r['seed_distance']:.3f} | {r['exact_s']:.1f} s | "
-            f"{r['fast_s']:.1f} s | {r['fast_s'] / r['exact_s']:.2f} |")
+            f"{r['profile_s']:.1f} s | {r['profile_s'] / r['exact_s']:.2f} |{first}")
 
 
-HEADER = ("| text | voice | seed | frames | codes equal | mel distance fast-exact | mel distance "
-          "seed-to-seed | exact | fast | fast / exact |\n|---|---|---|---|---|---|---|---|---|---|")
+def header(profile: str = "fast") -> str:
+    streamed = profile == "live"
+    first = " first audio exact | first audio live |" if streamed else ""
+    return (f"| text | voice | seed | frames | codes equal | mel distance {profile}-exact | mel "
+            f"distance seed-to-seed | exact | {profile} | {profile} / exact |{first}\n"
+            + "|---" * (12 if streamed else 10) + "|")
 
 
 def summary(rows: list[dict]) -> dict:
@@ -174,7 +199,9 @@ def summary(rows: list[dict]) -> dict:
 
     return {"cases": len(rows), "codes_equal": mean("codes_equal"),
             "mel_distance": mean("mel_distance"), "seed_distance": mean("seed_distance"),
-            "time_ratio": float(sum(r["fast_s"] for r in rows) / sum(r["exact_s"] for r in rows))}
+            "time_ratio": float(sum(r["profile_s"] for r in rows) / sum(r["exact_s"] for r in rows)),
+            "first_audio_ratio": float(sum(r["profile_first_s"] for r in rows)
+                                       / sum(r["exact_first_s"] for r in rows))}
 
 
 def main(argv=None) -> dict:
@@ -185,16 +212,22 @@ def main(argv=None) -> dict:
     texts = (args.texts.read_text(encoding="utf-8").splitlines() if args.texts else list(TEXTS))
     texts = [t.strip() for t in texts if t.strip()][:args.max_texts]
     fast_kw = {k: v for k, v in (("num_step", args.fast_steps), ("prefix_refresh", args.prefix_refresh),
-                                 ("uncond_every", args.uncond_every)) if v is not None}
-    print(HEADER, flush=True)
+                                 ("uncond_every", args.uncond_every),
+                                 ("first_chunk_steps", args.first_chunk_steps),
+                                 ("first_chunk_seconds", args.first_chunk_seconds)) if v is not None}
+    print(header(args.profile), flush=True)
     exact_kw = {} if args.exact_steps is None else {"num_step": args.exact_steps}
-    rows = compare(model, texts, voices(model, args), args.seeds, fast_kw, exact_kw, args.save)
-    result = {"summary": summary(rows), "rows": rows, "fast": fast_kw, "exact": exact_kw}
-    s = result["summary"]
+    rows = compare(model, texts, voices(model, args), args.seeds, fast_kw, exact_kw, args.save,
+                   args.profile)
+    result = {"summary": summary(rows), "rows": rows, "profile": args.profile,
+              args.profile: fast_kw, "exact": exact_kw}
+    s, p = result["summary"], args.profile
     equal = "-" if s["codes_equal"] is None else f"{100 * s['codes_equal']:.1f} %"
+    first = (f"; its first audio came after {s['first_audio_ratio']:.2f}x exact's"
+             if p == "live" else "")
     print(f"\nmean over {s['cases']} takes: codes equal {equal}, "
-          f"mel distance fast-exact {s['mel_distance']:.3f} against seed-to-seed "
-          f"{s['seed_distance']:.3f}; fast took {s['time_ratio']:.2f}x exact's time")
+          f"mel distance {p}-exact {s['mel_distance']:.3f} against seed-to-seed "
+          f"{s['seed_distance']:.3f}; {p} took {s['time_ratio']:.2f}x exact's time{first}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return result

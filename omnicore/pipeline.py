@@ -74,10 +74,10 @@ class OmniVoice:
         precision: what the backbone's GEMMs take as inputs: "fp32" (exact, the default),
         "tf32", "bf16" or "fp16" (inputs rounded to that format, float32 accumulation, norms,
         softmax and scoring in float32; docs/configuration.md). ConfigError for another value.
-        profile: the generation profile of calls that name none: "exact" (the default) or
-        "fast" (approximate: GenerationConfig.for_profile; docs/performance.md). ConfigError
-        for another value. The process's runtime settings (backend, threads) are read first
-        (settings.configure)."""
+        profile: the generation profile of calls that name none: "exact" (the default),
+        "fast" or "live" (approximate: GenerationConfig.for_profile; docs/performance.md).
+        ConfigError for another value. The process's runtime settings (backend, threads) are
+        read first (settings.configure)."""
         settings.configure()
         check_precision(precision)
         if profile not in PROFILES:

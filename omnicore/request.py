@@ -88,18 +88,20 @@ class Request:
             self.clip, self.encode_s = None, time.perf_counter() - t0
 
     def spec(self, chunk: ChunkPlan, k: int, instruct: str | None, first: int | None = None,
-             chunk0_codes: np.ndarray | None = None) -> PassSpec:
+             chunk0_codes: np.ndarray | None = None, streamed: bool = False) -> PassSpec:
         """Chunk k's pass. With a voice prompt it is conditioned on the prompt; a later chunk of
         an auto / design text takes chunk 0's text and codes as its reference (the reference's
         rule): `first` is chunk 0's pass index in the same engine request, or `chunk0_codes`
-        its codes once known. It draws from child k of the text's seed (engine.pass_seed)."""
+        its codes once known. It draws from child k of the text's seed (engine.pass_seed).
+        `streamed`: a stream's chunk, unmasked with `gen.for_chunk(k)` (chunk 0's own steps)."""
         ref_codes, after = None, None
         if chunk.reference == "prompt":
             ref_codes = self.prompt.ref_audio_tokens
         elif chunk.reference == "chunk0":
             ref_codes, after = chunk0_codes, (first if chunk0_codes is None else None)
         return PassSpec(chunk.text, chunk.frames, self.language, instruct, chunk.ref_text,
-                        ref_codes, pass_seed(self.seed, k), self.gen, after)
+                        ref_codes, pass_seed(self.seed, k),
+                        self.gen.for_chunk(k) if streamed else self.gen, after)
 
 
 def build_requests(model, paused: Sequence[PausedText] | None, *, language=None, ref_audio=None,

@@ -13,7 +13,9 @@ pieces:
 
 Each call is checked and resolved like `generate` (request.build_requests); the voice follows
 the long-form rule (a voice prompt conditions every chunk, else chunk 0's codes are the later
-chunks' reference) and chunk k draws from child k of the seed. The pieces joined equal the
+chunks' reference) and chunk k draws from child k of the seed. For an early first audio,
+GenerationConfig.first_chunk_seconds moves chunk 0's cut and first_chunk_steps gives chunk 0
+its own step count (the live profile sets both). The pieces joined equal the
 offline composition of the same passes (one-shot decodes, trimmed whole, joined by
 `postprocess.join_chunks`) up to float32 rounding; text in fragments gives the same audio as
 the whole string, bit for bit. The chunking rule, the post-processing a stream can and cannot
@@ -128,7 +130,7 @@ class _Plan:
             plan = self._chunk_plan(item, first, paused)
             first = first or plan
             total = limits.check_total_frames(total + plan.frames, self.model.frame_rate)
-            specs.append(self.request.spec(plan, len(specs), instruct, first=0))
+            specs.append(self.request.spec(plan, len(specs), instruct, first=0, streamed=True))
         self.model.engine.check(specs)  # every pass's rows and memory, before any runs
 
     def _chunk_plan(self, chunk: str, first, own_pace: bool = False) -> planner.ChunkPlan:
@@ -167,7 +169,8 @@ class _Plan:
         plan = self._chunk_plan(chunk, self.first, self.paused)
         self.total_frames = limits.check_total_frames(self.total_frames + plan.frames,
                                                       self.model.frame_rate)
-        spec = self.request.spec(plan, k, self.instruct, chunk0_codes=self.ref0_codes)
+        spec = self.request.spec(plan, k, self.instruct, chunk0_codes=self.ref0_codes,
+                                 streamed=True)  # chunk 0: its own steps (first_chunk_steps)
         ticket = self.model.engine.submit([spec], on_step or self.on_step)
         if shared is not None:
             shared.ticket = ticket  # so that closing the stream cancels it at once
@@ -471,8 +474,10 @@ def stream(model, text, *, language=None, ref_audio=None, ref_text=None, voice_c
     text: a string, or an iterable of str fragments (e.g. LLM tokens), read as they arrive in a
     reader thread; each chunk starts as soon as its end is confirmed. Same keyword arguments as
     `generate` (one text only; `audio_chunk_duration` / `audio_chunk_threshold` are accepted and
-    unused: `rule` decides the chunks; `duration` needs a string). on_step is called from the
-    worker thread. decode_frames: frames of each chunk's first decode window (W; later windows are
+    unused: `rule` decides the chunks, by default `ChunkRule.with_first(first_chunk_seconds)`,
+    and a `rule` given wins over first_chunk_seconds; chunk 0 is unmasked in
+    `first_chunk_steps` steps when that is set; `duration` needs a string). on_step is called
+    from the worker thread. decode_frames: frames of each chunk's first decode window (W; later windows are
     4 W: see `decode_windows`); the first window's peak also sets the gain without a voice
     prompt. lookahead: chunks the worker may
     finish beyond the one being consumed (1 = chunk k+1 is made while chunk k is consumed).
@@ -489,6 +494,8 @@ def stream(model, text, *, language=None, ref_audio=None, ref_text=None, voice_c
                  voice_clone_prompt=voice_clone_prompt, instruct=instruct, duration=duration,
                  speed=speed, seed=seed, on_step=on_step, generation_config=generation_config,
                  gen_kwargs=gen_kwargs, whole_text=whole, normalize_text=normalize_text)
+    if rule is None:  # the default rule, chunk 0 cut where the settings say (2 s unless live)
+        rule = ChunkRule.with_first(plan.gen.first_chunk_seconds)
     t0 = time.perf_counter()
     shared = _Shared(lookahead)
     if whole is not None:

@@ -39,6 +39,12 @@ FAST_KW = dict(prefix_refresh=3, uncond_every=2)
 STREAM_TEXT = ("Hello there, this is a small test of streaming speech. The second sentence is "
                "here, and it goes on for a while! Is this the third one?")
 STREAM_KW = dict(num_step=3, seed=7)
+# The live profile's streams, per mode: at its own knobs (chunk 0 in 2 steps, cut after 1 s),
+# at their exact settings (fast's stream), and fast itself; codes only.
+LIVE_MODES = ("auto", "design", "clone")
+LIVE_STREAMS = {"live": dict(profile="live", first_chunk_steps=2),
+                "live_exact": dict(profile="live", first_chunk_steps=0, first_chunk_seconds=2.0),
+                "fast": dict(profile="fast")}
 # Transfer counting: greedy and sampled settings, one item and three of different lengths.
 TRANSFER_RUNS = {
     "greedy_1": (BATCH_TEXTS[:1], dict(num_step=5, position_temperature=0.0, class_temperature=0.0)),
@@ -161,6 +167,17 @@ def produce(device_checks: bool = True) -> tuple[dict, dict]:
     out["stream/audio"] = np.concatenate(pieces)
     out["stream/pieces"] = np.array([len(x) for x in pieces])
     timings["stream"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    for mode in LIVE_MODES:
+        voice = {"auto": {}, "design": {"instruct": "female, low pitch"},
+                 "clone": {"voice_clone_prompt": p}}[mode]
+        for key, kw in LIVE_STREAMS.items():
+            st = model.stream(STREAM_TEXT, **STREAM_KW, **voice, **kw)
+            list(st)
+            out[f"live_{mode}/{key}"] = np.concatenate([c["codes"] for c in st.chunk_stats], axis=1)
+            out[f"live_{mode}/{key}_chunk0"] = st.chunk_stats[0]["codes"]
+    timings["live"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     dec = np.load(REF / "codec_decode.npz")

@@ -1,5 +1,5 @@
 """benchmarks/compare_profiles.py runs: the script a user with the real weights runs to see how
-far the fast profile's speech lies from exact's.
+far the fast (or live) profile's speech lies from exact's.
 
 On the tiny random checkpoint its numbers mean nothing about speech (random weights make
 noise either way); what is tested is that the script works end to end: it generates both
@@ -49,6 +49,24 @@ def test_the_script_sees_no_difference_where_there_is_none():
                                     "--prefix-refresh", "1", "--uncond-every", "1"])
     (row,) = result["rows"]
     assert row["codes_equal"] == 1.0 and row["mel_distance"] == 0.0
+
+
+def test_the_script_compares_live_streams(capsys):
+    """--profile live streams both sides; at its exact settings (fast's knobs at 1, chunk 0 in
+    the profile's steps and cut at 2 s) it is exact's stream: all codes agree, distance 0; with
+    its own knobs it reports the first audio of each."""
+    same = compare_profiles.main(["--model", TINY, "--max-texts", "1", "--seeds", "1",
+                                  "--profile", "live", "--exact-steps", "4", "--fast-steps", "4",
+                                  "--prefix-refresh", "1", "--uncond-every", "1",
+                                  "--first-chunk-steps", "0", "--first-chunk-seconds", "2"])
+    (row,) = same["rows"]
+    assert row["codes_equal"] == 1.0 and row["mel_distance"] == 0.0
+    own = compare_profiles.main(["--model", TINY, "--max-texts", "1", "--seeds", "1",
+                                 "--profile", "live", "--exact-steps", "4", "--fast-steps", "4"])
+    (row,) = own["rows"]
+    assert row["mel_distance"] > 0 and row["profile_first_s"] > 0 and row["exact_first_s"] > 0
+    assert own["profile"] == "live" and "first_audio_ratio" in own["summary"]
+    assert "mel distance live-exact" in capsys.readouterr().out
 
 
 def test_the_log_mel_of_a_tone_peaks_in_its_band():

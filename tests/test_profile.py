@@ -10,7 +10,11 @@ side is in tests/test_strict_backend.py):
 * the engine runs the readable loop's fast profile (unmasking.generate_codes, with its caches),
   packed with exact passes, streamed and seeded;
 * what a fast pass keeps between steps is counted before anything is allocated;
-* the profile reaches every front door: from_pretrained's default, a call's own, the settings.
+* the profile reaches every front door: from_pretrained's default, a call's own, the settings;
+* "live" (fast, and a stream's chunk 0 short and in its own steps): with its two knobs at their
+  exact settings it streams exactly what fast streams (and with fast's knobs at 1, what exact
+  streams), in every mode, alone and packed; chunk 0 runs its own number of engine steps, on
+  the same engine, and is cut where first_chunk_seconds says.
 """
 
 from __future__ import annotations
@@ -24,8 +28,11 @@ import pytest
 from omnicore import GenerationConfig, OmniVoice
 from omnicore.errors import ConfigError, InputError
 from omnicore.model import cost, packed_unmasking, unmasking
-from omnicore.model.config import FAST_PROFILE, resolve_generation_config
+from omnicore.engine import PassSpec
+from omnicore.model.config import (FAST_PROFILE, FIRST_CHUNK_SECONDS, LIVE_PROFILE,
+                                   resolve_generation_config)
 from omnicore.model.tokenizer import prepare_item
+from omnicore.text.planner import ChunkRule, split_text
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "weights" / "tiny-random"
@@ -257,3 +264,212 @@ def test_the_models_default_profile_and_a_calls_own(model):
     np.testing.assert_array_equal(fast_model.synthesize(TEXT, profile="exact", **kw)[0].codes,
                                   model.synthesize(TEXT, **kw)[0].codes)
     assert fast_model.synthesize(TEXT, seed=2, duration=1.5)[0].num_steps == FAST_PROFILE["num_step"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The live profile: fast, and a stream's chunk 0 short and in its own steps
+# ---------------------------------------------------------------------------------------------
+
+# Three chunks at the default rule, two at live's: a clause of ~1.3 s, then sentences.
+STREAM_TEXT = ("Lights off, please. The thermostat is set to twenty-one degrees tonight. "
+               "Goodnight, and sleep well until the morning comes.")
+# The live knobs at their exact settings: nothing of live's own is left but fast.
+LIVE_AT_EXACT = dict(first_chunk_steps=0, first_chunk_seconds=FIRST_CHUNK_SECONDS)
+MAX_LONG_STEPS = 1000  # a request that outlasts a whole stream (it is cancelled after it)
+
+
+@pytest.fixture(scope="module")
+def clone_prompt(model):
+    return model.create_voice_clone_prompt(str(CLIP), ref_text=CLIP_TEXT)
+
+
+def _voice(mode, clone_prompt):
+    return {"voice_clone_prompt": clone_prompt} if mode == "clone" else MODES[mode]
+
+
+def _streamed(model, text, **kw):
+    """A stream run to its end: (audio, per-chunk codes, chunk texts)."""
+    st = model.stream(text, **kw)
+    audio = np.concatenate(list(st))
+    return audio, [c["codes"] for c in st.chunk_stats], st.text_chunks
+
+
+def test_live_settings_and_bounds():
+    live = GenerationConfig.for_profile("live")
+    assert {k: getattr(live, k) for k in LIVE_PROFILE} == LIVE_PROFILE
+    assert {k: LIVE_PROFILE[k] for k in FAST_PROFILE} == FAST_PROFILE  # fast underneath
+    assert (live.first_chunk_steps, live.first_chunk_seconds) == (4, 1.0)
+    assert resolve_generation_config(None, {"profile": "live"}) == live
+    assert resolve_generation_config(None, {}, "live") == live  # the model's default profile
+    # the exact settings are the defaults, and None is 0
+    exact = GenerationConfig()
+    assert (exact.first_chunk_steps, exact.first_chunk_seconds) == (0, FIRST_CHUNK_SECONDS)
+    assert GenerationConfig(first_chunk_steps=None) == exact
+    # chunk 0's settings: its own steps, nothing else changed; the other chunks as given
+    assert live.for_chunk(0) == GenerationConfig(**{**live.__dict__, "num_step": 4})
+    assert live.for_chunk(1) is live and exact.for_chunk(0) is exact
+    # like num_step they size the work, so exact takes them too (each pass stays exact)
+    assert GenerationConfig(first_chunk_steps=8, first_chunk_seconds=1.0).for_chunk(0).num_step == 8
+    # the default rule comes back at the exact setting
+    assert ChunkRule.with_first(FIRST_CHUNK_SECONDS) == ChunkRule()
+    assert ChunkRule.with_first(1.0) == ChunkRule(first_seconds=1.0, first_max_seconds=3.0)
+    for bad in (dict(first_chunk_steps=-1), dict(first_chunk_steps=1001), dict(first_chunk_steps=2.0),
+                dict(first_chunk_steps=True), dict(first_chunk_steps="4"),
+                dict(first_chunk_seconds=0.4), dict(first_chunk_seconds=15.5),
+                dict(first_chunk_seconds=float("nan")), dict(first_chunk_seconds=float("inf")),
+                dict(first_chunk_seconds=True), dict(first_chunk_seconds="1")):
+        for profile in ("exact", "live"):
+            with pytest.raises(InputError, match=next(iter(bad))):
+                GenerationConfig.for_profile(profile, **bad)
+    with pytest.raises(InputError, match="first_chunk_steps"):
+        resolve_generation_config(None, {"profile": "live", "first_chunk_steps": 0.5})
+
+
+def test_a_bad_live_knob_is_refused_when_the_stream_is_called(model):
+    for bad in (dict(first_chunk_steps=-2), dict(first_chunk_seconds=0.0)):
+        with pytest.raises(InputError, match=next(iter(bad))):
+            model.stream(STREAM_TEXT, profile="live", **bad)
+        with pytest.raises(InputError, match=next(iter(bad))):
+            model.synthesize(STREAM_TEXT, profile="live", **bad)
+    assert not [t for t in threading.enumerate() if t.name.startswith("omnicore-stream")]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_live_with_its_knobs_at_exact_settings_streams_what_fast_and_exact_stream(model, mode,
+                                                                                 clone_prompt):
+    """Bit for bit, every chunk's codes and the audio: live at (0, 2 s) is fast; live with
+    fast's knobs at 1 too is exact. And live's own knobs change the stream (the test can
+    fail), while generate() ignores them (its audio comes all at once)."""
+    kw = dict(num_step=4, seed=5, **_voice(mode, clone_prompt))
+    fast = _streamed(model, STREAM_TEXT, profile="fast", **kw)
+    live = _streamed(model, STREAM_TEXT, profile="live", **LIVE_AT_EXACT, **kw)
+    exact = _streamed(model, STREAM_TEXT, **kw)
+    live1 = _streamed(model, STREAM_TEXT, profile="live", prefix_refresh=1, uncond_every=1,
+                      **LIVE_AT_EXACT, **kw)
+    assert len(fast[1]) == 2  # chunk 0, and a later chunk conditioned on it (or the prompt)
+    for got, want in ((live, fast), (live1, exact)):
+        assert got[2] == want[2]
+        for a, b in zip(got[1], want[1], strict=True):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(got[0], want[0])
+    assert _streamed(model, STREAM_TEXT, profile="live", **kw)[2] != fast[2]  # a shorter chunk 0
+    steps = _streamed(model, STREAM_TEXT, profile="live", first_chunk_steps=2,
+                      first_chunk_seconds=FIRST_CHUNK_SECONDS, **kw)
+    assert steps[2] == fast[2] and not np.array_equal(steps[1][0], fast[1][0])  # its own steps
+    np.testing.assert_array_equal(model.synthesize(STREAM_TEXT, profile="live", **kw)[0].codes,
+                                  model.synthesize(STREAM_TEXT, profile="fast", **kw)[0].codes)
+
+
+def _steps_per_request(model, run):
+    """How many engine iterations each request (ticket) ran in, in the order they started."""
+    seen = []
+    model.engine.trace = lambda ids: seen.append(sorted(set(ids)))
+    try:
+        out = run()
+    finally:
+        model.engine.trace = None
+    counts = {}
+    for ids in seen:
+        for i in ids:
+            counts[i] = counts.get(i, 0) + 1
+    return [counts[i] for i in sorted(counts)], seen, out
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_chunk_0_runs_its_own_steps_and_the_others_the_profiles(model, mode, clone_prompt):
+    kw = dict(profile="live", num_step=5, first_chunk_steps=2, seed=3, **_voice(mode, clone_prompt))
+    progress = []
+    counts, _, (_, codes, chunks) = _steps_per_request(model, lambda: _streamed(
+        model, STREAM_TEXT, on_step=lambda step, total: progress.append((step, total)), **kw))
+    assert len(chunks) == 2 and counts == [2, 5]  # one request per chunk, one step per iteration
+    assert progress == [(1, 2), (2, 2)] + [(s, 5) for s in range(1, 6)]
+    counts, _, _ = _steps_per_request(model, lambda: _streamed(
+        model, STREAM_TEXT, **{**kw, "first_chunk_steps": 0}))
+    assert counts == [5, 5]
+
+
+def test_chunk_0_packs_with_other_passes_on_the_one_engine(model, clone_prompt):
+    """Chunk 0's pass (its own steps) in one engine request with an exact pass and a fast one
+    of other lengths: every pass computes what it computes alone, and they share iterations
+    (the shorter ones leave early)."""
+    cfg = model.config
+    live = GenerationConfig.for_profile("live", num_step=6, first_chunk_steps=3)
+    ref = clone_prompt.ref_audio_tokens
+    specs = [PassSpec("Lights off, please.", 30, "en", None, None, None, 1, live.for_chunk(0)),
+             PassSpec(TEXT, 45, "en", None, CLIP_TEXT, ref, 2, GenerationConfig(num_step=4)),
+             PassSpec(TEXT, 40, None, "female, low pitch", None, None, 3,
+                      GenerationConfig.for_profile("fast", num_step=5)),
+             # the same as the first, at live's exact settings: it is fast's pass
+             PassSpec("Lights off, please.", 30, "en", None, None, None, 1,
+                      GenerationConfig.for_profile("live", num_step=6, **LIVE_AT_EXACT).for_chunk(0))]
+    alone = [model.engine.run([s])[0] for s in specs]
+    fast_alone = model.engine.run([PassSpec("Lights off, please.", 30, "en", None, None, None, 1,
+                                            GenerationConfig.for_profile("fast", num_step=6))])[0]
+    widths, seen, packed = _steps_per_request(model, lambda: model.engine.run(specs))
+    assert widths == [6] and [len(ids) for ids in seen] == [1] * 6  # one request, 6 iterations
+    for a, b in zip(packed, alone, strict=True):
+        np.testing.assert_array_equal(a.codes, b.codes)
+        np.testing.assert_array_equal(a.fill_steps, b.fill_steps)
+    assert packed[0].fill_steps.max() == 2 and packed[1].fill_steps.max() == 3  # own steps
+    np.testing.assert_array_equal(packed[3].codes, fast_alone.codes)
+    assert cfg.num_audio_codebook == packed[0].codes.shape[0]
+
+
+def test_the_first_chunk_follows_first_chunk_seconds(model):
+    """Chunk 0 ends where ChunkRule.with_first(first_chunk_seconds) says, for whole text and
+    fragments alike; the exact setting keeps the default rule; a rule given wins."""
+    kw = dict(num_step=2, seed=1)
+    want = {s: split_text(STREAM_TEXT, ChunkRule.with_first(s)) for s in (0.5, 1.0, 2.0, 4.0)}
+    assert len({w[0] for w in want.values()}) >= 3  # the knob moves the cut on this text
+    assert want[2.0] == split_text(STREAM_TEXT)
+    for seconds, chunks in want.items():
+        st = model.stream(STREAM_TEXT, profile="live", first_chunk_seconds=seconds, **kw)
+        list(st)
+        assert st.text_chunks == chunks, seconds
+    frags = (STREAM_TEXT[i:i + 3] for i in range(0, len(STREAM_TEXT), 3))  # as an LLM writes
+    st = model.stream(frags, profile="live", **kw)
+    list(st)
+    assert st.text_chunks == want[1.0]
+    st = model.stream(STREAM_TEXT, profile="live", rule=ChunkRule(), **kw)
+    list(st)
+    assert st.text_chunks == want[2.0]
+
+
+def test_the_model_may_default_to_live(model):
+    live_model = OmniVoice(model.model_dir, model.config, model.params, model.tokenizer,
+                           model.codec, profile="live")
+    kw = dict(num_step=3, seed=2)
+    a = _streamed(live_model, STREAM_TEXT, **kw)
+    b = _streamed(model, STREAM_TEXT, profile="live", **kw)
+    assert a[2] == b[2]
+    np.testing.assert_array_equal(a[0], b[0])
+
+
+def test_a_live_streams_chunk_0_packs_with_a_running_request(model):
+    """A live stream started while a long request runs: its chunk 0 (its own steps) shares that
+    request's forwards, and the stream is what it is alone, bit for bit."""
+    kw = dict(profile="live", num_step=4, first_chunk_steps=2, seed=8, **GREEDY)
+    alone = _streamed(model, STREAM_TEXT, **kw)
+    # cheaper per step than chunk 0, so the engine's least-work-first rule runs it alongside
+    long = PassSpec("Hi.", 10, "en", None, None, None, 0, GenerationConfig(num_step=MAX_LONG_STEPS))
+    seen, started = [], threading.Event()
+
+    def trace(ids):
+        seen.append(set(ids))
+        started.set()
+    model.engine.trace = trace
+    ticket = model.engine.submit([long])
+    try:
+        assert started.wait(60), "the long request never ran"
+        packed = _streamed(model, STREAM_TEXT, **kw)
+        assert not ticket.done(), "the long request ended before the stream: lengthen it"
+    finally:
+        ticket.cancel()
+        model.engine.trace = None
+    chunk0 = min(i for ids in seen for i in ids if i > ticket.id)
+    assert any({ticket.id, chunk0} <= ids for ids in seen)  # chunk 0 ran packed with it
+    assert sum(chunk0 in ids for ids in seen) == 2  # in its own 2 steps
+    assert packed[2] == alone[2]
+    for a, b in zip(packed[1], alone[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(packed[0], alone[0])

@@ -5,8 +5,9 @@ numpy, host arrays mixed into device operations, Numba kernels) plus any float64
 device, and counts every host <-> device transfer (`omnicore/testing/transfers.py`). The backend is
 chosen once per process, so `tests/device_child.py` runs the tiny checkpoint's pipeline in a child process
 under it: generate in auto / design / clone mode, a voice prompt, a packed batch with seeded
-sampling, a stream, codec decode (one-shot, batched, windowed) and encode. Here, on the numpy
-backend, the same cases run again and the two are compared:
+sampling, a stream (and the live profile's streams), codec decode (one-shot, batched,
+windowed) and encode. Here, on the numpy backend, the same cases run again and the two are
+compared:
 
 * codes: token-exact with the reference fixtures, and with the numpy backend (seeded sampling
   included: the noise is drawn from the same generators in the same order);
@@ -106,6 +107,19 @@ def test_fast_profile_with_its_knobs_at_one_is_exact(device, host, name):
     for arrays in (device[0], host):
         np.testing.assert_array_equal(arrays[f"{name}/codes_fast1"], want)
         assert not np.array_equal(arrays[f"{name}/codes_fast"], want)  # reuse changes them
+
+
+@pytest.mark.parametrize("mode", device_child.LIVE_MODES)
+def test_live_profile_at_exact_settings_streams_fasts_codes(device, host, mode):
+    """A live stream with first_chunk_steps and first_chunk_seconds at their exact settings
+    makes fast's codes bit for bit (auto, design, clone) on the device path and on numpy; with
+    live's own knobs chunk 0 changes, and the two backends agree on it."""
+    for arrays in (device[0], host):
+        np.testing.assert_array_equal(arrays[f"live_{mode}/live_exact"], arrays[f"live_{mode}/fast"])
+        own, fast = arrays[f"live_{mode}/live_chunk0"], arrays[f"live_{mode}/fast_chunk0"]
+        assert own.shape != fast.shape or not np.array_equal(own, fast)
+    for key in device_child.LIVE_STREAMS:
+        np.testing.assert_array_equal(device[0][f"live_{mode}/{key}"], host[f"live_{mode}/{key}"])
 
 
 def test_voice_prompt_codes_match_the_reference(device):

@@ -39,12 +39,17 @@ FIELD_HELP = {
     "audio_chunk_threshold": "a text estimated longer than this many seconds is cut into chunks",
     "pad_duration": "seconds of silence added at each end of the output",
     "fade_duration": "seconds of fade-in and fade-out at the ends of the output",
-    "profile": "exact (the reference's algorithm) or fast (approximate: prompt keys and values "
-               "reused between refreshes, the unconditional pass every few steps, 16 steps)",
+    "profile": "exact (the reference's algorithm), fast (approximate: prompt keys and values "
+               "reused between refreshes, the unconditional pass every few steps, 16 steps) or "
+               "live (approximate: fast, and a stream's first chunk short and in 4 steps)",
     "prefix_refresh": "fast profile: the prompt runs in full every this many steps, its keys "
                       "and values reused in between",
     "uncond_every": "fast profile: the unconditional pass runs every this many steps, its "
                     "log-probs reused in between",
+    "first_chunk_steps": "a stream's first chunk is unmasked in this many steps (0: the "
+                         "steps of the others)",
+    "first_chunk_seconds": "a stream's first chunk ends at a clause end after this many "
+                           "seconds of speech",
 }
 
 _FIELD_TYPES = typing.get_type_hints(GenerationConfig)  # field name -> int, float, bool or str

@@ -112,9 +112,9 @@ def add_parser(sub) -> None:
                                     "one model.")
     common.add_model_options(sv)
     sv.add_argument("--profile", choices=PROFILES, default="exact",
-                    help="the generation profile of requests that name none: exact (default) or "
-                         "fast (approximate: docs/performance.md); a request's `profile` field "
-                         "chooses its own")
+                    help="the generation profile of requests that name none: exact (default), "
+                         "fast or live (both approximate: docs/performance.md); a request's "
+                         "`profile` field chooses its own")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     sv.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
     add_server_options(sv, "speech requests")

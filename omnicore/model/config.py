@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from ..errors import ConfigError, InputError
@@ -170,11 +170,20 @@ class OmniVoiceConfig:
 # The generation profiles. "exact" is the reference's algorithm, every step in full. "fast"
 # approximates it: each pass keeps the keys and values of its prompt positions and reruns only
 # its targets between refreshes, and reuses the unconditional log-probs between recomputations
-# (docs/performance.md says what is and is not known of its quality).
-PROFILES = ("exact", "fast")
+# (docs/performance.md says what is and is not known of its quality). "live" is fast plus an
+# early first audio for a stream: chunk 0 with fewer steps, and cut after less speech.
+PROFILES = ("exact", "fast", "live")
 # The fast profile's settings: the steps and reuse periods measured by others on real weights.
 FAST_PROFILE = {"num_step": 16, "prefix_refresh": 8, "uncond_every": 3}
+# The live profile's: fast's, chunk 0 of a stream in 4 steps and cut at the first clause end
+# after 1 s of speech (docs/performance.md, "The live profile", derives both from the FLOPs).
+LIVE_PROFILE = {**FAST_PROFILE, "first_chunk_steps": 4, "first_chunk_seconds": 1.0}
 MAX_STEPS = 1000
+# A stream's chunk 0 ends at a clause end after this much speech (the exact setting of
+# first_chunk_seconds), or at a word break after FIRST_CHUNK_MAX_FACTOR times as much.
+FIRST_CHUNK_SECONDS = 2.0
+FIRST_CHUNK_MAX_FACTOR = 3.0
+FIRST_CHUNK_SECONDS_RANGE = (0.5, 15.0)
 
 
 @dataclass(frozen=True)
@@ -182,12 +191,25 @@ class GenerationConfig:
     """Sampling knobs of the iterative unmasking, with the reference's defaults.
 
     `profile`, `prefix_refresh` and `uncond_every` choose between the exact algorithm and its
-    approximation: with profile "fast" the conditional row runs in full only every
+    approximation: with profile "fast" (or "live") the conditional row runs in full only every
     `prefix_refresh` steps (between those, its targets alone, attending to the prompt's kept
     keys and values) and the unconditional row every `uncond_every` steps (its log-probs kept
     in between). "exact" requires both at 1. `GenerationConfig.for_profile("fast")` (or
     `profile="fast"` on a call) gives the fast profile's own settings (`FAST_PROFILE`); fast
     with both knobs at 1 computes exactly what exact computes.
+
+    `first_chunk_steps` and `first_chunk_seconds` shape chunk 0 of a stream (`stream()`; not
+    `generate`, whose audio comes all at once), for an early first audio; the "live" profile
+    sets them (`LIVE_PROFILE`), and at their exact settings (0 and 2.0) nothing changes.
+    Like `num_step`, they change how much work is done, not how a step is computed, so any
+    profile takes them. `first_chunk_steps`: chunk 0 is unmasked in this many steps, the later
+    chunks in `num_step` (0 or None: `num_step`); fewer steps sound worse (others measured 8
+    steps ~3 WER points worse than 32, 12-16 the same), and in auto / design mode chunk 0 is
+    the voice reference of the later chunks. `first_chunk_seconds`: chunk 0 ends at the first
+    sentence or clause end after this much estimated speech, or at a word break after
+    FIRST_CHUNK_MAX_FACTOR times as much. Shorter comes sooner but, in auto and design mode, is
+    a weaker voice reference for every later chunk (less of the voice to go on) and may sound
+    choppy; with a voice prompt only chunk 0 itself pays.
     """
 
     num_step: int = 32
@@ -206,6 +228,8 @@ class GenerationConfig:
     profile: str = "exact"
     prefix_refresh: int = 1  # fast: the conditional row in full every this many steps
     uncond_every: int = 1  # fast: the unconditional row every this many steps
+    first_chunk_steps: int = 0  # live: a stream's chunk 0 in this many steps (0: num_step)
+    first_chunk_seconds: float = FIRST_CHUNK_SECONDS  # live: where a stream's chunk 0 ends
 
     def __post_init__(self):
         from ..errors import InputError
@@ -224,7 +248,17 @@ class GenerationConfig:
             raise InputError(f"profile must be one of {', '.join(map(repr, PROFILES))}, got {self.profile!r}")
         if self.profile == "exact" and (self.prefix_refresh, self.uncond_every) != (1, 1):
             raise InputError("prefix_refresh and uncond_every approximate the algorithm: they need "
-                             "profile='fast' (exact runs every step in full)")
+                             "profile='fast' or profile='live' (exact runs every step in full)")
+        if self.first_chunk_steps is None:  # None: as num_step, like 0 (one spelling kept)
+            object.__setattr__(self, "first_chunk_steps", 0)
+        v = self.first_chunk_steps
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_STEPS:
+            raise InputError(f"first_chunk_steps must be 0 (as num_step) or an integer between 1 "
+                             f"and {MAX_STEPS}, got {v!r}")
+        lo, hi = FIRST_CHUNK_SECONDS_RANGE
+        if not lo <= finite("first_chunk_seconds") <= hi:
+            raise InputError(f"first_chunk_seconds must be between {lo:g} and {hi:g} seconds, got "
+                             f"{self.first_chunk_seconds!r}")
         for name in ("guidance_scale", "layer_penalty_factor", "position_temperature",
                      "class_temperature", "pad_duration", "fade_duration"):
             if finite(name) < 0:
@@ -249,13 +283,22 @@ class GenerationConfig:
         are reused): every step for exact."""
         return step % self.uncond_every == 0
 
+    def for_chunk(self, k: int) -> "GenerationConfig":
+        """The settings chunk k (from 0) of a stream is unmasked with: chunk 0 in
+        `first_chunk_steps` steps when that is set, every other chunk (and chunk 0 otherwise)
+        with these. The same profile, engine and step function either way."""
+        if k == 0 and self.first_chunk_steps not in (0, self.num_step):
+            return replace(self, num_step=self.first_chunk_steps)
+        return self
+
     @classmethod
     def for_profile(cls, profile: str = "exact", **fields_) -> "GenerationConfig":
-        """The settings of `profile` ("exact": the reference's defaults; "fast": FAST_PROFILE
-        on top of them), then `fields_` (InputError for an unknown profile)."""
+        """The settings of `profile` ("exact": the reference's defaults; "fast": FAST_PROFILE,
+        "live": LIVE_PROFILE on top of them), then `fields_` (InputError for an unknown
+        profile)."""
         if profile not in PROFILES:
             raise InputError(f"profile must be one of {', '.join(map(repr, PROFILES))}, got {profile!r}")
-        base = FAST_PROFILE if profile == "fast" else {}
+        base = {"fast": FAST_PROFILE, "live": LIVE_PROFILE}.get(profile, {})
         return cls(**{**base, "profile": profile, **fields_})
 
 

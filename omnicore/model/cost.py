@@ -99,8 +99,9 @@ def pass_flops(cfg, gen, prompt: int, frames: int, guided: bool) -> int:
 def kept_bytes(cfg, gen, prompt: int, frames: int, guided: bool) -> int:
     """What one pass keeps from step to step beyond its rows and codes: with the fast profile
     its prompt's keys and values (backbone.PromptCache: layers x 2 x [prompt, K*E]) and, with
-    guidance and uncond_every > 1, its last unconditional logits [C, frames, V]. 0 for exact."""
-    if gen.profile != "fast":
+    guidance and uncond_every > 1, its last unconditional logits [C, frames, V] (live: the same).
+    0 for exact."""
+    if gen.profile == "exact":
         return 0
     q = cfg.llm_config
     cache = q.num_hidden_layers * 2 * prompt * q.num_key_value_heads * q.head_dim

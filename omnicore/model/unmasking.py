@@ -21,11 +21,11 @@ written to be read. The product runs its fast equivalent, `packed_unmasking.iter
 pass of an iteration scored, picked and filled in one call each); tests/test_packed_unmasking.py
 holds the two to the same codes and fill steps, bit for bit.
 
-The fast profile (GenerationConfig.profile "fast") changes which rows a step runs, never the
-step itself: between its refresh steps (every `prefix_refresh`) a pass's conditional row runs
-its targets alone, attending to the prompt's keys and values kept from the last full run
-(backbone.PromptCache), and its unconditional row runs every `uncond_every` steps, its logits
-reused in between (`PassState.rows_now`, `PassState.uncond_logits`).
+The fast profile (GenerationConfig.profile "fast", and "live" on top of it) changes which rows
+a step runs, never the step itself: between its refresh steps (every `prefix_refresh`) a pass's
+conditional row runs its targets alone, attending to the prompt's keys and values kept from the
+last full run (backbone.PromptCache), and its unconditional row runs every `uncond_every`
+steps, its logits reused in between (`PassState.rows_now`, `PassState.uncond_logits`).
 
 Randomness comes from numpy Generators, one per item, so an item's result depends only on its
 own inputs and seed, never on the other items of the batch. The reference draws from torch's
@@ -159,7 +159,7 @@ class PassState:
         self.prompt = item.input_ids.shape[1] - T  # P: the positions before the targets
         # The fast profile's kept state: the prompt's keys and values, the last unconditional
         # logits (cost.kept_bytes counts both)
-        fast = gen.profile == "fast"
+        fast = gen.profile != "exact"  # fast, or live (fast underneath)
         self.cache = make_prompt_cache(cfg, self.prompt) if fast else None
         keep = fast and self.use_uncond and gen.uncond_every > 1
         self.kept_uncond = xp.zeros((C, T, cfg.audio_vocab_size), xp.float32) if keep else None

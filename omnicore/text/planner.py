@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, replace
 
 from ..errors import InputError
-from ..model.config import FRAME_RATE, real_number
+from ..model.config import FIRST_CHUNK_MAX_FACTOR, FIRST_CHUNK_SECONDS, FRAME_RATE, real_number
 from .frontend import char_weight, estimate_target_frames, shorten, text_weight
 from .limits import (MAX_DURATION_S, check_pass_frames, validate_duration, validate_ref_frames,
                      validate_speed, validate_text)
@@ -578,8 +578,10 @@ _SECONDS_PER_WEIGHT = 1.0 / text_weight("Nice to meet you.")
 class ChunkRule:
     """Where streamed text is cut, in seconds of estimated speech (docs/streaming.md)."""
 
-    first_seconds: float = 2.0        # chunk 0 ends at a sentence or clause end after this much
-    first_max_seconds: float = 6.0    # ... or at a word break after this much
+    # chunk 0 ends at a sentence or clause end after this much (2 s), or at a word break after
+    # this much (6 s); GenerationConfig.first_chunk_seconds sets both (`with_first`)
+    first_seconds: float = FIRST_CHUNK_SECONDS
+    first_max_seconds: float = FIRST_CHUNK_MAX_FACTOR * FIRST_CHUNK_SECONDS
     seconds: float = 5.0              # later chunks end at a sentence end after this much
     clause_seconds: float = 10.0      # ... or at a clause end after this much
     max_seconds: float = 15.0         # ... or at a word break after this much
@@ -589,6 +591,13 @@ class ChunkRule:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v == float("inf"):
                 raise InputError(f"ChunkRule.{name} must be a finite number >= 0, got {v!r}")
+
+    @classmethod
+    def with_first(cls, seconds: float) -> "ChunkRule":
+        """The default rule with chunk 0 ending at a sentence or clause end after `seconds` of
+        speech, or at a word break after FIRST_CHUNK_MAX_FACTOR times that (a stream's
+        GenerationConfig.first_chunk_seconds; at 2 s this is the default rule itself)."""
+        return cls(first_seconds=seconds, first_max_seconds=FIRST_CHUNK_MAX_FACTOR * seconds)
 
 
 class TextChunker:
