@@ -184,7 +184,8 @@ def test_the_profile_field_chooses_the_profile_and_the_response_says_which(clien
             extra_body={**GREEDY, "profile": "fast"}) as resp:
         assert resp.headers["X-Omnicore-Profile"] == "fast (approximate)"
     root = httpx.get(server + "/", timeout=30).json()
-    assert root["profiles"] == {"exact": "exact", "fast": "fast (approximate)"}
+    assert root["profiles"] == {"exact": "exact", "fast": "fast (approximate)",
+                                "live": "live (approximate)"}
     assert root["default_profile"] == "exact"
     for bad in ({"profile": "turbo"}, {"profile": "fast", "prefix_refresh": 0}):
         r = httpx.post(server + "/v1/audio/speech", json={"input": "Hi.", "voice": "clip", **bad},

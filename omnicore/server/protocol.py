@@ -17,7 +17,8 @@ import unicodedata
 from dataclasses import fields
 
 from ..errors import AudioError, CancelledError, ConfigError, InputError, OmniCoreError, VoicePromptError
-from ..model.config import FAST_PROFILE, GenerationConfig, resolve_generation_config, validate_seed
+from ..model.config import (FAST_PROFILE, PROFILES, GenerationConfig, resolve_generation_config,
+                            validate_seed)
 from ..text import frontend, limits
 from .formats import FORMATS, PIECEWISE, encoder_missing
 
@@ -44,7 +45,7 @@ CUT = "omnicore.cut"
 # Speech speeds OpenAI's API takes (the model itself takes any speed > 0).
 SPEED_RANGE = (0.25, 4.0)
 # What a client is told of each generation profile (GET /, and the X-Omnicore-Profile header).
-PROFILE_LABELS = {"exact": "exact", "fast": "fast (approximate)"}
+PROFILE_LABELS = {p: p if p == "exact" else f"{p} (approximate)" for p in PROFILES}
 
 
 class HTTPError(Exception):
