@@ -268,8 +268,8 @@ class Connection:
         a text stream, the stream is refused (its text so far unsaid, its further chunks
         ignored) and still ends with synthesize-stopped at its synthesize-stop; otherwise the
         connection closes after the error, as wyoming-piper's does: Home Assistant takes that
-        as a failed text and keeps nothing, where an empty audio-start/audio-stop pair would
-        be a success it caches and plays as silence."""
+        as a failed text, where an empty audio-start/audio-stop pair would read as a success
+        with no audio."""
         await self.send_error(exc)
         if self.stream is None:
             self.close()
