@@ -3,7 +3,10 @@
 never read (a 4 KiB receive buffer each), while the server's queue holds exactly N requests.
 
     python3 benchmarks/bench_server_clocks.py [--model DIR] [--clients 16] [--send-timeout 10]
-                                              [--steps 8] [--timeout 600]
+                                              [--steps 8] [--timeout 600] [--door wyoming]
+
+--door wyoming: the same stalled clients against `omnicore wyoming` (each sends one long
+`synthesize`); the normal request is HTTP's only.
 
 --model defaults to $OMNICORE_BENCH_MODEL, else weights/tiny-random. Per stalled client, from
 the server end of its connection as `ss -tin` shows it (Linux, iproute2; sampled every 50 ms):
@@ -56,9 +59,38 @@ def stalled_reader(url: str, body: bytes) -> socket.socket:
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect((host, int(port)))
-    sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: b\r\nContent-Type: application/json"
-                 b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    if body.startswith(b'{"type"'):  # a Wyoming event
+        sock.sendall(body + b"\n")
+    else:
+        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: b\r\nContent-Type: application/json"
+                     b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     return sock
+
+
+def start_wyoming(model: str, voices: Path, *extra) -> tuple[subprocess.Popen, str]:
+    """`omnicore wyoming` on a free port, once it answers describe: (process, its address as
+    http://HOST:PORT, for the helpers above)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "omnicore.cli", "wyoming", "--model", model,
+                             "--uri", f"tcp://127.0.0.1:{port}", "--voices-dir", str(voices),
+                             "--voice", "", "-q", *extra],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as c:
+                c.sendall(b'{"type": "describe"}\n')
+                if b'"info"' in c.recv(256):
+                    return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.3)
+    proc.kill()
+    raise SystemExit("server did not start")
 
 
 def main() -> int:
@@ -69,28 +101,38 @@ def main() -> int:
     p.add_argument("--send-timeout", type=float, default=10.0)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--door", choices=("http", "wyoming"), default="http")
     args = p.parse_args()
+    wyoming = args.door == "wyoming"
     if shutil.which("ss") is None:
         raise SystemExit("needs Linux's ss (iproute2)")
     voices = Path(tempfile.mkdtemp(prefix="bench-clocks-"))
-    proc, url = start(args.model, voices, "--max-queue", str(args.clients), "--send-timeout",
-                      str(args.send_timeout), "--idle-timeout", str(10 * args.timeout))
+    flags = ("--max-queue", str(args.clients), "--send-timeout", str(args.send_timeout),
+             "--idle-timeout", str(10 * args.timeout))
+    if wyoming:
+        proc, url = start_wyoming(args.model, voices, *flags, "--steps", str(args.steps))
+        body = json.dumps({"type": "synthesize", "data": {"text": TEXT}}).encode()
+    else:
+        proc, url = start(args.model, voices, *flags)
+        body = json.dumps({"input": TEXT, "response_format": "pcm", "stream_format": "audio",
+                           "num_step": args.steps, "position_temperature": 0.0}).encode()
     port = int(url.rsplit(":", 1)[1])
-    body = json.dumps({"input": TEXT, "response_format": "pcm", "stream_format": "audio",
-                       "num_step": args.steps, "position_temperature": 0.0}).encode()
     normal = {"input": "Hello there.", "response_format": "wav", "num_step": args.steps}
     readers = []
     try:
         t0 = time.monotonic()
         readers = [stalled_reader(url, body) for _ in range(args.clients)]
         ports = [r.getsockname()[1] for r in readers]
-        while httpx.get(url + "/health").json()["in_flight"] < args.clients:
+        while (not set(ports) <= set(server_ends(port)) if wyoming  # no /health: connected
+               else httpx.get(url + "/health").json()["in_flight"] < args.clients):
             time.sleep(0.02)
         admitted_all = time.monotonic() - t0
         last = {p: (0, 0.0) for p in ports}  # (queue, when it last grew)
         acked = {p: (-1, 0.0) for p in ports}  # (bytes acknowledged, when that last changed)
         peak, cut = dict.fromkeys(ports, 0), {}
         refused_until = answered = None
+        if wyoming:
+            answered = 0.0  # the normal request is HTTP's
         next_try = 0.0
         while len(cut) < len(ports) or answered is None:
             now = time.monotonic() - t0
@@ -125,7 +167,7 @@ def main() -> int:
             for what, when in (("the client's last acknowledgement", acked),
                                ("the buffers filled", last))}
     load = os.getloadavg()
-    print(f"{args.clients} stalled clients, --send-timeout {args.send_timeout:g} s, "
+    print(f"{args.door}: {args.clients} stalled clients, --send-timeout {args.send_timeout:g} s, "
           f"{args.steps} steps, model {Path(args.model).name}; load average "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end\n")
     print("| measure | value |\n|---|---|")
@@ -136,7 +178,7 @@ def main() -> int:
                   f"{xs[0]:+.2f} / {xs[len(xs) // 2]:+.2f} / {xs[-1]:+.2f} s |")
     print(f"| most bytes the kernel held for one client | {max(peak.values()):,} |")
     print(f"| all clients admitted after | {admitted_all:.2f} s |")
-    if refused_until is not None:
+    if refused_until is not None and not wyoming:
         print(f"| a normal request refused (429) after that for | {refused_until:.2f} s |")
         print(f"| then answered (whole wav) in | {answered:.2f} s |")
     return 0

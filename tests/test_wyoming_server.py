@@ -1,12 +1,14 @@
 """`omnicore wyoming` as Home Assistant reaches it: a subprocess on the tiny checkpoint, driven
 by the `wyoming` package's own client. describe lists the voices; a one-shot text and the same
-text streamed in fragments give exactly `model.stream`'s audio, sent as it is made; bad events
-get error events on a connection that stays usable; a client that leaves frees its passes; a
-silent client is closed; SIGTERM drains."""
+text streamed in fragments give exactly `model.stream`'s audio, sent as it is made; an unknown
+voice speaks as the default one; every error ends the exchange where Home Assistant stops
+reading (the connection's end, or a stream's synthesize-stopped); a client that leaves frees
+its passes, one that stops reading is cut; a silent client is closed; SIGTERM drains."""
 
 import asyncio
 import json
 import signal
+import socket
 
 import numpy as np
 import pytest
@@ -23,6 +25,8 @@ from wyoming.tts import (Synthesize, SynthesizeChunk, SynthesizeStart, Synthesiz
                          SynthesizeStopped, SynthesizeVoice)
 
 from omnicore.audio.writers import to_pcm16  # noqa: E402
+from omnicore.server.state import ServerState  # noqa: E402
+from omnicore.server.wyoming_server import MAX_LINE_BYTES, WyomingServer  # noqa: E402
 
 SETTINGS = ("--steps", "4", "--seed", "7")  # seeded sampling: one client, so nothing shares a pass
 KWARGS = {"num_step": 4, "seed": 7}
@@ -33,12 +37,18 @@ IDLE_S = 4
 
 
 @pytest.fixture(scope="module")
-def port(house_voices, tmp_path_factory):
+def served(house_voices, tmp_path_factory):
+    """(port, the server's log: its stdout and stderr)."""
     log = tmp_path_factory.mktemp("wyoming") / "server.log"
     proc, port = start_wyoming(house_voices, "--voice", VOICE, "--idle-timeout", IDLE_S,
                                *SETTINGS, log_path=log)
-    yield port
+    yield port, log
     stop_process(proc, 30)
+
+
+@pytest.fixture(scope="module")
+def port(served):
+    return served[0]
 
 
 def run(coro):
@@ -58,6 +68,17 @@ async def until(client, *types) -> tuple[list[Event], bytes]:
             return events, audio
 
 
+async def ha_reads(client, stream=False) -> list[Event | None]:
+    """What Home Assistant's wyoming/tts.py reads of a reply: events until audio-stop (a
+    stream's: synthesize-stopped) or the connection's end (None, last), past `error` events."""
+    events, last = [], SynthesizeStopped().event().type if stream else "audio-stop"
+    while True:
+        event = await client.read_event()
+        events.append(event)
+        if event is None or event.type == last:
+            return events
+
+
 def streamed(tiny_model, text, **kw) -> bytes:
     return np.concatenate([to_pcm16(x) for x in tiny_model.stream(text, **kw)]).tobytes()
 
@@ -75,7 +96,45 @@ def test_describe_lists_the_presets_and_the_library(port):
     names = [v.name for v in program.voices]
     assert names[0] == VOICE and {"alloy", "ash", "nova", "marin", "cedar"} <= set(names)
     assert all(v.installed and "en" in v.languages and "zh" in v.languages for v in program.voices)
-    assert len(program.voices[0].languages) > 600
+    assert all(len(lang) == 2 for lang in program.voices[0].languages)  # ISO 639-1: HA's picker
+
+
+def test_a_voice_keeps_its_description_once_made(port, house_voices):
+    """Home Assistant shows a voice's description as its name: a preset's first use (which
+    designs it and keeps it in the library) changes neither it nor the voices' order."""
+    async def describe(c):
+        await c.write_event(Describe().event())
+        voices = Info.from_event(await c.read_event()).tts[0].voices
+        return [(v.name, v.description) for v in voices]
+
+    async def talk():
+        async with AsyncTcpClient("127.0.0.1", port) as c:
+            before = await describe(c)
+            await c.write_event(Synthesize(text="Hi.", voice=SynthesizeVoice(name="cedar")).event())
+            await until(c, "audio-stop")
+            return before, await describe(c)
+    assert not (house_voices / "cedar.npz").exists()
+    before, after = run(talk())
+    assert (house_voices / "cedar.npz").exists()  # made now
+    assert after == before
+    assert ("cedar", "preset: male, elderly, low pitch, american accent") in after
+
+
+def test_describe_languages_and_profile_label(tiny_model, house_voices):
+    """In-process: --all-languages lists all 646 ids; a profile but exact is named approximate."""
+    server = ServerState(tiny_model, voices_dir=house_voices)
+
+    def program(synth=None, **kw):
+        door = WyomingServer(server, synth or {}, None, 5.0, 5.0, **kw)
+        return Info.from_event(door.info()).tts[0]
+    try:
+        assert len(program().voices[0].languages) == 125
+        assert len(program(all_languages=True).voices[0].languages) == 646
+        assert "approximate" not in program().description
+        assert "live (approximate)" in program({"profile": "live"}).description
+        assert "fast (approximate)" in program({"profile": "fast"}).description
+    finally:
+        server.pool.shutdown()
 
 
 def test_one_shot_and_streamed_text_speak_as_the_model_streams(port, tiny_model, house_voices):
@@ -139,51 +198,114 @@ def test_voice_language_and_default_voice(port, tiny_model, house_voices):
     assert english != plain
 
 
-def test_bad_events_get_errors_and_the_connection_stays_usable(port):
+def test_an_unknown_voice_speaks_as_the_default_voice(served, tiny_model, house_voices):
+    """A voice the server does not have (one Home Assistant remembers, since deleted) is no
+    error: the server's --voice speaks it, one-shot and streamed alike, and the log says so."""
+    from omnicore import VoiceClonePrompt
+
+    port, log = served
+    prompt = VoiceClonePrompt.load(house_voices / f"{VOICE}.npz")
+    gone = SynthesizeVoice(name="gone")
+
     async def talk():
+        async with AsyncTcpClient("127.0.0.1", port) as c:
+            await c.write_event(Synthesize(text="Hi.", voice=gone).event())
+            one_shot = await until(c, "audio-stop")
+            await c.write_event(SynthesizeStart(voice=gone).event())
+            for word in ("Hi.", " Bye."):
+                await c.write_event(SynthesizeChunk(text=word).event())
+            await c.write_event(SynthesizeStop().event())
+            return one_shot, await until(c, SynthesizeStopped().event().type)
+    (events, audio), (stream_events, stream_audio) = run(talk())
+    assert "error" not in [e.type for e in events + stream_events]
+    assert audio == streamed(tiny_model, "Hi.", voice_clone_prompt=prompt, **KWARGS)
+    assert stream_audio == streamed(tiny_model, "Hi. Bye.", voice_clone_prompt=prompt, **KWARGS)
+    assert "Unknown voice 'gone'" in log.read_text()
+
+
+def test_an_error_ends_the_reply_where_home_assistant_stops_reading(port):
+    """Home Assistant reads past `error` events until audio-stop, synthesize-stopped or the
+    connection's end: any refused event gets its error, then the connection closes."""
+    refused = [  # (event, the error's code)
+        (Synthesize(text=""), "invalid_input"),
+        (Synthesize(text="..."), "invalid_input"),
+        (Synthesize(text="x" * 20_001), "input_too_long"),
+        (Event("synthesize", {"text": 5}), "invalid_message"),
+        (Event("synthesize", {"text": "Hi.", "voice": {"language": ["en"]}}), "invalid_message"),
+        (Event("synthesize", {"text": "Hi.", "voice": {"language": {"en": 1}}}), "invalid_message"),
+        (Event("synthesize", {"text": "Hi.", "voice": "alloy"}), "invalid_message"),
+        (SynthesizeChunk(text="Hi."), "invalid_message"),  # outside a stream
+        (SynthesizeStop(), "invalid_message"),
+    ]
+
+    async def reply(event):
+        async with AsyncTcpClient("127.0.0.1", port) as c:
+            await c.write_event(event if isinstance(event, Event) else event.event())
+            return await ha_reads(c)
+    for event, code in refused:
+        events = run(reply(event))
+        assert [e and e.type for e in events] == ["error", None], (event, events)
+        assert Error.from_event(events[0]).code == code, (event, events[0].data)
+    assert "nothing to say" in Error.from_event(run(reply(Synthesize(text="...")))[0]).text
+
+
+def test_a_refused_stream_still_ends_with_synthesize_stopped(port):
+    """An error inside a stream (a bad synthesize-start, a text over the limit, before or after
+    its first words are being spoken) is one error event; the stream's further chunks are
+    ignored and its synthesize-stop is answered synthesize-stopped, on a connection that
+    stays usable."""
+    streams = [
+        [Event("synthesize-start", {"voice": {"language": ["en"]}}), SynthesizeChunk(text="Hi.")],
+        [SynthesizeStart().event(), SynthesizeChunk(text="x" * 20_001).event(),
+         SynthesizeChunk(text="Hi.").event()],
+        [SynthesizeStart().event(), SynthesizeChunk(text="Hello there, friend. ").event(),
+         SynthesizeChunk(text="x" * 20_000).event(), SynthesizeChunk(text="Hi.").event()],
+    ]
+
+    async def talk():
+        replies = []
+        async with AsyncTcpClient("127.0.0.1", port) as c:
+            for stream in streams:
+                for event in stream:
+                    await c.write_event(event if isinstance(event, Event) else event.event())
+                await c.write_event(SynthesizeStop().event())
+                replies.append(await ha_reads(c, stream=True))
+            await c.write_event(Synthesize(text="Still here.").event())
+            return replies, await until(c, "audio-stop")
+    replies, (after, audio) = run(talk())
+    for events in replies:
+        kinds = [e and e.type for e in events]
+        assert kinds[-1] == "synthesize-stopped" and kinds.count("error") == 1, kinds
+    assert after[0].type == "audio-start" and audio
+
+
+def test_unreadable_events_get_an_error_then_the_connection_closes(port):
+    async def reply(line: bytes):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-
-        async def send(line: bytes, data: bytes = b""):
-            writer.write(line + b"\n" + data)
-            await writer.drain()
-
-        async def reply():
-            line = json.loads(await reader.readline())
-            data = json.loads(await reader.readexactly(line["data_length"]))
-            return line["type"], data
-        answers = []
-        for line in [b"{not json", b'"a string"', b'{"type": "synthesize", "data": {"text": 5}}',
-                     b'{"type": "synthesize", "data": {"text": "Hi.", "voice": {"name": "nobody"}}}',
-                     b'{"type": "synthesize", "data": {"text": "..."}}',
-                     b'{"type": "synthesize-chunk", "data": {"text": "Hi."}}',
-                     b'{"type": "synthesize-stop"}',
-                     json.dumps({"type": "synthesize", "data": {"text": "x" * 20_001}}).encode()]:
-            await send(line)
-            answers.append(await reply())
-        await send(b'{"type": "not-ours", "data": {}}')  # dropped, as Wyoming asks
-        await send(b'{"type": "synthesize", "data": {"text": "Still here."}}')
-        kinds = []
-        while not kinds or kinds[-1] != "audio-stop":
-            line = json.loads(await reader.readline())
-            kinds.append(line["type"])
-            await reader.readexactly(line.get("data_length", 0) + line.get("payload_length", 0))
-        # A length that cannot be trusted: an error, then the connection closes.
-        await send(json.dumps({"type": "synthesize", "data_length": 2**40}).encode())
-        last = await reply()
+        writer.write(line + b"\n")
+        await writer.drain()
+        head = json.loads(await reader.readline())
+        data = json.loads(await reader.readexactly(head["data_length"]))
         closed = await reader.read() == b""
         writer.close()
-        return answers, kinds, last, closed
+        return head["type"], data, closed
+    answers = [run(reply(line)) for line in [
+        b"{not json", b'"a string"',
+        # A length that cannot be trusted.
+        json.dumps({"type": "synthesize", "data_length": 2**40}).encode()]]
+    assert all(kind == "error" and data["code"] == "invalid_message" and closed
+               for kind, data, closed in answers), answers
+    assert "data_length" in answers[-1][1]["text"]
 
-    answers, kinds, last, closed = run(talk())
-    assert all(kind == "error" for kind, _ in answers), answers
-    codes = [data.get("code") for _, data in answers]
-    assert codes[:3] == ["invalid_message"] * 3
-    assert codes[3] == "voice_not_found" and "nobody" in answers[3][1]["text"]
-    assert codes[4] == "invalid_input" and "nothing to say" in answers[4][1]["text"]
-    assert "outside a stream" in answers[5][1]["text"] and "outside a stream" in answers[6][1]["text"]
-    assert codes[7] == "input_too_long"
-    assert kinds[0] == "audio-start" and kinds[-1] == "audio-stop" and "audio-chunk" in kinds
-    assert last[0] == "error" and "data_length" in last[1]["text"] and closed
+
+def test_an_unknown_event_is_dropped(port):
+    async def talk():
+        async with AsyncTcpClient("127.0.0.1", port) as c:
+            await c.write_event(Event("not-ours", {}))  # dropped, as Wyoming asks
+            await c.write_event(Synthesize(text="Still here.").event())
+            return await until(c, "audio-stop")
+    events, audio = run(talk())
+    assert events[0].type == "audio-start" and audio
 
 
 def test_a_silent_client_is_closed_after_the_idle_timeout(port):
@@ -195,7 +317,49 @@ def test_a_silent_client_is_closed_after_the_idle_timeout(port):
     assert error.code == "idle_timeout" and after is None
 
 
+def test_start_up_lines_reach_stderr(served):
+    """What an operator checks first, at INFO (the `omnicore` logger keeps only warnings)."""
+    port, log = served
+    text = log.read_text()
+    assert "model tiny-random" in text and "Voices: 1 in" in text
+    assert f"ready, listening on tcp://127.0.0.1:{port}" in text and "125 languages" in text
+
+
 LONG = " ".join(f"Sentence {i} of a story that goes on and on." for i in range(400))
+
+
+def test_a_client_that_stops_reading_is_cut_and_counted(tiny_model, house_voices):
+    """In-process, so the count is read where the server keeps it: a client that asks for a
+    long text and never reads (a small receive buffer) is cut by the send clock, counted as a
+    send timeout, and its connection is gone from the server."""
+    server = ServerState(tiny_model, voices_dir=house_voices)
+    door = WyomingServer(server, dict(KWARGS), None, 1.0, 1.0)
+
+    async def stall():
+        listener = await asyncio.start_server(door.handle, "127.0.0.1", 0, limit=MAX_LINE_BYTES)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(listener.sockets[0].getsockname())
+        sock.sendall(json.dumps({"type": "synthesize", "data": {"text": LONG}}).encode() + b"\n")
+        while not door.connections:
+            await asyncio.sleep(0.05)
+        while door.connections:  # until the server lets it go
+            await asyncio.sleep(0.05)
+        listener.close()
+        return sock
+    try:
+        sock = run(stall())
+        assert server.registry.get_sample_value("omnicore_timeouts_total", {"kind": "send"}) == 1
+        sock.settimeout(60)  # what the kernels held still arrives, then the end (no timeout)
+        try:
+            while sock.recv(65536):
+                pass
+        except ConnectionResetError:
+            pass
+        sock.close()
+    finally:
+        server.stop_all()
+        server.close(30)
 
 
 def test_a_client_that_leaves_or_stops_reading_frees_its_place_and_sigterm_drains(house_voices,
@@ -248,6 +412,7 @@ def test_a_client_that_leaves_or_stops_reading_frees_its_place_and_sigterm_drain
             finally:
                 writer.close()
         assert run(stalled_then_admitted())
+        assert "Cut a client that took no audio for 2 s" in (tmp_path / "server.log").read_text()
 
         async def drained():
             async with AsyncTcpClient("127.0.0.1", port) as c:

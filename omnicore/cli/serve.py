@@ -56,7 +56,8 @@ def cmd_wyoming(args) -> int:
 
     wyoming_server.serve(args.model, args.uri, args.voice or None, speech_settings(args),
                          precision=args.precision, send_timeout=args.send_timeout,
-                         grace=args.grace, quiet=args.quiet, voices_dir=args.voices_dir,
+                         grace=args.grace, quiet=args.quiet, all_languages=args.all_languages,
+                         voices_dir=args.voices_dir,
                          max_queue=args.max_queue, max_concurrency=args.max_concurrency,
                          idle_timeout=args.idle_timeout)
     return 0
@@ -146,6 +147,9 @@ def add_parser(sub) -> None:
     wy.add_argument("--voice", default="alloy",
                     help="the voice of a text that names none: a preset or a library voice, or "
                          "'' for the model's auto voice (default: %(default)s)")
+    wy.add_argument("--all-languages", action="store_true",
+                    help="list each voice under all 646 language ids (default: the 125 ISO "
+                         "639-1 codes, which keep Home Assistant's language picker usable)")
     add_server_options(wy, "texts")
     add_generation_options(wy, texts=False)
     wy.set_defaults(func=cmd_wyoming, compile_notice=False)  # the server logs it

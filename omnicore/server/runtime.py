@@ -86,6 +86,36 @@ def kernel_send_state(sock) -> tuple[int, int] | None:
             struct.unpack("=i", held)[0])
 
 
+class KernelSendClock:
+    """The send clock read from the kernel (Linux): reset by every byte the client acknowledges
+    and whenever nothing waits for it, expired after `timeout` seconds without (`works` is
+    False where the system does not say)."""
+
+    def __init__(self, sock, timeout: float, now: float):
+        self.sock, self.timeout = sock, timeout
+        state = kernel_send_state(sock)
+        self.works, self.expired = state is not None, False
+        self.acked, self.since = (state[0] if state else 0), now
+
+    def look(self, now: float, buffered: int) -> float | None:
+        """One look (`buffered`: the bytes the transport still holds): the seconds until the
+        next, or None when the socket is closed; `expired` says the clock ran out."""
+        state = kernel_send_state(self.sock)
+        if state is None:
+            return None
+        acked, held = state
+        waiting = held + buffered > 0
+        if acked != self.acked or not waiting:
+            self.acked, self.since = acked, now
+        elif now - self.since >= self.timeout:
+            self.expired = True
+            return 0.0
+        step = self.timeout / SEND_CHECKS
+        if waiting:
+            step = min(step, SEND_CHECK_S, self.since + self.timeout - now)
+        return max(step, 0.0)
+
+
 class _Clocks:
     """Timers on a uvicorn protocol: `send` while its transport holds bytes the client has
     not taken, `idle` as a subclass arms it. An expired timer counts itself and drops the
@@ -97,11 +127,10 @@ class _Clocks:
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         limit_send_buffer(transport)
-        self._sock = transport.get_extra_info("socket")
-        state = kernel_send_state(self._sock)
-        self._kernel_clock = state is not None
+        self._send_clock = KernelSendClock(transport.get_extra_info("socket"), self.send_timeout,
+                                           self.loop.time())
+        self._kernel_clock = self._send_clock.works
         if self._kernel_clock:
-            self._acked, self._send_since = state[0], self.loop.time()
             self._arm("send", self.send_timeout / SEND_CHECKS, self._watch_send)
 
     def _arm(self, kind: str, seconds: float, then=None) -> None:
@@ -121,21 +150,13 @@ class _Clocks:
         self.transport.abort()  # a full buffer would keep a plain close() waiting to drain
 
     def _watch_send(self) -> None:
-        """The kernel's send clock, for the connection's life: reset by every byte the client
-        acknowledges and whenever nothing waits for it; expired after send_timeout without."""
-        state = kernel_send_state(self._sock)
-        if state is None:  # closed under us
+        """The kernel's send clock (KernelSendClock), for the connection's life."""
+        step = self._send_clock.look(self.loop.time(), self.transport.get_write_buffer_size())
+        if step is None:  # closed under us
             return
-        now, (acked, held) = self.loop.time(), state
-        waiting = held + self.transport.get_write_buffer_size() > 0
-        if acked != self._acked or not waiting:
-            self._acked, self._send_since = acked, now
-        elif now - self._send_since >= self.send_timeout:
+        if self._send_clock.expired:
             return self._expired("send")
-        step = self.send_timeout / SEND_CHECKS
-        if waiting:
-            step = min(step, SEND_CHECK_S, self._send_since + self.send_timeout - now)
-        self._arm("send", max(step, 0.0), self._watch_send)
+        self._arm("send", step, self._watch_send)
 
     def _check_send(self) -> None:
         """Without the kernel's figures, while paused: cut the connection once the transport's

@@ -8,8 +8,11 @@ TTS, on the model's one engine (the `wyoming` extra: the protocol library Home A
                                                  -> audio-start, audio-chunk..., audio-stop,
                                                     synthesize-stopped
                        ping                      -> pong
-    server -> client   error{text, code}         a bad event, an unknown voice, a refusal;
-                                                 the connection stays usable
+    server -> client   error{text, code}         a bad event, a refusal; then the connection
+                                                 closes, or, inside a stream, the stream ends
+                                                 at its synthesize-stop (synthesize-stopped)
+
+An unknown voice is no error: --voice speaks instead (else the auto voice), with a log line.
 
 Audio is 16-bit mono pcm at SAMPLE_RATE, sent as it is made: each text is one `model.stream`,
 so a streamed text (synthesize-chunk as an LLM writes it) is spoken sentence by sentence as
@@ -33,7 +36,6 @@ import asyncio
 import json
 import logging
 import signal
-import socket
 from urllib.parse import urlsplit
 
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
@@ -49,9 +51,9 @@ from ..checkpoint import HUB_REPO
 from ..errors import CancelledError, ConfigError, InputError, OmniCoreError
 from ..model.config import SAMPLE_RATE
 from ..text import frontend
-from .protocol import (MAX_BODY_BYTES, HTTPError, as_http, check_input_length, forget, has_words,
-                       shutting_down)
-from .runtime import SEND_BUFFER_BYTES
+from .protocol import (MAX_BODY_BYTES, PROFILE_LABELS, HTTPError, as_http, check_input_length,
+                       forget, has_words, shutting_down)
+from .runtime import KernelSendClock, limit_send_buffer
 from .state import ServerState
 from .stream_input import MAX_UTTERANCES, Utterance
 from .voices import PRESET_VOICES
@@ -65,6 +67,9 @@ WEIGHTS = Attribution(name="k2-fsa (OmniVoice: CC-BY-NC 4.0); Boson AI (Higgs au
 # omnicore itself runs the model: its program names it, and points at the model it runs.
 PROGRAM = Attribution(name="omnicore, running OmniVoice by k2-fsa", url=WEIGHTS.url)
 LANGUAGES = sorted(frontend.supported_language_ids())
+# Home Assistant lists each voice under every language it advertises: the ISO 639-1 codes (two
+# letters, 125 of the 646) keep its picker usable, as wyoming-piper's do; --all-languages: all.
+SHORT_LANGUAGES = [lang for lang in LANGUAGES if len(lang) == 2]
 
 
 class BadEvent(Exception):
@@ -116,10 +121,10 @@ async def read_event(reader: asyncio.StreamReader) -> Event | None:
 def wyoming_language(tag: str | None) -> str | None:
     """A Wyoming voice's language (a BCP 47 tag such as `en-US`, or a model id) -> the model's
     language id: the tag itself, else its primary subtag, else resolve_language's reading."""
+    if tag is not None and not isinstance(tag, str):  # before `in`: a list is unhashable
+        raise BadEvent("voice.language must be a string")
     if tag is None or tag in frontend.ID_TO_NAME:
         return tag
-    if not isinstance(tag, str):
-        raise BadEvent("voice.language must be a string")
     primary = tag.split("-")[0].split("_")[0].lower()
     return primary if primary in frontend.ID_TO_NAME else frontend.resolve_language(tag)
 
@@ -128,37 +133,36 @@ class WyomingServer:
     """The listening socket, one `Connection` per client, and the shutdown."""
 
     def __init__(self, server: ServerState, synth: dict, voice: str | None,
-                 send_timeout: float, grace: float):
+                 send_timeout: float, grace: float, all_languages: bool = False):
         self.server, self.synth, self.voice = server, synth, voice
         self.send_timeout, self.grace = send_timeout, grace
+        self.languages = LANGUAGES if all_languages else SHORT_LANGUAGES
         self.connections: set[Connection] = set()
 
     def info(self) -> Event:
-        """What `describe` answers: the voices now in the library, then the presets not made."""
+        """What `describe` answers: the library's own voices, then every preset. Home Assistant
+        shows a voice's description as its name, so a preset's stays the same once it is made
+        (the library keeps it under its name)."""
         from .. import __version__
 
         def voice(name: str, description: str) -> TtsVoice:
             return TtsVoice(name=name, attribution=WEIGHTS, installed=True,
-                            description=description, version=None, languages=LANGUAGES)
+                            description=description, version=None, languages=self.languages)
         voices = self.server.voices
-        made = [voice(n, voices.record(n).get("name", n)) for n in voices.names()]
-        seen = {v.name for v in made}
-        presets = [voice(n, f"preset: {ins}") for n, (ins, _) in PRESET_VOICES.items()
-                   if n not in seen]
+        made = [voice(n, voices.record(n).get("name", n)) for n in voices.names()
+                if n not in PRESET_VOICES]
+        presets = [voice(n, f"preset: {ins}") for n, (ins, _) in PRESET_VOICES.items()]
+        profile = self.synth.get("profile") or getattr(self.server.model, "profile", "exact")
         program = TtsProgram(
             name="omnicore", attribution=PROGRAM, installed=True, version=__version__,
             description=f"OmniVoice text-to-speech ({self.server.model_name}) on numpy, 600+ "
                         "languages, voice cloning and design; the weights are CC-BY-NC 4.0"
-                        + ("; the fast profile (approximate)" if self.synth.get("profile") == "fast"
-                           else ""),
+                        + ("" if profile == "exact" else f"; profile {PROFILE_LABELS[profile]}"),
             voices=made + presets, supports_synthesize_streaming=True)
         return Info(tts=[program]).event()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sock = writer.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
-        writer.transport.set_write_buffer_limits(high=SEND_BUFFER_BYTES)
+        limit_send_buffer(writer.transport)  # the send clock starts when the client stops
         conn = Connection(self, reader, writer)
         self.connections.add(conn)
         try:
@@ -218,23 +222,61 @@ class Connection:
         self.stream: dict | None = None  # the open text stream: its voice, its text so far
         self.count = 0
         self.gone = False
+        # A client that takes no bytes for the send timeout is cut. On Linux the clock runs from
+        # its last acknowledged byte (as `omnicore serve`'s); elsewhere from when a write
+        # blocks, which comes later, once the kernel's buffer has filled.
+        self.clock = KernelSendClock(writer.get_extra_info("socket"), door.send_timeout,
+                                     asyncio.get_running_loop().time())
 
     async def send(self, event: Event) -> None:
-        """Write an event; a client that takes no bytes for the send timeout is cut."""
+        """Write an event (the send clock cuts a client that stops reading)."""
         if self.gone:
             return
         try:
-            await asyncio.wait_for(async_write_event(event, self.writer), self.door.send_timeout)
+            await asyncio.wait_for(async_write_event(event, self.writer),
+                                   None if self.clock.works else self.door.send_timeout)
         except asyncio.TimeoutError:
-            self.server.m_timeouts.labels("send").inc()
-            self.close()
+            self.cut()
         except (ConnectionError, OSError):
             self.close()
+
+    async def watch_send(self) -> None:
+        """The kernel's send clock (KernelSendClock), for the connection's life."""
+        loop = asyncio.get_running_loop()
+        while not self.gone:
+            step = self.clock.look(loop.time(), self.writer.transport.get_write_buffer_size())
+            if step is None:
+                return
+            if self.clock.expired:
+                return self.cut()
+            await asyncio.sleep(step)
+
+    def cut(self) -> None:
+        self.server.m_timeouts.labels("send").inc()
+        log.info("Cut a client that took no audio for %g s (--send-timeout)",
+                 self.door.send_timeout)
+        self.close()
 
     async def send_error(self, exc: BaseException) -> None:
         e = as_http(exc) if not isinstance(exc, BadEvent) else HTTPError(400, str(exc), None,
                                                                           "invalid_message")
         await self.send(Error(text=e.message, code=e.code).event())
+
+    async def fail(self, exc: BaseException) -> None:
+        """An error event, then the end of the exchange as Home Assistant reads it: it ignores
+        `error` and reads until audio-stop, synthesize-stopped or the connection's end. Inside
+        a text stream, the stream is refused (its text so far unsaid, its further chunks
+        ignored) and still ends with synthesize-stopped at its synthesize-stop; otherwise the
+        connection closes after the error, as wyoming-piper's does: Home Assistant takes that
+        as a failed text, where an empty audio-start/audio-stop pair would read as a success
+        with no audio."""
+        await self.send_error(exc)
+        if self.stream is None:
+            self.close()
+        else:
+            self.stream["failed"] = True
+            if self.stream["utterance"] is not None:
+                self.stream["utterance"].cancel(self.server.pool)
 
     def close(self) -> None:
         """The client is gone (or cut): its texts are cancelled, their passes leave the engine."""
@@ -247,9 +289,12 @@ class Connection:
 
     async def run(self) -> None:
         speaker = asyncio.create_task(self.speak_all())
+        clock = asyncio.create_task(self.watch_send()) if self.clock.works else None
         try:
             await self.listen()
         finally:
+            if clock is not None:
+                clock.cancel()
             # The client left, was cut or went idle: nobody hears what is still to come, so it
             # stops now (a client's end of input is its end: Wyoming clients never half-close).
             self.close()
@@ -271,7 +316,7 @@ class Connection:
                                                 "idle_timeout"))
                 return
             except BadEvent as exc:
-                await self.send_error(exc)
+                await self.fail(exc)
                 if exc.fatal:
                     return
                 continue
@@ -281,8 +326,11 @@ class Connection:
                 return
             try:
                 await self.handle(event)
-            except (HTTPError, BadEvent, OmniCoreError) as exc:
-                await self.send_error(exc)
+            except Exception as exc:  # noqa: BLE001 - no event may drop the connection unanswered
+                if not isinstance(exc, (HTTPError, BadEvent, OmniCoreError)):
+                    log.exception("An event failed (%s)", event.type)
+                await self.fail(exc)
+                forget(exc)
 
     async def handle(self, event: Event) -> None:
         if Describe.is_type(event.type):
@@ -296,11 +344,14 @@ class Connection:
         elif SynthesizeStart.is_type(event.type):
             if self.stream is not None:
                 raise BadEvent("synthesize-start inside a stream: send synthesize-stop first")
-            self.stream = {"voice": self.voice_of(event), "pending": "", "utterance": None}
+            # Open before its voice is read: a refused start still ends at its synthesize-stop.
+            self.stream = {"voice": None, "pending": "", "utterance": None, "failed": False}
+            self.stream["voice"] = self.voice_of(event)
         elif SynthesizeChunk.is_type(event.type):
             if self.stream is None:
                 raise BadEvent("synthesize-chunk outside a stream: send synthesize-start first")
-            self.add_stream_text(_text(event.data))
+            if not self.stream["failed"]:
+                self.add_stream_text(_text(event.data))
         elif SynthesizeStop.is_type(event.type):
             if self.stream is None:
                 raise BadEvent("synthesize-stop outside a stream")
@@ -320,9 +371,22 @@ class Connection:
         if name is not None and not isinstance(name, str):
             raise BadEvent("voice.name must be a string")
         language = wyoming_language(voice.get("language")) or self.door.synth.get("language")
-        if name is not None:
-            self.server.check_voice(name)
+        if name is not None and not self.has_voice(name):
+            # As wyoming-piper does: the voice Home Assistant remembers may be gone (deleted,
+            # or another server's), and an answer in the default voice beats none.
+            default = self.door.voice
+            fallback = default if default not in (None, name) and self.has_voice(default) else None
+            log.warning("Unknown voice %r: speaking with %s instead", name,
+                        repr(fallback) if fallback else "the model's auto voice")
+            name = fallback
         return name, language
+
+    def has_voice(self, name: str) -> bool:
+        try:
+            self.server.check_voice(name)
+        except (HTTPError, OmniCoreError):
+            return False
+        return True
 
     def add_stream_text(self, fragment: str) -> None:
         stream = self.stream
@@ -370,6 +434,8 @@ class Connection:
             except Exception as exc:  # noqa: BLE001 - a text's failure is an error event
                 await self.send_error(exc)
                 forget(exc)
+                if not streamed:  # the end Home Assistant reads (fail): the connection's
+                    self.close()
             finally:
                 if u is not None:
                     u.end_input()
@@ -412,16 +478,16 @@ def _text(data: dict) -> str:
 
 def serve(model_path: str, uri: str, voice: str | None, synth: dict, precision: str = "fp32",
           send_timeout: float = 30.0, grace: float = 30.0, quiet: bool = False,
-          **state_args) -> None:
+          all_languages: bool = False, **state_args) -> None:
     """Load the model once, compile its kernels (ServerState.warm_up), and serve Wyoming on `uri`
     until a signal, then drain. `voice`: the
     voice of a text whose event names none (None: the model's auto voice); `synth`: the
     generation settings of every text (language, seed, speed, GenerationConfig fields);
+    `all_languages`: each voice advertises all 646 language ids, not the ISO 639-1 ones;
     `state_args`: ServerState's (voices_dir, max_queue, max_concurrency, idle_timeout)."""
-    from . import log_model, server_state
+    from . import log_model, log_to_stderr, server_state
 
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
-                        format="%(levelname)s: %(message)s")
+    log_to_stderr(log, quiet)
     server = server_state(model_path, precision, **state_args)
     if voice is not None:
         try:
@@ -432,6 +498,10 @@ def serve(model_path: str, uri: str, voice: str | None, synth: dict, precision: 
     log_model(log, server, model_path)
     server.warm_up(log)  # before it listens: a client never waits for a compile
 
+    door = WyomingServer(server, synth, voice, send_timeout, grace, all_languages)
+
     def started():
-        log.info("Wyoming: listening on %s (default voice: %s)", uri, voice or "auto")
-    asyncio.run(WyomingServer(server, synth, voice, send_timeout, grace).run(uri, started))
+        log.info("Wyoming: ready, listening on %s (default voice: %s; %d languages per "
+                 "voice%s)", uri, voice or "auto", len(door.languages),
+                 "" if all_languages else ", --all-languages for all")
+    asyncio.run(door.run(uri, started))
