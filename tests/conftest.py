@@ -1,7 +1,8 @@
 """Fixtures shared by several test modules: the tiny checkpoint's backbone config and params;
 the rule for test inputs that may be missing (`missing`, `require_file`, `require_module`);
 servers started as child processes (`free_port`, `start_server`, `start_wyoming`,
-`spawn_omnicore`, `wait_until_serving`, `stop_process`); the Python examples of a page of
+`spawn_omnicore`, `wait_until_serving`, `stop_process`), a private user data folder for the
+session (`private_data_home`); the Python examples of a page of
 docs/ (`doc_examples`); and a virtual environment that sees the running interpreter's
 packages (`make_venv`)."""
 
@@ -57,6 +58,18 @@ def missing(what: str, how: str):
     if IN_CI:
         pytest.fail(message + "; CI must have it (see .ci/run)")
     pytest.skip(message, allow_module_level=True)  # also when a test module needs it at import
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_data_home(tmp_path_factory):
+    """The user's data folder, where a server without --voices-dir keeps its voices, is a
+    temporary one for the whole session (inherited by every child process): no test writes
+    into the real home, or reads a developer's voices."""
+    with pytest.MonkeyPatch.context() as mp:
+        folder = tmp_path_factory.mktemp("xdg_data_home")
+        mp.setenv("XDG_DATA_HOME", str(folder))
+        mp.delenv("OMNICORE_VOICES_DIR", raising=False)
+        yield folder
 
 
 def require_file(path: Path, how: str) -> Path:

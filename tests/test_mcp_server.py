@@ -277,6 +277,38 @@ def test_clone_voice_without_a_needed_consent_is_a_tool_error(tiny_model, tmp_pa
         server.close()
 
 
+def test_a_folder_that_requires_consent_binds_a_door_started_without_the_flag(tiny_model,
+                                                                               tmp_path):
+    """A voices folder set to require consent (by `omnicore serve --require-consent`, say)
+    binds `omnicore mcp` on it without the flag: clone_voice without a consent is refused and
+    leaves nothing, the voice is made once a consent is named; design_voice needs none."""
+    from omnicore.server import VoiceLibrary
+    from omnicore.server.mcp_server import McpDoor
+    from omnicore.server.state import ServerState
+
+    folder = tmp_path / "voices"
+    VoiceLibrary(folder, require_consent=True)
+    server = ServerState(tiny_model, folder)
+    clip = base64.b64encode(CLIP.read_bytes()).decode()
+    consent = server.voices.add_consent("Ann", "en", CLIP.read_bytes(), "wav")["id"]
+
+    async def call(tool, **arguments):
+        async with Client(McpDoor(server, None, {"num_step": 4}).mcp()) as client:
+            return await client.call_tool(tool, arguments)
+    try:
+        refused = asyncio.run(call("clone_voice", name="c", audio_base64=clip, ref_text="Hello."))
+        assert "consent" in error_of(refused)
+        assert not list(folder.glob("c.*"))
+        made = asyncio.run(call("clone_voice", name="c", audio_base64=clip, ref_text="Hello.",
+                                consent=consent))
+        assert not made.is_error, made.content
+        assert server.voices.record("c")["consent"]["id"] == consent
+        designed = asyncio.run(call("design_voice", name="d", instruct="female", text="Hi."))
+        assert not designed.is_error, designed.content
+    finally:
+        server.close()
+
+
 def test_a_cancelled_call_leaves_the_engine_within_steps(tiny_model, tmp_path):
     """What an MCP client's cancel does to the tool (its task cancelled): the call's passes
     leave the model's engine within a step or two, and its place is given back."""

@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import (TINY, require_module, require_server_extra, start_server,  # noqa: E402
-                      stop_process)
+from conftest import (TINY, free_port, require_module, require_server_extra,  # noqa: E402
+                      spawn_omnicore, start_server, stop_process, wait_until_serving)
 
 openai = require_module("openai")  # a skip locally, a failure under CI
 httpx = require_module("httpx")
@@ -386,3 +386,149 @@ def test_consent_recordings_are_checked_as_clips(servers, clients):
         err = r.json()["error"]
         assert (err["param"], err["code"]) == ("audio", "invalid_audio"), (kind, r.text)
     assert a.audio.voice_consents.delete(kept.id).deleted
+
+
+def test_an_ill_typed_record_costs_its_own_entry_on_every_route(servers, voices_dir, logs):
+    """Records that parse as JSON but hold what no record holds (a NaN or infinite time, an
+    object where the consent is, a time that is no whole number): every list and every
+    voice still answers on both replicas, each bad record costs its own entry (a voice is
+    then a voice without its record), and each is logged once."""
+    bad_records = {"nan_time": '{"name": "x", "type": "prompt", "created_at": NaN}',
+                   "inf_time": '{"name": "x", "type": "prompt", "created_at": 1e999}',
+                   "odd_consent": json.dumps({"name": "x", "type": "audio_sample",
+                                              "created_at": 1, "consent": {"id": 7}}),
+                   "list_name": json.dumps({"name": ["x"], "type": "prompt", "created_at": 1})}
+    for name, text in bad_records.items():
+        r = _get(servers[0] + "/v1/voices", method="POST", json={
+            "name": name, "instruct": "female", "num_step": 1, "text": "Hi there."})
+        assert r.status_code == 201, r.text
+        (voices_dir / f"{name}.voice.json").write_text(text)
+    float_time, text_time = "cons_" + "e" * 24, "cons_" + "f" * 24
+    for cid, created in ((float_time, 1.5), (text_time, "yesterday")):
+        (voices_dir / "consents" / f"{cid}.json").write_text(json.dumps({
+            "id": cid, "object": "audio.voice_consent", "name": "x", "language": "en",
+            "created_at": created, "recording": f"{cid}.wav"}))
+        (voices_dir / "consents" / f"{cid}.wav").write_bytes(_wav(0.5))
+    try:
+        for url in servers:
+            r = _get(url + "/v1/voices")
+            assert r.status_code == 200, r.text
+            shown = {v["id"]: v for v in r.json()["data"]}
+            for name in bad_records:
+                assert shown[name]["name"] == name and shown[name]["consent"] is None
+                assert isinstance(shown[name]["created_at"], int)
+                assert _get(f"{url}/v1/voices/{name}").status_code == 200
+            r = _get(url + "/v1/audio/voice_consents?limit=100")
+            assert r.status_code == 200, r.text
+            assert not {float_time, text_time} & {c["id"] for c in r.json()["data"]}
+            assert _get(f"{url}/v1/audio/voice_consents/{float_time}").status_code == 404
+        for log in logs:
+            text = log.read_text()
+            for name in bad_records:
+                assert text.count(f"{name}.voice.json is skipped") == 1, text
+            assert f"{text_time}.json is skipped ('created_at'" in text
+            assert "Traceback" not in text
+    finally:
+        for cid in (float_time, text_time):
+            for p in (voices_dir / "consents").glob(f"{cid}.*"):
+                p.unlink()
+    for name in bad_records:
+        assert _get(f"{servers[1]}/v1/voices/{name}", method="DELETE").status_code == 200
+
+
+def test_a_prompt_file_that_does_not_load_is_no_voice_on_any_route(servers, voices_dir):
+    """A FIFO where a voice's prompt would be: GET, DELETE and speech all answer 404 (it is
+    no voice), the FIFO stays for inspection, and a create of that name is a 409 that writes
+    nothing and removes nothing (a stray record there stays)."""
+    os.mkfifo(voices_dir / "piped.npz")
+    stray = voices_dir / "piped.voice.json"
+    stray.write_text(json.dumps({"name": "an operator's", "type": "prompt", "created_at": 1}))
+    try:
+        for url in servers:
+            assert _get(url + "/v1/voices/piped").status_code == 404
+            assert _get(url + "/v1/voices/piped", method="DELETE").status_code == 404
+            assert _get(url + "/v1/audio/voices/piped", method="DELETE").status_code == 404
+            r = _get(url + "/v1/audio/speech", method="POST", json={"input": "Hi.",
+                                                                     "voice": "piped"})
+            assert r.status_code == 404, r.text
+            assert "piped" not in {v["id"] for v in _get(url + "/v1/voices").json()["data"]}
+            r = _get(url + "/v1/voices", method="POST", json={
+                "name": "piped", "instruct": "female", "num_step": 1, "text": "Hi there."})
+            assert (r.status_code, r.json()["error"]["code"]) == (409, "voice_file_unreadable")
+        assert (voices_dir / "piped.npz").is_fifo()
+        assert json.loads(stray.read_text())["name"] == "an operator's"
+        assert sorted(p.name for p in voices_dir.glob("piped*")) == ["piped.npz", "piped.voice.json"]
+    finally:
+        (voices_dir / "piped.npz").unlink()
+        stray.unlink()
+
+
+def test_the_consent_policy_is_the_folders(tmp_path):
+    """Consent is required by the folder, not by a flag of one process: a library opened
+    without the flag on a folder that requires it refuses a cloned voice without a consent
+    (a designed one needs none), and a failed create removes only what it wrote. Only an
+    explicit False lifts it; a damaged policy file requires consent."""
+    from omnicore.server import VoiceLibrary
+    from omnicore.server.protocol import HTTPError
+
+    voice = VoiceClonePrompt(np.zeros((8, 5), np.int64), "A voice.", 0.05)
+    VoiceLibrary(tmp_path, require_consent=True)  # what `serve --require-consent` does
+    assert json.loads((tmp_path / "policy.json").read_text()) == {"require_consent": True}
+    lib = VoiceLibrary(tmp_path)  # a replica, or `omnicore mcp`, without the flag
+    assert lib.require_consent
+    (tmp_path / "clone.voice.json").write_text("a stray file")
+    with pytest.raises(HTTPError) as exc:
+        lib.add("clone", voice, {"type": "audio_sample"})
+    assert (exc.value.status, exc.value.code) == (400, "consent_required")
+    with pytest.raises(HTTPError) as exc:
+        lib.add("clone", voice, {"type": "audio_sample"}, "cons_" + "1" * 24)
+    assert exc.value.code == "consent_not_found"
+    assert (tmp_path / "clone.voice.json").read_text() == "a stray file"
+    assert lib.add("designed", voice, {"type": "prompt", "prompt": "female"})["type"] == "prompt"
+    consent = lib.add_consent("Ann", "en", _wav(0.5), "wav")
+    assert lib.add("clone", voice, None, consent["id"])["consent"]["id"] == consent["id"]
+
+    VoiceLibrary(tmp_path, require_consent=False)  # --no-require-consent
+    assert not lib.require_consent
+    lib.add("free", voice)
+    (tmp_path / "policy.json").write_text('{"require_consent": "no"}')
+    assert lib.require_consent  # a damaged policy never opens the folder
+    VoiceLibrary(tmp_path, require_consent=True)  # and the flag rewrites it
+    assert json.loads((tmp_path / "policy.json").read_text()) == {"require_consent": True}
+    (tmp_path / "policy.json").unlink()
+    assert not lib.require_consent
+    assert lib.names() == ["clone", "designed", "free"]
+
+
+def test_without_a_folder_the_voices_outlive_the_server(tmp_path, monkeypatch):
+    """`omnicore serve` without --voices-dir keeps its voices in the user's data folder
+    ($XDG_DATA_HOME/omnicore/voices), named in its start-up lines: a voice made before a
+    restart is there after it. OMNICORE_VOICES_DIR chooses another folder for every door."""
+    from omnicore.server import server_state
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    folder = tmp_path / "data" / "omnicore" / "voices"
+    log = tmp_path / "server.log"
+    for run in range(2):
+        port = free_port()
+        proc = spawn_omnicore("serve", "--model", TINY, "--port", port, log_path=log)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_until_serving(proc, url + "/health", 90, "the server", log.read_text)
+            if run == 0:
+                r = _get(url + "/v1/voices", method="POST", json={
+                    "name": "kept", "instruct": "female", "num_step": 1, "text": "Hi there."})
+                assert r.status_code == 201, r.text
+            else:
+                assert _get(url + "/v1/voices/kept").status_code == 200
+        finally:
+            stop_process(proc, 30)
+        assert f"Voices: {run} in {folder}; cloned voices need no consent" in log.read_text()
+    assert (folder / "kept.npz").is_file()
+
+    monkeypatch.setenv("OMNICORE_VOICES_DIR", str(tmp_path / "chosen"))
+    state = server_state(TINY)  # what serve, wyoming and mcp start on
+    try:
+        assert state.voices.folder == tmp_path / "chosen" and state.voices.persistent
+    finally:
+        state.close()

@@ -5,6 +5,7 @@ admission and the connections' clocks (`add_server_options`)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import math
 import os
@@ -17,6 +18,9 @@ from .options import add_generation_options, gen_kwargs
 
 def check_server_options(args) -> None:
     """The shared options' values, checked before the model loads."""
+    if args.voices_dir is not None and not args.voices_dir.strip():
+        raise InputError("--voices-dir is empty: give a folder, or leave it out for the "
+                         "default (OMNICORE_VOICES_DIR, else the user's data folder)")
     if args.max_queue < 1:
         raise InputError(f"--max-queue must be at least 1, got {args.max_queue}")
     if args.max_concurrency is not None and args.max_concurrency < 1:
@@ -59,7 +63,7 @@ def cmd_wyoming(args) -> int:
                          grace=args.grace, quiet=args.quiet, all_languages=args.all_languages,
                          voices_dir=args.voices_dir,
                          max_queue=args.max_queue, max_concurrency=args.max_concurrency,
-                         idle_timeout=args.idle_timeout)
+                         idle_timeout=args.idle_timeout, require_consent=args.require_consent)
     return 0
 
 
@@ -72,7 +76,8 @@ def cmd_mcp(args) -> int:
                      host=args.host, port=args.port, api_key=args.api_key,
                      precision=args.precision, send_timeout=args.send_timeout, grace=args.grace,
                      quiet=args.quiet, voices_dir=args.voices_dir, max_queue=args.max_queue,
-                     max_concurrency=args.max_concurrency, idle_timeout=args.idle_timeout)
+                     max_concurrency=args.max_concurrency, idle_timeout=args.idle_timeout,
+                     require_consent=args.require_consent)
     return 0
 
 
@@ -88,7 +93,13 @@ def speech_settings(args) -> dict:
 def add_server_options(sp, what: str = "requests") -> None:
     """The voice library, admission and the clocks, as every server takes them."""
     sp.add_argument("--voices-dir", help="the voice library's folder (voice prompts .npz, consents); "
-                                         "servers may share one")
+                                         "servers may share one (default: OMNICORE_VOICES_DIR, "
+                                         "else $XDG_DATA_HOME/omnicore/voices, else "
+                                         "~/.local/share/omnicore/voices)")
+    sp.add_argument("--require-consent", action=argparse.BooleanOptionalAction,
+                    help="set the voices folder to require the id of the speaker's consent "
+                         "recording for a cloned voice, for every server on it; "
+                         "--no-require-consent lifts it (default: the folder's setting)")
     sp.add_argument("--max-queue", type=int, default=16,
                     help=f"{what} in flight before the server refuses more (default: %(default)s)")
     sp.add_argument("--max-concurrency", type=int,
@@ -123,9 +134,6 @@ def add_parser(sub) -> None:
                     help="require 'Authorization: Bearer KEY' (env OMNICORE_API_KEY)")
     sv.add_argument("--metrics-public", action="store_true",
                     help="serve /metrics without the API key (/health is always open)")
-    sv.add_argument("--require-consent", action="store_true",
-                    help="a cloned voice needs the id of its speaker's consent recording "
-                         "(POST /v1/audio/voice_consents), on /v1/audio/voices and /v1/voices")
     sv.add_argument("--voice-alias", action="append", default=[], metavar="NAME=VOICE",
                     help="let the voice name NAME speak as the library voice VOICE, for clients "
                          "that only allow OpenAI's names (e.g. alloy=my_voice; repeatable)")

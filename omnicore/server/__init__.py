@@ -57,12 +57,13 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir
           api_key: str | None = None, max_queue: int = 16, log_level: str = "warning",
           max_concurrency: int | None = None, ui: bool = False, send_timeout: float = 30.0,
           idle_timeout: float = 30.0, grace: float = 30.0, metrics_public: bool = False,
-          require_consent: bool = False, precision: str = "fp32",
+          require_consent: bool | None = None, precision: str = "fp32",
           voice_aliases: dict | None = None, profile: str = "exact") -> None:
     """Load the model once and serve until a signal, then drain (see runtime.py); with `ui`,
     the demo at /ui too. `precision` and `profile` (the generation profile of requests that
     name none): OmniVoice.from_pretrained's; `voice_aliases`: name -> library voice
-    (voices.resolve_voice)."""
+    (voices.resolve_voice); `voices_dir` None: library.default_folder(); `require_consent`
+    True or False sets or lifts the folder's policy, None keeps it (library.py)."""
     import importlib.util
 
     if importlib.util.find_spec("uvicorn") is None:  # the extra, checked before the model loads
@@ -90,9 +91,14 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir
 def server_state(model_path: str, precision: str = "fp32", profile: str = "exact", **state_args):
     """The model, loaded once, in the state every front door shares (`omnicore serve`,
     `wyoming`, `mcp`): its engine, the voice library, admission and the limits. `profile`: the
-    generation profile of requests that name none."""
+    generation profile of requests that name none. Without `voices_dir`, the voices are kept
+    in the user's data folder (library.default_folder), so they outlive the process."""
     from .. import OmniVoice
+    from .library import default_folder
     from .state import ServerState
+
+    if state_args.get("voices_dir") is None:
+        state_args["voices_dir"] = default_folder()
 
     model = OmniVoice.from_pretrained(model_path, precision=precision, profile=profile)
     return ServerState(model, model_name=Path(str(model_path)).name, **state_args)
@@ -122,11 +128,14 @@ def log_model(log, server, model_path) -> None:
     voices = server.voices
     log.info("omnicore %s: model %s (%s)", __version__, server.model_name, model_path)
     if not voices.persistent:
-        log.info("Voices: not kept (no --voices-dir): voices made now are gone after a restart")
+        log.info("Voices: not kept (a private temporary folder): voices made now are gone "
+                 "after a restart")
     else:
-        log.info("Voices: %d in %s%s", len(voices.names()), voices.folder,
+        log.info("Voices: %d in %s%s; cloned voices %s", len(voices.names()), voices.folder,
                  f" ({voices.removed_temporaries} stale temporary files removed)"
-                 if voices.removed_temporaries else "")
+                 if voices.removed_temporaries else "",
+                 "need a consent (this folder requires it: --no-require-consent lifts it)"
+                 if voices.require_consent else "need no consent (--require-consent sets it)")
     if server.voice_aliases:
         log.info("Voice aliases: %s", ", ".join(f"{a} -> {v}"
                                                 for a, v in server.voice_aliases.items()))

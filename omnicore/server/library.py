@@ -7,6 +7,7 @@ pointed at the same folder.
     <name>.consent.<ext>  the consent recording kept with the voice it authorises
     consents/<id>.json    a consent: label, language, creation time, its recording's file
     consents/<id>.<ext>   the recording, as uploaded
+    policy.json           the folder's policy: {"require_consent": true} (absent: none)
 
 The folder is the truth: every read looks at it (a prompt is parsed again only when its file
 changed), so servers sharing the folder see each other's voices at once. Every change happens
@@ -14,7 +15,12 @@ under one lock file (`.lock`, flock: exclusive across threads, processes and, on
 and every file is written atomically (audio/writers.py). A voice exists once its prompt file
 does, which is written last and removed first, so concurrent creates and deletes of one name
 leave it whole or absent, never half there. Without a folder the library lives in a private
-temporary one.
+temporary one; the servers give it `default_folder()` instead, so their voices outlive them.
+
+The policy is the folder's, not a process's: a folder that requires consent refuses a cloned
+voice without one from every server on it, whatever flags that server was started with
+(`add`). Every record is checked when read (types, finite numbers): a bad one is skipped
+with a warning, costing its own entry, never the list it is in.
 
 Dimensions: a prompt's codes are [C, T] (C codebooks, T frames).
 """
@@ -48,6 +54,8 @@ CONSENT_ID = re.compile(r"cons_[0-9a-f]{24}")
 PROMPT_EXTS = (".npz", ".pt")  # an .npz (omnicore's own) wins over a .pt of the same name
 CONSENTS = "consents"
 LOCK = ".lock"
+POLICY = "policy.json"
+VOICE_TYPES = ("audio_sample", "prompt")
 # A write's temporary file untouched this long is debris of a writer that died mid-write (a
 # write takes milliseconds; one from outside the library, e.g. `omnicore clone-prompt -o` into
 # the folder, takes no lock).
@@ -86,6 +94,65 @@ def read_record(path: Path) -> dict | None:
         return data
     _report(path, problem)
     return None
+
+
+def _int_time(value) -> bool:
+    """A creation time as records hold it: whole seconds (NaN, 1e999, 1.5 or true are not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2 ** 63
+
+
+def _consent_problem(rec: dict) -> str | None:
+    """What is wrong with a consent as records hold it (OpenAI's fields and its recording's
+    file name), or None."""
+    for key in PUBLIC_CONSENT:
+        if key not in rec:
+            return f"no {key!r}"
+    if not isinstance(rec["id"], str) or not CONSENT_ID.fullmatch(rec["id"]):
+        return "'id' is not a consent id"
+    for key in ("object", "name", "language", "recording"):
+        if not isinstance(rec.get(key), str):
+            return f"{key!r} is not a string"
+    if not _int_time(rec["created_at"]):
+        return "'created_at' is not a whole number of seconds"
+    return None
+
+
+def _voice_problem(rec: dict) -> str | None:
+    """What is wrong with a voice's record (the fields `add` writes), or None."""
+    if not isinstance(rec.get("name"), str):
+        return "'name' is not a string"
+    if rec.get("type") not in VOICE_TYPES:
+        return f"'type' is not one of {VOICE_TYPES}"
+    if not _int_time(rec.get("created_at")):
+        return "'created_at' is not a whole number of seconds"
+    if not isinstance(rec.get("prompt", ""), str):
+        return "'prompt' is not a string"
+    consent = rec.get("consent")
+    if consent is not None:
+        problem = _consent_problem(consent) if isinstance(consent, dict) else "not an object"
+        if problem:
+            return f"'consent': {problem}"
+    return None
+
+
+def consent_required() -> HTTPError:
+    """A cloned voice without a consent, in a folder that requires one (every door's 400)."""
+    return HTTPError(400, "this voice library requires the speaker's consent for a cloned "
+                          "voice: upload their consent recording to POST "
+                          "/v1/audio/voice_consents and pass its id as 'consent'", "consent",
+                     "consent_required")
+
+
+def default_folder() -> Path:
+    """Where the servers keep their voices without --voices-dir: OMNICORE_VOICES_DIR, else
+    the user's data folder, $XDG_DATA_HOME/omnicore/voices (~/.local/share/omnicore/voices
+    without it; XDG ignores a relative one)."""
+    chosen = os.environ.get("OMNICORE_VOICES_DIR", "")
+    if chosen.strip():
+        return Path(chosen).expanduser()
+    base = os.environ.get("XDG_DATA_HOME", "")
+    data = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "share"
+    return data / "omnicore" / "voices"
 
 
 def _report(path: Path, problem: str) -> None:
@@ -134,7 +201,9 @@ class VoiceLibrary:
     """Named voice prompts with their records, and consent recordings, in one folder (see the
     module's docstring); thread- and process-safe."""
 
-    def __init__(self, folder: str | Path | None):
+    def __init__(self, folder: str | Path | None, require_consent: bool | None = None):
+        """`require_consent`: True sets the folder's policy to require consent for cloned
+        voices, False lifts it (logged), None keeps what the folder says."""
         from ..voice import VoiceClonePrompt
 
         self._cls = VoiceClonePrompt
@@ -154,6 +223,8 @@ class VoiceLibrary:
             self.removed_temporaries = writers.remove_stale_temporaries(
                 self.folder, _temporary_targets(self.folder), STALE_TEMP_S)
             self._remove_orphans()
+        if require_consent is not None:
+            self.set_require_consent(require_consent)
 
     # -- the lock and the folder ----------------------------------------------------------------
 
@@ -183,6 +254,40 @@ class VoiceLibrary:
             if (p.suffix != ".json" and not (folder / f"{p.name.split('.')[0]}.json").exists()
                     and _plain(p)):
                 _unlink(p)
+
+    # -- the folder's policy -----------------------------------------------------------------------
+
+    @property
+    def require_consent(self) -> bool:
+        """Whether the folder requires a consent for a cloned voice (read now: a policy set by
+        another server on the folder holds at once). A policy file that cannot be read
+        requires it: a damaged file never opens the folder."""
+        path = self.folder / POLICY
+        if not os.path.lexists(path):
+            return False
+        rec = read_record(path)
+        value = None if rec is None else rec.get("require_consent")
+        if isinstance(value, bool):
+            return value
+        if rec is not None:
+            _report(path, "'require_consent' is not true or false; consent is required until "
+                          "--require-consent or --no-require-consent rewrites it")
+        return True
+
+    def set_require_consent(self, value: bool) -> None:
+        """Set the folder's policy (for every server on it); a lift is logged."""
+        path = self.folder / POLICY
+        with self._locked():
+            if not os.path.lexists(path) and not value:
+                return
+            was = self.require_consent
+            held = read_record(path)  # a damaged file is rewritten whatever it says
+            if held is not None and held.get("require_consent") is bool(value):
+                return
+            _write_json(path, {"require_consent": bool(value)})
+        if was and not value:
+            log.warning("Voice library: %s no longer requires consent for cloned voices "
+                        "(--no-require-consent), for every server on it", self.folder)
 
     def _record_path(self, name: str) -> Path:
         return self.folder / f"{name}.voice.json"
@@ -235,7 +340,8 @@ class VoiceLibrary:
                 return hit[1]
             try:
                 prompt = self._cls.load(path)
-            except VoicePromptError:
+            except VoicePromptError as exc:
+                _report(path, f"not a voice prompt that loads: {exc}")
                 continue
             with self._cache_lock:
                 self._cache[name] = (key, prompt)
@@ -247,9 +353,13 @@ class VoiceLibrary:
     def record(self, name: str) -> dict:
         """The voice's record (label, type, created_at, prompt, consent); a voice dropped into
         the folder by hand has none: then its name, a clone, and its file's time."""
-        rec = read_record(self._record_path(name))
+        path = self._record_path(name)
+        rec = read_record(path)
         if rec is not None:
-            return rec
+            problem = _voice_problem(rec)
+            if problem is None:
+                return rec
+            _report(path, problem)
         created = time.time()
         for ext in PROMPT_EXTS:
             with contextlib.suppress(OSError):
@@ -257,27 +367,43 @@ class VoiceLibrary:
                 break
         return {"name": name, "type": "audio_sample", "created_at": int(created)}
 
+    def check_new(self, name: str) -> None:
+        """409 unless `name` is free: taken by a voice, or by a prompt file that does not load
+        (a damaged file, a FIFO), which stays for inspection until someone removes it."""
+        if self.get(name) is not None:
+            raise HTTPError(409, f"voice {name!r} already exists; DELETE it first to replace "
+                                 "it", "name", "voice_exists")
+        for ext in PROMPT_EXTS:
+            if os.path.lexists(self.folder / f"{name}{ext}"):
+                raise HTTPError(409, f"the voice library holds {name}{ext}, which is not a voice "
+                                     "prompt that loads (kept for inspection); remove it from the "
+                                     "folder to use this name", "name", "voice_file_unreadable")
+
     def add(self, name: str, prompt, record: dict | None = None, consent: str | None = None) -> dict:
         """Store a new voice with its record (and a copy of consent `consent`'s recording);
-        409 when the name is taken, by this process or another. Returns the record."""
+        409 when the name is taken (check_new), by this process or another; 400
+        `consent_required` for a cloned voice without a consent in a folder that requires
+        one. Everything is checked before the first write, and a failed write removes only
+        what this call wrote. Returns the record."""
         with self._locked():
-            if self.get(name) is not None:
-                raise HTTPError(409, f"voice {name!r} already exists; DELETE it first to replace "
-                                     "it", "name", "voice_exists")
+            self.check_new(name)
             record = {"name": name, "type": "audio_sample", "created_at": int(time.time()),
                       **(record or {})}
-            written = [self._record_path(name)]
+            rec = None if consent is None else self._consent_record(consent)
+            if consent is not None and rec is None:
+                raise HTTPError(400, f"unknown consent {consent!r}; create it at "
+                                     "/v1/audio/voice_consents", "consent", "consent_not_found")
+            if consent is None and record["type"] != "prompt" and self.require_consent:
+                raise consent_required()
+            written = []
             try:
-                if consent is not None:
-                    rec = self._consent_record(consent)
-                    if rec is None:
-                        raise HTTPError(400, f"unknown consent {consent!r}; create it at "
-                                             "/v1/audio/voice_consents", "consent", "consent_not_found")
+                if rec is not None:
                     kept = self.folder / f"{name}.consent{Path(rec['recording']).suffix}"
-                    written.append(kept)
                     _copy_atomic(self.folder / CONSENTS / rec["recording"], kept)
+                    written.append(kept)
                     record["consent"] = {**public_consent(rec), "recording": kept.name}
-                _write_json(written[0], record)
+                _write_json(self._record_path(name), record)
+                written.append(self._record_path(name))
                 prompt.save(self.folder / f"{name}.npz")  # last: now the voice exists
             except BaseException:
                 for path in written:
@@ -287,10 +413,13 @@ class VoiceLibrary:
 
     def delete(self, name: str) -> bool:
         """Remove a voice (its prompt first: from then on it is gone), its record and its kept
-        consent recording; False when there was none."""
+        consent recording; False when there was none. A voice exists when `get` finds it:
+        a prompt file that does not load is no voice here either, and stays for inspection."""
         if not isinstance(name, str) or not VOICE_NAME.fullmatch(name):
             return False
         with self._locked():
+            if self.get(name) is None:
+                return False
             existed = [_unlink(self.folder / f"{name}{ext}") for ext in PROMPT_EXTS]
             for path in [self._record_path(name), *self.folder.glob(f"{name}.consent.*")]:
                 _unlink(path)
@@ -309,13 +438,19 @@ class VoiceLibrary:
         """A consent's stored record, or None (no such consent, or a damaged record)."""
         if not isinstance(cid, str) or not CONSENT_ID.fullmatch(cid):
             return None
-        rec = read_record(self.folder / CONSENTS / f"{cid}.json")
-        if rec is None or rec.get("id") != cid or not all(k in rec for k in PUBLIC_CONSENT):
+        path = self.folder / CONSENTS / f"{cid}.json"
+        rec = read_record(path)
+        if rec is None:
             return None
+        problem = _consent_problem(rec)
         # The recording's file is named by the record: only ever <id>.<ext>, beside it.
-        recording = rec.get("recording")
-        ok = isinstance(recording, str) and re.fullmatch(rf"{cid}\.[a-z0-9]+", recording)
-        return rec if ok else None
+        if problem is None and (rec["id"] != cid
+                                or not re.fullmatch(rf"{cid}\.[a-z0-9]+", rec["recording"])):
+            problem = "its id or its recording's file is not its own"
+        if problem is None:
+            return rec
+        _report(path, problem)
+        return None
 
     def consent(self, cid) -> dict | None:
         rec = self._consent_record(cid)

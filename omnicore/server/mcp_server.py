@@ -398,7 +398,8 @@ class McpDoor:
         try:
             name = new_voice_name(self.server.voices, name)
             instruct, work = prepare()
-            consent = await check_consent(self.server, consent)
+            if record(instruct)["type"] != "prompt":  # a designed voice needs no consent
+                consent = await check_consent(self.server, consent)
             prompt = await self.admitted(work)
             rec = await self.server.in_thread(self.server.voices.add, name, prompt,
                                               record(instruct), consent)

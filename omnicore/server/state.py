@@ -119,10 +119,11 @@ class ServerState:
     def __init__(self, model, voices_dir=None, api_key: str | None = None, max_queue: int = 16,
                  model_name: str = "omnivoice", max_concurrency: int | None = None,
                  metrics_public: bool = False, idle_timeout: float = 30.0,
-                 require_consent: bool = False, voice_aliases: dict | None = None):
+                 require_consent: bool | None = None, voice_aliases: dict | None = None):
         self.model = model
         self.engine = model.engine
-        self.voices = VoiceLibrary(voices_dir)
+        # require_consent sets (True) or lifts (False) the folder's policy; None keeps it.
+        self.voices = VoiceLibrary(voices_dir, require_consent)
         self.api_key = api_key or None
         self.metrics_public = metrics_public
         self.ui_path: str | None = None  # where the demo is mounted, if it is
@@ -138,7 +139,6 @@ class ServerState:
         self.model_name = model_name
         # What /v1/models lists and a speech request's `model` may name: all this one model.
         self.model_ids = list(dict.fromkeys([model_name, *MODEL_ALIASES]))
-        self.require_consent = require_consent  # cloned voices need a consent recording's id
         self.voice_aliases = dict(voice_aliases or {})  # name -> library voice (--voice-alias)
         self.pool = ThreadPoolExecutor(max_workers=max_queue + 4, thread_name_prefix="omnicore-serve")
         self._in_flight = 0
@@ -180,6 +180,12 @@ class ServerState:
             if previous is not None:
                 previous(ids)
         self.engine.trace = on_iteration
+
+    @property
+    def require_consent(self) -> bool:
+        """Whether cloned voices need a consent recording's id: the folder's policy, read now
+        (VoiceLibrary.require_consent), so every server on the folder keeps it."""
+        return self.voices.require_consent
 
     def voice(self, voice, on_step=None):
         """A request's `voice` -> its prompt (voices.resolve_voice, with the aliases); blocking:

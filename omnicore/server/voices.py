@@ -97,15 +97,13 @@ def new_voice_id() -> str:
 
 
 def new_voice_name(voices: VoiceLibrary, name) -> str:
-    """A valid name that is neither a voice already (409: DELETE it first) nor one of the
-    preset names, which stay the documented designed voices."""
+    """A valid name that is neither taken in the library (409: VoiceLibrary.check_new) nor
+    one of the preset names, which stay the documented designed voices."""
     name = VoiceLibrary.check_name(name)
     if name in PRESET_VOICES:
         raise HTTPError(409, f"{name!r} is a preset voice (a documented designed voice); "
                              "choose another name", "name", "voice_reserved")
-    if voices.get(name) is not None:
-        raise HTTPError(409, f"voice {name!r} already exists; DELETE it first to replace it",
-                        "name", "voice_exists")
+    voices.check_new(name)
     return name
 
 
