@@ -684,3 +684,83 @@ def test_an_unknown_language_is_a_warning_line_naming_the_command_that_lists_the
     found, _ = _run(["languages", "--search", "PORTUG"])
     assert found.splitlines() == ["pt\tPortuguese"]
     assert _run(["languages", "--search", "klingon"], status=1)[0] == ""
+
+
+# ---------------------------------------------------------------------------------------------
+# First contact: a reader gone early, what --profile trades, an alias to a missing voice
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["languages"], ["languages", "--search", "en"], ["--help"], ["say", "--help"],
+    ["say", "Hello there. A second sentence.", "--stream", "--raw", "--model", TINY, "--steps",
+     "2", "-q"]], ids=lambda a: " ".join(a[:3]))
+def test_a_reader_gone_early_ends_quietly(argv):
+    """`omnicore languages | head -1`: a pipe whose reader has already closed it (as head does
+    after its line) ends the command with status 0 and nothing on stderr, as other tools do."""
+    import os
+    import subprocess
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first byte: every write is a broken pipe
+    try:
+        proc = subprocess.run([sys.executable, "-m", "omnicore.cli", *argv], cwd=ROOT,
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (0, "")
+
+
+def test_omnicore_languages_into_head_ends_quietly():
+    """`omnicore languages | head -1` with a real head: the pipe is cut to one page, so the
+    list (over two pages) cannot all fit before head takes its line and leaves."""
+    import fcntl
+    import os
+    import subprocess
+
+    read, write = os.pipe()
+    fcntl.fcntl(write, getattr(fcntl, "F_SETPIPE_SZ", 1031), 4096)
+    head = subprocess.Popen(["head", "-n", "1"], stdin=read, stdout=subprocess.PIPE)
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "omnicore.cli", "languages"], cwd=ROOT,
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write)
+    assert head.communicate(timeout=60)[0].count(b"\t") == 1
+    assert (proc.returncode, proc.stderr) == (0, "")
+
+
+def test_every_profile_option_states_its_trade_off():
+    """Whoever reads --help for --profile learns that fast is approximate, how much faster it
+    is, and that its quality is not measured here: in every command that has the option."""
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    having = []
+    for name, parser in sub.choices.items():
+        for action in parser._actions:
+            if "--profile" in action.option_strings:
+                having.append(name)
+                for words in ("approximate", "reuses work between steps", "faster",
+                              "not measured on real weights", "docs/performance.md"):
+                    assert words in action.help, (name, words)
+    assert {"say", "batch", "script", "serve", "wyoming", "mcp", "infer"} <= set(having)
+
+
+def test_an_alias_to_a_missing_voice_is_refused_before_the_model_loads(tmp_path, capsys,
+                                                                       monkeypatch):
+    """`serve --voice-alias alloy=my_voice` without my_voice would answer 404 to every alloy
+    request: it is refused at start-up, naming the command that makes the voice."""
+    pytest.importorskip("uvicorn")
+    import omnicore.server
+
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(omnicore.server, "server_state", refuse)
+    voices = tmp_path / "voices"
+    serve = ["serve", "--model", TINY, "--voice-alias", "alloy=my_voice"]
+    assert main(serve + ["--voices-dir", str(voices)]) == 2
+    err = _one_error_line(capsys.readouterr().err, "alloy=my_voice: no voice 'my_voice'")
+    assert "omnicore clone-prompt me.wav" in err and f"{voices / 'my_voice'}.npz" in err
+    assert main(serve) == 2  # no --voices-dir: the library starts empty
+    _one_error_line(capsys.readouterr().err, "alloy=my_voice needs --voices-dir")

@@ -13,9 +13,10 @@
     omnicore warmup                                             # compile the kernels now (images)
 
 Every failure is one `omnicore: error: ...` line on stderr, without a traceback. Exit status:
-0 done; 2 refused before or while working (bad arguments, text, audio, voice or model files, an
-output path that cannot be written or that is one of the inputs); 1 an operating-system failure
-(e.g. no space on stdout) or some `batch` jobs failed; 130 Ctrl-C; 143 SIGTERM; 129 SIGHUP. Outputs are
+0 done (also when stdout's reader leaves early, as `| head -1` does: quietly, no message); 2
+refused before or while working (bad arguments, text, audio, voice or model files, an output
+path that cannot be written or that is one of the inputs); 1 an operating-system failure (e.g.
+no space on stdout) or some `batch` jobs failed; 130 Ctrl-C; 143 SIGTERM; 129 SIGHUP. Outputs are
 written atomically: a failed, interrupted or terminated command leaves no partial or temporary
 file, and an existing output is replaced only by a complete new one.
 
@@ -39,13 +40,14 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
 
 from .. import __version__
 from ..checkpoint import HUB_REPO
 from ..errors import OmniCoreError
 from . import batch, codec, languages, reference, say, script, serve, warmup
-from .common import compile_notice, error, warnings_as_lines
+from .common import compile_notice, drop_stdout, error, warnings_as_lines
 
 
 class _Parser(argparse.ArgumentParser):
@@ -107,7 +109,12 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         with warnings_as_lines(), compile_notice(args):
-            return args.func(args)
+            status = args.func(args)
+        sys.stdout.flush()  # now, so a reader gone early is seen here, not at interpreter exit
+        return status
+    except BrokenPipeError:  # the reader went away (`omnicore languages | head -1`): end
+        drop_stdout()         # quietly with success, as `say --stream --raw | player` always did
+        return 0
     except OmniCoreError as exc:
         error(exc)
         return 2

@@ -54,6 +54,14 @@ def error(msg) -> None:
     print(f"omnicore: error: {msg}", file=sys.stderr)
 
 
+def drop_stdout() -> None:
+    """Point stdout at /dev/null, so the flush at exit of what is still buffered cannot fail a
+    second time (Python would print an 'Exception ignored' report)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def warn(msg) -> None:
     # On a terminal, over a progress line that may be there (it is drawn again at the next step)
     clear = "\r\033[K" if sys.stderr.isatty() else ""

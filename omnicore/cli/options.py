@@ -20,6 +20,13 @@ import typing
 
 from ..model.config import FAST_PROFILE, PROFILES, GenerationConfig
 
+# The trade-off every --profile help states (docs/performance.md has the measurements).
+PROFILE_TRADE_OFF = (
+    "fast is approximate: it reuses work between steps (the prompt's keys and values, the "
+    "unconditional pass) and takes 16 steps, about 3-4x faster than exact on 2 CPU cores; "
+    "what it does to speech quality is not measured on real weights here (docs/performance.md). "
+    "live is fast with a stream's first chunk short and in 4 steps")
+
 # What each GenerationConfig field does, in a line: the help of its option.
 FIELD_HELP = {
     "num_step": "unmasking steps; fewer is faster",
@@ -39,9 +46,7 @@ FIELD_HELP = {
     "audio_chunk_threshold": "a text estimated longer than this many seconds is cut into chunks",
     "pad_duration": "seconds of silence added at each end of the output",
     "fade_duration": "seconds of fade-in and fade-out at the ends of the output",
-    "profile": "exact (the reference's algorithm), fast (approximate: prompt keys and values "
-               "reused between refreshes, the unconditional pass every few steps, 16 steps) or "
-               "live (approximate: fast, and a stream's first chunk short and in 4 steps)",
+    "profile": "exact (the reference's algorithm), fast or live. " + PROFILE_TRADE_OFF,
     "prefix_refresh": "fast profile: the prompt runs in full every this many steps, its keys "
                       "and values reused in between",
     "uncond_every": "fast profile: the unconditional pass runs every this many steps, its "

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -151,14 +150,13 @@ def _say_stream(args) -> int:
         finally:
             st.close()
         writer.commit()
-    except BrokenPipeError:  # the player went away: stop quietly, as `cmd | head` does
-        _drop_stdout()
-        return 0
+    except BrokenPipeError:  # the player went away: main() ends quietly
+        raise
     except OSError as exc:
         if not to_stdout:
             writer.abort()
             raise
-        _drop_stdout()
+        common.drop_stdout()
         raise AudioError(f"cannot write PCM to stdout ({exc.strerror or exc})") from None
     except BaseException:
         writer.abort()
@@ -169,14 +167,6 @@ def _say_stream(args) -> int:
                      f"{elapsed:.1f} s (RTF {elapsed / max(secs, 1e-9):.2f}, {len(st.text_chunks)} "
                      f"chunk(s), first audio after {st.first_audio_s or 0:.2f} s)")
     return 0
-
-
-def _drop_stdout() -> None:
-    """Point stdout at /dev/null, so the flush at exit of what is still buffered cannot fail a
-    second time (Python would print an 'Exception ignored' report)."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
 
 
 def cmd_clone_prompt(args) -> int:

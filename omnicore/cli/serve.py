@@ -13,7 +13,7 @@ import os
 from ..errors import ConfigError, InputError
 from ..model.config import PROFILES
 from . import common
-from .options import add_generation_options, gen_kwargs
+from .options import PROFILE_TRADE_OFF, add_generation_options, gen_kwargs
 
 
 def check_server_options(args) -> None:
@@ -124,9 +124,9 @@ def add_parser(sub) -> None:
                                     "one model.")
     common.add_model_options(sv)
     sv.add_argument("--profile", choices=PROFILES, default="exact",
-                    help="the generation profile of requests that name none: exact (default), "
-                         "fast or live (both approximate: docs/performance.md); a request's "
-                         "`profile` field chooses its own")
+                    help="the generation profile of requests that name none (a request's "
+                         "`profile` field chooses its own): exact (default), fast or live. "
+                         + PROFILE_TRADE_OFF)
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     sv.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
     add_server_options(sv, "speech requests")

@@ -70,6 +70,9 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir
         raise ConfigError("the server needs its extra: pip install 'omnicore[server]'")
     from . import runtime
     from .app import create_app, demo_module, mount_ui
+    from .voices import check_aliases
+
+    check_aliases(voices_dir, voice_aliases)  # a missing voice is refused before the model loads
 
     demo = demo_module() if ui else None
     server = server_state(model_path, precision, voices_dir=voices_dir, api_key=api_key,

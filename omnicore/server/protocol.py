@@ -19,7 +19,7 @@ from dataclasses import fields
 from ..errors import AudioError, CancelledError, ConfigError, InputError, OmniCoreError, VoicePromptError
 from ..model.config import (FAST_PROFILE, PROFILES, GenerationConfig, resolve_generation_config,
                             validate_seed)
-from ..text import frontend, limits
+from ..text import frontend, limits, prose as prose_text
 from .formats import FORMATS, PIECEWISE, encoder_missing
 
 MAX_BODY_BYTES = 1 * 2**20       # a JSON speech request: text is capped at MAX_TEXT_CHARS anyway
@@ -279,7 +279,7 @@ def speech_options(body: dict, default_format: str = "mp3", models=None) -> dict
 def voice_design(body: dict) -> tuple[str | None, list[str]]:
     """The voice-design instruct of a speech body: (instruct or None, what was ignored).
     OpenAI's `instructions` is free prose: the voice-design items found in it are used, the
-    rest is ignored and named (frontend.instruct_from_prose), never a 400. omnicore's own
+    rest is ignored and named (prose.instruct_from_prose), never a 400. omnicore's own
     `instruct` is read strictly: an unknown item is a 400 naming the closest one."""
     prose = body_field(body, "instructions", str, None)
     strict = body_field(body, "instruct", str, None)
@@ -287,7 +287,7 @@ def voice_design(body: dict) -> tuple[str | None, list[str]]:
         raise HTTPError(400, "give either instructions (free prose) or instruct (voice-design "
                              "items), not both", "instruct", "invalid_value")
     if strict is None:
-        return frontend.instruct_from_prose(prose)
+        return prose_text.instruct_from_prose(prose)
     checked("instruct", frontend.resolve_instruct, strict, code="invalid_instruct")
     return strict.strip() or None, []
 

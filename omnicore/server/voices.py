@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from pathlib import Path
 
 import numpy as np
 
@@ -123,6 +124,32 @@ def parse_alias(spec: str) -> tuple[str, str]:
         raise InputError(f"--voice-alias takes NAME=VOICE, two voice names (letters, digits, "
                          f"'_' or '-'), e.g. alloy=my_voice; got {spec!r}")
     return name, target
+
+
+def check_aliases(voices_dir, aliases: dict | None) -> None:
+    """At start-up, before the model loads: every alias (--voice-alias NAME=VOICE) names a voice
+    the library holds now, else an InputError saying how to make it (an alias to a missing
+    voice would answer 404 to every request for its name)."""
+    if not aliases:
+        return
+    if voices_dir is None:
+        raise InputError(f"--voice-alias {_alias_specs(aliases)} needs --voices-dir: without "
+                         "it the voice library starts empty, so the alias has no voice to speak as")
+    library = VoiceLibrary(voices_dir)
+    missing = {name: target for name, target in aliases.items() if library.get(target) is None}
+    if missing:
+        target = next(iter(missing.values()))
+        have = ", ".join(library.names()) or "none"
+        raise InputError(
+            f"--voice-alias {_alias_specs(missing)}: no voice "
+            f"{', '.join(repr(t) for t in dict.fromkeys(missing.values()))} in {voices_dir} "
+            f"(voices there: {have}). Make it first, e.g. `omnicore clone-prompt me.wav "
+            f"--ref-text \"What I say in me.wav.\" -o {Path(voices_dir) / target}.npz` "
+            "(docs/voices.md), then start the server")
+
+
+def _alias_specs(aliases: dict) -> str:
+    return ", ".join(f"{name}={target}" for name, target in aliases.items())
 
 
 def voice_name(voice) -> str:

@@ -11,11 +11,11 @@ Units:
 Per text item, ``generate()`` asks:
     language  -> resolve_language          id for ``<|lang_start|>…<|lang_end|>`` or None
     instruct  -> resolve_instruct          normalised voice-design items or None
-    prose     -> instruct_from_prose       the items found in free prose, and the rest
     ref_text  -> add_punctuation           when a voice prompt is built with preprocessing
     length    -> estimate_target_frames    target frames (or ``duration`` * 25)
 and of a voice reference, ``reference_pace_problem`` says when its transcript cannot be what
-its clip says (the pace they imply is not speech).
+its clip says (the pace they imply is not speech). Free prose ("an old british man") is read
+into instruct items by ``prose.instruct_from_prose``.
 """
 
 from __future__ import annotations
@@ -269,38 +269,6 @@ def resolve_instruct(
             f"{', '.join(_CATEGORIES)}."
         )
     return ("，" if use_zh else ", ").join(unified)
-
-
-# Every form, longest first (so "very low pitch" wins over "low pitch"). An English form is a
-# whole word or phrase (so "male" is not found in "female"), a Chinese form any substring.
-_PROSE_FORM = re.compile("|".join(
-    re.escape(form).replace(r"\ ", r"\s+") if _has_han(form) else
-    r"(?<![\w-])" + re.escape(form).replace(r"\ ", r"\s+") + r"(?![\w-])"
-    for form in sorted(_ALL_FORMS, key=len, reverse=True)), re.IGNORECASE)
-_PROSE_EDGES = " \t\n\r.,;:!?\"'()[]-–—，。；：！？、（）"
-
-
-def instruct_from_prose(prose: str | None) -> tuple[str | None, list[str]]:
-    """Free prose (OpenAI's `instructions`: "Speak warmly, like an elderly british man") ->
-    (the voice-design items found in it as an instruct, or None; the rest of the prose, in
-    fragments). An item whose category already has one (or an accent after a dialect, and the
-    reverse) is left in the rest. The words are matched, not understood: "not male" finds
-    "male". Never raises for prose; `resolve_instruct` is the strict reading."""
-    if prose is None or not prose.strip():
-        return None, []
-    found, categories, rest, start = [], set(), [], 0
-    for m in _PROSE_FORM.finditer(prose):
-        key = " ".join(m.group().lower().split())
-        cat = _FORM_CATEGORY[key]
-        if cat in categories or {cat, *categories} >= {"accent", "dialect"}:
-            continue
-        found.append(key)
-        categories.add(cat)
-        rest.append(prose[start:m.start()])
-        start = m.end()
-    rest.append(prose[start:])
-    ignored = [shorten(part.strip(_PROSE_EDGES)) for part in rest if part.strip(_PROSE_EDGES)]
-    return (", ".join(found) or None), ignored
 
 
 def _category_choices(cat: str) -> str:
