@@ -25,8 +25,16 @@ every later call speaks with that speaker.
 
 One module per job:
 
-    app.py           the handlers, the routing table (create_app) and the demo at /ui
+    app.py           the routing table (create_app) and the demo at /ui
+    routes.py        what every route shares: the key, OpenAI-shaped errors, forms, request ids
+    routes_speech.py POST /v1/audio/speech: a whole file, or a stream (raw or SSE)
+    routes_voices.py the voice library's two APIs (/v1/voices, /v1/audio/voices)
+    routes_consents.py  /v1/audio/voice_consents
+    routes_operations.py  /, /v1/models, /health, /metrics
     stream_input.py  the WebSocket for voice agents: text in fragments, audio as it is made
+    speaking.py      the one speaking path of every door (HTTP, WebSocket, Wyoming, MCP): the
+                     text's checks, its voice, synthesis or streaming, an Utterance's fragments
+    voice_making.py  a voice made for the library (clip or description, consent), every door's
     state.py         ServerState: model, worker threads, admission (`async with
                      server.slot()`), shutdown's drain and stop, metrics
     runtime.py       uvicorn with the connections' clocks (send, idle) and graceful shutdown
