@@ -66,11 +66,13 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir
           max_concurrency: int | None = None, ui: bool = False, send_timeout: float = 30.0,
           idle_timeout: float = 30.0, grace: float = 30.0, metrics_public: bool = False,
           require_consent: bool = False, precision: str = "fp32",
-          voice_aliases: dict | None = None, profile: str = "exact") -> None:
+          voice_aliases: dict | None = None, profile: str = "exact",
+          body_timeout: float | None = None) -> None:
     """Load the model once and serve until a signal, then drain (see runtime.py); with `ui`,
     the demo at /ui too. `precision` and `profile` (the generation profile of requests that
     name none): OmniVoice.from_pretrained's; `voice_aliases`: name -> library voice
-    (voices.resolve_voice)."""
+    (voices.resolve_voice); `body_timeout`: a request body's overall deadline (None:
+    runtime.BODY_TIMEOUT_S)."""
     import importlib.util
 
     if importlib.util.find_spec("uvicorn") is None:  # the extra, checked before the model loads
@@ -92,7 +94,7 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir
         log_startup(server, model_path, host, port)
         server.warm_up_in_background()
     runtime.run(app, server, host, port, log_level, send_timeout, idle_timeout, grace,
-                on_started=started)
+                on_started=started, body_timeout=body_timeout or runtime.BODY_TIMEOUT_S)
 
 
 def server_state(model_path: str, precision: str = "fp32", profile: str = "exact", **state_args):

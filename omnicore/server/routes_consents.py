@@ -65,14 +65,19 @@ def consent_not_found(cid) -> HTTPError:
     return HTTPError(404, f"unknown consent {cid!r}", "consent_id", "consent_not_found")
 
 
-@route("voice_consents")
-async def consent_get(request: Request):
-    server: ServerState = request.app.state.server
-    cid = request.path_params["consent_id"]
-    rec = await server.in_thread(server.voices.consent, cid)
+async def consent_answer(server: ServerState, cid: str, fn, *args) -> JSONResponse:
+    """fn(cid, *args), the library's answer about one consent, as the response (404 if none)."""
+    rec = await server.in_thread(fn, cid, *args)
     if rec is None:
         raise consent_not_found(cid)
     return JSONResponse(rec)
+
+
+@route("voice_consents")
+async def consent_get(request: Request):
+    server: ServerState = request.app.state.server
+    return await consent_answer(server, request.path_params["consent_id"],
+                                server.voices.consent)
 
 
 @route("voice_consents")
@@ -83,10 +88,7 @@ async def consent_update(request: Request):
     body = await read_object(request)
     check_fields(body, ("name",))
     label = check_label(body.get("name"), "name")
-    rec = await server.in_thread(server.voices.rename_consent, cid, label)
-    if rec is None:
-        raise consent_not_found(cid)
-    return JSONResponse(rec)
+    return await consent_answer(server, cid, server.voices.rename_consent, label)
 
 
 @route("voice_consents")
