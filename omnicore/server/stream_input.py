@@ -152,11 +152,10 @@ class Session:
             if body is None:
                 self.cancel_all()
                 return
-            index = self.text_index()  # before the message changes it
             try:
                 self.handle(body)
             except HTTPError as exc:
-                await self.send_error(exc, getattr(exc, "utterance", index))
+                await self.send_error(exc, getattr(exc, "utterance", self.text_index()))
 
     def handle(self, body) -> None:
         if not isinstance(body, dict) or not body:
@@ -182,8 +181,13 @@ class Session:
             self.queue.put_nowait(None)
 
     def add_text(self, text: str) -> None:
-        self.current, self.pending = speaking.add_fragment(self.current, self.pending, text,
-                                                           self.server.pool)
+        try:
+            self.current, self.pending = speaking.add_fragment(self.current, self.pending, text,
+                                                               self.server.pool)
+        except HTTPError as exc:
+            if self.current is not None and self.current.cancelled:  # refused whole
+                exc.utterance, self.current = self.current.index, None
+            raise
         if self.current is None and has_words(self.pending):  # it starts with its first words
             index, self.count = self.count, self.count + 1
             if sum(not u.cancelled for u in self.utterances) >= MAX_UTTERANCES:
