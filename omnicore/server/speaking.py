@@ -27,10 +27,13 @@ from .formats import encode_audio
 from .protocol import check_input_length, check_text, shutting_down
 from .state import ServerState, Slot
 
-__all__ = ["Utterance", "add_fragment", "check_text", "check_voice", "new_utterance",
+__all__ = ["MAX_UTTERANCES", "Utterance", "add_fragment", "check_text", "check_voice", "new_utterance",
            "open_stream", "pieces", "synthesize", "voice_prompt", "with_voice"]
 
 _END = object()  # the end of an utterance's input
+# Texts started, not cancelled and not yet spoken, per connection (WebSocket, Wyoming): a flood
+# of flushes is refused.
+MAX_UTTERANCES = 8
 
 
 async def check_voice(server: ServerState, voice) -> None:

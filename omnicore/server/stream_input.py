@@ -42,14 +42,13 @@ from .formats import encoded
 from .protocol import (HTTPError, as_http, check_fields, concerning, error_body, forget,
                        has_words, parse_json, shutting_down, speech_options, synth_kwargs)
 from .routes import check_key
-from .speaking import Utterance
+from .speaking import MAX_UTTERANCES, Utterance
 from .state import ServerState
 
 ROUTE = "speech_stream_input"  # its name in the request counter
 MESSAGE_KEYS = ("text", "flush", "cancel", "close")
-MAX_UTTERANCES = 8  # started, not cancelled and not yet spoken, per socket: a flood of flushes
-# is refused. A cancelled one costs nothing: one not yet spoken is dropped at once, its
-# audio.done owed as a count (Session.reported), never refused for.
+# A cancelled utterance costs nothing: one not yet spoken is dropped at once, its audio.done
+# owed as a count (Session.reported), never refused for (MAX_UTTERANCES counts the others).
 class Session:
     """One socket: a listener for the client's messages and a speaker for the utterances."""
 

@@ -53,9 +53,8 @@ from . import speaking
 from .protocol import (MAX_BODY_BYTES, HTTPError, as_http, check_input_length, forget, has_words,
                        shutting_down)
 from .runtime import SEND_BUFFER_BYTES
-from .speaking import Utterance
+from .speaking import MAX_UTTERANCES, Utterance
 from .state import ServerState
-from .stream_input import MAX_UTTERANCES
 from .voices import PRESET_VOICES
 
 log = logging.getLogger("omnicore.wyoming")
