@@ -27,6 +27,7 @@ KEY = "ops-key-1"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 GREEDY = {"num_step": 4, "position_temperature": 0.0}
 SEND_S, IDLE_S = 2, 2
+BODY_S = 6  # --body-timeout: above IDLE_S, so a trickle that never stalls meets it first
 LONG = " ".join(f"Sentence {i} of a long story." for i in range(40))
 
 
@@ -44,7 +45,8 @@ def ops(tmp_path_factory):
     (voices / ".fresh.npz.a1b2c3d4.tmp").write_bytes(b"being written")
     log = tmp / "server.log"
     proc, url = start_server(voices, "--api-key", KEY, "--max-queue", "1", "--send-timeout",
-                             str(SEND_S), "--idle-timeout", str(IDLE_S), log_path=log)
+                             str(SEND_S), "--idle-timeout", str(IDLE_S), "--body-timeout",
+                             str(BODY_S), log_path=log)
     yield proc, url, voices, log
     stop_process(proc, 30)
 
@@ -290,6 +292,33 @@ def test_idle_connections_time_out(ops):
     for s in (silent, half, stalls):
         s.close()
     assert timeouts(url, "idle") == idle + 3
+
+
+def test_a_trickled_body_meets_its_deadline(ops):
+    """A body sent a byte at a time, each well within the idle clock, never stalls: the body's
+    overall deadline (--body-timeout) answers it with a 408 `body_timeout`, counted."""
+    import select
+
+    _, url, _, _ = ops
+    key = ("omnicore_timeouts_total", (("kind", "body"),))
+    before = samples(url).get(key, 0.0)
+    body = json.dumps({"input": "Hi." + " " * 5000}).encode()
+    sock = raw_request(url, speech_head(body))  # the head only: the body trickles
+    sent = 0
+    while sent < len(body):  # one byte per quarter of the idle clock, until the server answers
+        sock.sendall(body[sent:sent + 1])
+        sent += 1
+        if select.select([sock], [], [], IDLE_S / 4)[0]:
+            break
+    reply = b""
+    while chunk := sock.recv(4096):
+        reply += chunk
+    sock.close()
+    head, _, payload = reply.partition(b"\r\n\r\n")
+    assert sent < len(body), "the whole body went through"
+    assert head.startswith(b"HTTP/1.1 408"), head
+    assert json.loads(payload)["error"]["code"] == "body_timeout"
+    assert samples(url)[key] == before + 1
 
 
 def test_sigterm_drains_then_stops_and_exits(tmp_path):

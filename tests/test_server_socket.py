@@ -57,6 +57,17 @@ async def until_event(ws, timeout: float = 120.0):
             return audio, json.loads(m)
 
 
+async def to_the_end(ws):
+    """(the JSON events, the audio bytes) until the server closes the socket."""
+    events, audio = [], b""
+    async for m in ws:
+        if isinstance(m, bytes):
+            audio += m
+        else:
+            events.append(json.loads(m))
+    return events, audio
+
+
 def engine(url: str) -> dict:
     return httpx.get(url + "/health", timeout=10).json()
 
@@ -234,12 +245,7 @@ def test_a_cancel_storm_never_refuses_barge_in(server):
                 await ws.send(json.dumps({"cancel": True}))
                 await ws.send(json.dumps({"cancel": True, "text": f"Utterance number {i}."}))
             await ws.send(json.dumps({"close": True}))
-            events, audio = [], b""
-            async for m in ws:
-                if isinstance(m, bytes):
-                    audio += m
-                else:
-                    events.append(json.loads(m))
+            events, audio = await to_the_end(ws)
             return events, audio, ws.close_code
 
     events, audio, code = asyncio.run(talk())
@@ -247,3 +253,69 @@ def test_a_cancel_storm_never_refuses_barge_in(server):
     assert [e["utterance"] for e in events] == list(range(rounds))
     assert all(e["cancelled"] for e in events[:-1]) and not events[-1]["cancelled"]
     assert audio and events[-1]["audio_seconds"] > 0 and code == 1000
+
+
+def test_barge_in_is_never_refused_after_many_cancels_on_many_sockets(server):
+    """Three sockets at once, each 1000 utterances cancelled before they are spoken, then a
+    barge-in: none is refused (cancelled utterances are dropped, only their audio.done is
+    owed), every utterance gets its audio.done in order, and each barge-in is spoken."""
+    rounds = 1000
+
+    async def talk(n):
+        async with websockets.connect(ws_url(server), additional_headers=AUTH,
+                                      max_queue=None) as ws:
+            await ws.send(json.dumps({"response_format": "pcm", **GREEDY}))
+            for i in range(rounds):
+                await ws.send(json.dumps({"cancel": True, "text": f"Socket {n}, words {i}."}))
+            await ws.send(json.dumps({"cancel": True, "text": "The barge-in.", "close": True}))
+            return await to_the_end(ws)
+
+    async def all_three():
+        return await asyncio.gather(*(talk(n) for n in range(3)))
+
+    for events, audio in asyncio.run(all_three()):
+        assert [e for e in events if e["type"] == "error"] == [], events[-3:]
+        assert [e["utterance"] for e in events] == list(range(rounds + 1))
+        assert all(e["cancelled"] for e in events[:-1]) and not events[-1]["cancelled"]
+        assert audio and events[-1]["audio_seconds"] > 0
+
+
+def test_every_error_names_its_utterance(server):
+    """A bad message names the utterance whose text it concerns: the one taking text, else
+    the next one; a text over the limit names the utterance it cancels; a bad first message
+    names the first."""
+    async def next_error(ws):  # audio and audio.done events may come first
+        while True:
+            m = await asyncio.wait_for(ws.recv(), 120)
+            if not isinstance(m, bytes) and json.loads(m)["type"] == "error":
+                return json.loads(m)
+
+    async def session():
+        async with websockets.connect(ws_url(server), additional_headers=AUTH) as ws:
+            await ws.send(json.dumps({"response_format": "pcm", **GREEDY}))
+            await ws.send(json.dumps({"txt": "Hi."}))  # before any text: the first utterance
+            first = json.loads(await ws.recv())
+            await ws.send(json.dumps({"text": "One sentence.", "flush": True}))
+            _, done = await until_event(ws)
+            await ws.send(json.dumps({"text": "Two, "}))  # utterance 1 takes text
+            await ws.send(json.dumps({"text": 3}))
+            second = await next_error(ws)
+            await ws.send(json.dumps({"text": "x" * 60_000}))  # over the limit: 1 is cancelled
+            third = await next_error(ws)
+            await ws.send("{")  # a message that is not JSON: the next utterance's
+            fourth = await next_error(ws)
+            return first, done, second, third, fourth
+
+    first, done, second, third, fourth = asyncio.run(session())
+    assert first["type"] == "error" and first["utterance"] == 0
+    assert done["type"] == "audio.done" and done["utterance"] == 0
+    assert second["type"] == "error" and second["utterance"] == 1
+    assert second["error"]["param"] == "text"
+    assert third["utterance"] == 1 and third["error"]["code"] == "input_too_long"
+    assert fourth["type"] == "error" and fourth["utterance"] == 2, fourth
+
+    async def bad_first():
+        async with websockets.connect(ws_url(server), additional_headers=AUTH) as ws:
+            await ws.send(json.dumps({"response_format": "ogg"}))
+            return json.loads(await ws.recv())
+    assert asyncio.run(bad_first())["utterance"] == 0

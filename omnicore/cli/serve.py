@@ -43,13 +43,17 @@ def cmd_serve(args) -> int:
     from ..server.voices import parse_alias
 
     check_server_options(args)
+    if not (math.isfinite(args.body_timeout) and args.body_timeout > 0):
+        raise InputError(f"--body-timeout must be a finite number of seconds > 0, got "
+                         f"{args.body_timeout}")
     aliases = dict(parse_alias(spec) for spec in args.voice_alias)
     server.serve(args.model, args.host, args.port, args.voices_dir, args.api_key, args.max_queue,
                  log_level="warning" if args.quiet else "info",
                  max_concurrency=args.max_concurrency, ui=args.ui, send_timeout=args.send_timeout,
                  idle_timeout=args.idle_timeout, grace=args.grace,
                  metrics_public=args.metrics_public, require_consent=args.require_consent,
-                 precision=args.precision, voice_aliases=aliases, profile=args.profile)
+                 precision=args.precision, voice_aliases=aliases, profile=args.profile,
+                 body_timeout=args.body_timeout)
     return 0
 
 
@@ -130,6 +134,9 @@ def add_parser(sub) -> None:
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     sv.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
     add_server_options(sv, "speech requests")
+    sv.add_argument("--body-timeout", type=float, default=120.0, metavar="SECONDS",
+                    help="a request body not all in within this long is a 408, however "
+                         "steadily it trickles (default: %(default)g)")
     sv.add_argument("--api-key", default=os.environ.get("OMNICORE_API_KEY"),
                     help="require 'Authorization: Bearer KEY' (env OMNICORE_API_KEY)")
     sv.add_argument("--metrics-public", action="store_true",

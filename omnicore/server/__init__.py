@@ -25,8 +25,16 @@ every later call speaks with that speaker.
 
 One module per job:
 
-    app.py           the handlers, the routing table (create_app) and the demo at /ui
+    app.py           the routing table (create_app) and the demo at /ui
+    routes.py        what every route shares: the key, OpenAI-shaped errors, forms, request ids
+    routes_speech.py POST /v1/audio/speech: a whole file, or a stream (raw or SSE)
+    routes_voices.py the voice library's two APIs (/v1/voices, /v1/audio/voices)
+    routes_consents.py  /v1/audio/voice_consents
+    routes_operations.py  /, /v1/models, /health, /metrics
     stream_input.py  the WebSocket for voice agents: text in fragments, audio as it is made
+    speaking.py      the one speaking path of every door (HTTP, WebSocket, Wyoming, MCP): the
+                     text's checks, its voice, synthesis or streaming, an Utterance's fragments
+    voice_making.py  a voice made for the library (clip or description, consent), every door's
     state.py         ServerState: model, worker threads, admission (`async with
                      server.slot()`), shutdown's drain and stop, metrics
     runtime.py       uvicorn with the connections' clocks (send, idle) and graceful shutdown
@@ -58,12 +66,14 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir
           max_concurrency: int | None = None, ui: bool = False, send_timeout: float = 30.0,
           idle_timeout: float = 30.0, grace: float = 30.0, metrics_public: bool = False,
           require_consent: bool | None = None, precision: str = "fp32",
-          voice_aliases: dict | None = None, profile: str = "exact") -> None:
+          voice_aliases: dict | None = None, profile: str = "exact",
+          body_timeout: float | None = None) -> None:
     """Load the model once and serve until a signal, then drain (see runtime.py); with `ui`,
     the demo at /ui too. `precision` and `profile` (the generation profile of requests that
     name none): OmniVoice.from_pretrained's; `voice_aliases`: name -> library voice
     (voices.resolve_voice); `voices_dir` None: library.default_folder(); `require_consent`
-    True or False sets or lifts the folder's policy, None keeps it (library.py)."""
+    True or False sets or lifts the folder's policy, None keeps it (library.py);
+    `body_timeout`: a request body's overall deadline (None: runtime.BODY_TIMEOUT_S)."""
     import importlib.util
 
     if importlib.util.find_spec("uvicorn") is None:  # the extra, checked before the model loads
@@ -88,7 +98,7 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir
         log_startup(server, model_path, host, port)
         server.warm_up_in_background()
     runtime.run(app, server, host, port, log_level, send_timeout, idle_timeout, grace,
-                on_started=started)
+                on_started=started, body_timeout=body_timeout or runtime.BODY_TIMEOUT_S)
 
 
 def server_state(model_path: str, precision: str = "fp32", profile: str = "exact", **state_args):

@@ -14,7 +14,8 @@ One path per job, `omnicore serve`'s: each tool call is admitted like a request
 (`ServerState.slot`: --max-queue, --max-concurrency), its voice resolved by the server's
 resolver, its audio made by `model.synthesize` (the whole utterance, post-processed as the
 reference does: the same audio as the speech route with flac) and encoded by the server's
-encoders; voices are made by the HTTP routes' own checks and kept in the one voice library.
+encoders (speaking.py, every door's path); voices are made as every door makes them
+(voice_making.py) and kept in the one voice library.
 A call that asked for progress gets a notification per engine step; a cancelled call stops
 its passes at the next step.
 
@@ -61,11 +62,12 @@ from ..audio import writers
 from ..errors import InputError, OmniCoreError
 from ..model.config import SAMPLE_RATE
 from ..text import frontend, limits
-from .app import check_consent, clip_voice_work, designed_voice_work
+from . import speaking
 from .formats import FORMATS, encode_audio, encoder_missing
 from .library import VoiceLibrary
-from .protocol import MAX_UPLOAD_BYTES, HTTPError, as_http, check_input_length, has_words
+from .protocol import MAX_UPLOAD_BYTES, HTTPError, as_http
 from .state import ServerState
+from .voice_making import check_consent, clip_voice_work, designed_voice_work, make_voice
 from .voices import describe_voice, list_voices, new_voice_name, voice_not_found
 
 log = logging.getLogger("omnicore.mcp")
@@ -273,10 +275,7 @@ class McpDoor:
     ) -> list:
         """Speak `text` and return the audio."""
         try:
-            check_input_length(len(text))
-            if not has_words(text):
-                raise HTTPError(400, "the text has nothing to say (only punctuation, spaces or "
-                                     "invisible characters)", "text", "invalid_input")
+            speaking.check_text(text, "text")
             target = None if path is None else self.output_path(path, response_format)
             if instruct is not None:
                 frontend.resolve_instruct(instruct)  # strict: an unknown item is refused now
@@ -285,15 +284,15 @@ class McpDoor:
             given = {"language": language, "instruct": instruct, "speed": speed, "seed": seed}
             kw = {**self.synth, **{k: v for k, v in given.items() if v is not None}}
 
-            def work(on_step):
-                if voice is not None:
-                    kw["voice_clone_prompt"] = self.server.voice(voice, on_step)
-                result = self.server.model.synthesize(text, on_step=on_step, **kw)[0]
-                data = encode_audio(result.audio, response_format)
-                if target is not None:
-                    writers.write_atomic(target, lambda fh: fh.write(data), InputError,
-                                         follow_links=False)
-                return result, data
+            def write(data: bytes) -> None:
+                writers.write_atomic(target, lambda fh: fh.write(data), InputError,
+                                     follow_links=False)
+
+            def work(on_step):  # the voice in the same admitted work, so its steps count
+                prompt = None if voice is None else self.server.voice(voice, on_step)
+                return speaking.synthesize(self.server, text, speaking.with_voice(kw, prompt),
+                                           response_format, on_step,
+                                           None if target is None else write)
             result, data = await self.admitted(work)
         except ToolFailure:
             raise
@@ -400,9 +399,8 @@ class McpDoor:
             instruct, work = prepare()
             if record(instruct)["type"] != "prompt":  # a designed voice needs no consent
                 consent = await check_consent(self.server, consent)
-            prompt = await self.admitted(work)
-            rec = await self.server.in_thread(self.server.voices.add, name, prompt,
-                                              record(instruct), consent)
+            prompt, rec = await make_voice(self.server, self.admitted, name, work,
+                                           record(instruct), consent)
         except (HTTPError, OmniCoreError) as exc:
             raise failure(exc) from None
         return describe_voice(name, prompt, rec)

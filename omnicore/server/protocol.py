@@ -216,14 +216,21 @@ def parse_speech(body, models=None) -> dict:
     inp = body.get("input")
     if not isinstance(inp, str) or not inp.strip():
         raise HTTPError(400, "input must be a non-empty string", "input", "invalid_input")
-    check_input_length(len(inp))
-    if not has_words(inp):
-        raise HTTPError(400, "input has nothing to say (only punctuation, spaces or invisible "
-                             "characters): send the words to speak", "input", "invalid_input")
+    check_text(inp, "input")
     opts = speech_options(body, models=models)
     if opts["stream_format"] is None and opts["format"] in PIECEWISE:
         opts["stream_format"] = "audio"
     return {"input": inp, **opts}
+
+
+def check_text(text: str, param: str) -> None:
+    """A whole text to speak (every door's, speaking.py): within the length limit, and with
+    words to speak."""
+    check_input_length(len(text))
+    if not has_words(text):
+        raise HTTPError(400, f"{param} has nothing to say (only punctuation, spaces or "
+                             "invisible characters): send the words to speak", param,
+                        "invalid_input")
 
 
 def check_input_length(n: int) -> None:

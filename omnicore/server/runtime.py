@@ -14,6 +14,8 @@ Clocks, each counted in /metrics (omnicore_timeouts_total{kind}):
     idle   a connection that has not sent a whole request head within `idle_timeout` seconds
            of connecting (or of its previous response) is closed, and a request body that
            stalls that long is a 408; a WebSocket with nothing to say likewise (stream_input).
+    body   a request body not all in within `body_timeout` seconds of its first read (one
+           that trickles a byte at a time never stalls) is a 408, `body_timeout`.
 
 Shutdown (SIGTERM, or Ctrl-C): the server drains: new work gets a 503 with Retry-After and
 /health says "draining" (the listening socket stays open, so a client is told, not refused);
@@ -46,6 +48,8 @@ log = logging.getLogger("uvicorn.error")
 # faster than real time over a slow link. (Linux doubles what it is asked for: see
 # `limit_send_buffer`.)
 SEND_BUFFER_BYTES = 128 * 1024
+# A request body's overall deadline by default (--body-timeout): a 20 MiB clip at ~2 Mbit/s.
+BODY_TIMEOUT_S = 120.0
 SEND_CHECKS = 10  # the send clock looks for progress this many times per --send-timeout,
 SEND_CHECK_S = 0.25  # and at least this often while bytes wait for the client (its precision)
 _TCPI_BYTES_ACKED = 120  # offset of tcpi_bytes_acked (u64) in Linux's struct tcp_info (>= 4.1)
@@ -237,24 +241,37 @@ def protocols(send_timeout: float, idle_timeout: float, on_timeout):
 
 
 class BodyClock:
-    """ASGI middleware: a request body that stalls for `idle_timeout` seconds is a 408 (raised
-    from `receive` into the route, which answers it as JSON)."""
+    """ASGI middleware: a request body that stalls for `idle_timeout` seconds, or that is not
+    all in within `body_timeout` seconds of its first read however steadily it trickles, is a
+    408 (raised from `receive` into the route, which answers it as JSON)."""
 
-    def __init__(self, app, idle_timeout: float, on_timeout):
+    def __init__(self, app, idle_timeout: float, on_timeout,
+                 body_timeout: float = BODY_TIMEOUT_S):
         self.app, self.idle_timeout, self.on_timeout = app, idle_timeout, on_timeout
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         body_done = False
+        deadline = None
 
         async def timed_receive():
-            nonlocal body_done
+            nonlocal body_done, deadline
             if body_done:  # after the body, receive() waits for a disconnect: no clock
                 return await receive()
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self.body_timeout
+            left = deadline - now
             try:
-                message = await asyncio.wait_for(receive(), self.idle_timeout)
+                message = await asyncio.wait_for(receive(), min(self.idle_timeout, left))
             except asyncio.TimeoutError:
+                if left < self.idle_timeout:
+                    self.on_timeout("body")
+                    raise HTTPError(408, f"the request body took over {self.body_timeout:g} s "
+                                         "(--body-timeout)", None, "body_timeout",
+                                    {"Connection": "close"}) from None
                 self.on_timeout("idle")
                 raise HTTPError(408, f"the request body stalled (nothing for "
                                      f"{self.idle_timeout:g} s)", None, "request_timeout",
@@ -307,13 +324,15 @@ class GracefulServer(uvicorn.Server):
 
 
 def run(app, state: ServerState, host: str, port: int, log_level: str, send_timeout: float,
-        idle_timeout: float, grace: float, on_started=None) -> None:
+        idle_timeout: float, grace: float, on_started=None,
+        body_timeout: float = BODY_TIMEOUT_S) -> None:
     """Serve `app` until a signal, then shut down gracefully. `on_started()` is called once
     uvicorn has configured its logging (for the start-up lines)."""
     def counted(kind: str) -> None:
         state.m_timeouts.labels(kind).inc()
     http, ws = protocols(send_timeout, idle_timeout, counted)
-    config = uvicorn.Config(BodyClock(app, idle_timeout, counted), host=host, port=port,
+    config = uvicorn.Config(BodyClock(app, idle_timeout, counted, body_timeout), host=host,
+                            port=port,
                             log_level=log_level, http=http, ws=ws if ws is not None else "none",
                             timeout_graceful_shutdown=5)
     server = GracefulServer(config, state, grace)

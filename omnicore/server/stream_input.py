@@ -9,7 +9,9 @@ audio out as it is made.
                        {"close": true}    end of input: speak what is left, then close
     server -> client   binary frames      audio, as it is made
                        {"type": "audio.done", "utterance": i, "cancelled": ..., timings}
-                       {"type": "error", "utterance": i or null, "error": {OpenAI's shape}}
+                       {"type": "error", "utterance": i, "error": {OpenAI's shape}}
+                                          i: the utterance whose text it drops (the one
+                                          taking text, else the next) or whose audio it ends
 
 An utterance is the text between two flushes (or a flush and the close): one `model.stream`
 over its fragments, which speaks text in fragments exactly as the whole string, so its frames
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import queue
 import time
 
 from starlette.responses import JSONResponse
@@ -36,62 +37,18 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..errors import CancelledError, OmniCoreError
 from ..model.config import SAMPLE_RATE
-from ..text import limits
+from . import speaking
 from .formats import encoded
-from .protocol import (HTTPError, as_http, check_fields, check_input_length, concerning,
-                       error_body, forget, has_words, parse_json, shutting_down, speech_options,
-                       synth_kwargs)
-from .state import ServerState, Slot
+from .protocol import (HTTPError, as_http, check_fields, concerning, error_body, forget,
+                       has_words, parse_json, shutting_down, speech_options, synth_kwargs)
+from .routes import check_key
+from .speaking import MAX_UTTERANCES, Utterance
+from .state import ServerState
 
 ROUTE = "speech_stream_input"  # its name in the request counter
 MESSAGE_KEYS = ("text", "flush", "cancel", "close")
-MAX_UTTERANCES = 8  # started, not cancelled and not yet spoken, per socket: a flood of flushes
-# is refused. Cancelled ones cost nothing but their audio.done event: these many may wait for it
-# (a client that cancels faster than it reads its events).
-MAX_CANCELLED = 256
-_END = object()  # the end of an utterance's input
-
-
-class Utterance:
-    """One utterance's text on its way to the model's stream, and how it ended."""
-
-    def __init__(self, index: int, gone: asyncio.Future):
-        self.index = index
-        self.t0 = time.perf_counter()  # its first fragment's arrival: the timings count from it
-        self.gone = gone  # resolved when it is cancelled or the client leaves: its slot's `gone`
-        self.chars = 0
-        self.input_done = False
-        self.cancelled = False
-        self.done = False  # its audio.done or error has been sent
-        self.audio_s = 0.0
-        self.stream = None
-        self._texts: queue.Queue = queue.Queue()  # fragments, then _END
-
-    def feed(self, text: str) -> None:
-        self.chars += len(text)
-        self._texts.put(text)
-
-    def end_input(self) -> None:
-        if not self.input_done:
-            self.input_done = True
-            self._texts.put(_END)
-
-    def fragments(self):
-        """The fragments as they come (read by the stream's reader thread)."""
-        while (item := self._texts.get()) is not _END:
-            yield item
-
-    def cancel(self, pool) -> None:
-        """Stop it: no more input, its slot's wait or work ends, its stream closes (the pass on
-        the engine leaves before its next step)."""
-        self.cancelled = True
-        self.end_input()
-        if not self.gone.done():
-            self.gone.set_result(None)
-        if self.stream is not None:
-            pool.submit(self.stream.close)
-
-
+# A cancelled utterance costs nothing: one not yet spoken is dropped at once, its audio.done
+# owed as a count (Session.reported), never refused for (MAX_UTTERANCES counts the others).
 class Session:
     """One socket: a listener for the client's messages and a speaker for the utterances."""
 
@@ -102,8 +59,10 @@ class Session:
         self.pending = ""  # text with nothing to say yet
         self.current: Utterance | None = None  # the one taking text now
         self.queue: asyncio.Queue = asyncio.Queue()  # utterances to speak, then None
-        self.utterances: list[Utterance] = []  # started and not done
-        self.count = 0  # utterances started
+        self.utterances: list[Utterance] = []  # started and not done (none dropped)
+        self.count = 0  # utterance indices given
+        self.reported = 0  # the next index whose audio.done is owed (sent in order)
+        self.now: Utterance | None = None  # the one being spoken
         self.closing = False
         self.gone = False
         self.last_activity = time.monotonic()
@@ -114,7 +73,12 @@ class Session:
         if not self.gone:
             await self.ws.send_text(json.dumps(event))
 
-    async def send_error(self, exc: BaseException, utterance: int | None = None) -> None:
+    def text_index(self) -> int:
+        """The utterance text sent now belongs to: the one taking text, else the next."""
+        return self.current.index if self.current is not None else self.count
+
+    async def send_error(self, exc: BaseException, utterance: int) -> None:
+        """An error event, naming the utterance whose text it drops or whose audio it ends."""
         e = as_http(exc)
         await self.send_event({"type": "error", "utterance": utterance,
                                "error": error_body(e.status, e.message, e.param, e.code)["error"]})
@@ -158,9 +122,9 @@ class Session:
             self.server.m_timeouts.labels("idle").inc()
             await self.send_error(HTTPError(408, "no speech fields within "
                                                  f"{self.server.idle_timeout:g} s", None,
-                                            "idle_timeout"))
+                                            "idle_timeout"), 0)
         except HTTPError as exc:
-            await self.send_error(exc)
+            await self.send_error(exc, 0)  # the first utterance: none will be spoken
         return False
 
     async def listen(self) -> None:
@@ -174,14 +138,15 @@ class Session:
             except asyncio.TimeoutError:
                 if not busy and time.monotonic() - self.last_activity >= self.server.idle_timeout:
                     self.server.m_timeouts.labels("idle").inc()
+                    index = self.text_index()
                     self.cancel_all()
                     await self.send_error(HTTPError(408, "nothing received for "
                                                          f"{self.server.idle_timeout:g} s",
-                                                    None, "idle_timeout"))
+                                                    None, "idle_timeout"), index)
                     return
                 continue
             except HTTPError as exc:
-                await self.send_error(exc)
+                await self.send_error(exc, self.text_index())
                 continue
             if body is None:
                 self.cancel_all()
@@ -189,7 +154,7 @@ class Session:
             try:
                 self.handle(body)
             except HTTPError as exc:
-                await self.send_error(exc, self.current.index if self.current else None)
+                await self.send_error(exc, getattr(exc, "utterance", self.text_index()))
 
     def handle(self, body) -> None:
         if not isinstance(body, dict) or not body:
@@ -215,29 +180,23 @@ class Session:
             self.queue.put_nowait(None)
 
     def add_text(self, text: str) -> None:
-        u = self.current
-        if u is not None:
-            if u.chars + len(text) > limits.MAX_TEXT_CHARS:
-                u.cancel(self.server.pool)  # one request over the limit is refused whole
-                self.current = None
-                check_input_length(u.chars + len(text))
-            u.feed(text)
-            return
-        self.pending += text
-        check_input_length(len(self.pending))
-        if has_words(self.pending):  # an utterance starts with its first words
-            cancelled = sum(u.cancelled for u in self.utterances)
-            if len(self.utterances) - cancelled >= MAX_UTTERANCES or cancelled >= MAX_CANCELLED:
-                self.pending = ""
-                raise HTTPError(429, f"{len(self.utterances) - cancelled} utterances are waiting "
-                                     f"to be spoken and {cancelled} cancelled ones for their "
-                                     f"audio.done (at most {MAX_UTTERANCES} and "
-                                     f"{MAX_CANCELLED}); wait for their audio.done", "text",
-                                "too_many_utterances")
-            u = Utterance(self.count, asyncio.get_running_loop().create_future())
-            self.count += 1
+        try:
+            self.current, self.pending = speaking.add_fragment(self.current, self.pending, text,
+                                                               self.server.pool)
+        except HTTPError as exc:
+            if self.current is not None and self.current.cancelled:  # refused whole
+                exc.utterance, self.current = self.current.index, None
+            raise
+        if self.current is None and has_words(self.pending):  # it starts with its first words
+            index, self.count = self.count, self.count + 1
+            if sum(not u.cancelled for u in self.utterances) >= MAX_UTTERANCES:
+                self.pending = ""  # dropped: its index gets this error, then its audio.done
+                exc = HTTPError(429, f"{MAX_UTTERANCES} utterances are waiting to be spoken; "
+                                     "wait for their audio.done", "text", "too_many_utterances")
+                exc.utterance = index
+                raise exc
+            u = speaking.new_utterance(index, self.pending)
             self.utterances.append(u)
-            u.feed(self.pending)
             self.pending, self.current = "", u
             self.queue.put_nowait(u)
 
@@ -247,20 +206,41 @@ class Session:
         self.current, self.pending = None, ""  # text with nothing to say is dropped
 
     def cancel_all(self) -> None:
+        """Barge-in: every utterance stops; those not yet being spoken are dropped at once
+        (their audio.done is owed by index, in order: speak_all), so cancels never pile up."""
         self.pending, self.current = "", None
         for u in self.utterances:
             u.cancel(self.server.pool)
+        closing = False
+        while not self.queue.empty():
+            closing |= self.queue.get_nowait() is None
+        self.utterances = [u for u in self.utterances if u is self.now]
+        if closing:
+            self.queue.put_nowait(None)
 
     # -- the speaker --------------------------------------------------------------------------
 
     async def speak_all(self) -> None:
         while (u := await self.queue.get()) is not None:
+            self.now = u
             try:
+                await self.report_dropped(u.index)
                 await self.speak(u)
             finally:
-                u.done = True
-                u.end_input()  # a reader thread waiting for text ends
-                self.utterances.remove(u)
+                self.now = None
+                u.close(self.server.pool)
+                if u in self.utterances:
+                    self.utterances.remove(u)
+                self.reported = u.index + 1
+        await self.report_dropped(self.count)
+
+    async def report_dropped(self, upto: int) -> None:
+        """The audio.done of each utterance dropped before it was spoken, up to `upto`."""
+        while self.reported < upto:
+            await self.send_event({"type": "audio.done", "utterance": self.reported,
+                                   "cancelled": True, "audio_seconds": 0.0,
+                                   "timings": {"queue": 0.0, "first_audio": None, "total": 0.0}})
+            self.reported += 1
 
     async def speak(self, u: Utterance) -> None:
         server = self.server
@@ -271,12 +251,10 @@ class Session:
                 async with server.slot(u.gone) as slot:
                     queued = time.perf_counter() - t_admit
                     slot.on_stop(lambda: u.cancel(server.pool))
-                    if self.prompt is None and self.opts["voice"] is not None:
-                        self.prompt = await slot.run(server.voice, self.opts["voice"],
-                                                     slot.on_step)
+                    if self.prompt is None:
+                        self.prompt = await speaking.voice_prompt(server, slot, self.opts["voice"])
                     kw = synth_kwargs(self.opts, self.prompt)
-                    u.stream = await server.in_thread(
-                        lambda: server.model.stream(u.fragments(), **kw))
+                    u.stream = await speaking.open_stream(server, u, kw)
                     if u.cancelled:
                         server.pool.submit(u.stream.close)
                     async for data in encoded(self.opts["format"], self.pieces(u, slot),
@@ -308,19 +286,10 @@ class Session:
             if not self.gone:  # the model's refusals concern the utterance's text
                 await self.send_error(concerning(exc, {OmniCoreError: "text"}), u.index)
             forget(exc)
-        finally:
-            if u.stream is not None:
-                server.pool.submit(u.stream.close)  # a no-op once it ended
 
-    async def pieces(self, u: Utterance, slot: Slot):
-        """float32 pieces [N] of the utterance's stream, read in a worker thread; audio made
-        before a cancel reached the stream is dropped."""
-        while True:
-            x = await self.server.in_thread(next, u.stream, None)
-            if slot.stopping:
-                raise shutting_down()
-            if x is None or u.cancelled:
-                return
+    async def pieces(self, u: Utterance, slot):
+        """float32 pieces [N] of the utterance's stream (speaking.pieces), its length counted."""
+        async for x in speaking.pieces(self.server, u.stream, slot, lambda: u.cancelled):
             u.audio_s += len(x) / SAMPLE_RATE
             yield x
 
@@ -357,11 +326,12 @@ async def stream_input(websocket: WebSocket) -> None:
     HTTP 401 in OpenAI's error shape), 503 while the server drains, then a Session."""
     server: ServerState = websocket.app.state.server
     refusal = None
-    if not server.authorized(websocket.headers.get("authorization")):
-        refusal = HTTPError(401, "missing or wrong API key (Authorization: Bearer KEY)", None,
-                            "invalid_api_key", {"WWW-Authenticate": "Bearer"})
-    elif server.draining:
-        refusal = shutting_down()
+    try:
+        check_key(server, websocket.headers.get("authorization"))
+        if server.draining:
+            raise shutting_down()
+    except HTTPError as exc:
+        refusal = exc
     if refusal is not None:
         server.m_requests.labels(ROUTE, str(refusal.status)).inc()
         if "websocket.http.response" in websocket.scope.get("extensions", {}):

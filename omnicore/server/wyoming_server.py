@@ -51,11 +51,12 @@ from ..checkpoint import HUB_REPO
 from ..errors import CancelledError, ConfigError, InputError, OmniCoreError
 from ..model.config import SAMPLE_RATE
 from ..text import frontend
+from . import speaking
 from .protocol import (MAX_BODY_BYTES, PROFILE_LABELS, HTTPError, as_http, check_input_length,
                        forget, has_words, shutting_down)
 from .runtime import KernelSendClock, limit_send_buffer
+from .speaking import MAX_UTTERANCES, Utterance
 from .state import ServerState
-from .stream_input import MAX_UTTERANCES, Utterance
 from .voices import PRESET_VOICES
 
 log = logging.getLogger("omnicore.wyoming")
@@ -212,7 +213,7 @@ class WyomingServer:
 
 class Connection:
     """One client: a reader that handles its events in order, and a speaker that says its texts
-    in order (each text a `stream_input.Utterance`: fragments in, one model.stream)."""
+    in order (each text a `speaking.Utterance`: fragments in, one model.stream)."""
 
     def __init__(self, door: WyomingServer, reader, writer):
         self.door, self.server = door, door.server
@@ -390,31 +391,27 @@ class Connection:
 
     def add_stream_text(self, fragment: str) -> None:
         stream = self.stream
-        u = stream["utterance"]
-        if u is not None:
-            check_input_length(u.chars + len(fragment))
-            u.feed(fragment)
-            return
-        stream["pending"] += fragment
-        check_input_length(len(stream["pending"]))
-        if has_words(stream["pending"]):  # a text is admitted from its first words
+        if stream["utterance"] is not None:
+            check_input_length(stream["utterance"].chars + len(fragment))
+        stream["utterance"], stream["pending"] = speaking.add_fragment(
+            stream["utterance"], stream["pending"], fragment, self.server.pool)
+        if stream["utterance"] is None and has_words(stream["pending"]):  # admitted from its words
             stream["utterance"] = self.add_text(stream["voice"], stream["pending"], streamed=True)
 
     def add_text(self, voice, text: str, streamed: bool) -> Utterance:
-        check_input_length(len(text))
-        if not streamed and not has_words(text):
-            raise HTTPError(400, "the text has nothing to say (only punctuation, spaces or "
-                                 "invisible characters)", "text", "invalid_input")
+        if streamed:
+            check_input_length(len(text))
+        else:
+            speaking.check_text(text, "text")
         if self.server.draining:
             raise shutting_down()
         if len(self.utterances) >= MAX_UTTERANCES:
             raise HTTPError(429, f"{MAX_UTTERANCES} texts are waiting to be spoken on this "
                                  "connection; wait for their audio-stop", "text",
                             "too_many_utterances")
-        u = Utterance(self.count, asyncio.get_running_loop().create_future())
+        u = speaking.new_utterance(self.count, text)
         self.count += 1
         self.utterances.append(u)
-        u.feed(text)
         self.texts.put_nowait((u, voice, streamed))
         return u
 
@@ -438,10 +435,8 @@ class Connection:
                     self.close()
             finally:
                 if u is not None:
-                    u.end_input()
+                    u.close(self.server.pool)
                     self.utterances.remove(u)
-                    if u.stream is not None:
-                        self.server.pool.submit(u.stream.close)
             if streamed:
                 await self.send(SynthesizeStopped().event())
 
@@ -451,16 +446,12 @@ class Connection:
         server = self.server
         async with server.slot(u.gone) as slot:
             slot.on_stop(lambda: u.cancel(server.pool))
-            kw = {**self.door.synth, "language": language}
-            if voice is not None:
-                kw["voice_clone_prompt"] = await slot.run(server.voice, voice, slot.on_step)
-            u.stream = await server.in_thread(lambda: server.model.stream(u.fragments(), **kw))
+            kw = speaking.with_voice({**self.door.synth, "language": language},
+                                     await speaking.voice_prompt(server, slot, voice))
+            u.stream = await speaking.open_stream(server, u, kw)
             await self.send(AudioStart(rate=SAMPLE_RATE, width=2, channels=1).event())
-            while not self.gone:
-                x = await server.in_thread(next, u.stream, None)
-                if slot.stopping:
-                    raise shutting_down()
-                if x is None or u.cancelled:
+            async for x in speaking.pieces(server, u.stream, slot, lambda: u.cancelled):
+                if self.gone:
                     break
                 pcm = to_pcm16(x).tobytes()  # [N] -> 2N bytes
                 for i in range(0, len(pcm), 2 * CHUNK_SAMPLES):
