@@ -106,10 +106,10 @@ def add_field_option(group, name: str, flag: str) -> None:
                            help=f"{FIELD_HELP[name]} {_default_help(name)}")
 
 
-def add_generation_options(sp, texts: bool = True) -> None:
+def add_generation_options(sp, texts: bool = True, profile: tuple[str, str] | None = None) -> None:
     """The voice and generation options of say, batch and script; with `texts` False, a
     server's settings for every text (wyoming, mcp: no --instruct or --duration, which belong
-    to one text)."""
+    to one text). `profile`: (default, why) of a command whose --profile is not exact."""
     g = sp.add_argument_group("voice and generation" if texts else "generation (every text)")
     g.add_argument("--language", help="language name or code, e.g. English / en (default: agnostic)")
     if texts:
@@ -118,7 +118,11 @@ def add_generation_options(sp, texts: bool = True) -> None:
     else:
         sp.set_defaults(instruct=None, duration=None)
     g.add_argument("--speed", type=float, help="speaking rate factor, >1 faster (default 1.0)")
-    add_field_option(g, "profile", "--profile")
+    if profile is None:
+        add_field_option(g, "profile", "--profile")
+    else:
+        g.add_argument("--profile", choices=PROFILES, default=profile[0],
+                       help=profile[1] + PROFILE_TRADE_OFF)
     add_field_option(g, "num_step", "--steps")
     add_field_option(g, "prefix_refresh", "--prefix-refresh")
     add_field_option(g, "uncond_every", "--uncond-every")

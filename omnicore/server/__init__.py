@@ -137,9 +137,14 @@ def log_startup(server, model_path, host: str, port: int) -> None:
 def log_model(log, server, model_path) -> None:
     """The start-up lines every front door shares: which model, where voices live."""
     from .. import __version__
+    from .protocol import PROFILE_LABELS
 
     voices = server.voices
     log.info("omnicore %s: model %s (%s)", __version__, server.model_name, model_path)
+    profile = getattr(server.model, "profile", "exact")
+    log.info("Profile: %s for requests that name none%s", PROFILE_LABELS[profile],
+             "" if profile == "exact" else " (early first audio on a CPU; --profile exact "
+                                           "for the reference's algorithm)")
     if not voices.persistent:
         log.info("Voices: not kept (a private temporary folder): voices made now are gone "
                  "after a restart")
