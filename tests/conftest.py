@@ -158,8 +158,12 @@ def spawn_omnicore(*args, log_path=None) -> subprocess.Popen:
 
 def start_server(voices_dir, *flags, log_path=None, seconds: float = 90):
     """`omnicore serve` on the tiny checkpoint as a child process on a free loopback port:
-    (process, url)."""
+    (process, url). At the exact profile unless `flags` name one: the tests compare its audio
+    with the model's exact generate and stream (the door's own default, live, is tested in
+    test_wyoming_server.py and test_cli.py)."""
     port = free_port()
+    if "--profile" not in flags:
+        flags = ("--profile", "exact", *flags)
     proc = spawn_omnicore("serve", "--model", TINY, "--port", port, "--voices-dir", voices_dir,
                           *flags, log_path=log_path)
     url = f"http://127.0.0.1:{port}"

@@ -746,6 +746,22 @@ def test_every_profile_option_states_its_trade_off():
     assert {"say", "batch", "script", "serve", "wyoming", "mcp", "infer"} <= set(having)
 
 
+def test_the_doors_default_to_live_and_the_rest_to_exact():
+    """A server's requests that name no profile get live (its first audio fits a voice
+    client's patience on a CPU), and its help says so; say and the batch commands stay
+    exact (None: the model's default, exact)."""
+    parser = build_parser()
+    for door in ("serve", "wyoming", "mcp"):
+        assert parser.parse_args([door]).profile == "live", door
+        assert parser.parse_args([door, "--profile", "exact"]).profile == "exact", door
+    for command in (["say", "Hi."], ["batch", "texts.txt", "--out-dir", "out"]):
+        assert parser.parse_args(command).profile is None, command
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for door in ("serve", "wyoming", "mcp"):
+        profile = next(a for a in sub.choices[door]._actions if "--profile" in a.option_strings)
+        assert "default live" in profile.help and "exact for the reference's" in profile.help
+
+
 def test_an_alias_to_a_missing_voice_is_refused_before_the_model_loads(tmp_path, capsys,
                                                                        monkeypatch):
     """`serve --voice-alias alloy=my_voice` without my_voice would answer 404 to every alloy

@@ -75,7 +75,7 @@ class Session:
 def stdio_params(*flags) -> StdioServerParameters:
     return StdioServerParameters(command=sys.executable,
                                  args=["-m", "omnicore.cli", "mcp", "--model", str(TINY),
-                                       *map(str, flags)],
+                                       "--profile", "exact", *map(str, flags)],
                                  env={"PYTHONPATH": str(ROOT)}, cwd=str(ROOT))
 
 
@@ -343,7 +343,8 @@ def mcp_over_http(tmp_path, *flags):
     """`omnicore mcp --http FLAGS` as a subprocess: its URL once it answers."""
     port = free_port()
     log = tmp_path / "mcp-http.log"
-    proc = spawn_omnicore("mcp", "--http", "--port", port, "--model", TINY, *STEPS, *flags,
+    proc = spawn_omnicore("mcp", "--http", "--port", port, "--model", TINY, "--profile", "exact",
+                          *STEPS, *flags,
                           log_path=log)
     url = f"http://127.0.0.1:{port}/mcp"
     try:
@@ -447,8 +448,26 @@ def test_stdio_answers_unreadable_lines_and_logs_its_start_on_stderr(house_voice
     assert answers[2]["result"]["serverInfo"]["name"] == "omnicore" and lines.empty()
     log = (tmp_path / "stderr.log").read_text()
     for line in ("model tiny-random", f" in {house_voices}", "Ready: ",
-                 "MCP: serving on stdio"):
+                 "MCP: serving on stdio", "Profile: live (approximate)"):  # the door's default
         assert line in log, log
+
+
+def test_speak_names_its_profile(tiny_model, tmp_path):
+    """The speak tool's description says which profile speaks (the server's --profile): an
+    agent's user can see that the door's default, live, is approximate."""
+    from omnicore import OmniVoice
+    from omnicore.server.mcp_server import McpDoor
+    from omnicore.server.state import ServerState
+
+    async def description(model):
+        server = ServerState(model, tmp_path / "voices")
+        async with Client(McpDoor(server, None, {}).mcp()) as client:
+            tools = (await client.list_tools()).tools
+        return next(t.description for t in tools if t.name == "speak")
+    live = OmniVoice.from_pretrained(TINY, profile="live")
+    assert "Spoken with the live (approximate) profile" in asyncio.run(description(live))
+    assert "--profile exact" in asyncio.run(description(live))
+    assert "Spoken with the exact profile" in asyncio.run(description(tiny_model))
 
 
 def test_same_text_voice_and_seed_same_audio_through_every_door(mcp, tiny_model, house_voices,
@@ -463,7 +482,7 @@ def test_same_text_voice_and_seed_same_audio_through_every_door(mcp, tiny_model,
     whole = to_pcm16(tiny_model.generate(text, **kw)[0])
 
     proc, url = start_server(house_voices, "-q", log_path=tmp_path / "serve.log")
-    wyoming, port = start_wyoming(house_voices, "--seed", seed, *STEPS,
+    wyoming, port = start_wyoming(house_voices, "--seed", seed, "--profile", "exact", *STEPS,
                                   log_path=tmp_path / "wy.log")
     try:
         body = {"input": text, "voice": VOICE, "seed": seed, "num_step": 4}

@@ -54,7 +54,7 @@ def _start(voices_dir, *extra):
     env.pop("OMNICORE_API_KEY", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "omnicore.cli", "serve", "--model", str(TINY), "--port", str(port),
-         "--voices-dir", str(voices_dir), "-q", *extra],
+         "--voices-dir", str(voices_dir), "-q", "--profile", "exact", *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     wait_until_serving(proc, url + "/health", 90, "the server",
@@ -170,6 +170,7 @@ def test_the_profile_field_chooses_the_profile_and_the_response_says_which(clien
     checked within it; an unknown profile is a 400 naming the field."""
     text = "Hello from the server."
     for body, label in (({}, "exact"), ({"profile": "fast"}, "fast (approximate)"),
+                        ({"profile": "live"}, "live (approximate)"),
                         ({"profile": "fast", "prefix_refresh": 2, "uncond_every": 2},
                          "fast (approximate)")):
         resp = client.audio.speech.with_raw_response.create(

@@ -29,7 +29,8 @@ from omnicore.server.state import ServerState  # noqa: E402
 from omnicore.server.wyoming_server import MAX_LINE_BYTES, WyomingServer  # noqa: E402
 
 SETTINGS = ("--steps", "4", "--seed", "7")  # seeded sampling: one client, so nothing shares a pass
-KWARGS = {"num_step": 4, "seed": 7}
+# The door's default profile is live (no --profile): its audio is the model's live stream.
+KWARGS = {"num_step": 4, "seed": 7, "profile": "live"}
 VOICE = HOUSE  # a library voice (conftest.house_voices)
 STORY = ("The first sentence is short. The second sentence comes after it and is longer. "
          "A third sentence closes the little story.")
@@ -323,6 +324,7 @@ def test_start_up_lines_reach_stderr(served):
     text = log.read_text()
     assert "model tiny-random" in text and "Voices: 1 in" in text
     assert f"ready, listening on tcp://127.0.0.1:{port}" in text and "125 languages" in text
+    assert "Profile: live (approximate) for requests that name none" in text
 
 
 LONG = " ".join(f"Sentence {i} of a story that goes on and on." for i in range(400))
