@@ -14,7 +14,8 @@ The text is a voice assistant's answer. One-shot doors get it whole; the text-in
 (WebSocket, the adapters, Wyoming streamed) and `model.stream` get it as an LLM writes it:
 LLM_CHARS characters every LLM_EVERY_S seconds, the clock starting at the first fragment.
 --model defaults to $OMNICORE_BENCH_MODEL, else weights/tiny-random; --profile is every
-server's default profile (`--profile` of serve, wyoming and mcp) and the in-process stream's;
+server's default profile (`--profile` of serve, wyoming and mcp; left out, each door's own
+default, DOOR_PROFILE) and the in-process stream's;
 --steps sets num_step for every door (default: the profile's; the stock classes then cannot
 follow, and are left out). One server process at a time (a full-size model is 3-6 GB):
 `omnicore serve` for HTTP streaming pcm, the WebSocket, LiveKit's and Pipecat's stock OpenAI
@@ -401,13 +402,15 @@ def table(rows, rtf) -> list[str]:
 
 def main() -> None:
     global ARGS
+    from omnicore.cli.serve import DOOR_PROFILE
     from omnicore.model.config import PROFILES
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=os.environ.get("OMNICORE_BENCH_MODEL",
                                                      str(ROOT / "weights" / "tiny-random")))
-    p.add_argument("--profile", choices=PROFILES, default="exact",
-                   help="every server's default profile, and the in-process stream's")
+    p.add_argument("--profile", choices=PROFILES, default=DOOR_PROFILE,
+                   help="every server's default profile, and the in-process stream's "
+                        "(default: the doors' own, %(default)s)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--steps", type=int, help="num_step for every door (default: the profile's; "
                                               "the stock classes need it)")
