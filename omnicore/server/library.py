@@ -138,9 +138,7 @@ def _voice_problem(rec: dict) -> str | None:
 def consent_required() -> HTTPError:
     """A cloned voice without a consent, in a folder that requires one (every door's 400)."""
     return HTTPError(400, "this voice library requires the speaker's consent for a cloned "
-                          "voice: upload their consent recording to POST "
-                          "/v1/audio/voice_consents and pass its id as 'consent'", "consent",
-                     "consent_required")
+                          "voice", "consent", "consent_required", hint="give_consent")
 
 
 def default_folder() -> Path:
@@ -371,8 +369,8 @@ class VoiceLibrary:
         """409 unless `name` is free: taken by a voice, or by a prompt file that does not load
         (a damaged file, a FIFO), which stays for inspection until someone removes it."""
         if self.get(name) is not None:
-            raise HTTPError(409, f"voice {name!r} already exists; DELETE it first to replace "
-                                 "it", "name", "voice_exists")
+            raise HTTPError(409, f"voice {name!r} already exists", "name", "voice_exists",
+                            hint="replace_voice")
         for ext in PROMPT_EXTS:
             if os.path.lexists(self.folder / f"{name}{ext}"):
                 raise HTTPError(409, f"the voice library holds {name}{ext}, which is not a voice "
@@ -391,8 +389,8 @@ class VoiceLibrary:
                       **(record or {})}
             rec = None if consent is None else self._consent_record(consent)
             if consent is not None and rec is None:
-                raise HTTPError(400, f"unknown consent {consent!r}; create it at "
-                                     "/v1/audio/voice_consents", "consent", "consent_not_found")
+                raise HTTPError(400, f"unknown consent {consent!r}", "consent",
+                                "consent_not_found", hint="create_consent")
             if consent is None and record["type"] != "prompt" and self.require_consent:
                 raise consent_required()
             written = []

@@ -80,15 +80,17 @@ MAX_AUDIO_BASE64 = (MAX_UPLOAD_BYTES + 2) // 3 * 4  # base64 of the largest clip
 # of mp3 (64 kbit/s), 11 s of wav.
 MAX_INLINE_AUDIO = 512 * 1024
 FORMAT_OF = {ext: fmt for fmt, ext in EXTENSIONS.items()}  # a path's extension -> its format
-# What the HTTP API's messages say of its routes, said with the tools an agent has.
-IN_TOOL_TERMS = [
-    (re.compile(r"GET /v1/voices lists them"), "list_voices lists them"),
-    (re.compile(r"DELETE it first"), "delete_voice deletes it first"),
-    (re.compile(r"GET /v1/audio/voice_consents lists them"),
-     "`omnicore serve` lists them (its voice consents, on this --voices-dir)"),
-    (re.compile(r"(?:(?:GET|POST|DELETE) )?/v1/audio/voice_consents"),
-     "`omnicore serve`'s voice consents (on this --voices-dir)"),
-]
+# What an agent can do about a refusal, in its terms: the tools it has (protocol.HTTP_HINTS
+# words the same hints with the HTTP routes). Consents are made through `omnicore serve`.
+TOOL_HINTS = {
+    "list_voices": "; list_voices lists them",
+    "replace_voice": "; delete_voice deletes it first",
+    "list_consents": "; `omnicore serve` lists them (its voice consents, on this --voices-dir)",
+    "create_consent": "; create it with `omnicore serve`'s voice consents (on this "
+                      "--voices-dir)",
+    "give_consent": ": upload their consent recording to `omnicore serve`'s voice consents (on "
+                    "this --voices-dir) and pass its id as 'consent'",
+}
 # The call being served (its MCP Context), where its work reports progress.
 CALL: contextvars.ContextVar = contextvars.ContextVar("omnicore_mcp_call", default=None)
 
@@ -107,10 +109,7 @@ class ToolFailure(ToolError):
 
 
 def failure(exc: BaseException) -> ToolFailure:
-    message = exc.message if isinstance(exc, HTTPError) else as_http(exc).message
-    for route, tool in IN_TOOL_TERMS:
-        message = route.sub(tool, message)
-    return ToolFailure(message)
+    return ToolFailure(as_http(exc).worded(TOOL_HINTS))
 
 
 def check_language(language: str) -> None:

@@ -48,15 +48,34 @@ SPEED_RANGE = (0.25, 4.0)
 PROFILE_LABELS = {p: p if p == "exact" else f"{p} (approximate)" for p in PROFILES}
 
 
+# What a client can do about a refusal, in the HTTP door's words (its routes); each other door
+# words the same hints in its own terms (mcp_server.TOOL_HINTS: its tools).
+HTTP_HINTS = {
+    "list_voices": "; GET /v1/voices lists them",
+    "replace_voice": "; DELETE it first to replace it",
+    "list_consents": "; GET /v1/audio/voice_consents lists them",
+    "create_consent": "; create it at /v1/audio/voice_consents",
+    "give_consent": ": upload their consent recording to POST /v1/audio/voice_consents and pass "
+                    "its id as 'consent'",
+}
+
+
 class HTTPError(Exception):
     """A failure the client is told about: status, message, and OpenAI's `param` (the field it
-    concerns, or None) and `code` (what went wrong, docs/errors.md)."""
+    concerns, or None) and `code` (what went wrong, docs/errors.md). `hint`: a key of
+    HTTP_HINTS, what the client can do, which each door words in its own terms (`worded`)."""
 
     def __init__(self, status: int, message: str, param: str | None, code: str,
-                 headers: dict | None = None):
+                 headers: dict | None = None, hint: str | None = None):
+        self.detail, self.hint = message, hint
+        message = self.worded(HTTP_HINTS)
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers or {}
+
+    def worded(self, hints: dict) -> str:
+        """The message with its hint in a door's words (`hints`: that door's table)."""
+        return self.detail + (hints[self.hint] if self.hint else "")
 
 
 def error_body(status: int, message: str, param=None, code=None) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..errors import AudioError, InputError, OmniCoreError
 from ..model.config import GenerationConfig, validate_seed
 from ..text import frontend
+from .library import consent_required
 from .protocol import HTTPError, blame, body_field, checked
 from .state import ServerState
 from .uploads import decode_clip
@@ -35,14 +36,11 @@ async def check_consent(server: ServerState, consent) -> str | None:
     a library (or a server run with --require-consent) that requires consent refuses."""
     if consent is None or consent == "":
         if server.require_consent or getattr(server.voices, "require_consent", False):
-            raise HTTPError(400, "this server needs the speaker's consent for a cloned voice: "
-                                 "upload their consent recording to POST "
-                                 "/v1/audio/voice_consents and pass its id as 'consent'",
-                            "consent", "consent_required")
+            raise consent_required()
         return None
     if await server.in_thread(server.voices.consent, consent) is None:
-        raise HTTPError(400, f"unknown consent {consent!r}; GET /v1/audio/voice_consents lists "
-                             "them", "consent", "consent_not_found")
+        raise HTTPError(400, f"unknown consent {consent!r}", "consent", "consent_not_found",
+                        hint="list_consents")
     return consent
 
 

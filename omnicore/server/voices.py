@@ -176,8 +176,8 @@ def aliased(voices: VoiceLibrary, name: str, target: str):
     prompt = voices.get(target)
     if prompt is None:
         raise HTTPError(404, f"voice {name!r} is an alias of {target!r} (--voice-alias), which is "
-                             "not in the voice library; GET /v1/voices lists them", "voice",
-                        "voice_not_found")
+                             "not in the voice library", "voice", "voice_not_found",
+                        hint="list_voices")
     return prompt
 
 
@@ -209,5 +209,5 @@ def resolve_voice(model, voices: VoiceLibrary, voice, on_step=None, aliases=None
 
 
 def voice_not_found(name: str, param: str = "voice") -> HTTPError:
-    return HTTPError(404, f"unknown voice {name!r}; GET /v1/voices lists them", param,
-                     "voice_not_found")
+    return HTTPError(404, f"unknown voice {name!r}", param, "voice_not_found",
+                     hint="list_voices")
