@@ -409,6 +409,10 @@ class SpeechStream:
         self.sample_rate = sample_rate
         self._t0 = t0
         self._done = False
+        # whether it ran to its natural end, and whether it was closed: `close` tells a door
+        # whether it cut the stream short, once (two threads may close one stream)
+        self._ended = self._closed = False
+        self._close_lock = threading.Lock()
         self.first_audio_s: float | None = None
         self.chunk_first_s: list[float] = []
         self._finalizer = weakref.finalize(self, _shutdown, shared)
@@ -446,16 +450,25 @@ class SpeechStream:
                 self._shared.cond.notify_all()
             return x
         self._done = True
+        if item[0] != "error":
+            with self._close_lock:  # (an "end" that close() put there is not the natural end)
+                self._ended = not self._closed
         self._finalizer()  # joins the threads: nothing left running after the last piece
         if item[0] == "error":
             raise item[1]
         raise StopIteration
 
-    def close(self) -> None:
-        """Stop generating; returns once the worker thread has ended."""
+    def close(self) -> bool:
+        """Stop generating; returns once the worker thread has ended. True when this call cut
+        the stream short: the first close of a stream that had not run to its end (one that
+        failed, or was still speaking)."""
+        with self._close_lock:
+            cut = not self._closed and not self._ended
+            self._closed = True
         self._done = True
         self._shared.out.put(("end",))  # wakes a consumer blocked in another thread
         self._finalizer()
+        return cut
 
     def __enter__(self) -> "SpeechStream":
         return self

@@ -72,6 +72,12 @@ def engine(url: str) -> dict:
     return httpx.get(url + "/health", timeout=10).json()
 
 
+def cancelled_streams(url: str) -> float:
+    text = httpx.get(url + "/metrics", headers=AUTH, timeout=10).text
+    return float(next(line.split()[-1] for line in text.splitlines()
+                      if line.startswith("omnicore_streams_cancelled_total")))
+
+
 def test_fragments_give_the_same_audio_as_one_post(server):
     """Two utterances, each fed in small fragments and ended by a flush (the second by the
     close): each one's frames are exactly the bytes of a streamed POST of its whole text."""
@@ -108,7 +114,10 @@ def test_fragments_give_the_same_audio_as_one_post(server):
 
 def test_cancel_is_a_barge_in_within_steps(server):
     """Cancel while an utterance is synthesising: its passes leave the engine within a step or
-    two, it ends with audio.done cancelled, and the socket speaks the next text at once."""
+    two, it ends with audio.done cancelled, and the socket speaks the next text at once. The
+    metrics count the one stream it cut short, as they count the HTTP door's."""
+    before = cancelled_streams(server)
+
     async def talk():
         async with websockets.connect(ws_url(server), additional_headers=AUTH) as ws:
             await ws.send(json.dumps({"response_format": "pcm", "num_step": 64}))
@@ -132,6 +141,7 @@ def test_cancel_is_a_barge_in_within_steps(server):
     assert after["engine"]["iterations"] - h["engine"]["iterations"] <= 3, (h, after)
     assert again["utterance"] == 1 and not again["cancelled"] and audio
     assert engine(server)["in_flight"] == 0
+    assert cancelled_streams(server) == before + 1
 
 
 def test_mp3_and_aac_leave_as_they_are_made(server):

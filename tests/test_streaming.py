@@ -405,10 +405,15 @@ def test_break_close_and_garbage_collection_stop_the_worker(model):
 
     st_ = model.stream(PARAGRAPH, rule=RULE, **FAST)
     next(st_)
-    st_.close()
+    assert st_.close() is True  # it cut the stream short: the doors count that
     assert not _live_stream_threads()  # close() returns after the worker has ended
     with pytest.raises(StopIteration):
         next(st_)
+    assert st_.close() is False  # once
+
+    st_ = model.stream("Hi.", **FAST)
+    list(st_)
+    assert st_.close() is False  # it ran to its end: nothing was cut
 
     st_ = model.stream(PARAGRAPH, rule=RULE, **FAST)  # never iterated
     del st_

@@ -9,6 +9,7 @@ import asyncio
 import json
 import signal
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -333,7 +334,8 @@ LONG = " ".join(f"Sentence {i} of a story that goes on and on." for i in range(4
 def test_a_client_that_stops_reading_is_cut_and_counted(tiny_model, house_voices):
     """In-process, so the count is read where the server keeps it: a client that asks for a
     long text and never reads (a small receive buffer) is cut by the send clock, counted as a
-    send timeout, and its connection is gone from the server."""
+    send timeout, and its connection is gone from the server; the stream it cut short counts
+    as cancelled, as the HTTP door's do."""
     server = ServerState(tiny_model, voices_dir=house_voices)
     door = WyomingServer(server, dict(KWARGS), None, 1.0, 1.0)
 
@@ -352,6 +354,11 @@ def test_a_client_that_stops_reading_is_cut_and_counted(tiny_model, house_voices
     try:
         sock = run(stall())
         assert server.registry.get_sample_value("omnicore_timeouts_total", {"kind": "send"}) == 1
+        cancelled = lambda: server.registry.get_sample_value("omnicore_streams_cancelled_total")  # noqa: E731
+        deadline = time.monotonic() + 60  # the stream is closed in a worker thread
+        while cancelled() != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cancelled() == 1
         sock.settimeout(60)  # what the kernels held still arrives, then the end (no timeout)
         try:
             while sock.recv(65536):

@@ -85,21 +85,19 @@ def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: floa
     the body fails, and the server closes the connection)."""
     raw_cut = cut if req["stream_format"] != "sse" else None
     fmt = req["format"]
-    state = {"ttfb": None, "audio_s": 0.0, "ended": False, "finished": False}
+    state = {"ttfb": None, "audio_s": 0.0, "finished": False}
 
     async def finish():
         """Once, whether the body ran to its end, stopped early or never started (a client
-        gone before the first byte: then only the response's background task runs): count
-        a stream cut short, stop its passes, and free its slot once they have left the engine
+        gone before the first byte: then only the response's background task runs): stop its
+        passes (a stream cut short is counted), and free its slot once they have left the engine
         (a stream's close returns then), so a freed slot never sits beside a cut client's
         passes."""
         if state["finished"]:
             return
         state["finished"] = True
-        if not state["ended"]:
-            server.m_cancelled.inc()
         loop = asyncio.get_running_loop()
-        closed = server.pool.submit(stream.close)  # not awaited: a cancelled task cannot await
+        closed = speaking.close_stream(server, stream)  # not awaited: a cancelled task cannot await
         closed.add_done_callback(lambda _: loop.call_soon_threadsafe(slot.release))
 
     async def pieces():
@@ -114,7 +112,6 @@ def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: floa
             state["audio_s"] += len(x) / SAMPLE_RATE
             yield x
         if not slot.stopping:
-            state["ended"] = True
             server.m_rtf.observe((time.perf_counter() - t0) / max(state["audio_s"], 1e-9))
 
     async def audio_body():
@@ -143,7 +140,7 @@ def stream_response(server: ServerState, slot: Slot, req: dict, stream, t0: floa
             await finish()
 
     def stop():
-        server.pool.submit(stream.close)  # wakes the body's next()
+        speaking.close_stream(server, stream)  # wakes the body's next()
         if raw_cut is not None:
             raw_cut()
     slot.on_stop(stop)

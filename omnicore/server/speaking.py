@@ -9,6 +9,7 @@ in pieces as it is made, or a typed refusal (an HTTPError, or omnicore's own err
     open_stream      model.stream over a text or an Utterance's fragments
     pieces           a stream's float32 pieces, read in a worker thread, ending on a cancel or
                      a stopping server
+    close_stream     a stream closed in a worker; one cut short is counted as cancelled
     Utterance        text fragments on their way to model.stream, and their cancellation
 
 Each door translates its protocol to and from these; admission is `ServerState.slot`.
@@ -27,8 +28,8 @@ from .formats import encode_audio
 from .protocol import check_input_length, check_text, shutting_down
 from .state import ServerState, Slot
 
-__all__ = ["MAX_UTTERANCES", "Utterance", "add_fragment", "check_text", "check_voice", "new_utterance",
-           "open_stream", "pieces", "synthesize", "voice_prompt", "with_voice"]
+__all__ = ["MAX_UTTERANCES", "Utterance", "add_fragment", "check_text", "check_voice", "close_stream",
+           "new_utterance", "open_stream", "pieces", "synthesize", "voice_prompt", "with_voice"]
 
 _END = object()  # the end of an utterance's input
 # Texts started, not cancelled and not yet spoken, per connection (WebSocket, Wyoming): a flood
@@ -86,6 +87,16 @@ async def pieces(server: ServerState, stream, slot: Slot, cancelled=None, cut: b
         yield x
 
 
+def close_stream(server: ServerState, stream):
+    """Close `stream` in a worker thread (the future of it); a stream it cuts short (a client
+    gone, a cancel, an error, a stopping server) counts once in omnicore_streams_cancelled,
+    whichever door and however many closes."""
+    def close():
+        if stream.close():
+            server.m_cancelled.inc()
+    return server.pool.submit(close)
+
+
 class Utterance:
     """One utterance's text on its way to the model's stream, and how it ended."""
 
@@ -115,7 +126,7 @@ class Utterance:
         while (item := self._texts.get()) is not _END:
             yield item
 
-    def cancel(self, pool) -> None:
+    def cancel(self, server: ServerState) -> None:
         """Stop it: no more input, its slot's wait or work ends, its stream closes (the pass on
         the engine leaves before its next step)."""
         self.cancelled = True
@@ -123,15 +134,15 @@ class Utterance:
         if not self.gone.done():
             self.gone.set_result(None)
         if self.stream is not None:
-            pool.submit(self.stream.close)
+            close_stream(server, self.stream)
 
-    def close(self, pool) -> None:
+    def close(self, server: ServerState) -> None:
         """Spoken or failed: a reader thread waiting for text ends, the stream closes (a no-op
         once it ended)."""
         self.done = True
         self.end_input()
         if self.stream is not None:
-            pool.submit(self.stream.close)
+            close_stream(server, self.stream)
 
 
 def new_utterance(index: int, text: str) -> Utterance:
@@ -140,13 +151,13 @@ def new_utterance(index: int, text: str) -> Utterance:
     return u
 
 
-def add_fragment(u: Utterance | None, pending: str, text: str, pool):
+def add_fragment(u: Utterance | None, pending: str, text: str, server: ServerState):
     """A fragment of a streamed text: (the utterance it extends, or None, and the text still
     waiting for words). An utterance's text over the limit cancels it (refused whole); text
     with nothing to say yet waits. The caller starts an utterance when `pending` has words."""
     if u is not None:
         if u.chars + len(text) > limits.MAX_TEXT_CHARS:
-            u.cancel(pool)
+            u.cancel(server)
             check_input_length(u.chars + len(text))
         u.feed(text)
         return u, ""

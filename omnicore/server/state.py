@@ -164,7 +164,8 @@ class ServerState:
         self.m_rtf = Histogram("omnicore_rtf", "synthesis seconds per audio second",
                                buckets=RTF_BUCKETS, registry=self.registry)
         self.m_cancelled = Counter("omnicore_streams_cancelled", "streams closed before their end "
-                                   "(client gone or an error): their passes were cancelled", registry=self.registry)
+                                   "(a client gone, a cancel or barge-in, an error), through any "
+                                   "door: their passes were cancelled", registry=self.registry)
         self.m_timeouts = Counter("omnicore_timeouts", "connections closed by the server's clocks: "
                                   "send (the client stopped reading for --send-timeout) or idle "
                                   "(nothing received for --idle-timeout)", ["kind"],

@@ -115,8 +115,7 @@ class Session:
             if body.get("input") is not None:
                 raise HTTPError(400, "send the text as {\"text\": ...} messages after this one",
                                 "input", "invalid_input")
-            if self.opts["voice"] is not None:  # refused now, as a POST would be
-                await self.server.in_thread(self.server.check_voice, self.opts["voice"])
+            await speaking.check_voice(self.server, self.opts["voice"])  # refused now, as a POST is
             return True
         except asyncio.TimeoutError:
             self.server.m_timeouts.labels("idle").inc()
@@ -182,7 +181,7 @@ class Session:
     def add_text(self, text: str) -> None:
         try:
             self.current, self.pending = speaking.add_fragment(self.current, self.pending, text,
-                                                               self.server.pool)
+                                                               self.server)
         except HTTPError as exc:
             if self.current is not None and self.current.cancelled:  # refused whole
                 exc.utterance, self.current = self.current.index, None
@@ -210,7 +209,7 @@ class Session:
         (their audio.done is owed by index, in order: speak_all), so cancels never pile up."""
         self.pending, self.current = "", None
         for u in self.utterances:
-            u.cancel(self.server.pool)
+            u.cancel(self.server)
         closing = False
         while not self.queue.empty():
             closing |= self.queue.get_nowait() is None
@@ -228,7 +227,7 @@ class Session:
                 await self.speak(u)
             finally:
                 self.now = None
-                u.close(self.server.pool)
+                u.close(self.server)
                 if u in self.utterances:
                     self.utterances.remove(u)
                 self.reported = u.index + 1
@@ -250,13 +249,13 @@ class Session:
                 t_admit = time.perf_counter()
                 async with server.slot(u.gone) as slot:
                     queued = time.perf_counter() - t_admit
-                    slot.on_stop(lambda: u.cancel(server.pool))
+                    slot.on_stop(lambda: u.cancel(server))
                     if self.prompt is None:
                         self.prompt = await speaking.voice_prompt(server, slot, self.opts["voice"])
                     kw = synth_kwargs(self.opts, self.prompt)
                     u.stream = await speaking.open_stream(server, u, kw)
                     if u.cancelled:
-                        server.pool.submit(u.stream.close)
+                        speaking.close_stream(server, u.stream)
                     async for data in encoded(self.opts["format"], self.pieces(u, slot),
                                               server.in_thread):
                         if u.cancelled or self.gone:

@@ -277,13 +277,13 @@ class Connection:
         else:
             self.stream["failed"] = True
             if self.stream["utterance"] is not None:
-                self.stream["utterance"].cancel(self.server.pool)
+                self.stream["utterance"].cancel(self.server)
 
     def close(self) -> None:
         """The client is gone (or cut): its texts are cancelled, their passes leave the engine."""
         self.gone = True
         for u in self.utterances:
-            u.cancel(self.server.pool)
+            u.cancel(self.server)
         self.writer.transport.abort()
 
     # -- the client's events --------------------------------------------------------------------
@@ -394,7 +394,7 @@ class Connection:
         if stream["utterance"] is not None:
             check_input_length(stream["utterance"].chars + len(fragment))
         stream["utterance"], stream["pending"] = speaking.add_fragment(
-            stream["utterance"], stream["pending"], fragment, self.server.pool)
+            stream["utterance"], stream["pending"], fragment, self.server)
         if stream["utterance"] is None and has_words(stream["pending"]):  # admitted from its words
             stream["utterance"] = self.add_text(stream["voice"], stream["pending"], streamed=True)
 
@@ -435,7 +435,7 @@ class Connection:
                     self.close()
             finally:
                 if u is not None:
-                    u.close(self.server.pool)
+                    u.close(self.server)
                     self.utterances.remove(u)
             if streamed:
                 await self.send(SynthesizeStopped().event())
@@ -445,7 +445,7 @@ class Connection:
         between an audio-start and an audio-stop."""
         server = self.server
         async with server.slot(u.gone) as slot:
-            slot.on_stop(lambda: u.cancel(server.pool))
+            slot.on_stop(lambda: u.cancel(server))
             kw = speaking.with_voice({**self.door.synth, "language": language},
                                      await speaking.voice_prompt(server, slot, voice))
             u.stream = await speaking.open_stream(server, u, kw)
