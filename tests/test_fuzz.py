@@ -25,11 +25,14 @@ database, so CI runs the same examples every time, and the file runs in well und
 failure prints the drawn example as it is (still reproducible, since the draw is fixed) instead
 of spending minutes re-running variants of a slow example.
 
-Memory and time: a missing size limit shows up as an allocation of many GB. Every call that could
-allocate in proportion to its input runs inside `bounded()`: a soft RLIMIT_AS 2 GiB above
-the process's current address space (so such an allocation fails at once with MemoryError, which
-is not a typed error, so the test fails instead of the machine swapping) and a wall-clock alarm
-(a hang or a runaway computation fails the test). The cap is set on this process, around one
+Memory and work: a missing size limit shows up as an allocation of many GB, or as work out of
+proportion to the example. Every call that could allocate in proportion to its input runs inside
+`bounded()`: a soft RLIMIT_AS 2 GiB above the process's current address space (so such an
+allocation fails at once with MemoryError, which is not a typed error, so the test fails instead
+of the machine swapping). The work is counted, not timed, so a slow or emulated machine runs the
+same checks: `typed()` adds up the tokens the engine runs for the call (every row of every pass,
+every step) and fails past WORK_TOKENS. A wall-clock alarm remains only as a guard against a hang
+(HANG_S, far past any example on any machine). The cap is set on this process, around one
 example at a time, and restored after it; a subprocess per example would cost a model load each.
 """
 
@@ -43,6 +46,8 @@ import math
 import resource
 import signal
 import struct
+import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -60,13 +65,22 @@ from omnicore.errors import OmniCoreError, VoicePromptError
 from omnicore import checkpoint
 from omnicore.warmup import warm_up
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "weights" / "tiny-random"
 MODEL_CONFIG = json.loads((TINY / "config.json").read_text("utf-8"))
 CODEC_CONFIG = json.loads((TINY / "audio_tokenizer" / "config.json").read_text("utf-8"))
 
 HEADROOM = 2 << 30  # bytes of address space an example may add: ~20x a tiny-model generation
-EXAMPLE_S = 10  # wall-clock seconds one example may take (a tiny generation takes < 0.5 s)
+# Engine tokens (every row of every pass, every step) one call may run. The heaviest examples
+# drawn here run about 200 (text of any kind, 1 step); a size that nothing bounds (a duration of
+# hours: 25 frames a second, a text past the limit) runs orders of magnitude more.
+WORK_TOKENS = 5_000
+# Only a hang trips this (a tiny example takes well under a second): never a slow machine.
+HANG_S = 900
+WORK = [0]  # engine tokens run for the call in progress (`watch`)
+COUNTED = weakref.WeakKeyDictionary()  # engine -> its iterations counted into WORK so far
 SHORT = dict(num_step=1, duration=0.08)  # 2 frames: generation at its cheapest
 
 _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
@@ -81,7 +95,29 @@ def budget(n: int, shrink: bool = True):
 
 
 class Overrun(Exception):
-    """An example ran past EXAMPLE_S: a hang, or work without a size limit."""
+    """An example ran past HANG_S: a hang."""
+
+
+def watch(m):
+    """Count the tokens `m`'s engine runs into WORK (after each iteration, on its thread)."""
+    engine = m.engine
+    COUNTED[engine] = engine.iterations
+
+    def count(ids):
+        WORK[0] += engine.load().last_tokens
+        COUNTED[engine] += 1
+    engine.trace = count
+    return m
+
+
+def _counted_all() -> None:
+    """Wait until every iteration run so far is in WORK: the engine counts an iteration after
+    the call it served may have returned."""
+    for engine in COUNTED:
+        for _ in range(1000):  # an event wait (the engine's thread is a step behind at most)
+            if COUNTED[engine] >= engine.iterations:
+                break
+            threading.Event().wait(0.01)
 
 
 def _address_space() -> int | None:
@@ -96,8 +132,8 @@ def _address_space() -> int | None:
 
 
 @contextlib.contextmanager
-def bounded(seconds: float = EXAMPLE_S):
-    """Run a block under a soft address-space cap (current + HEADROOM) and a wall-clock alarm."""
+def bounded(seconds: float = HANG_S):
+    """Run a block under a soft address-space cap (current + HEADROOM) and a hang guard."""
     old_limit = resource.getrlimit(resource.RLIMIT_AS)
     used = _address_space()
     if used is not None:
@@ -120,19 +156,25 @@ def bounded(seconds: float = EXAMPLE_S):
 
 
 def typed(fn, *args, **kwargs):
-    """fn(*args, **kwargs) under `bounded`; None when it raised an OmniCoreError (which must say
-    something). Any other exception propagates and fails the test. The outcome is recorded as a
-    hypothesis event (--hypothesis-show-statistics shows how many examples got how far)."""
+    """fn(*args, **kwargs) under `bounded`, its engine work within WORK_TOKENS; None when it
+    raised an OmniCoreError (which must say something). Any other exception propagates and
+    fails the test. The outcome is recorded as a hypothesis event
+    (--hypothesis-show-statistics shows how many examples got how far)."""
     name = getattr(fn, "__name__", "call")
-    with bounded():
-        try:
-            result = fn(*args, **kwargs)
-        except OmniCoreError as exc:
-            assert str(exc).strip(), f"{type(exc).__name__} without a message"
-            event(f"{name}: {type(exc).__name__}")
-            return None
-    event(f"{name}: ran")
-    return result
+    WORK[0] = 0
+    try:
+        with bounded():
+            try:
+                result = fn(*args, **kwargs)
+            except OmniCoreError as exc:
+                assert str(exc).strip(), f"{type(exc).__name__} without a message"
+                event(f"{name}: {type(exc).__name__}")
+                return None
+        event(f"{name}: ran")
+        return result
+    finally:
+        _counted_all()
+        assert WORK[0] <= WORK_TOKENS, f"{name} ran {WORK[0]} engine tokens (budget {WORK_TOKENS})"
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +183,7 @@ def model():
     (seconds to a minute on a slow machine) inside the first example's time limit."""
     model = OmniVoice.from_pretrained(TINY)
     warm_up(model, force=True)
-    return model
+    return watch(model)
 
 
 def check_synthesis(out, cfg) -> None:
@@ -750,7 +792,7 @@ def _checkpoint_copy(folder: Path, model_cfg: dict | None = None, codec_cfg: dic
 def test_checkpoints_with_mutated_configs_load_and_run_or_refuse(tmp_path_factory, model_cfg, codec_cfg):
     folder = _checkpoint_copy(tmp_path_factory.mktemp("fuzz-ckpt"), model_cfg, codec_cfg)
     m = typed(OmniVoice.from_pretrained, str(folder))
-    if m is None:
+    if m is None or typed(watch, m) is None:  # (its engine is made here)
         return
     out = typed(m.synthesize, "Hello there.", seed=0, **SHORT)
     if out is not None:
