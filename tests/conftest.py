@@ -24,8 +24,28 @@ from omnicore import checkpoint
 from omnicore.checkpoint import SafetensorsFile
 
 TINY = Path(__file__).resolve().parents[1] / "weights" / "tiny-random"
+# The developer's inner loop, `python3 -m pytest -q --quick`, leaves out the tests marked with
+# these (pyproject.toml says what each means); the README's command runs everything.
+QUICK_LEAVES_OUT = ("slow", "browser", "subprocess")
 # CI installs every test dependency and ships every fixture, so there a missing one is a failure
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--quick", action="store_true",
+                     help="the fast core only: leave out the tests marked "
+                          + ", ".join(QUICK_LEAVES_OUT))
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--quick"):
+        return
+    left_out = [item for item in items
+                if any(item.get_closest_marker(m) for m in QUICK_LEAVES_OUT)]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        gone = set(left_out)
+        items[:] = [item for item in items if item not in gone]
 
 
 def read_safetensors(path) -> dict:

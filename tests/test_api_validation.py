@@ -352,6 +352,7 @@ def _demo_error(client, **kwargs) -> str:
     return msg
 
 
+@pytest.mark.subprocess
 def test_demo_refuses_what_the_api_refuses(demo_client, tmp_path):
     from gradio_client import handle_file
 

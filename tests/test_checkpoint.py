@@ -148,6 +148,7 @@ def _hub_cache(home: Path, repo: str, source: Path) -> Path:
     return folder / "snapshots" / commit
 
 
+@pytest.mark.subprocess
 def test_the_offline_message_names_a_command_that_runs(tmp_path, monkeypatch):
     """The command the message prints, run as printed by huggingface_hub's real `hf` (offline,
     from a cache that holds the files), fetches the files the message names."""

@@ -357,6 +357,7 @@ def _cli(*argv):
     return [sys.executable, "-m", "omnicore.cli", *argv, "--model", TINY, "--steps", "2"]
 
 
+@pytest.mark.subprocess
 def test_sigterm_while_streaming_to_a_file_leaves_nothing(tmp_path):
     import signal
     import subprocess
@@ -378,6 +379,7 @@ def test_sigterm_while_streaming_to_a_file_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []  # neither out.wav nor its temporary file
 
 
+@pytest.mark.subprocess
 def test_full_stdout_is_one_error_line():
     import subprocess
 
@@ -496,6 +498,7 @@ def _on_a_terminal(argv, status: int = 0) -> str:
     return out.decode("utf-8", errors="replace").replace("\x1b[0m", "")  # a library's colour reset
 
 
+@pytest.mark.subprocess
 def test_version():
     import subprocess
     import tomllib
@@ -511,6 +514,7 @@ def test_version():
 LONG = " ".join(f"This is sentence number {i} of a story told in three parts." for i in range(9))
 
 
+@pytest.mark.subprocess
 def test_say_shows_chunks_steps_and_eta_on_a_terminal_only(tmp_path):
     import re
     import subprocess
@@ -530,6 +534,7 @@ def test_say_shows_chunks_steps_and_eta_on_a_terminal_only(tmp_path):
     assert _on_a_terminal([*argv, "-q"]).strip() == ""
 
 
+@pytest.mark.subprocess
 def test_batch_shows_jobs_steps_eta_and_a_summary(tmp_path):
     import re
     import subprocess
@@ -584,6 +589,7 @@ def test_the_eta_leaves_the_kernels_compile_out(monkeypatch):
     assert shown[-1] == "  job 1/2 | step 1/2 | ETA 0:00:30"
 
 
+@pytest.mark.subprocess
 def test_a_transcript_that_cannot_be_the_clips_is_one_warning_line(tmp_path):
     """The warning reaches a command's user as one line on stderr (also with -q), naming the
     voice file or the batch line it is about; the command still does its work."""
@@ -647,6 +653,7 @@ def _run(argv, cwd=ROOT, env=None, status: int = 0):
     return done.stdout, done.stderr
 
 
+@pytest.mark.subprocess
 def test_a_model_path_is_a_path_and_an_empty_one_is_refused(tmp_path):
     """Run from another folder, `--model weights/tiny-random` is a relative path that is not
     there (not a hub id to download), and the message says where it is; a path-shaped one is
@@ -667,6 +674,7 @@ def test_a_model_path_is_a_path_and_an_empty_one_is_refused(tmp_path):
     assert _run(["serve", "--version"])[0] == version and version.startswith("omnicore ")
 
 
+@pytest.mark.subprocess
 def test_an_unknown_language_is_a_warning_line_naming_the_command_that_lists_them(tmp_path):
     """`--language Klingon` speaks language-agnostic, as the reference does, with one
     `omnicore: warning:` line that names `omnicore languages` (not a Python function); that
@@ -695,6 +703,7 @@ def test_an_unknown_language_is_a_warning_line_naming_the_command_that_lists_the
     ["languages"], ["languages", "--search", "en"], ["--help"], ["say", "--help"],
     ["say", "Hello there. A second sentence.", "--stream", "--raw", "--model", TINY, "--steps",
      "2", "-q"]], ids=lambda a: " ".join(a[:3]))
+@pytest.mark.subprocess
 def test_a_reader_gone_early_ends_quietly(argv):
     """`omnicore languages | head -1`: a pipe whose reader has already closed it (as head does
     after its line) ends the command with status 0 and nothing on stderr, as other tools do."""
@@ -711,6 +720,7 @@ def test_a_reader_gone_early_ends_quietly(argv):
     assert (proc.returncode, proc.stderr) == (0, "")
 
 
+@pytest.mark.subprocess
 def test_omnicore_languages_into_head_ends_quietly():
     """`omnicore languages | head -1` with a real head: the pipe is cut to one page, so the
     list (over two pages) cannot all fit before head takes its line and leaves."""

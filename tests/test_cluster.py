@@ -16,6 +16,8 @@ from omnicore import cluster
 from omnicore.cli import main
 from omnicore.errors import InputError
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "weights" / "tiny-random")
 SPEECH = str(ROOT / "tests" / "fixtures" / "audio" / "speech_24k.wav")

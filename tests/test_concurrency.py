@@ -229,6 +229,7 @@ sys.exit(1 if errors else 0)
     None,
     "workqueue",  # Numba's fallback layer aborts on concurrent parallel regions
 ], ids=["default-layer", "workqueue"])
+@pytest.mark.subprocess
 def test_parallel_kernels_in_two_threads(layer):
     env = dict(os.environ, OMNICORE_PARALLEL_KERNELS="1")
     env.pop("NUMBA_THREADING_LAYER", None)

@@ -262,6 +262,7 @@ def test_conv_transpose1d_matches_definition(b, t, cin, cout, stride, seed):
 @given(b=st.integers(1, 2), t=st.integers(1, 90), c=st.sampled_from([1, 3, 16, 40]),
        dilation=st.sampled_from([1, 3, 9]), chunk_rows=st.sampled_from([1, 5, 64, 1000]),
        seed=st.integers(0, 99))
+@pytest.mark.slow
 def test_dac_res_unit_chunked_matches_plain(b, t, c, dilation, chunk_rows, seed):
     rng = _rng(seed)
     x = rng.standard_normal((b, t, c)).astype(np.float32)

@@ -56,6 +56,8 @@ sys.path.insert(0, str(ROOT / "demo"))
 import presets  # noqa: E402  (demo/presets.py: speed presets and the wait estimate)
 import visuals  # noqa: E402  (demo/visuals.py: the demo's image rendering)
 
+pytestmark = pytest.mark.slow
+
 ONE_PIECE = dict(stream=False)  # the unmasking view exists only for a run in one piece
 
 # ------------------------------------------------------------------------------------------------
@@ -211,6 +213,7 @@ def test_space_front_matter():
     assert "k2-fsa/OmniVoice" in meta["models"]
 
 
+@pytest.mark.subprocess
 def test_default_model_is_the_hub_checkpoint_and_offline_fails_clearly(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
                GRADIO_ANALYTICS_ENABLED="False")
@@ -227,6 +230,7 @@ def test_default_model_is_the_hub_checkpoint_and_offline_fails_clearly(tmp_path)
 # ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.subprocess
 def test_api_auto_voice(client):
     audio, wave, grid, timings, _ = client.predict(
         text="Hello from the tiny model.", num_step=STEPS, seed=1, api_name="/auto", **ONE_PIECE)
@@ -236,6 +240,7 @@ def test_api_auto_voice(client):
     assert "RTF" in timings and "unmask" in timings and "seed **1**" in timings
 
 
+@pytest.mark.subprocess
 def test_api_fast_profile_runs_and_an_unknown_one_is_refused(client):
     """The page's Profile setting: "fast" runs the approximate profile (other audio than exact
     for the same seed); an unknown one is refused with the choices."""
@@ -251,6 +256,7 @@ def test_api_fast_profile_runs_and_an_unknown_one_is_refused(client):
     assert "fast" in str(err.value) and "Traceback" not in str(err.value)  # the choices
 
 
+@pytest.mark.subprocess
 def test_api_voice_design_and_its_instruct_check(client):
     audio, _, grid, _, _ = client.predict(
         text="Good evening.", instruct="female, british accent", num_step=STEPS, seed=2,
@@ -261,6 +267,7 @@ def test_api_voice_design_and_its_instruct_check(client):
     assert "female, british accent" in ok and "✓ Valid" in ok
 
 
+@pytest.mark.subprocess
 def test_api_invalid_instruct_is_explained(client):
     msg = client.predict(instruct="male, british accent, 四川话", text="Hi.",
                          api_name="/check_instruct")
@@ -274,6 +281,7 @@ def test_api_invalid_instruct_is_explained(client):
     assert "male" in str(err.value)  # the did-you-mean suggestion reaches the user
 
 
+@pytest.mark.subprocess
 def test_api_bad_input_gives_typed_messages(client, tmp_path):
     with pytest.raises(AppError) as err:
         client.predict(text="   ", num_step=STEPS, api_name="/auto")
@@ -290,6 +298,7 @@ def test_api_bad_input_gives_typed_messages(client, tmp_path):
     assert "voice prompt" in str(err.value)
 
 
+@pytest.mark.subprocess
 def test_api_voice_clone_from_clip_and_from_saved_prompt(client, ref_wav):
     from omnicore import VoiceClonePrompt
 
@@ -312,6 +321,7 @@ def test_api_voice_clone_from_clip_and_from_saved_prompt(client, ref_wav):
     assert "encode" not in timings2  # a saved prompt skips the encoder
 
 
+@pytest.mark.subprocess
 def test_api_keep_this_voice(server, ref_wav):
     """"Keep this voice" saves the session's last result (here a design) as a voice prompt with
     exactly its codes and text; the clone endpoint then speaks with it. A session without a
@@ -337,6 +347,7 @@ def test_api_keep_this_voice(server, ref_wav):
     _check_wav(_read(audio))
 
 
+@pytest.mark.subprocess
 def test_api_streaming_option(client):
     """With stream=True the endpoint yields audio pieces to the streaming player while it
     generates; the final audio and timings come from the same pieces; no unmasking view."""
@@ -365,6 +376,7 @@ def test_api_streaming_option(client):
     assert "male" in str(err.value)
 
 
+@pytest.mark.subprocess
 def test_api_normalize_text_option(client):
     """The 'Read numbers as words' setting: the audio of the text written out; without the tn
     extra, the typed message saying what to install."""
@@ -382,6 +394,7 @@ def test_api_normalize_text_option(client):
     assert _read(client.predict(text="I have 3 cats.", **ask)[0]) != _read(written[0])
 
 
+@pytest.mark.subprocess
 def test_progress_reports_unmasking_steps(client):
     job = client.submit(text="Watching the progress of the unmasking steps.", num_step=32, seed=4,
                         api_name="/auto", **ONE_PIECE)
@@ -405,6 +418,7 @@ def _defaults(client) -> dict:
             for p in info["named_endpoints"]["/auto"]["parameters"]}
 
 
+@pytest.mark.subprocess
 def test_defaults_are_the_preset_chosen_for_this_machine(client):
     """Called with its defaults, the demo runs the steps of a speed preset (the reference's
     num_step only: every other setting is GenerationConfig's), streamed when ffmpeg is there."""
@@ -429,6 +443,7 @@ ESTIMATE_TEXT = ("The kettle clicked off just as the rain started drumming on th
                  "leave the parcel with the neighbour, at number twelve. Our train was late.")
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("stream", [False, True], ids=["one-piece", "streamed"])
 def test_each_run_shows_the_estimate_made_before_it(client, stream):
     """Every run reports the estimate made before it (from the plan's FLOPs and the rate timed at
@@ -449,6 +464,7 @@ def test_each_run_shows_the_estimate_made_before_it(client, stream):
         assert _seconds(r"it took ([\d.]+) s", timings) > 0
 
 
+@pytest.mark.subprocess
 def test_the_examples_are_made_before_the_page_is_served(server):
     """A visitor who comes as soon as the demo answers never shares the cores with the
     examples being made: they were all made before the server listened (a Space reports
@@ -460,6 +476,7 @@ def test_the_examples_are_made_before_the_page_is_served(server):
         "Using cache from"), log
 
 
+@pytest.mark.subprocess
 def test_two_concurrent_requests_run_at_once_with_the_right_results(server):
     """The server runs with --concurrency 2: two requests from two clients are generating at the
     same time (each reports a step before the other's last one: with one slot the second would
@@ -626,6 +643,8 @@ class Page:
         return path
 
 
+@pytest.mark.subprocess
+@pytest.mark.browser
 def test_browser_all_tabs(server, browser, artefacts, ref_wav, capsys):
     page = Page(browser, server, artefacts)
     page.open()

@@ -95,6 +95,7 @@ def _committed_fixture_files() -> set[str]:
         return present
 
 
+@pytest.mark.subprocess
 def test_every_fixture_file_is_listed(manifest):
     listed = set(manifest["files"])
     present = _committed_fixture_files()

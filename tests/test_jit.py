@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from omnicore.model import conv_kernels as CK
 from omnicore.model import jit
@@ -63,6 +64,7 @@ print("ok")
 """
 
 
+@pytest.mark.subprocess
 def test_importing_the_model_reads_no_setting_and_compiles_nothing():
     """Importing the model imports no Numba and reads no environment variable: a bad
     OMNICORE_NUM_THREADS or OMNICORE_BACKEND is not an import error (the configuration step

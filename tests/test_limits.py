@@ -25,6 +25,8 @@ from omnicore.model import config as config_mod, cost, packed_unmasking, tokeniz
 from omnicore.model.config import FRAME_RATE, GenerationConfig, OmniVoiceConfig
 from omnicore.errors import InputError
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "weights" / "tiny-random"
 CHILD_MEMORY = 3 << 30  # address space of a child: far below what any reproducer used to want
@@ -68,24 +70,28 @@ def _refused(out: dict, *words: str, error: str = "InputError") -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.subprocess
 def test_explicit_two_hour_duration_on_one_word():
     # Used to pass validation and ask for ~518 GiB of attention scores in one pass.
     out = _in_child("result = m.generate('Hello.', duration=7200)")
     _refused(out, f"{limits.MAX_PASS_S:g} s per pass", "punctuation")
 
 
+@pytest.mark.subprocess
 def test_demo_sized_duration_on_one_word():
     # duration=600 on one word: 5.4 GB and 41 s per step on the tiny model.
     out = _in_child("result = m.generate('Hello.', duration=600, num_step=1)")
     _refused(out, "per pass")
 
 
+@pytest.mark.subprocess
 def test_very_slow_speed_on_a_paragraph():
     # speed=1e-4 on a paragraph: about 1.2 TiB.
     out = _in_child(f"result = m.generate({PARAGRAPH!r}, speed=1e-4)")
     _refused(out, "minutes", f"{limits.MAX_DURATION_S / 60:g}")
 
 
+@pytest.mark.subprocess
 def test_huge_pad_duration():
     # pad_duration=1e6: 89 GiB of zeros.
     out = _in_child("result = m.generate('Hello.', pad_duration=1e6, num_step=1)")
@@ -94,6 +100,7 @@ def test_huge_pad_duration():
     _refused(out, "fade_duration")
 
 
+@pytest.mark.subprocess
 def test_huge_reference_transcript():
     # ref_text='word ' * 20000: 54 GiB.
     out = _in_child("""
@@ -109,6 +116,7 @@ def test_huge_reference_transcript():
     _refused(out, "ref_text")
 
 
+@pytest.mark.subprocess
 def test_voice_prompt_with_fifteen_thousand_frames(tmp_path):
     # A 125 KB npz with 15,000 reference frames ran out of memory.
     path = tmp_path / "long.npz"
@@ -124,6 +132,7 @@ def test_voice_prompt_with_fifteen_thousand_frames(tmp_path):
     _refused(out, "600.0 s", f"{limits.MAX_REF_S:g} s")
 
 
+@pytest.mark.subprocess
 def test_npz_declaring_a_giant_array_is_refused_from_its_header(tmp_path):
     # The header says [8, 10**9] (64 GB); the data is never read.
     path = tmp_path / "bomb.npz"
@@ -142,6 +151,7 @@ def test_npz_declaring_a_giant_array_is_refused_from_its_header(tmp_path):
     _refused(out, "frames", error="VoicePromptError")
 
 
+@pytest.mark.subprocess
 def test_one_long_unpunctuated_sentence():
     # The reference never cuts a sentence: 900 words without a mark are one ~4.5-minute pass.
     words = " ".join(["word"] * 900)
@@ -149,11 +159,13 @@ def test_one_long_unpunctuated_sentence():
     _refused(out, "per pass", "punctuation")
 
 
+@pytest.mark.subprocess
 def test_huge_chunk_threshold_keeps_long_text_in_one_pass():
     out = _in_child(f"result = m.generate({PARAGRAPH * 10!r}, audio_chunk_threshold=1e9, num_step=1)")
     _refused(out, "per pass")
 
 
+@pytest.mark.subprocess
 def test_stream_with_two_hour_duration_is_refused_at_the_call():
     out = _in_child("result = m.stream('Hello.', duration=7200)")
     _refused(out, "per pass")
@@ -161,6 +173,7 @@ def test_stream_with_two_hour_duration_is_refused_at_the_call():
     _refused(out, "per pass")
 
 
+@pytest.mark.subprocess
 def test_codec_decode_and_encode_lengths():
     out = _in_child("result = m.codec.decode(np.zeros((8, 10**6), np.int64))")
     _refused(out, "minutes", "in parts")
@@ -168,6 +181,7 @@ def test_codec_decode_and_encode_lengths():
     _refused(out, "600.0 s", f"{limits.MAX_REF_S:g} s", error="AudioError")
 
 
+@pytest.mark.subprocess
 def test_reference_clip_over_the_limit_is_refused_before_encoding(tmp_path):
     rng = np.random.default_rng(0)
     clip = (0.1 * rng.standard_normal(24000 * 70)).astype(np.float32)  # 70 s of noise
@@ -286,6 +300,7 @@ def test_limits_are_consistent():
     assert limits.check_total_frames(int(limits.MAX_DURATION_S * FRAME_RATE))
 
 
+@pytest.mark.subprocess
 def test_text_too_long_for_its_duration():
     # All of a 20,000-character text in one 2-frame pass: ~12k prompt tokens in one row, a
     # 2.3 GB attention buffer on the tiny model (quadratic in the text).

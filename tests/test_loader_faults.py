@@ -78,6 +78,7 @@ def _run(args, timeout=240):
                           text=True, timeout=timeout, cwd=REPO)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("fault", ["truncate", "overwrite", "replace"])
 def test_checkpoint_changed_under_a_loaded_model_is_never_a_crash(tmp_path, fault):
     ckpt = _copy_tiny(tmp_path)
@@ -91,6 +92,7 @@ def test_checkpoint_changed_under_a_loaded_model_is_never_a_crash(tmp_path, faul
         assert out[-1] == "SAME"
 
 
+@pytest.mark.subprocess
 def test_codec_file_truncated_under_a_loaded_model(tmp_path):
     ckpt = _copy_tiny(tmp_path)
     res = _run([ckpt, "truncate_codec"])
@@ -119,6 +121,7 @@ FIFO_CHILD = textwrap.dedent("""
     ("audio_tokenizer/config.json", "ConfigError"),
     ("tokenizer.json", "ModelNotFoundError"),
 ])
+@pytest.mark.subprocess
 def test_fifo_in_place_of_a_checkpoint_file_is_refused(tmp_path, name, error):
     ckpt = _copy_tiny(tmp_path)
     (ckpt / name).unlink()

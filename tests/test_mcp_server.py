@@ -33,6 +33,8 @@ from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from omnicore import VoiceClonePrompt  # noqa: E402
 from omnicore.audio.writers import to_pcm16  # noqa: E402
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = TINY.parents[1]
 VOICE = HOUSE  # a library voice (conftest.house_voices)
 STEPS = ("--steps", "4")

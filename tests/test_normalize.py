@@ -80,6 +80,7 @@ def test_fixture_covers_what_it_claims():
     assert any("NI3" in c["output"] and c["language"] == "zh" for c in cases)
 
 
+@pytest.mark.slow
 def test_normalize_text_matches_reference_string_for_string():
     _require_tn()
     bad = []

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = ("torch", "torchaudio", "transformers", "onnxruntime", "omnivoice", "onnx")
 

@@ -81,6 +81,7 @@ def test_generate_matches_reference(model, name):
     assert r.fill_steps.min() == 0 and r.fill_steps.max() == kwargs["num_step"] - 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["long_small", "long_clone_small", "long_default"])
 def test_long_text_is_chunked_like_reference(model, name):
     z, inp, kwargs = _case(name)

@@ -290,6 +290,7 @@ def test_the_docs_have_python_examples():
 SERVER = "127.0.0.1:8000"  # where a server example expects `omnicore serve`
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("where, code", EXAMPLES, ids=[w for w, _ in EXAMPLES])
 def test_a_python_example_runs_as_written(where, code, tmp_path, monkeypatch, capsys):
     """Each example alone, in a folder holding `me.wav` (a short speech clip), on the tiny

@@ -24,6 +24,8 @@ import pytest
 
 from conftest import missing
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "weights" / "tiny-random"
 NOTICE = "compiling kernels, once per machine: about "

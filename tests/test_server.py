@@ -38,6 +38,8 @@ from omnicore.errors import OmniCoreError  # noqa: E402
 from omnicore.audio.writers import to_pcm16  # noqa: E402
 from omnicore.server import encode_audio  # noqa: E402
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "weights" / "tiny-random"
 # Greedy and short: codes do not depend on what shares the engine's forwards.

@@ -22,6 +22,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from conftest import require_module, require_server_extra, start_server, stop_process  # noqa: E402
 
@@ -32,6 +33,8 @@ sf = require_module("soundfile")
 from omnicore import VoiceClonePrompt  # noqa: E402
 from omnicore.server import VoiceLibrary  # noqa: E402
 from omnicore.server.library import read_record  # noqa: E402
+
+pytestmark = pytest.mark.subprocess
 
 KILLS = 40          # library-level kills (a forked child each: a fraction of a second per kill)
 SERVER_KILLS = 2    # replica kills, one per replica (a server start each)

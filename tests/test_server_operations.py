@@ -18,6 +18,8 @@ import pytest
 
 from conftest import require_module, require_server_extra, start_server, stop_process  # noqa: E402
 
+pytestmark = pytest.mark.subprocess
+
 require_server_extra()
 httpx = require_module("httpx")
 sf = require_module("soundfile")

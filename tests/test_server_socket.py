@@ -11,6 +11,8 @@ import pytest
 
 from conftest import require_module, require_server_extra, start_server, stop_process  # noqa: E402
 
+pytestmark = pytest.mark.subprocess
+
 require_server_extra()
 httpx = require_module("httpx")
 websockets = require_module("websockets", "server")

@@ -23,6 +23,8 @@ require_server_extra()
 from omnicore import OmniVoice, VoiceClonePrompt  # noqa: E402
 from test_server import GREEDY, _close, _streamed  # noqa: E402
 
+pytestmark = pytest.mark.subprocess
+
 VOICE_KEYS = {"id", "object", "name", "type", "created_at"}  # openai.types.audio.Voice
 CONSENT_KEYS = {"id", "object", "name", "language", "created_at"}  # ...VoiceConsent
 

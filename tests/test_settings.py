@@ -26,6 +26,7 @@ _POOLS = ("from omnicore import settings; settings.configure(); import threading
           "print(numba.config.NUMBA_NUM_THREADS, *out)")
 
 
+@pytest.mark.subprocess
 def test_omnicore_num_threads_sizes_the_pools():
     out = _run(_POOLS, OMNICORE_NUM_THREADS="1")
     assert out.returncode == 0, out.stderr[-2000:]
@@ -34,6 +35,7 @@ def test_omnicore_num_threads_sizes_the_pools():
     assert bad.returncode != 0 and "OMNICORE_NUM_THREADS" in bad.stderr and "ConfigError" in bad.stderr
 
 
+@pytest.mark.subprocess
 def test_a_bad_backend_name_is_refused_by_the_configuration_step():
     bad = _run("from omnicore import settings; settings.configure()", OMNICORE_BACKEND="tpu")
     assert bad.returncode != 0 and "OMNICORE_BACKEND='tpu'" in bad.stderr and "ConfigError" in bad.stderr
@@ -54,12 +56,14 @@ assert backend.name() == "numpy"
 """
 
 
+@pytest.mark.subprocess
 def test_configure_is_idempotent_and_keeps_its_backend():
     out = _run(_TWICE, OMNICORE_BACKEND=None)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("refused: the array backend is numpy already")
 
 
+@pytest.mark.subprocess
 def test_the_strict_backend_comes_from_the_testing_package():
     out = _run("from omnicore import settings; from omnicore.model import backend; "
                "from omnicore.model.backend import xp; from omnicore.testing import strictxp; "

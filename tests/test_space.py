@@ -28,6 +28,8 @@ from pathlib import Path
 import pytest
 from conftest import free_port, make_venv, missing, stop_process, wait_until_serving
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "build_space.py"
 CKPT = ROOT / "weights" / "tiny-random"

@@ -39,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 import device_child  # noqa: E402
 
+pytestmark = pytest.mark.subprocess
+
 DEVICE_BACKEND = os.environ.get("OMNICORE_TEST_DEVICE_BACKEND", "strict")
 REF = ROOT / "tests" / "fixtures" / "reference"
 # Device vs numpy backend audio, max |diff| / max |numpy|. Measured on strict <= 3.1e-6

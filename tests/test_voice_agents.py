@@ -37,6 +37,8 @@ from pipecat.workers.runner import WorkerRunner  # noqa: E402
 from omnicore.voice_agents.livekit_tts import TTS as OmnicoreLiveKitTTS  # noqa: E402
 from omnicore.voice_agents.pipecat_tts import OmnicoreTTSService  # noqa: E402
 
+pytestmark = pytest.mark.subprocess
+
 VOICE = HOUSE  # a library voice (conftest.house_voices)
 GREEDY = {"num_step": 4, "position_temperature": 0.0}
 STORY = ("The first sentence is short. The second sentence comes after it and is longer. "

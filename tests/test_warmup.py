@@ -49,6 +49,7 @@ print(json.dumps({"said": said, "kernels": watch.kernels, "seconds": watch.secon
 """
 
 
+@pytest.mark.subprocess
 def test_a_compile_is_noticed_once_and_the_cache_knows_it(tmp_path):
     """With an empty kernel cache the first call of a kernel compiles it: the watch says the
     notice once and counts it, `uncached` no longer lists it, and a new process finds it in

@@ -157,6 +157,7 @@ def test_mode_follows_the_umask_and_the_umask_is_never_touched(tmp_path, monkeyp
         assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == want, name
 
 
+@pytest.mark.subprocess
 def test_umask_is_read_at_import_without_changing_it():
     code = ("import os; os.umask(0o027); from omnicore.audio import writers; "
             "print(oct(writers._FILE_MODE), oct(os.umask(0o027)))")

@@ -85,6 +85,7 @@ def streamed(tiny_model, text, **kw) -> bytes:
     return np.concatenate([to_pcm16(x) for x in tiny_model.stream(text, **kw)]).tobytes()
 
 
+@pytest.mark.subprocess
 def test_describe_lists_the_presets_and_the_library(port):
     async def talk():
         async with AsyncTcpClient("127.0.0.1", port) as c:
@@ -101,6 +102,7 @@ def test_describe_lists_the_presets_and_the_library(port):
     assert all(len(lang) == 2 for lang in program.voices[0].languages)  # ISO 639-1: HA's picker
 
 
+@pytest.mark.subprocess
 def test_a_voice_keeps_its_description_once_made(port, house_voices):
     """Home Assistant shows a voice's description as its name: a preset's first use (which
     designs it and keeps it in the library) changes neither it nor the voices' order."""
@@ -139,6 +141,7 @@ def test_describe_languages_and_profile_label(tiny_model, house_voices):
         server.pool.shutdown()
 
 
+@pytest.mark.subprocess
 def test_one_shot_and_streamed_text_speak_as_the_model_streams(port, tiny_model, house_voices):
     """A synthesize is answered audio-start, audio-chunks, audio-stop: the pieces of
     `model.stream` of the text with the same voice and settings, as 16-bit pcm. The same text
@@ -178,6 +181,7 @@ def test_one_shot_and_streamed_text_speak_as_the_model_streams(port, tiny_model,
     assert stream_audio == want
 
 
+@pytest.mark.subprocess
 def test_voice_language_and_default_voice(port, tiny_model, house_voices):
     """No voice named: the server's --voice. A voice's BCP 47 language reaches the model as
     its language id (en-US -> en)."""
@@ -200,6 +204,7 @@ def test_voice_language_and_default_voice(port, tiny_model, house_voices):
     assert english != plain
 
 
+@pytest.mark.subprocess
 def test_an_unknown_voice_speaks_as_the_default_voice(served, tiny_model, house_voices):
     """A voice the server does not have (one Home Assistant remembers, since deleted) is no
     error: the server's --voice speaks it, one-shot and streamed alike, and the log says so."""
@@ -225,6 +230,7 @@ def test_an_unknown_voice_speaks_as_the_default_voice(served, tiny_model, house_
     assert "Unknown voice 'gone'" in log.read_text()
 
 
+@pytest.mark.subprocess
 def test_an_error_ends_the_reply_where_home_assistant_stops_reading(port):
     """Home Assistant reads past `error` events until audio-stop, synthesize-stopped or the
     connection's end: any refused event gets its error, then the connection closes."""
@@ -251,6 +257,7 @@ def test_an_error_ends_the_reply_where_home_assistant_stops_reading(port):
     assert "nothing to say" in Error.from_event(run(reply(Synthesize(text="...")))[0]).text
 
 
+@pytest.mark.subprocess
 def test_a_refused_stream_still_ends_with_synthesize_stopped(port):
     """An error inside a stream (a bad synthesize-start, a text over the limit, before or after
     its first words are being spoken) is one error event; the stream's further chunks are
@@ -281,6 +288,7 @@ def test_a_refused_stream_still_ends_with_synthesize_stopped(port):
     assert after[0].type == "audio-start" and audio
 
 
+@pytest.mark.subprocess
 def test_unreadable_events_get_an_error_then_the_connection_closes(port):
     async def reply(line: bytes):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -300,6 +308,7 @@ def test_unreadable_events_get_an_error_then_the_connection_closes(port):
     assert "data_length" in answers[-1][1]["text"]
 
 
+@pytest.mark.subprocess
 def test_an_unknown_event_is_dropped(port):
     async def talk():
         async with AsyncTcpClient("127.0.0.1", port) as c:
@@ -310,6 +319,7 @@ def test_an_unknown_event_is_dropped(port):
     assert events[0].type == "audio-start" and audio
 
 
+@pytest.mark.subprocess
 def test_a_silent_client_is_closed_after_the_idle_timeout(port):
     async def talk():
         async with AsyncTcpClient("127.0.0.1", port) as c:
@@ -319,6 +329,7 @@ def test_a_silent_client_is_closed_after_the_idle_timeout(port):
     assert error.code == "idle_timeout" and after is None
 
 
+@pytest.mark.subprocess
 def test_start_up_lines_reach_stderr(served):
     """What an operator checks first, at INFO (the `omnicore` logger keeps only warnings)."""
     port, log = served
@@ -371,6 +382,7 @@ def test_a_client_that_stops_reading_is_cut_and_counted(tiny_model, house_voices
         server.close(30)
 
 
+@pytest.mark.subprocess
 def test_a_client_that_leaves_or_stops_reading_frees_its_place_and_sigterm_drains(house_voices,
                                                                                  tmp_path):
     """With one place (--max-queue 1), a text far too long to finish in this test: a client that
@@ -443,6 +455,7 @@ def test_a_client_that_leaves_or_stops_reading_frees_its_place_and_sigterm_drain
 WYOMING_EXAMPLES = [ex for ex in doc_examples("docs/integrations.md") if "10200" in ex[1]]
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("where, code", WYOMING_EXAMPLES, ids=[w for w, _ in WYOMING_EXAMPLES])
 def test_the_docs_wyoming_example_runs(where, code, port, capsys):
     exec(compile(code.replace("10200", str(port)), where, "exec"), {"__name__": "__example__"})
