@@ -1,6 +1,9 @@
 """The model: what turns text and an optional voice into codes, and codes into a waveform.
 
-Read it in this order. First the algorithm, one module per stage, each written to be read:
+Start with spec.py: the whole model (text -> codes -> waveform) in one plain numpy file, which
+the product is held to (tests/test_spec.py: codes equal, stages within stated bounds).
+
+Then the algorithm as the product runs it, one module per stage, each written to be read:
     tokenizer.py      text -> token ids; the prompt rows of one generation pass
     backbone.py       fused embeddings -> bidirectional Qwen3 -> audio-head logits
     unmasking.py      32 steps of guided, confidence-ordered unmasking -> codes [8, T]

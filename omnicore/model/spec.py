@@ -1,0 +1,325 @@
+"""OmniVoice in one file: text (and a voice's codes) -> 8 x T audio codes -> 24 kHz waveform.
+
+The whole model as plain numpy, written to be read top to bottom, with nothing of omnicore's fast
+machinery: no kernels, no packing, no engine, no backend switch. It reads the same checkpoint
+as the product and runs end to end on it (slowly at full size). The product is held to it by
+tests/test_spec.py, which states what each comparison holds.
+
+    checkpoint   config.json, model.safetensors, tokenizer.json, audio_tokenizer/
+    prompt       [denoise] <lang> <instruct> <text> ref codes  MASK x T  (one row, C ids each)
+    embed        text positions: the text table; audio positions: the sum of C codebook tables
+    backbone     28 bidirectional Qwen3 layers: RMSNorm, q/k norm, RoPE, GQA attention, SwiGLU
+    heads        the last T positions -> C x V logits
+    unmask       num_step steps: guided log-softmax, the most confident cells filled first
+    decode       Higgs Audio V2: codebooks -> fc2 -> DAC decoder (Snake, transposed convs)
+
+Dimension legend:
+    C  audio codebooks (8)    V  audio ids per codebook (1025, MASK = 1024)    T  target frames
+    L  positions of a row     D  hidden size   F  MLP width   E  head dim   Dc codec latent
+    H  query heads            K  key/value heads (G = H / K query heads share one)
+    S  samples at a decoder stage's rate (24 kHz at the end: 960 per frame)
+
+Why there is no KV cache: attention is bidirectional, so every position's keys depend on every
+other position of the row, and each step rewrites the masked targets. Nothing of one step is
+valid in the next.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from pathlib import Path
+
+import numpy as np
+
+f32 = np.float32
+
+
+# ---------------------------------------------------------------------------------------------
+# The checkpoint: tensors by their exact key, the configs as dicts
+# ---------------------------------------------------------------------------------------------
+
+def read_safetensors(path) -> dict:
+    """Every tensor of a .safetensors file: an 8-byte header length, a JSON header, raw bytes."""
+    raw = Path(path).read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header, data = json.loads(raw[8:8 + n]), memoryview(raw)[8 + n:]
+    out = {}
+    for key, t in header.items():
+        if key == "__metadata__":
+            continue
+        buf = data[t["data_offsets"][0]:t["data_offsets"][1]]
+        if t["dtype"] == "BF16":  # the top half of a float32
+            x = (np.frombuffer(buf, np.uint16).astype(np.uint32) << 16).view(f32)
+        else:
+            x = np.frombuffer(buf, {"F32": f32, "F16": np.float16, "I64": np.int64}[t["dtype"]])
+        out[key] = x.reshape(t["shape"]).astype(f32 if x.dtype.kind == "f" else x.dtype)
+    return out
+
+
+def load(model_dir):
+    """(config, weights, tokenizer, codec config, codec weights) of a checkpoint folder."""
+    from tokenizers import Tokenizer
+
+    d = Path(model_dir)
+    cfg = json.loads((d / "config.json").read_text("utf-8"))
+    codec_cfg = json.loads((d / "audio_tokenizer" / "config.json").read_text("utf-8"))
+    return (cfg, read_safetensors(d / "model.safetensors"),
+            Tokenizer.from_str((d / "tokenizer.json").read_text("utf-8")),
+            codec_cfg, read_safetensors(d / "audio_tokenizer" / "model.safetensors"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The prompt: one row of C ids per position
+# ---------------------------------------------------------------------------------------------
+
+NONVERBAL = re.compile(r"\[(?:laughter|sigh|confirmation-en|question-en|question-ah|question-oh|"
+                       r"question-ei|question-yi|surprise-ah|surprise-oh|surprise-wa|surprise-yo|"
+                       r"dissatisfaction-hnn)\]")
+
+
+def clean_text(text: str, ref_text: str | None) -> str:
+    """The transcript the model reads: the reference's words, a space, the text; as in training:
+    no line breaks, ASCII parentheses, single spaces, no space beside a CJK ideograph."""
+    full = f"{ref_text.strip()} {text.strip()}" if ref_text else text.strip()
+    full = re.sub(r"[\r\n]+", "", full).replace("\uff08", "(").replace("\uff09", ")")
+    full = re.sub(r"[ \t]+", " ", full)
+    return re.sub(r"(?<=[\u4e00-\u9fff])\s+|\s+(?=[\u4e00-\u9fff])", "", full)
+
+
+def text_ids(tok, text: str) -> list:
+    """Token ids with each non-verbal tag ("[laughter]") tokenized on its own, so that BPE never
+    merges across its brackets."""
+    pieces, start = [], 0
+    for m in NONVERBAL.finditer(text):
+        pieces += [text[start:m.start()], m.group()]
+        start = m.end()
+    pieces.append(text[start:])
+    ids = [i for p in pieces if p for i in tok.encode(p, add_special_tokens=False).ids]
+    return ids or tok.encode(text, add_special_tokens=True).ids
+
+
+def prompt_row(cfg, tok, text, T, lang=None, instruct=None, ref_text=None, ref_codes=None,
+               denoise=True):
+    """The conditional row: ids [C, L] and audio_mask [L] (True from the audio part on)."""
+    C, mask_id = cfg["num_audio_codebook"], cfg["audio_mask_id"]
+    style = "<|denoise|>" if denoise and ref_codes is not None else ""
+    style += f"<|lang_start|>{lang or 'None'}<|lang_end|>"  # a missing field is the word None
+    style += f"<|instruct_start|>{instruct or 'None'}<|instruct_end|>"
+    ids = tok.encode(style, add_special_tokens=True).ids
+    ids += text_ids(tok, f"<|text_start|>{clean_text(text, ref_text)}<|text_end|>")
+    parts = [np.tile(np.array(ids, np.int64), (C, 1))]  # [Lt] -> [C, Lt]: text on every codebook
+    if ref_codes is not None:
+        parts.append(np.asarray(ref_codes, np.int64))  # [C, R]
+    parts.append(np.full((C, T), mask_id, np.int64))  # [C, T]: every target starts as MASK
+    row = np.concatenate(parts, axis=1)  # [C, L]
+    return row, np.arange(row.shape[1]) >= len(ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# The backbone: embeddings -> bidirectional Qwen3 -> audio heads
+# ---------------------------------------------------------------------------------------------
+
+def rms_norm(x, w, eps):
+    # in float32 over the last axis, as the float32 reference computes it
+    return (x * (f32(1.0) / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + f32(eps)))) * w
+
+
+def rope(L, E, theta):
+    """cos, sin [L, E] of positions 0..L-1. Half-split: a head's two halves share the angles."""
+    inv = f32(1.0) / (np.float64(theta) ** (np.arange(0, E, 2, dtype=f32) / f32(E))
+                      .astype(np.float64)).astype(f32)  # [E/2]; the power rounded to float32
+    ang = np.arange(L, dtype=f32)[:, None] * inv[None, :]  # [L, E/2]
+    ang = np.concatenate([ang, ang], axis=1)  # [L, E/2] -> [L, E]
+    return np.cos(ang), np.sin(ang)
+
+
+def rotate(x, cos, sin):
+    half = x.shape[-1] // 2  # x [L, heads, E]: (a, b) -> (a cos - b sin, b cos + a sin)
+    return x * cos[:, None] + np.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin[:, None]
+
+
+def embed(cfg, W, ids, audio_mask):
+    """ids [C, L] -> [L, D]: text positions read the text table with codebook 0's id; audio
+    positions add one vector per codebook, id + c * V in the joint audio table (MASK included:
+    a masked frame is "MASK in every codebook")."""
+    C, V = cfg["num_audio_codebook"], cfg["audio_vocab_size"]
+    x = W["llm.embed_tokens.weight"][ids[0]]  # [L, D]
+    a = ids[:, audio_mask] + (np.arange(C) * V)[:, None]  # [C, La]: each codebook's own rows
+    x[audio_mask] = W["audio_embeddings.weight"][a].sum(axis=0)  # [C, La, D] -> [La, D]
+    return x
+
+
+def layer(q_cfg, W, i, x, cos, sin):
+    """One pre-norm Qwen3 decoder layer over one row, attention bidirectional: [L, D] -> [L, D]."""
+    p, eps = f"llm.layers.{i}.", q_cfg["rms_norm_eps"]
+    H, K, E = q_cfg["num_attention_heads"], q_cfg["num_key_value_heads"], q_cfg["head_dim"]
+    L = x.shape[0]
+    h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+    q = (h @ W[p + "self_attn.q_proj.weight"].T).reshape(L, H, E)  # [L, D] -> [L, H, E]
+    k = (h @ W[p + "self_attn.k_proj.weight"].T).reshape(L, K, E)  # [L, D] -> [L, K, E]
+    v = (h @ W[p + "self_attn.v_proj.weight"].T).reshape(L, K, E)
+    # Qwen3 normalises each head's query and key before rotating them (bounded logits)
+    q = rotate(rms_norm(q, W[p + "self_attn.q_norm.weight"], eps), cos, sin)
+    k = rotate(rms_norm(k, W[p + "self_attn.k_norm.weight"], eps), cos, sin)
+    k, v = np.repeat(k, H // K, axis=1), np.repeat(v, H // K, axis=1)  # [L, K, E] -> [L, H, E]
+    s = np.einsum("lhe,mhe->hlm", q, k) * f32(E ** -0.5)  # [H, L, L]; no causal mask
+    s = np.exp(s - s.max(axis=-1, keepdims=True))
+    s /= s.sum(axis=-1, keepdims=True)  # softmax over the keys
+    o = np.einsum("hlm,mhe->lhe", s, v).reshape(L, H * E)  # [H, L, L] x [L, H, E] -> [L, H*E]
+    x = x + o @ W[p + "self_attn.o_proj.weight"].T  # [L, H*E] -> [L, D]
+    h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
+    gate, up = h @ W[p + "mlp.gate_proj.weight"].T, h @ W[p + "mlp.up_proj.weight"].T  # [L, F]
+    return x + (gate / (f32(1.0) + np.exp(-gate)) * up) @ W[p + "mlp.down_proj.weight"].T  # SwiGLU
+
+
+def logits(cfg, W, ids, audio_mask, T):
+    """ids [C, L] (the targets last) -> the audio heads' logits of the T targets [C, T, V]."""
+    q_cfg, C, V = cfg["llm_config"], cfg["num_audio_codebook"], cfg["audio_vocab_size"]
+    theta = q_cfg.get("rope_parameters", {}).get("rope_theta", q_cfg.get("rope_theta"))
+    cos, sin = rope(ids.shape[1], q_cfg["head_dim"], theta)
+    x = embed(cfg, W, ids, audio_mask)  # [L, D]
+    for i in range(q_cfg["num_hidden_layers"]):
+        x = layer(q_cfg, W, i, x, cos, sin)
+    h = rms_norm(x[-T:], W["llm.norm.weight"], q_cfg["rms_norm_eps"])  # the targets only
+    return (h @ W["audio_heads.weight"].T).reshape(T, C, V).transpose(1, 0, 2)  # -> [C, T, V]
+
+
+# ---------------------------------------------------------------------------------------------
+# Iterative unmasking with classifier-free guidance
+# ---------------------------------------------------------------------------------------------
+
+def cells_per_step(cells: int, steps: int, shift: float) -> list:
+    """How many cells each step fills, from the shifted time grid t -> s t / (1 + (s - 1) t).
+    The grid is float32 as torch.linspace makes it (from the start for its first half, from the
+    end for its second): the counts are ceil()s of its differences, so its bits matter."""
+    n, step = steps + 1, f32(1.0) / f32(steps)
+    i = np.arange(n)
+    t = np.where(i < n // 2, (np.float64(step) * i).astype(f32),
+                 (1.0 - np.float64(step) * (n - 1 - i)).astype(f32))
+    t = (f32(shift) * t / (f32(1.0) + f32(shift - 1.0) * t)).astype(f32).astype(np.float64)
+    counts, left = [], cells
+    for s in range(steps):
+        k = left if s == steps - 1 else min(math.ceil(cells * (t[s + 1] - t[s])), left)
+        counts.append(int(k))
+        left -= int(k)
+    return counts
+
+
+def log_softmax(x):
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def gumbel(rng, shape):
+    u = rng.random(shape, dtype=f32)  # the reference's 1e-10 guards
+    return -np.log(-np.log(u + f32(1e-10)) + f32(1e-10))
+
+
+def unmask(cfg, W, row, audio_mask, T, num_step=32, guidance_scale=2.0, t_shift=0.1,
+           layer_penalty_factor=5.0, position_temperature=5.0, class_temperature=0.0, seed=None):
+    """The codes [C, T] of one item: `num_step` passes over its conditional row and, for
+    guidance, its unconditional row (the T targets alone); each step fills the cells it is due,
+    the most confident first (coarse codebooks ahead), until no MASK is left."""
+    C, V, MASK = cfg["num_audio_codebook"], cfg["audio_vocab_size"], cfg["audio_mask_id"]
+    row, uncond = row.copy(), row[:, -T:].copy()  # [C, L], [C, T]
+    tokens = np.full((C, T), MASK, np.int64)
+    rng = np.random.default_rng(seed)
+    for step, k in enumerate(cells_per_step(C * T, num_step, t_shift)):
+        c = log_softmax(logits(cfg, W, row, audio_mask, T))  # [C, T, V]
+        if guidance_scale != 0:  # pushed away from what the targets alone predict
+            u = log_softmax(logits(cfg, W, uncond, np.ones(T, bool), T))
+            c = log_softmax(c + f32(guidance_scale) * (c - u))
+        c[..., MASK] = -np.inf  # MASK is never a prediction
+        pred, conf = c.argmax(axis=-1), c.max(axis=-1)  # [C, T] each
+        if k == 0:
+            continue
+        if class_temperature > 0:  # a Gumbel-max draw among each cell's best 10 % of ids
+            top = np.argpartition(-c, math.ceil(0.1 * V) - 1, axis=-1)[..., :math.ceil(0.1 * V)]
+            noisy = (np.take_along_axis(c, top, axis=-1) / f32(class_temperature)
+                     + gumbel(rng, top.shape))
+            pred = np.take_along_axis(top, noisy.argmax(axis=-1)[..., None], axis=-1)[..., 0]
+        score = conf - f32(layer_penalty_factor) * np.arange(C, dtype=f32)[:, None]
+        if position_temperature > 0:
+            score = score / f32(position_temperature) + gumbel(rng, (C, T))
+        score = np.where(tokens != MASK, -np.inf, score).ravel()  # a filled cell stays filled
+        cells = np.argsort(-score, kind="stable")[:k]  # ties: the first cell
+        tokens.reshape(-1)[cells] = pred.reshape(-1)[cells]
+        row[:, -T:] = uncond[:] = tokens
+    return tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# The Higgs Audio V2 decoder: codes -> waveform
+# ---------------------------------------------------------------------------------------------
+
+def conv1d(x, w, b, dilation=1, padding=0):
+    """x [Cin, S], w [Cout, Cin, k] -> [Cout, S']: one matrix product per tap."""
+    k = w.shape[2]
+    x = np.pad(x, ((0, 0), (padding, padding)))
+    n = x.shape[1] - dilation * (k - 1)
+    y = sum(w[:, :, j] @ x[:, j * dilation:j * dilation + n] for j in range(k))
+    return y if b is None else y + b[:, None]
+
+
+def conv_transpose1d(x, w, b, stride, padding, output_padding):
+    """x [Cin, S], w [Cin, Cout, k] -> [Cout, (S - 1) stride - 2 padding + k + output_padding]:
+    each input step spreads k outputs, `stride` apart from the next step's."""
+    k, S = w.shape[2], x.shape[1]
+    full = np.zeros((w.shape[1], (S - 1) * stride + k + output_padding), f32)
+    for j in range(k):
+        full[:, j:j + stride * S:stride] += w[:, :, j].T @ x  # [Cout, Cin] @ [Cin, S]
+    n = (S - 1) * stride - 2 * padding + k + output_padding
+    return full[:, padding:padding + n] + b[:, None]
+
+
+def snake(x, alpha):
+    """x + sin^2(alpha x) / alpha, per channel (alpha [1, C, 1] as stored)."""
+    a = alpha.reshape(-1, 1)
+    return x + (f32(1.0) / (a + f32(1e-9))) * np.sin(a * x) ** 2
+
+
+def res_unit(W, p, x, dilation):
+    """DAC's residual unit: x + conv1x1(snake(conv7_dilated(snake(x)))), length kept."""
+    y = conv1d(snake(x, W[p + "snake1.alpha"]), W[p + "conv1.weight"], W[p + "conv1.bias"],
+               dilation, 3 * dilation)
+    return x + conv1d(snake(y, W[p + "snake2.alpha"]), W[p + "conv2.weight"], W[p + "conv2.bias"])
+
+
+def decode(codec_cfg, W, codes):
+    """codes [Q, T] -> float32 waveform [960 T] at 24 kHz."""
+    z = 0
+    for q in range(codes.shape[0]):  # each codebook's vector, projected out, summed
+        p = f"quantizer.quantizers.{q}."
+        z = z + W[p + "codebook.embed"][codes[q]] @ W[p + "project_out.weight"].T + W[p + "project_out.bias"]
+    x = (z @ W["fc2.weight"].T + W["fc2.bias"]).T  # [T, Dc] -> [T, Ca] -> [Ca, T]
+    x = conv1d(x, W["acoustic_decoder.conv1.weight"], W["acoustic_decoder.conv1.bias"], padding=3)
+    for i, s in enumerate(codec_cfg["acoustic_model_config"]["upsampling_ratios"]):
+        p = f"acoustic_decoder.block.{i}."
+        x = snake(x, W[p + "snake1.alpha"])
+        # kernel 2s, padding ceil(s/2), output padding s % 2: exactly s samples per input step
+        x = conv_transpose1d(x, W[p + "conv_t1.weight"], W[p + "conv_t1.bias"], s,
+                             math.ceil(s / 2), s % 2)  # [C, S] -> [C/2, S s]
+        for j, dilation in enumerate((1, 3, 9)):
+            x = res_unit(W, f"{p}res_unit{j + 1}.", x, dilation)
+    x = snake(x, W["acoustic_decoder.snake1.alpha"])
+    # no tanh at the end: this checkpoint's decoder drops DAC's
+    return conv1d(x, W["acoustic_decoder.conv2.weight"], W["acoustic_decoder.conv2.bias"],
+                  padding=3)[0]  # [1, S] -> [S]
+
+
+# ---------------------------------------------------------------------------------------------
+# Text to speech
+# ---------------------------------------------------------------------------------------------
+
+def speak(model_dir, text, frames, lang=None, instruct=None, ref_text=None, ref_codes=None,
+          **sampling):
+    """The codes [C, T] and waveform of `text` spoken in `frames` frames (25 a second): in the
+    auto voice, a designed one (`instruct`), or a cloned one (`ref_codes` [C, R] and its
+    transcript `ref_text`). `sampling`: `unmask`'s knobs (the reference's defaults)."""
+    cfg, W, tok, codec_cfg, codec_W = load(model_dir)
+    row, audio_mask = prompt_row(cfg, tok, text, frames, lang, instruct, ref_text, ref_codes)
+    codes = unmask(cfg, W, row, audio_mask, frames, **sampling)
+    return codes, decode(codec_cfg, codec_W, codes)

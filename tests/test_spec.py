@@ -1,0 +1,129 @@
+"""The product held to omnicore/model/spec.py, the model in one plain file, on the tiny checkpoint.
+
+What each test holds:
+  * the prompt row: the product's ids and audio mask, equal, in auto, design and clone modes;
+  * the codes: equal to the spec's, for greedy and for seeded sampled settings (the reference's
+    position temperature and a class temperature of 1), in auto, design and clone modes, each
+    pass alone (the plain loop) and packed with the others on the engine;
+  * the backbone's logits within 1e-5 of the largest logit, the waveform within 2e-5 of its
+    largest sample (float32 rounding of other operation orders: fused kernels, GEMMs of other
+    shapes); docs/correctness.md states these bounds.
+Equal codes from logits that differ in their last bits hold wherever no decision is a near-tie
+at float32 precision: the draws here were checked to be such; a seed whose draw landed within
+rounding of a tie would differ, as the reference itself would.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from omnicore import OmniVoice
+from omnicore.engine import Engine, PassSpec
+from omnicore.model import backbone, spec, unmasking
+from omnicore.model.config import GenerationConfig
+
+TINY = Path(__file__).resolve().parents[1] / "weights" / "tiny-random"
+GREEDY = dict(num_step=8, position_temperature=0.0, class_temperature=0.0)
+SAMPLED = dict(num_step=8, position_temperature=5.0, class_temperature=1.0)
+WAIT_S = 120
+
+
+@pytest.fixture(scope="module")
+def model():
+    return OmniVoice.from_pretrained(TINY)
+
+
+@pytest.fixture(scope="module")
+def plain():
+    """The spec's own reading of the checkpoint: (config, weights, tokenizer, codec config and
+    weights)."""
+    return spec.load(TINY)
+
+
+@pytest.fixture(scope="module")
+def cases():
+    """(text, frames, language, instruct, ref_text, ref_codes, seed) per mode."""
+    ref = np.random.default_rng(3).integers(0, 1024, (8, 30))
+    return {"auto": ("Hello there, how are you today?", 40, "en", None, None, None, 0),
+            "design": ("A designed voice says this.", 30, "en", "female, low pitch", None, None, 11),
+            "clone": ("A cloned voice reads a line.", 35, None, None, "A made up reference.", ref, 5)}
+
+
+def _pass(case, settings) -> PassSpec:
+    text, frames, lang, instruct, ref_text, ref_codes, seed = case
+    return PassSpec(text, frames, lang, instruct, ref_text, ref_codes, seed,
+                    GenerationConfig(**settings))
+
+
+def _spec_codes(plain, case, settings):
+    cfg, W, tok, _, _ = plain
+    text, frames, lang, instruct, ref_text, ref_codes, seed = case
+    row, mask = spec.prompt_row(cfg, tok, text, frames, lang, instruct, ref_text, ref_codes)
+    return spec.unmask(cfg, W, row, mask, frames, seed=seed, **settings)
+
+
+@pytest.mark.parametrize("mode", ["auto", "design", "clone"])
+def test_the_prompt_row_is_the_products(model, plain, cases, mode):
+    cfg, _, tok, _, _ = plain
+    text, frames, lang, instruct, ref_text, ref_codes, _ = cases[mode]
+    item = Engine.prepare(model.engine, _pass(cases[mode], GREEDY))
+    row, mask = spec.prompt_row(cfg, tok, text, frames, lang, instruct, ref_text, ref_codes)
+    np.testing.assert_array_equal(row, item.input_ids)
+    np.testing.assert_array_equal(mask, item.audio_mask)
+
+
+@pytest.mark.parametrize("settings", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("mode", ["auto", "design", "clone"])
+def test_codes_alone_equal_the_specs(model, plain, cases, mode, settings):
+    """The product's unmasking loop on one pass: the spec's codes, exactly."""
+    p = _pass(cases[mode], settings)
+    item = Engine.prepare(model.engine, p)
+    got = unmasking.generate_codes(model.params, model.config, [item], p.gen, seed=p.seed)[0]
+    np.testing.assert_array_equal(got, _spec_codes(plain, cases[mode], settings))
+
+
+@pytest.mark.parametrize("settings", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_codes_packed_on_the_engine_equal_the_specs(model, plain, cases, settings):
+    """The three modes at once on the engine (one forward for every pass of an iteration):
+    each pass's codes are the spec's for that pass alone."""
+    passes = [_pass(cases[m], settings) for m in ("auto", "design", "clone")]
+    engine = Engine(model.params, model.config, model.tokenizer)
+    tickets = [engine.submit([p]) for p in passes]
+    for mode, t in zip(("auto", "design", "clone"), tickets):
+        got = t.result(timeout=WAIT_S)[0].codes
+        np.testing.assert_array_equal(got, _spec_codes(plain, cases[mode], settings), err_msg=mode)
+
+
+def test_logits_within_the_stated_bound(model, plain, cases):
+    """The backbone (fused kernels, packed rows) against the spec's plain layers: within 1e-5
+    of the largest logit."""
+    cfg, W, tok, _, _ = plain
+    text, frames, lang, instruct, ref_text, ref_codes, _ = cases["clone"]
+    row, mask = spec.prompt_row(cfg, tok, text, frames, lang, instruct, ref_text, ref_codes)
+    half = frames // 2  # half the targets filled, as mid-way through the steps
+    row[:, -half:] = np.random.default_rng(1).integers(0, 1024, (8, half))
+    want = spec.logits(cfg, W, row, mask, frames)
+    pack = backbone.make_packing([row.shape[1]], model.config)
+    got = np.asarray(backbone.forward_rows(model.params, model.config, row, mask, pack, [frames])[0])
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("mode", ["auto", "clone"])
+def test_the_waveform_within_the_stated_bound(model, plain, cases, mode):
+    """The codec decoder (convolutions as GEMMs, Numba loops) against the spec's: within 2e-5
+    of the largest sample."""
+    codes = _spec_codes(plain, cases[mode], GREEDY)
+    _, _, _, codec_cfg, codec_W = plain
+    want = spec.decode(codec_cfg, codec_W, codes)
+    got = model.codec.decode(codes)
+    assert got.shape == want.shape == (960 * codes.shape[1],)
+    assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max()
+
+
+def test_speak_runs_end_to_end():
+    """The spec alone, from the checkpoint folder to a waveform."""
+    codes, wav = spec.speak(TINY, "Hello.", 10, lang="en", num_step=2)
+    assert codes.shape == (8, 10) and codes.max() < 1024 and codes.min() >= 0
+    assert wav.shape == (9600,) and wav.dtype == np.float32 and np.isfinite(wav).all()
