@@ -1,5 +1,8 @@
 """OmniVoice's backbone: fused text/audio embeddings -> bidirectional Qwen3 -> audio heads.
 
+The product's fast form of `spec.embed`, `spec.layer` and `spec.logits` (model/spec.py, the
+plain statement): tests/test_spec.py holds its logits within 1e-5 of the largest.
+
 Several rows of different lengths (the conditional and unconditional rows of every item in a
 batch) run together *without padding*: their tokens are packed into one [N, D] matrix, so
 every projection and MLP is one large GEMM over all rows, while attention runs row by row

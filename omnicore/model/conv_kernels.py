@@ -5,7 +5,8 @@ the DAC residual unit fused chunk by chunk. Like every kernel module, each Numba
 `_name_nb` sits beside a plain array twin `name_np` written with `xp`, and the public
 `name(...)` is a `jit.Kernel` that runs one of them (the twins on any backend but numpy); the
 shared machinery (deferred compilation, serial/parallel pairs, the float32 exp) is `jit`. `tests/test_conv_kernels.py`
-checks each pair agrees, and the convolutions against their definitions.
+holds each pair to a stated float32 tolerance (fastmath loops: not bit for bit), and the
+convolutions to their definitions.
 
 Activations are time-major, `[B, T, C]`, so a convolution tap is a contiguous block of rows
 and a convolution is a handful of GEMMs on views of the input, or im2col + one GEMM where

@@ -1,5 +1,6 @@
 """The packed unmasking step: the fast equivalent of `unmasking.unmask_step`, for every pass of
-an iteration at once. This is what the engine runs.
+an iteration at once. This is what the engine runs, and what tests/test_spec.py holds to
+`spec.unmask` (codes equal, each pass packed with others).
 
 `iterate` packs the rows of all passes (each at its own step, with its own cells per step and
 random generator) into one backbone forward, then scores every target cell of every pass in one

@@ -8,7 +8,8 @@ pass (`unmasking.unmask_step` calls it; class sampling needs its log-probabiliti
 each, over the ragged cell offsets of a `packed_unmasking.ScorePlan` (`packed_unmasking.iterate`,
 the fast form of the step). As in `kernels`, every Numba kernel sits beside a plain
 array twin written with `xp` (the shared machinery, float32 exp and running max are `jit`'s),
-and `tests/test_scoring_kernels.py` checks each pair agrees.
+and `tests/test_scoring_kernels.py` holds each pair to a stated float32 tolerance (the loops
+are compiled with fastmath: equal in their picks, not bit for bit in their scores).
 
 Dimension legend:
     C  codebooks        T  target frames of a pass      V  audio vocabulary per codebook

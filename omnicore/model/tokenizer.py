@@ -1,4 +1,5 @@
-"""Text tokenization and the model input of one synthesis item.
+"""Text tokenization and the model input of one synthesis item: the product's form of
+`spec.prompt_row` (model/spec.py; tests/test_spec.py holds the two equal).
 
 OmniVoice's backbone reads one "conditional" row per item, laid out along the sequence axis as
 

@@ -1,5 +1,8 @@
 """Confidence-based iterative unmasking with classifier-free guidance (OmniVoice's decoder loop).
 
+The product's form of `spec.unmask` (model/spec.py), over packed rows and with the fast
+profile's knobs: tests/test_spec.py holds its codes equal to the spec's.
+
 All C x T target cells of an item start as MASK. Each of `num_step` steps runs the backbone on
 the conditional row (prompt + current targets) and, for guidance, on the unconditional row
 (current targets alone), scores every still-masked cell, and fills the k most confident ones
