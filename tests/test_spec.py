@@ -7,7 +7,8 @@ What each test holds:
     pass alone (the plain loop) and packed with the others on the engine;
   * the backbone's logits within 1e-5 of the largest logit, the waveform within 2e-5 of its
     largest sample (float32 rounding of other operation orders: fused kernels, GEMMs of other
-    shapes); docs/correctness.md states these bounds.
+    shapes); docs/correctness.md states these bounds;
+  * the codec encoder's codes: equal to the product's and to the reference's own (fixture).
 Equal codes from logits that differ in their last bits hold wherever no decision is a near-tie
 at float32 precision: the draws here were checked to be such; a seed whose draw landed within
 rounding of a tie would differ, as the reference itself would.
@@ -23,7 +24,8 @@ from omnicore.engine import Engine, PassSpec
 from omnicore.model import backbone, spec, unmasking
 from omnicore.model.config import GenerationConfig
 
-TINY = Path(__file__).resolve().parents[1] / "weights" / "tiny-random"
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "weights" / "tiny-random"
 GREEDY = dict(num_step=8, position_temperature=0.0, class_temperature=0.0)
 SAMPLED = dict(num_step=8, position_temperature=5.0, class_temperature=1.0)
 WAIT_S = 120
@@ -122,8 +124,24 @@ def test_the_waveform_within_the_stated_bound(model, plain, cases, mode):
     assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max()
 
 
+def test_encoder_codes_equal_the_products_and_the_references(model, plain):
+    """The codec encoder on the reference's own clip (tests/fixtures/reference): the spec's
+    codes are the product's and the reference's, exactly; and on a clip of a length that is
+    no whole number of frames, the product's."""
+    _, _, _, codec_cfg, codec_W = plain
+    fixture = np.load(ROOT / "tests" / "fixtures" / "reference" / "codec_encode.npz")
+    got = spec.encode(codec_cfg, codec_W, fixture["input"])
+    np.testing.assert_array_equal(got, fixture["codes"])
+    np.testing.assert_array_equal(got, model.codec.encode(fixture["input"], 24000))
+    clip = model.codec.decode(np.random.default_rng(4).integers(0, 1024, (8, 30)))[:27_777]
+    np.testing.assert_array_equal(spec.encode(codec_cfg, codec_W, clip),
+                                  model.codec.encode(clip, 24000))
+
+
 def test_speak_runs_end_to_end():
-    """The spec alone, from the checkpoint folder to a waveform."""
-    codes, wav = spec.speak(TINY, "Hello.", 10, lang="en", num_step=2)
+    """The spec alone, from the checkpoint folder to a waveform, in a voice cloned from a clip."""
+    clip = 0.3 * np.sin(np.arange(24_000, dtype=np.float32) / 9.0)
+    codes, wav = spec.speak(TINY, "Hello.", 10, lang="en", ref_text="A sound.", ref_wav=clip,
+                            num_step=2)
     assert codes.shape == (8, 10) and codes.max() < 1024 and codes.min() >= 0
     assert wav.shape == (9600,) and wav.dtype == np.float32 and np.isfinite(wav).all()

@@ -1,7 +1,8 @@
 """The model: what turns text and an optional voice into codes, and codes into a waveform.
 
-Start with spec.py: the whole model (text -> codes -> waveform) in one plain numpy file, which
-the product is held to (tests/test_spec.py: codes equal, stages within stated bounds).
+Start with spec.py: the whole model (text and a voice's clip -> codes -> waveform) in one plain
+numpy file, which the product is held to (tests/test_spec.py: codes equal, stages within
+stated bounds).
 
 Then the algorithm as the product runs it, one module per stage, each written to be read:
     tokenizer.py      text -> token ids; the prompt rows of one generation pass

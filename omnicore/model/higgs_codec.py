@@ -1,7 +1,7 @@
 """The Higgs Audio V2 codec in numpy: 24 kHz audio <-> 8 x T discrete codes at 25 frames/s.
 
-`decode` is the product's form of `spec.decode` (model/spec.py; tests/test_spec.py holds the
-waveforms within 2e-5 of the largest sample); the encoder is not in the spec.
+`decode` and `encode` are the product's forms of `spec.decode` and `spec.encode` (model/spec.py;
+tests/test_spec.py holds the waveforms within 2e-5 of the largest sample, the codes equal).
 
 Decode: codes -> per-codebook lookup + `project_out`, summed -> `fc2` -> DAC decoder (conv,
 5 x [Snake, transposed conv, 3 dilated residual units], Snake, conv) -> waveform, hop samples

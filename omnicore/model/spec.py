@@ -12,12 +12,19 @@ tests/test_spec.py, which states what each comparison holds.
     heads        the last T positions -> C x V logits
     unmask       num_step steps: guided log-softmax, the most confident cells filled first
     decode       Higgs Audio V2: codebooks -> fc2 -> DAC decoder (Snake, transposed convs)
+    encode       a voice's clip -> codes: HuBERT and a DAC encoder, fused, residual VQ
+
+Not here (the product's, around the model): language names and instruct checking, the duration
+estimate, cutting long text into chunks, a clip's silence trim and loudness before encoding,
+and the output's post-processing.
 
 Dimension legend:
     C  audio codebooks (8)    V  audio ids per codebook (1025, MASK = 1024)    T  target frames
     L  positions of a row     D  hidden size   F  MLP width   E  head dim   Dc codec latent
     H  query heads            K  key/value heads (G = H / K query heads share one)
-    S  samples at a decoder stage's rate (24 kHz at the end: 960 per frame)
+    S  samples at a codec stage's rate (24 kHz at the waveform's end: 960 per frame)
+    Ds HuBERT width (768)     Ca acoustic latent (256)     Q codebooks of the codec (8)
+    F  HuBERT frames (50 a second)     N codewords of a codebook (1024)     d codeword width
 
 Why there is no KV cache: attention is bidirectional, so every position's keys depend on every
 other position of the row, and each step rewrites the masked targets. Nothing of one step is
@@ -255,12 +262,13 @@ def unmask(cfg, W, row, audio_mask, T, num_step=32, guidance_scale=2.0, t_shift=
 # The Higgs Audio V2 decoder: codes -> waveform
 # ---------------------------------------------------------------------------------------------
 
-def conv1d(x, w, b, dilation=1, padding=0):
+def conv1d(x, w, b, dilation=1, padding=0, stride=1):
     """x [Cin, S], w [Cout, Cin, k] -> [Cout, S']: one matrix product per tap."""
     k = w.shape[2]
     x = np.pad(x, ((0, 0), (padding, padding)))
-    n = x.shape[1] - dilation * (k - 1)
-    y = sum(w[:, :, j] @ x[:, j * dilation:j * dilation + n] for j in range(k))
+    n = (x.shape[1] - dilation * (k - 1) - 1) // stride + 1  # output steps
+    y = sum(w[:, :, j] @ x[:, j * dilation:j * dilation + stride * (n - 1) + 1:stride]
+            for j in range(k))
     return y if b is None else y + b[:, None]
 
 
@@ -311,15 +319,146 @@ def decode(codec_cfg, W, codes):
 
 
 # ---------------------------------------------------------------------------------------------
+# The Higgs Audio V2 encoder: a voice's clip -> codes (HuBERT + DAC encoder + residual VQ)
+# ---------------------------------------------------------------------------------------------
+
+def resample(x, orig, new):
+    """torchaudio's default resampler: a Hann-windowed sinc, 6 zero crossings, cutoff 0.99 of
+    the lower Nyquist; its float32 taps rounded step for step as torchaudio builds them."""
+    g = math.gcd(orig, new)
+    orig, new = orig // g, new // g
+    base = min(orig, new) * 0.99
+    width = math.ceil(6 * orig / base)
+    k = np.arange(2 * width + orig)[None, :]  # [1, K] taps of one output phase
+    t = (-np.arange(new)[:, None]).astype(f32) / f32(new) + (k - width).astype(f32) / f32(orig)
+    t = np.clip(t * f32(base), f32(-6), f32(6))  # [P, K]: P output phases
+    window = np.cos(t * f32(math.pi) / f32(6) / f32(2)) ** 2
+    t = t * f32(math.pi)
+    taps = np.where(t == 0, f32(1), np.sin(np.where(t == 0, f32(1), t)) / np.where(t == 0, f32(1), t))
+    taps = (taps * (window * f32(base / orig))).astype(f32)
+    L = x.shape[0]
+    padded = np.pad(x.astype(f32), (width, width + orig))
+    blocks = np.stack([padded[n * orig:n * orig + k.size] for n in range(L // orig + 1)])  # [N, K]
+    return (blocks @ taps.T).reshape(-1)[:math.ceil(new * L / orig)]  # [N, P] -> [L']
+
+
+def layer_norm(x, w, b, eps):
+    xc = x - x.mean(axis=-1, keepdims=True)
+    return xc / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + f32(eps)) * w + b
+
+
+def gelu(x):  # with the exact Gaussian CDF
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+    return (0.5 * x * (1.0 + erf(x.astype(np.float64) / math.sqrt(2.0)))).astype(f32)
+
+
+def hubert_states(h_cfg, W, wav16):
+    """HuBERT (the codec's semantic branch) on a 16 kHz clip: every hidden state, [F, D] each
+    (the embedded input, then each post-LN layer's output)."""
+    p, eps = "semantic_model.", h_cfg["layer_norm_eps"]
+    x = wav16[None]  # [1, L]
+    for i, s in enumerate(h_cfg["conv_stride"]):  # conv feature encoder: 320 samples a frame
+        c = f"{p}feature_extractor.conv_layers.{i}."
+        x = conv1d(x, W[c + "conv.weight"], W.get(c + "conv.bias"), stride=s)  # [C, L'] -> [Cf, L'']
+        if i == 0:  # each channel normalised over the whole clip (one group per channel)
+            m, v = x.mean(axis=1, keepdims=True), x.var(axis=1, keepdims=True)
+            x = (x - m) / np.sqrt(v + f32(1e-5)) * W[c + "layer_norm.weight"][:, None] + W[c + "layer_norm.bias"][:, None]
+        x = gelu(x)
+    x = x.T  # [Cf, F] -> [F, Cf]
+    if h_cfg.get("feat_proj_layer_norm", True):
+        x = layer_norm(x, W[p + "feature_projection.layer_norm.weight"], W[p + "feature_projection.layer_norm.bias"], eps)
+    x = x @ W[p + "feature_projection.projection.weight"].T + W[p + "feature_projection.projection.bias"]  # [F, D]
+    c = p + "encoder.pos_conv_embed.conv."
+    g, v = W[c + "parametrizations.weight.original0"], W[c + "parametrizations.weight.original1"]
+    w = (v * (g / np.sqrt((v.astype(np.float64) ** 2).sum(axis=(0, 1), keepdims=True)))).astype(f32)  # weight norm
+    G, K = h_cfg["num_conv_pos_embedding_groups"], h_cfg["num_conv_pos_embeddings"]
+    n = x.shape[1] // G  # a grouped conv: each group of n channels sees only itself
+    pos = np.concatenate([conv1d(x.T[j * n:(j + 1) * n], w[j * n:(j + 1) * n], None, padding=K // 2)
+                          for j in range(G)]) + W[c + "bias"][:, None]  # [D, F (+1 for an even K)]
+    x = layer_norm(x + gelu(pos[:, :x.shape[0]].T), W[p + "encoder.layer_norm.weight"], W[p + "encoder.layer_norm.bias"], eps)
+    states, H = [x], h_cfg["num_attention_heads"]
+    F, D = x.shape
+    for i in range(h_cfg["num_hidden_layers"]):
+        a = f"{p}encoder.layers.{i}."
+        q, k, v = ((x @ W[f"{a}attention.{n}_proj.weight"].T + W[f"{a}attention.{n}_proj.bias"])
+                   .reshape(F, H, D // H) for n in "qkv")  # [F, H, Dh] each
+        s = np.einsum("fhe,ghe->hfg", q, k) * f32((D // H) ** -0.5)  # [H, F, F], no mask
+        s = np.exp(s - s.max(axis=-1, keepdims=True))
+        o = np.einsum("hfg,ghe->fhe", s / s.sum(axis=-1, keepdims=True), v).reshape(F, D)
+        o = o @ W[a + "attention.out_proj.weight"].T + W[a + "attention.out_proj.bias"]
+        x = layer_norm(x + o, W[a + "layer_norm.weight"], W[a + "layer_norm.bias"], eps)  # post-LN
+        h = gelu(x @ W[a + "feed_forward.intermediate_dense.weight"].T + W[a + "feed_forward.intermediate_dense.bias"])
+        h = h @ W[a + "feed_forward.output_dense.weight"].T + W[a + "feed_forward.output_dense.bias"]
+        x = layer_norm(x + h, W[a + "final_layer_norm.weight"], W[a + "final_layer_norm.bias"], eps)
+        states.append(x)
+    return states
+
+
+def elu(x):
+    return np.where(x > 0, x, np.expm1(np.minimum(x, 0)))
+
+
+def encode(codec_cfg, W, wav):
+    """A mono 24 kHz clip [L] -> codes [Q, T], T = ceil(L / 960)."""
+    ac_cfg, hop = codec_cfg["acoustic_model_config"], math.prod(codec_cfg["acoustic_model_config"]["downsampling_ratios"])
+    wav = np.pad(wav.astype(f32), (0, -len(wav) % hop))  # whole frames
+    # semantic: HuBERT at 16 kHz (160 samples of silence each side), the mean of all its states,
+    # every second frame (HuBERT's 50 Hz to the codes' 25 Hz), then a small conv encoder
+    wav16 = np.pad(resample(wav, codec_cfg["sample_rate"], codec_cfg["semantic_sample_rate"]), 160)
+    states = hubert_states(codec_cfg["semantic_model_config"], W, wav16)
+    acc = states[0].copy()
+    for h in states[1:]:
+        acc += h
+    step = int(hop / (codec_cfg["sample_rate"] / codec_cfg["semantic_sample_rate"]) / codec_cfg["downsample_factor"])
+    x = (acc / f32(len(states)))[::step].T  # [Ds, T]
+    k, uk = codec_cfg["kernel_size"], codec_cfg["unit_kernel_size"]
+    x = conv1d(x, W["encoder_semantic.conv.weight"], None, padding=k // 2)
+    for i, _ in enumerate(codec_cfg["strides"]):  # (every stride is 1 in this codec)
+        p = f"encoder_semantic.conv_blocks.{i}."
+        for j, d in enumerate(codec_cfg["block_dilations"]):
+            y = conv1d(elu(x), W[f"{p}res_units.{j}.conv1.weight"], None, d, (uk - 1) // 2 * d)
+            x = x + conv1d(elu(y), W[f"{p}res_units.{j}.conv2.weight"], None)
+        x = conv1d(x, W[p + "conv.weight"], W[p + "conv.bias"], padding=1)
+    sem = x  # [Ds, T]
+    # acoustic: the DAC encoder, strided convs doubling the width (centred on the semantic
+    # frames by half a hop of silence each side when their counts would differ)
+    ac = wav[None]
+    T = sem.shape[1]
+    if len(wav) // hop != T:
+        ac = np.pad(ac, ((0, 0), (hop // 2, hop // 2)))
+    x = conv1d(ac, W["acoustic_encoder.conv1.weight"], W["acoustic_encoder.conv1.bias"], padding=3)
+    for i, s in enumerate(ac_cfg["downsampling_ratios"]):
+        p = f"acoustic_encoder.block.{i}."
+        for j, dilation in enumerate((1, 3, 9)):
+            x = res_unit(W, f"{p}res_unit{j + 1}.", x, dilation)
+        x = conv1d(snake(x, W[p + "snake1.alpha"]), W[p + "conv1.weight"], W[p + "conv1.bias"],
+                   padding=math.ceil(s / 2), stride=s)  # [C, S] -> [2C, S/s]
+    x = conv1d(snake(x, W["acoustic_encoder.snake1.alpha"]), W["acoustic_encoder.conv2.weight"],
+               W["acoustic_encoder.conv2.bias"], padding=1)  # [Ca, T]
+    r = np.concatenate([x, sem]).T @ W["fc.weight"].T + W["fc.bias"]  # [T, Ca + Ds] -> [T, Dc]
+    codes = []
+    for q in range(sum(k.endswith(".codebook.embed") for k in W)):  # residual VQ, in order
+        p = f"quantizer.quantizers.{q}."
+        z = r @ W[p + "project_in.weight"].T + W[p + "project_in.bias"]  # [T, Dc] -> [T, d]
+        e = W[p + "codebook.embed"]  # [N, d]
+        dist = (z * z).sum(axis=1, keepdims=True) - 2 * (z @ e.T) + (e * e).sum(axis=1)  # [T, N]
+        code = dist.argmin(axis=1)  # the nearest codeword (the first of a tie)
+        codes.append(code)
+        r = r - (e[code] @ W[p + "project_out.weight"].T + W[p + "project_out.bias"])
+    return np.stack(codes)
+
+
+# ---------------------------------------------------------------------------------------------
 # Text to speech
 # ---------------------------------------------------------------------------------------------
 
-def speak(model_dir, text, frames, lang=None, instruct=None, ref_text=None, ref_codes=None,
+def speak(model_dir, text, frames, lang=None, instruct=None, ref_text=None, ref_wav=None,
           **sampling):
     """The codes [C, T] and waveform of `text` spoken in `frames` frames (25 a second): in the
-    auto voice, a designed one (`instruct`), or a cloned one (`ref_codes` [C, R] and its
-    transcript `ref_text`). `sampling`: `unmask`'s knobs (the reference's defaults)."""
+    auto voice, a designed one (`instruct`), or a cloned one (`ref_wav`, a mono 24 kHz clip, and
+    its transcript `ref_text`). `sampling`: `unmask`'s knobs (the reference's defaults)."""
     cfg, W, tok, codec_cfg, codec_W = load(model_dir)
+    ref_codes = None if ref_wav is None else encode(codec_cfg, codec_W, ref_wav)  # [C, R]
     row, audio_mask = prompt_row(cfg, tok, text, frames, lang, instruct, ref_text, ref_codes)
     codes = unmask(cfg, W, row, audio_mask, frames, **sampling)
     return codes, decode(codec_cfg, codec_W, codes)
