@@ -145,3 +145,16 @@ def test_speak_runs_end_to_end():
                             num_step=2)
     assert codes.shape == (8, 10) and codes.max() < 1024 and codes.min() >= 0
     assert wav.shape == (9600,) and wav.dtype == np.float32 and np.isfinite(wav).all()
+
+
+def test_the_spec_stands_alone():
+    """Plain numpy and the tokenizers library: nothing of omnicore (no kernels, backend, engine
+    or JIT), so what a reader reads there is all there is."""
+    import ast
+
+    tree = ast.parse(Path(spec.__file__).read_text("utf-8"))
+    imported = {(n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+                for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in n.names}
+    assert imported <= {"__future__", "json", "math", "re", "struct", "pathlib", "numpy",
+                        "tokenizers"}, imported
