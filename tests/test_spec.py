@@ -153,7 +153,7 @@ def test_the_spec_stands_alone():
     import ast
 
     tree = ast.parse(Path(spec.__file__).read_text("utf-8"))
-    imported = {(n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+    imported = {("." * n.level + (n.module or "") if isinstance(n, ast.ImportFrom) else a.name).split(".")[0] or "."
                 for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
                 for a in n.names}
     assert imported <= {"__future__", "json", "math", "re", "struct", "pathlib", "numpy",
