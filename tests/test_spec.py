@@ -8,7 +8,8 @@ What each test holds:
   * the backbone's logits within 1e-5 of the largest logit, the waveform within 2e-5 of its
     largest sample (float32 rounding of other operation orders: fused kernels, GEMMs of other
     shapes); docs/correctness.md states these bounds;
-  * the codec encoder's codes: equal to the product's and to the reference's own (fixture).
+  * the codec encoder's fused latent within 1e-5 of its largest value, and its codes equal to
+    the product's and to the reference's own (fixture).
 Equal codes from logits that differ in their last bits hold wherever no decision is a near-tie
 at float32 precision: the draws here were checked to be such; a seed whose draw landed within
 rounding of a tie would differ, as the reference itself would.
@@ -19,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnicore import OmniVoice
+from omnicore import OmniVoice, checkpoint
 from omnicore.engine import Engine, PassSpec
-from omnicore.model import backbone, spec, unmasking
+from omnicore.model import backbone, higgs_codec, spec, unmasking
 from omnicore.model.config import GenerationConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,6 +137,18 @@ def test_encoder_codes_equal_the_products_and_the_references(model, plain):
     clip = model.codec.decode(np.random.default_rng(4).integers(0, 1024, (8, 30)))[:27_777]
     np.testing.assert_array_equal(spec.encode(codec_cfg, codec_W, clip),
                                   model.codec.encode(clip, 24000))
+
+
+def test_the_encoders_latent_within_the_stated_bound(plain):
+    """The fused latent the quantizer sees (HuBERT, the semantic and acoustic encoders, `fc`):
+    within 1e-5 of its largest value."""
+    _, _, _, codec_cfg, codec_W = plain
+    clip = np.load(ROOT / "tests" / "fixtures" / "reference" / "codec_encode.npz")["input"]
+    want = spec.latent(codec_cfg, codec_W, clip)
+    cfg, params = checkpoint.load_codec(TINY / "audio_tokenizer")
+    got = higgs_codec.encode_features(params, clip, cfg)["fused"]
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
 def test_speak_runs_end_to_end():

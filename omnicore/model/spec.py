@@ -398,8 +398,8 @@ def elu(x):
     return np.where(x > 0, x, np.expm1(np.minimum(x, 0)))
 
 
-def encode(codec_cfg, W, wav):
-    """A mono 24 kHz clip [L] -> codes [Q, T], T = ceil(L / 960)."""
+def latent(codec_cfg, W, wav):
+    """A mono 24 kHz clip [L] -> the fused latent [T, Dc] the quantizer sees, T = ceil(L / 960)."""
     ac_cfg, hop = codec_cfg["acoustic_model_config"], math.prod(codec_cfg["acoustic_model_config"]["downsampling_ratios"])
     wav = np.pad(wav.astype(f32), (0, -len(wav) % hop))  # whole frames
     # semantic: HuBERT at 16 kHz (160 samples of silence each side), the mean of all its states,
@@ -435,8 +435,13 @@ def encode(codec_cfg, W, wav):
                    padding=math.ceil(s / 2), stride=s)  # [C, S] -> [2C, S/s]
     x = conv1d(snake(x, W["acoustic_encoder.snake1.alpha"]), W["acoustic_encoder.conv2.weight"],
                W["acoustic_encoder.conv2.bias"], padding=1)  # [Ca, T]
-    r = np.concatenate([x, sem]).T @ W["fc.weight"].T + W["fc.bias"]  # [T, Ca + Ds] -> [T, Dc]
-    codes = []
+    return np.concatenate([x, sem]).T @ W["fc.weight"].T + W["fc.bias"]  # [T, Ca + Ds] -> [T, Dc]
+
+
+def encode(codec_cfg, W, wav):
+    """A mono 24 kHz clip [L] -> codes [Q, T]: its latent, quantized codebook after codebook,
+    each coding what the ones before left."""
+    r, codes = latent(codec_cfg, W, wav), []
     for q in range(sum(k.endswith(".codebook.embed") for k in W)):  # residual VQ, in order
         p = f"quantizer.quantizers.{q}."
         z = r @ W[p + "project_in.weight"].T + W[p + "project_in.bias"]  # [T, Dc] -> [T, d]
