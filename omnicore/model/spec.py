@@ -1,4 +1,4 @@
-"""OmniVoice in one file: text (and a voice's codes) -> 8 x T audio codes -> 24 kHz waveform.
+"""OmniVoice in one file: text (and a voice's clip) -> 8 x T audio codes -> 24 kHz waveform.
 
 The whole model as plain numpy, written to be read top to bottom, with nothing of omnicore's fast
 machinery: no kernels, no packing, no engine, no backend switch. It reads the same checkpoint
@@ -20,11 +20,13 @@ and the output's post-processing.
 
 Dimension legend:
     C  audio codebooks (8)    V  audio ids per codebook (1025, MASK = 1024)    T  target frames
-    L  positions of a row     D  hidden size   F  MLP width   E  head dim   Dc codec latent
-    H  query heads            K  key/value heads (G = H / K query heads share one)
+    L  positions of a row     R  reference frames (a cloned voice's codes)     D  hidden size
+    F  MLP width              E  head dim      H  query heads      K  key/value heads (H / K
+                              query heads share one)
     S  samples at a codec stage's rate (24 kHz at the waveform's end: 960 per frame)
-    Ds HuBERT width (768)     Ca acoustic latent (256)     Q codebooks of the codec (8)
-    F  HuBERT frames (50 a second)     N codewords of a codebook (1024)     d codeword width
+    Q  the codec's codebooks (8)   N  codewords of a codebook (1024)   d  codeword width
+    Dc codec latent (Ca + Ds)      Ca acoustic latent (256)   Ds HuBERT width (768)
+    Fh HuBERT frames (50 a second)  P  a resampler's output phases
 
 Why there is no KV cache: attention is bidirectional, so every position's keys depend on every
 other position of the row, and each step rewrites the masked targets. Nothing of one step is
@@ -47,6 +49,11 @@ f32 = np.float32
 # ---------------------------------------------------------------------------------------------
 # The checkpoint: tensors by their exact key, the configs as dicts
 # ---------------------------------------------------------------------------------------------
+
+def linear(W, p, x):
+    """x @ W.T + b for the layer whose weight [out, in] and bias are stored under prefix p."""
+    return x @ W[p + "weight"].T + W[p + "bias"]
+
 
 def read_safetensors(path) -> dict:
     """Every tensor of a .safetensors file: an 8-byte header length, a JSON header, raw bytes."""
@@ -145,7 +152,8 @@ def rope(L, E, theta):
 
 def rotate(x, cos, sin):
     half = x.shape[-1] // 2  # x [L, heads, E]: (a, b) -> (a cos - b sin, b cos + a sin)
-    return x * cos[:, None] + np.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin[:, None]
+    turned = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)  # (a, b) -> (-b, a)
+    return x * cos[:, None] + turned * sin[:, None]
 
 
 def embed(cfg, W, ids, audio_mask):
@@ -234,7 +242,7 @@ def unmask(cfg, W, row, audio_mask, T, num_step=32, guidance_scale=2.0, t_shift=
     row, uncond = row.copy(), row[:, -T:].copy()  # [C, L], [C, T]
     tokens = np.full((C, T), MASK, np.int64)
     rng = np.random.default_rng(seed)
-    for step, k in enumerate(cells_per_step(C * T, num_step, t_shift)):
+    for k in cells_per_step(C * T, num_step, t_shift):  # k: the cells this step fills
         c = log_softmax(logits(cfg, W, row, audio_mask, T))  # [C, T, V]
         if guidance_scale != 0:  # pushed away from what the targets alone predict
             u = log_softmax(logits(cfg, W, uncond, np.ones(T, bool), T))
@@ -301,8 +309,9 @@ def decode(codec_cfg, W, codes):
     z = 0
     for q in range(codes.shape[0]):  # each codebook's vector, projected out, summed
         p = f"quantizer.quantizers.{q}."
-        z = z + W[p + "codebook.embed"][codes[q]] @ W[p + "project_out.weight"].T + W[p + "project_out.bias"]
-    x = (z @ W["fc2.weight"].T + W["fc2.bias"]).T  # [T, Dc] -> [T, Ca] -> [Ca, T]
+        e = W[p + "codebook.embed"][codes[q]]  # [T, d]: the codewords
+        z = z + linear(W, p + "project_out.", e)  # [T, d] -> [T, Dc]
+    x = linear(W, "fc2.", z).T  # [T, Dc] -> [T, Ca] -> [Ca, T]
     x = conv1d(x, W["acoustic_decoder.conv1.weight"], W["acoustic_decoder.conv1.bias"], padding=3)
     for i, s in enumerate(codec_cfg["acoustic_model_config"]["upsampling_ratios"]):
         p = f"acoustic_decoder.block.{i}."
@@ -329,22 +338,25 @@ def resample(x, orig, new):
     orig, new = orig // g, new // g
     base = min(orig, new) * 0.99
     width = math.ceil(6 * orig / base)
-    k = np.arange(2 * width + orig)[None, :]  # [1, K] taps of one output phase
+    k = np.arange(2 * width + orig)[None, :]  # [1, taps]: the taps of one output phase
     t = (-np.arange(new)[:, None]).astype(f32) / f32(new) + (k - width).astype(f32) / f32(orig)
-    t = np.clip(t * f32(base), f32(-6), f32(6))  # [P, K]: P output phases
+    t = np.clip(t * f32(base), f32(-6), f32(6))  # [P, taps]
     window = np.cos(t * f32(math.pi) / f32(6) / f32(2)) ** 2
     t = t * f32(math.pi)
-    taps = np.where(t == 0, f32(1), np.sin(np.where(t == 0, f32(1), t)) / np.where(t == 0, f32(1), t))
+    safe = np.where(t == 0, f32(1), t)
+    taps = np.where(t == 0, f32(1), np.sin(safe) / safe)  # sinc, 1 at 0
     taps = (taps * (window * f32(base / orig))).astype(f32)
     L = x.shape[0]
     padded = np.pad(x.astype(f32), (width, width + orig))
-    blocks = np.stack([padded[n * orig:n * orig + k.size] for n in range(L // orig + 1)])  # [N, K]
-    return (blocks @ taps.T).reshape(-1)[:math.ceil(new * L / orig)]  # [N, P] -> [L']
+    # block n: `orig` input samples in, P outputs (one per phase) out
+    blocks = np.stack([padded[n * orig:n * orig + k.size]
+                       for n in range(L // orig + 1)])  # [n, taps]
+    return (blocks @ taps.T).reshape(-1)[:math.ceil(new * L / orig)]  # [n, P] -> [L']
 
 
-def layer_norm(x, w, b, eps):
-    xc = x - x.mean(axis=-1, keepdims=True)
-    return xc / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + f32(eps)) * w + b
+def layer_norm(x, w, b, eps, axis=-1):
+    xc = x - x.mean(axis=axis, keepdims=True)
+    return xc / np.sqrt((xc * xc).mean(axis=axis, keepdims=True) + f32(eps)) * w + b
 
 
 def gelu(x):  # with the exact Gaussian CDF
@@ -353,42 +365,45 @@ def gelu(x):  # with the exact Gaussian CDF
 
 
 def hubert_states(h_cfg, W, wav16):
-    """HuBERT (the codec's semantic branch) on a 16 kHz clip: every hidden state, [F, D] each
+    """HuBERT (the codec's semantic branch) on a 16 kHz clip: every hidden state, [Fh, Ds] each
     (the embedded input, then each post-LN layer's output)."""
     p, eps = "semantic_model.", h_cfg["layer_norm_eps"]
     x = wav16[None]  # [1, L]
     for i, s in enumerate(h_cfg["conv_stride"]):  # conv feature encoder: 320 samples a frame
         c = f"{p}feature_extractor.conv_layers.{i}."
-        x = conv1d(x, W[c + "conv.weight"], W.get(c + "conv.bias"), stride=s)  # [C, L'] -> [Cf, L'']
+        x = conv1d(x, W[c + "conv.weight"], W.get(c + "conv.bias"), stride=s)  # -> [512, S/s]
         if i == 0:  # each channel normalised over the whole clip (one group per channel)
-            m, v = x.mean(axis=1, keepdims=True), x.var(axis=1, keepdims=True)
-            x = (x - m) / np.sqrt(v + f32(1e-5)) * W[c + "layer_norm.weight"][:, None] + W[c + "layer_norm.bias"][:, None]
+            gn_w, gn_b = W[c + "layer_norm.weight"][:, None], W[c + "layer_norm.bias"][:, None]
+            x = layer_norm(x, gn_w, gn_b, 1e-5, axis=1)
         x = gelu(x)
-    x = x.T  # [Cf, F] -> [F, Cf]
+    x = x.T  # [512, Fh] -> [Fh, 512]
+    f = p + "feature_projection."
     if h_cfg.get("feat_proj_layer_norm", True):
-        x = layer_norm(x, W[p + "feature_projection.layer_norm.weight"], W[p + "feature_projection.layer_norm.bias"], eps)
-    x = x @ W[p + "feature_projection.projection.weight"].T + W[p + "feature_projection.projection.bias"]  # [F, D]
+        x = layer_norm(x, W[f + "layer_norm.weight"], W[f + "layer_norm.bias"], eps)
+    x = linear(W, f + "projection.", x)  # [Fh, 512] -> [Fh, Ds]
     c = p + "encoder.pos_conv_embed.conv."
     g, v = W[c + "parametrizations.weight.original0"], W[c + "parametrizations.weight.original1"]
-    w = (v * (g / np.sqrt((v.astype(np.float64) ** 2).sum(axis=(0, 1), keepdims=True)))).astype(f32)  # weight norm
+    # weight norm: w = g v / |v|, one gain per tap, the norm over its (out, in) channels
+    w = (v * (g / np.sqrt((v.astype(np.float64) ** 2).sum(axis=(0, 1), keepdims=True)))).astype(f32)
     G, K = h_cfg["num_conv_pos_embedding_groups"], h_cfg["num_conv_pos_embeddings"]
     n = x.shape[1] // G  # a grouped conv: each group of n channels sees only itself
     pos = np.concatenate([conv1d(x.T[j * n:(j + 1) * n], w[j * n:(j + 1) * n], None, padding=K // 2)
-                          for j in range(G)]) + W[c + "bias"][:, None]  # [D, F (+1 for an even K)]
-    x = layer_norm(x + gelu(pos[:, :x.shape[0]].T), W[p + "encoder.layer_norm.weight"], W[p + "encoder.layer_norm.bias"], eps)
+                          for j in range(G)]) + W[c + "bias"][:, None]  # [Ds, Fh (+1: K is even)]
+    x = x + gelu(pos[:, :x.shape[0]].T)  # the positional embedding: a convolution over frames
+    x = layer_norm(x, W[p + "encoder.layer_norm.weight"], W[p + "encoder.layer_norm.bias"], eps)
     states, H = [x], h_cfg["num_attention_heads"]
-    F, D = x.shape
+    Fh, Ds = x.shape
     for i in range(h_cfg["num_hidden_layers"]):
         a = f"{p}encoder.layers.{i}."
-        q, k, v = ((x @ W[f"{a}attention.{n}_proj.weight"].T + W[f"{a}attention.{n}_proj.bias"])
-                   .reshape(F, H, D // H) for n in "qkv")  # [F, H, Dh] each
-        s = np.einsum("fhe,ghe->hfg", q, k) * f32((D // H) ** -0.5)  # [H, F, F], no mask
+        q, k, v = (linear(W, f"{a}attention.{n}_proj.", x).reshape(Fh, H, Ds // H)
+                   for n in "qkv")  # [Fh, H, Ds/H] each
+        s = np.einsum("fhe,ghe->hfg", q, k) * f32((Ds // H) ** -0.5)  # [H, Fh, Fh], no mask
         s = np.exp(s - s.max(axis=-1, keepdims=True))
-        o = np.einsum("hfg,ghe->fhe", s / s.sum(axis=-1, keepdims=True), v).reshape(F, D)
-        o = o @ W[a + "attention.out_proj.weight"].T + W[a + "attention.out_proj.bias"]
+        o = np.einsum("hfg,ghe->fhe", s / s.sum(axis=-1, keepdims=True), v).reshape(Fh, Ds)
+        o = linear(W, a + "attention.out_proj.", o)
         x = layer_norm(x + o, W[a + "layer_norm.weight"], W[a + "layer_norm.bias"], eps)  # post-LN
-        h = gelu(x @ W[a + "feed_forward.intermediate_dense.weight"].T + W[a + "feed_forward.intermediate_dense.bias"])
-        h = h @ W[a + "feed_forward.output_dense.weight"].T + W[a + "feed_forward.output_dense.bias"]
+        h = gelu(linear(W, a + "feed_forward.intermediate_dense.", x))  # [Fh, Ds] -> [Fh, 4 Ds]
+        h = linear(W, a + "feed_forward.output_dense.", h)
         x = layer_norm(x + h, W[a + "final_layer_norm.weight"], W[a + "final_layer_norm.bias"], eps)
         states.append(x)
     return states
@@ -400,16 +415,18 @@ def elu(x):
 
 def latent(codec_cfg, W, wav):
     """A mono 24 kHz clip [L] -> the fused latent [T, Dc] the quantizer sees, T = ceil(L / 960)."""
-    ac_cfg, hop = codec_cfg["acoustic_model_config"], math.prod(codec_cfg["acoustic_model_config"]["downsampling_ratios"])
+    ac_cfg = codec_cfg["acoustic_model_config"]
+    hop = math.prod(ac_cfg["downsampling_ratios"])  # 960 samples a frame
+    rate, rate16 = codec_cfg["sample_rate"], codec_cfg["semantic_sample_rate"]
     wav = np.pad(wav.astype(f32), (0, -len(wav) % hop))  # whole frames
     # semantic: HuBERT at 16 kHz (160 samples of silence each side), the mean of all its states,
     # every second frame (HuBERT's 50 Hz to the codes' 25 Hz), then a small conv encoder
-    wav16 = np.pad(resample(wav, codec_cfg["sample_rate"], codec_cfg["semantic_sample_rate"]), 160)
+    wav16 = np.pad(resample(wav, rate, rate16), 160)
     states = hubert_states(codec_cfg["semantic_model_config"], W, wav16)
     acc = states[0].copy()
     for h in states[1:]:
         acc += h
-    step = int(hop / (codec_cfg["sample_rate"] / codec_cfg["semantic_sample_rate"]) / codec_cfg["downsample_factor"])
+    step = int(hop / (rate / rate16) / codec_cfg["downsample_factor"])  # HuBERT frames a code frame
     x = (acc / f32(len(states)))[::step].T  # [Ds, T]
     k, uk = codec_cfg["kernel_size"], codec_cfg["unit_kernel_size"]
     x = conv1d(x, W["encoder_semantic.conv.weight"], None, padding=k // 2)
@@ -435,7 +452,7 @@ def latent(codec_cfg, W, wav):
                    padding=math.ceil(s / 2), stride=s)  # [C, S] -> [2C, S/s]
     x = conv1d(snake(x, W["acoustic_encoder.snake1.alpha"]), W["acoustic_encoder.conv2.weight"],
                W["acoustic_encoder.conv2.bias"], padding=1)  # [Ca, T]
-    return np.concatenate([x, sem]).T @ W["fc.weight"].T + W["fc.bias"]  # [T, Ca + Ds] -> [T, Dc]
+    return linear(W, "fc.", np.concatenate([x, sem]).T)  # [T, Ca + Ds] -> [T, Dc]
 
 
 def encode(codec_cfg, W, wav):
@@ -444,12 +461,12 @@ def encode(codec_cfg, W, wav):
     r, codes = latent(codec_cfg, W, wav), []
     for q in range(sum(k.endswith(".codebook.embed") for k in W)):  # residual VQ, in order
         p = f"quantizer.quantizers.{q}."
-        z = r @ W[p + "project_in.weight"].T + W[p + "project_in.bias"]  # [T, Dc] -> [T, d]
+        z = linear(W, p + "project_in.", r)  # [T, Dc] -> [T, d]
         e = W[p + "codebook.embed"]  # [N, d]
         dist = (z * z).sum(axis=1, keepdims=True) - 2 * (z @ e.T) + (e * e).sum(axis=1)  # [T, N]
         code = dist.argmin(axis=1)  # the nearest codeword (the first of a tie)
         codes.append(code)
-        r = r - (e[code] @ W[p + "project_out.weight"].T + W[p + "project_out.bias"])
+        r = r - linear(W, p + "project_out.", e[code])  # what is left for the next codebook
     return np.stack(codes)
 
 
