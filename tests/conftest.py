@@ -24,7 +24,7 @@ from omnicore import checkpoint
 from omnicore.checkpoint import SafetensorsFile
 
 TINY = Path(__file__).resolve().parents[1] / "weights" / "tiny-random"
-# The developer's inner loop, `python3 -m pytest -q --quick`, leaves out the tests marked with
+# The quick inner loop, `python3 -m pytest -q --quick`, leaves out the tests marked with
 # these (pyproject.toml says what each means); the README's command runs everything.
 QUICK_LEAVES_OUT = ("slow", "browser", "subprocess")
 # CI installs every test dependency and ships every fixture, so there a missing one is a failure
