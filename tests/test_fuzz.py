@@ -46,7 +46,7 @@ import math
 import resource
 import signal
 import struct
-import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -117,7 +117,7 @@ def _counted_all() -> None:
         for _ in range(1000):  # an event wait (the engine's thread is a step behind at most)
             if COUNTED[engine] >= engine.iterations:
                 break
-            threading.Event().wait(0.01)
+            time.sleep(0.01)
 
 
 def _address_space() -> int | None:
@@ -162,19 +162,16 @@ def typed(fn, *args, **kwargs):
     (--hypothesis-show-statistics shows how many examples got how far)."""
     name = getattr(fn, "__name__", "call")
     WORK[0] = 0
-    try:
-        with bounded():
-            try:
-                result = fn(*args, **kwargs)
-            except OmniCoreError as exc:
-                assert str(exc).strip(), f"{type(exc).__name__} without a message"
-                event(f"{name}: {type(exc).__name__}")
-                return None
-        event(f"{name}: ran")
-        return result
-    finally:
-        _counted_all()
-        assert WORK[0] <= WORK_TOKENS, f"{name} ran {WORK[0]} engine tokens (budget {WORK_TOKENS})"
+    with bounded():
+        try:
+            result, outcome = fn(*args, **kwargs), "ran"
+        except OmniCoreError as exc:
+            assert str(exc).strip(), f"{type(exc).__name__} without a message"
+            result, outcome = None, type(exc).__name__
+    _counted_all()  # (an exception of another kind has already failed the test)
+    assert WORK[0] <= WORK_TOKENS, f"{name} ran {WORK[0]} engine tokens (budget {WORK_TOKENS})"
+    event(f"{name}: {outcome}")
+    return result
 
 
 @pytest.fixture(scope="module")
