@@ -91,7 +91,8 @@ def _count_selection(pool, conf, conf64, tokens_in, step, mask_id):
 
 def omnicore_errors(oracle: Path, ckpt: Path, cases) -> dict:
     """Errors of omnicore on the current backend against float64 (pooled over cases)."""
-    from omnicore import OmniVoice, checkpoint
+    from omnicore import OmniVoice
+    from omnicore.machinery import checkpoint
     from omnicore.model import backbone as bb, higgs_codec, hubert, scoring_kernels
     from omnicore.model.backend import to_numpy
     from omnicore.model.resample import resample

@@ -95,7 +95,7 @@ def _child(model_dir: str, path: str, steps: int) -> dict:
 
 
 def _warmup(model):
-    import omnicore.warmup as warmup  # not in every version of the code
+    import omnicore.machinery.warmup as warmup  # not in every version of the code
 
     warmup.warm_up(model)
 

@@ -73,7 +73,7 @@ def free_port() -> int:
 
 def spawn(*args) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen([sys.executable, "-m", "omnicore.cli", *map(str, args), "-q"],
+    return subprocess.Popen([sys.executable, "-m", "omnicore", *map(str, args), "-q"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -183,7 +183,7 @@ async def livekit_stock(url, settings):
 
 
 async def livekit_adapter(url, settings):
-    from omnicore.voice_agents.livekit_tts import TTS
+    from omnicore.apps.voice_agents.livekit_tts import TTS
 
     tts = TTS(base_url=url, voice=VOICE, **settings)
 
@@ -244,7 +244,7 @@ async def pipecat_adapter(url, settings):
     from pipecat.tests.utils import QueuedFrameProcessor
     from pipecat.workers.runner import WorkerRunner
 
-    from omnicore.voice_agents.pipecat_tts import OmnicoreTTSService
+    from omnicore.apps.voice_agents.pipecat_tts import OmnicoreTTSService
 
     out = asyncio.Queue()
     svc = OmnicoreTTSService(base_url=url, voice=VOICE, fields=settings)
@@ -301,7 +301,7 @@ async def mcp_speak(model, settings_flags):
     env = {"PYTHONPATH": str(ROOT), **{k: v for k, v in os.environ.items()
                                        if k.startswith(("OMP_", "OPENBLAS_", "NUMBA_"))}}
     params = StdioServerParameters(command=sys.executable, env=env, args=[
-        "-m", "omnicore.cli", "mcp", "--model", model, "-q", *settings_flags])
+        "-m", "omnicore", "mcp", "--model", model, "-q", *settings_flags])
     with open(os.devnull, "w") as log:
         from mcp.client.stdio import stdio_client
 
@@ -328,7 +328,7 @@ def floor(model_dir, settings) -> tuple[list, list]:
     from bench_streaming import run_stream
 
     from omnicore import OmniVoice
-    from omnicore.server.voices import PRESET_VOICES, designed_voice
+    from omnicore.apps.server.voices import PRESET_VOICES, designed_voice
 
     model = OmniVoice.from_pretrained(model_dir, profile=ARGS.profile)
     prompt = designed_voice(model, *PRESET_VOICES[VOICE])  # the preset, as the servers make it
@@ -408,7 +408,7 @@ def table(rows, rtf) -> list[str]:
 
 def main() -> None:
     global ARGS
-    from omnicore.cli.serve import DOOR_PROFILE
+    from omnicore.apps.cli.serve import DOOR_PROFILE
     from omnicore.model.config import PROFILES
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -568,7 +568,7 @@ def main():
     enc_agree = float((codes["omnicore"] == codes["reference"]).mean())
 
     # Roofline on the shapes of the step case (the ONNX column computes omnicore's shapes)
-    from omnicore import checkpoint
+    from omnicore.machinery import checkpoint
 
     cfg = checkpoint.read_config(ARGS.model / "config.json")
     step = gens[step_case]

@@ -15,7 +15,7 @@ largest moment of the work together. Durations are fixed, so the text sets only 
     stream   load + `stream()` of four sentences
     say-cold `say` with an empty kernel cache: the first run on a machine, compiling its kernels
 
-The kernels are compiled first (`omnicore.warmup`, in a process of its own), so that every case
+The kernels are compiled first (`omnicore.machinery.warmup`, in a process of its own), so that every case
 but say-cold measures the model, not the compiler. The step count does not change the peak
 (every step has the same shapes), so `--steps` is kept small. Figures: docs/platforms.md and
 benchmarks/README.md, "Memory".
@@ -59,7 +59,7 @@ def _child(model_dir: str, case: str, steps: int) -> dict:
         for _ in model.stream(" ".join([TEXT] * 4), **kw):
             pass
     elif case == "warm-up":
-        from omnicore.warmup import warm_up
+        from omnicore.machinery.warmup import warm_up
 
         warm_up(model)
     return {"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

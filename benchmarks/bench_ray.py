@@ -49,7 +49,7 @@ def _write_jobs(folder: Path, items: int, seconds: float) -> Path:
 def child(a) -> None:
     """One configuration; prints its result as one JSON line."""
     sys.path.insert(0, str(ROOT))
-    from omnicore import cli, cluster
+    from omnicore.apps import cli, cluster
 
     jobs, out = a.jobs, a.out
     flags = ["--model", a.model, "--steps", str(a.steps), "--greedy", "--seed", "1", "-q"]

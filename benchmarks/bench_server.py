@@ -47,7 +47,7 @@ def _free_port() -> int:
 def start(model: str, voices: Path, *extra) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-m", "omnicore.cli", "serve", "--model", model,
+    proc = subprocess.Popen([sys.executable, "-m", "omnicore", "serve", "--model", model,
                              "--port", str(port), "--voices-dir", str(voices), "-q", *extra],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

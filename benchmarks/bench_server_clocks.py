@@ -77,7 +77,7 @@ def start_wyoming(model: str, voices: Path, *extra) -> tuple[subprocess.Popen, s
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-m", "omnicore.cli", "wyoming", "--model", model,
+    proc = subprocess.Popen([sys.executable, "-m", "omnicore", "wyoming", "--model", model,
                              "--uri", f"tcp://127.0.0.1:{port}", "--voices-dir", str(voices),
                              "--voice", "", "-q", *extra],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -85,7 +85,7 @@ class OnnxCodec:
     Voices must come as ready prompts: there is no encoder here."""
 
     def __init__(self, checkpoint_dir: Path, backbone: OnnxBackbone):
-        from omnicore import checkpoint
+        from omnicore.machinery import checkpoint
         from omnicore.model.config import HiggsAudioV2TokenizerConfig
 
         self.cfg = checkpoint.read_config(Path(checkpoint_dir) / "audio_tokenizer" / "config.json",
@@ -120,7 +120,8 @@ def install(loop) -> None:
 def onnx_model(checkpoint_dir: Path, onnx_dir: Path, threads: int):
     """An omnicore OmniVoice (tokenizer, planner, engine, scoring, post-processing) whose
     backbone forward and codec decode run on ONNX Runtime."""
-    from omnicore import OmniVoice, checkpoint, settings
+    from omnicore import OmniVoice
+    from omnicore.machinery import checkpoint, settings
     from omnicore.model import packed_unmasking
 
     settings.configure()  # omnicore's scoring kernels run here too

@@ -58,7 +58,7 @@ import numpy as np
 def use_gpu_when_present() -> None:
     """Run on the CuPy backend when an NVIDIA GPU is there and CuPy is installed (a GPU Space's
     requirements), unless OMNICORE_BACKEND says otherwise. The backend is read once, when the
-    model loads (omnicore.settings.configure), so this runs before that."""
+    model loads (omnicore.machinery.settings.configure), so this runs before that."""
     if os.environ.get("OMNICORE_BACKEND"):
         return
     try:
@@ -80,13 +80,13 @@ except ImportError:  # a source checkout without `pip install -e .`: use the pac
 
 from omnicore import GenerationConfig, OmniVoice, VoiceClonePrompt  # noqa: E402
 from omnicore.audio.writers import to_pcm16  # noqa: E402
-from omnicore.checkpoint import HUB_REPO  # noqa: E402
+from omnicore.machinery.checkpoint import HUB_REPO  # noqa: E402
 from omnicore.errors import InputError, OmniCoreError  # noqa: E402
 from omnicore.model import backend  # noqa: E402
 from omnicore.text import limits  # noqa: E402
 from omnicore.text.frontend import instruct_vocabulary, language_choices, resolve_instruct  # noqa: E402
 from omnicore.text.planner import ChunkRule  # noqa: E402
-from omnicore.warmup import warm_up  # noqa: E402
+from omnicore.machinery.warmup import warm_up  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import presets  # noqa: E402

@@ -28,7 +28,8 @@ from typing import Callable
 
 import numpy as np
 
-from . import checkpoint, settings, streaming
+from .machinery import checkpoint, settings
+from . import streaming
 from .audio import postprocess
 from .audio.loading import load_audio
 from .engine import Engine, PassSpec

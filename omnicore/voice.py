@@ -140,7 +140,7 @@ class VoiceClonePrompt:
         torch .pt zip, read by `torchfile` without torch and without running its pickle); every
         value in it is checked (`check_voice_prompt`), and anything else (not a zip, a FIFO or
         folder, hostile headers or pickles) is a VoicePromptError."""
-        from . import torchfile  # only prompt files need it
+        from .machinery import torchfile  # only prompt files need it
 
         try:
             # np.load would block on a FIFO and read any .npy whole; a prompt is a regular zip.

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from omnicore.model import backbone as bb
-from omnicore import checkpoint
-from omnicore.checkpoint import SafetensorsFile
+from omnicore.machinery import checkpoint
+from omnicore.machinery.checkpoint import SafetensorsFile
 
 TINY = Path(__file__).resolve().parents[1] / "weights" / "tiny-random"
 # The quick inner loop, `python3 -m pytest -q --quick`, leaves out the tests marked with
@@ -169,7 +169,7 @@ def spawn_omnicore(*args, log_path=None) -> subprocess.Popen:
     env.pop("OMNICORE_API_KEY", None)
     out = open(log_path, "wb") if log_path else subprocess.DEVNULL
     try:
-        return subprocess.Popen([sys.executable, "-m", "omnicore.cli", *map(str, args)],
+        return subprocess.Popen([sys.executable, "-m", "omnicore", *map(str, args)],
                                 env=env, stdout=out, stderr=subprocess.STDOUT)
     finally:
         if log_path:

@@ -2,7 +2,7 @@
 
     OMNICORE_BACKEND=strict python3 tests/device_child.py OUT.npz     (or =cupy on a GPU)
 
-The backend is chosen once per process (omnicore.settings.configure, at the model's load), so
+The backend is chosen once per process (omnicore.machinery.settings.configure, at the model's load), so
 `tests/test_strict_backend.py` runs this
 in a child process and compares its outputs, in the parent (numpy backend), with the reference
 fixtures and with the numpy backend's own outputs. Saved arrays are named `<case>/<what>`;
@@ -123,10 +123,11 @@ def produce(device_checks: bool = True) -> tuple[dict, dict]:
     """Every output of the cases above as numpy arrays, and the meta dict. Runs under whatever
     backend this process has (the parent test calls it too, on the numpy backend, without the
     device checks: transfers per step, backend.matmul and the kernels against their twins)."""
-    from omnicore import OmniVoice, settings
+    from omnicore import OmniVoice
+    from omnicore.machinery import settings
     from omnicore.model import backend
     from omnicore.model import higgs_codec
-    from omnicore.testing import transfers as counter
+    from omnicore_testing import transfers as counter
 
     settings.configure()
     counter.start()
@@ -221,7 +222,7 @@ def produce(device_checks: bool = True) -> tuple[dict, dict]:
         meta["kernel_rel_err"] = kernel_errors(rng)
         meta["graphs"] = backend.graph_stats()
     if backend.name() == "strict":
-        from omnicore.testing import strictxp
+        from omnicore_testing import strictxp
 
         meta["device_dtypes"] = sorted(strictxp.seen_dtypes())
     meta["timings"] = timings

@@ -20,8 +20,8 @@ from conftest import read_safetensors, require_file, require_module
 from omnicore.model import backbone as bb
 from omnicore.model import kernels
 from omnicore.errors import WeightsError
-from omnicore import checkpoint
-from omnicore.checkpoint import RowTable
+from omnicore.machinery import checkpoint
+from omnicore.machinery.checkpoint import RowTable
 from omnicore.model.weights import ParamReader
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Reading a checkpoint (omnicore/checkpoint.py): the safetensors reader, the hub and offline
+"""Reading a checkpoint (omnicore/machinery/checkpoint.py): the safetensors reader, the hub and offline
 handling, the parts of a checkpoint. Good files load, every kind of bad file gets a WeightsError
 naming the file (and key), never a numpy traceback. (ParamReader alone: test_weights.py.)"""
 
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 from conftest import read_safetensors
-from omnicore import checkpoint
-from omnicore.checkpoint import RowTable, SafetensorsFile, resolve_model_dir
+from omnicore.machinery import checkpoint
+from omnicore.machinery.checkpoint import RowTable, SafetensorsFile, resolve_model_dir
 from omnicore.errors import ConfigError, ModelNotFoundError, OmniCoreError, WeightsError
 
 
@@ -174,7 +174,7 @@ def test_the_offline_message_names_a_command_that_runs(tmp_path, monkeypatch):
     assert Path(done.stdout.split()[-1]) == snapshot  # hf prints where the files are
     assert all((snapshot / name).is_file() for name in argv[3:])
     # and omnicore finds them there (a new process: huggingface_hub reads HF_HOME at import)
-    found = subprocess.run([sys.executable, "-c", "from omnicore.checkpoint import "
+    found = subprocess.run([sys.executable, "-c", "from omnicore.machinery.checkpoint import "
                             "resolve_model_dir as r; print(r('k2-fsa/OmniVoice'))"],
                            capture_output=True, text=True, timeout=120, check=True)
     assert Path(found.stdout.strip()) == snapshot

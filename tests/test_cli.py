@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from omnicore.cli import build_parser, main
+from omnicore.apps.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "weights" / "tiny-random")
@@ -160,7 +160,7 @@ def _one_error_line(err: str, match: str = "") -> str:
 @pytest.fixture
 def no_model(monkeypatch):
     """Refusals must come before the (slow) model load: loading is a test failure here."""
-    from omnicore.cli import codec, common
+    from omnicore.apps.cli import codec, common
 
     def refuse(*a, **k):
         raise AssertionError("the model was loaded before the refusal")
@@ -230,7 +230,7 @@ def test_generation_options_come_from_generation_config():
     from dataclasses import fields
 
     from omnicore import GenerationConfig
-    from omnicore.cli.options import FIELD_HELP, gen_kwargs
+    from omnicore.apps.cli.options import FIELD_HELP, gen_kwargs
     from omnicore.model.config import FAST_PROFILE, resolve_generation_config
 
     names = [f.name for f in fields(GenerationConfig)]
@@ -269,8 +269,8 @@ def test_usage_errors_are_one_line(capsys):
 def test_interrupts_and_os_errors_are_one_line(tmp_path, capsys, monkeypatch):
     import signal
 
-    import omnicore.cli as cli
-    from omnicore.cli import common
+    import omnicore.apps.cli as cli
+    from omnicore.apps.cli import common
 
     out = str(tmp_path / "x.wav")
     for exc, code, match in ((KeyboardInterrupt(), 130, "interrupted"),
@@ -354,7 +354,7 @@ def test_batch_runtime_failures_are_reported_and_the_rest_run(tmp_path, capsys):
 
 
 def _cli(*argv):
-    return [sys.executable, "-m", "omnicore.cli", *argv, "--model", TINY, "--steps", "2"]
+    return [sys.executable, "-m", "omnicore", *argv, "--model", TINY, "--steps", "2"]
 
 
 @pytest.mark.subprocess
@@ -505,7 +505,7 @@ def test_version():
 
     import omnicore
 
-    out = subprocess.run([sys.executable, "-m", "omnicore.cli", "--version"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "omnicore", "--version"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60, check=True).stdout
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert out == f"omnicore {version}\n" and omnicore.__version__ == version
@@ -569,7 +569,7 @@ def test_the_eta_leaves_the_kernels_compile_out(monkeypatch):
     a minute); a batch's ETA likewise."""
     from types import SimpleNamespace
 
-    from omnicore.cli import progress
+    from omnicore.apps.cli import progress
 
     clock = {"now": 100.0, "compiled": 0.0}
     monkeypatch.setattr(progress.time, "perf_counter", lambda: clock["now"])
@@ -596,7 +596,7 @@ def test_a_transcript_that_cannot_be_the_clips_is_one_warning_line(tmp_path):
     import subprocess
 
     def run(*argv):
-        argv = [sys.executable, "-m", "omnicore.cli", *argv, "--model", TINY, "-q"]
+        argv = [sys.executable, "-m", "omnicore", *argv, "--model", TINY, "-q"]
         if argv[3] != "clone-prompt":
             argv += ["--steps", "2"]
         done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -620,7 +620,7 @@ def test_precision_option_loads_the_profile(tmp_path, monkeypatch):
     """--precision on every model command (serve included) reaches from_pretrained; the choices
     are the backend's profiles; a profile changes the numbers, not what the command does."""
     from omnicore import OmniVoice
-    from omnicore.cli import common
+    from omnicore.apps.cli import common
     from omnicore.model import backend
 
     assert common.PRECISIONS == backend.PRECISIONS
@@ -647,7 +647,7 @@ def _run(argv, cwd=ROOT, env=None, status: int = 0):
     import subprocess
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    done = subprocess.run([sys.executable, "-m", "omnicore.cli", *argv], cwd=cwd, env=env,
+    done = subprocess.run([sys.executable, "-m", "omnicore", *argv], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == status, (argv, done.returncode, done.stderr)
     return done.stdout, done.stderr
@@ -713,7 +713,7 @@ def test_a_reader_gone_early_ends_quietly(argv):
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the first byte: every write is a broken pipe
     try:
-        proc = subprocess.run([sys.executable, "-m", "omnicore.cli", *argv], cwd=ROOT,
+        proc = subprocess.run([sys.executable, "-m", "omnicore", *argv], cwd=ROOT,
                               stdout=write, stderr=subprocess.PIPE, text=True, timeout=300)
     finally:
         os.close(write)
@@ -733,7 +733,7 @@ def test_omnicore_languages_into_head_ends_quietly():
     head = subprocess.Popen(["head", "-n", "1"], stdin=read, stdout=subprocess.PIPE)
     os.close(read)
     try:
-        proc = subprocess.run([sys.executable, "-m", "omnicore.cli", "languages"], cwd=ROOT,
+        proc = subprocess.run([sys.executable, "-m", "omnicore", "languages"], cwd=ROOT,
                               stdout=write, stderr=subprocess.PIPE, text=True, timeout=300)
     finally:
         os.close(write)
@@ -777,12 +777,12 @@ def test_an_alias_to_a_missing_voice_is_refused_before_the_model_loads(tmp_path,
     """`serve --voice-alias alloy=my_voice` without my_voice would answer 404 to every alloy
     request: it is refused at start-up, naming the command that makes the voice."""
     pytest.importorskip("uvicorn")
-    import omnicore.server
+    import omnicore.apps.server
 
     def refuse(*a, **k):
         raise AssertionError("the model was loaded before the refusal")
 
-    monkeypatch.setattr(omnicore.server, "server_state", refuse)
+    monkeypatch.setattr(omnicore.apps.server, "server_state", refuse)
     voices = tmp_path / "voices"
     serve = ["serve", "--model", TINY, "--voice-alias", "alloy=my_voice"]
     assert main(serve + ["--voices-dir", str(voices)]) == 2

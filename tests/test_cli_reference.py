@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from omnicore import cli
-from omnicore.cli.common import DEFAULT_MODEL
+from omnicore.apps import cli
+from omnicore.apps.cli.common import DEFAULT_MODEL
 from omnicore.model.config import GenerationConfig, resolve_generation_config
 from omnicore.pipeline import OmniVoice
 

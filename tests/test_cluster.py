@@ -12,8 +12,8 @@ import soundfile as sf
 
 from conftest import require_module
 from omnicore.audio import writers
-from omnicore import cluster
-from omnicore.cli import main
+from omnicore.apps import cluster
+from omnicore.apps.cli import main
 from omnicore.errors import InputError
 
 pytestmark = pytest.mark.subprocess
@@ -73,8 +73,8 @@ TORN = '{"id": "j11", "sta'
 
 def _run(ray, jobs_path, out, on_record=None) -> dict:
     """The driver as the CLI calls it, with a hook on each result."""
-    from omnicore.cli import build_parser
-    from omnicore.cli.batch import run_ray_batch
+    from omnicore.apps.cli import build_parser
+    from omnicore.apps.cli.batch import run_ray_batch
 
     args = build_parser().parse_args(["batch", jobs_path, "--out-dir", str(out), "--ray", "--workers", "2",
                                       "--threads-per-worker", "1", *FAST])

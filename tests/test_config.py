@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from omnicore import checkpoint
-from omnicore.checkpoint import read_json
+from omnicore.machinery import checkpoint
+from omnicore.machinery.checkpoint import read_json
 from omnicore.model.config import GenerationConfig, OmniVoiceConfig, Qwen3Config
 from omnicore.errors import ConfigError, InputError
 

@@ -62,8 +62,8 @@ from omnicore.audio import loading
 from omnicore.model import backbone as bb
 from omnicore.model.config import GenerationConfig, HiggsAudioV2TokenizerConfig, OmniVoiceConfig, Qwen3Config
 from omnicore.errors import OmniCoreError, VoicePromptError
-from omnicore import checkpoint
-from omnicore.warmup import warm_up
+from omnicore.machinery import checkpoint
+from omnicore.machinery.warmup import warm_up
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from omnicore.model import conv_kernels, higgs_codec, hubert, jit, kernels
 from omnicore.model.resample import resample
 from omnicore.model.config import DacConfig, HiggsAudioV2TokenizerConfig, HubertConfig
 from omnicore.errors import AudioError, ConfigError, InputError, WeightsError
-from omnicore import checkpoint
+from omnicore.machinery import checkpoint
 from omnicore.model.weights import ParamReader
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """omnicore's modules import each other without a cycle (at module level or inside functions,
-nested packages included), the model imports nothing of the product around it, and every
-module imports on its own."""
+nested packages included), the model imports nothing of the product around it, the floors hold
+(apps over the core over the machinery), and every module imports on its own."""
 
 from __future__ import annotations
 
@@ -91,6 +91,37 @@ def test_the_model_imports_nothing_of_the_product():
 def test_streaming_and_engine_do_not_import_the_api():
     for m in ("streaming", "engine", "voice", "model.higgs_codec", "model.unmasking"):
         assert "pipeline" not in _imports(m), m
+
+
+def _floor(m: str) -> str:
+    top = m.split(".")[0]
+    if top == "__main__":  # `python -m omnicore`: the command line's entrance
+        return "apps"
+    return top if top in ("apps", "machinery", "model") else "core"
+
+
+def test_the_floors_hold():
+    """The apps stand on the core API; the core (and its model) never reach up into an app;
+    the machinery serves the core and imports nothing of it but the model."""
+    floors = {m: _floor(m) for m in MODULES}
+    assert {"apps", "machinery", "model", "core"} <= set(floors.values())
+    for m in MODULES:
+        for dep in _imports(m) - SHARED:
+            if floors[m] != "apps":
+                assert floors[dep] != "apps", f"{m} ({floors[m]}) imports the app {dep}"
+            if floors[m] == "machinery":
+                assert floors[dep] in ("machinery", "model"), f"{m} imports {dep} of the core"
+    assert "apps.cli" in _imports("__main__")  # `python -m omnicore` is the command line
+
+
+def test_the_test_machinery_is_not_in_the_package():
+    assert not list(PACKAGE.glob("testing/*.py"))
+    for m in MODULES:
+        for node in ast.walk(ast.parse(FILES[m].read_text(encoding="utf-8"))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [
+                a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if any(n.split(".")[0] == "omnicore_testing" for n in names):
+                assert m == "machinery.settings", f"{m} imports the test machinery"  # strict only
 
 
 @pytest.mark.parametrize("module", [m for m in MODULES if not m.endswith("__main__")])

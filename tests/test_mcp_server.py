@@ -76,7 +76,7 @@ class Session:
 
 def stdio_params(*flags) -> StdioServerParameters:
     return StdioServerParameters(command=sys.executable,
-                                 args=["-m", "omnicore.cli", "mcp", "--model", str(TINY),
+                                 args=["-m", "omnicore", "mcp", "--model", str(TINY),
                                        "--profile", "exact", *map(str, flags)],
                                  env={"PYTHONPATH": str(ROOT)}, cwd=str(ROOT))
 
@@ -261,8 +261,8 @@ def test_audio_past_the_inline_limit_is_linked_or_compressed(mcp, out_dir, house
 def test_clone_voice_without_a_needed_consent_is_a_tool_error(tiny_model, tmp_path):
     """Where a cloned voice needs its speaker's consent, clone_voice without one (or with an
     unknown one) is a tool error naming the argument, in the agent's terms."""
-    from omnicore.server.mcp_server import McpDoor
-    from omnicore.server.state import ServerState
+    from omnicore.apps.server.mcp_server import McpDoor
+    from omnicore.apps.server.state import ServerState
 
     server = ServerState(tiny_model, tmp_path / "voices", require_consent=True)
     clip = base64.b64encode(CLIP.read_bytes()).decode()
@@ -284,9 +284,9 @@ def test_a_folder_that_requires_consent_binds_a_door_started_without_the_flag(ti
     """A voices folder set to require consent (by `omnicore serve --require-consent`, say)
     binds `omnicore mcp` on it without the flag: clone_voice without a consent is refused and
     leaves nothing, the voice is made once a consent is named; design_voice needs none."""
-    from omnicore.server import VoiceLibrary
-    from omnicore.server.mcp_server import McpDoor
-    from omnicore.server.state import ServerState
+    from omnicore.apps.server import VoiceLibrary
+    from omnicore.apps.server.mcp_server import McpDoor
+    from omnicore.apps.server.state import ServerState
 
     folder = tmp_path / "voices"
     VoiceLibrary(folder, require_consent=True)
@@ -314,8 +314,8 @@ def test_a_folder_that_requires_consent_binds_a_door_started_without_the_flag(ti
 def test_a_cancelled_call_leaves_the_engine_within_steps(tiny_model, tmp_path):
     """What an MCP client's cancel does to the tool (its task cancelled): the call's passes
     leave the model's engine within a step or two, and its place is given back."""
-    from omnicore.server.mcp_server import McpDoor
-    from omnicore.server.state import ServerState
+    from omnicore.apps.server.mcp_server import McpDoor
+    from omnicore.apps.server.state import ServerState
 
     long = " ".join(f"Sentence {i} of a story that goes on and on." for i in range(60))
     server = ServerState(tiny_model, tmp_path / "voices")
@@ -429,7 +429,7 @@ def test_stdio_answers_unreadable_lines_and_logs_its_start_on_stderr(house_voice
         "protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "test", "version": "0"}}}
     with open(tmp_path / "stderr.log", "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "omnicore.cli", "mcp", "--model",
+        proc = subprocess.Popen([sys.executable, "-m", "omnicore", "mcp", "--model",
                                  str(TINY), "--voices-dir", str(house_voices), *STEPS],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                                 cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
@@ -458,8 +458,8 @@ def test_speak_names_its_profile(tiny_model, tmp_path):
     """The speak tool's description says which profile speaks (the server's --profile): an
     agent's user can see that the door's default, live, is approximate."""
     from omnicore import OmniVoice
-    from omnicore.server.mcp_server import McpDoor
-    from omnicore.server.state import ServerState
+    from omnicore.apps.server.mcp_server import McpDoor
+    from omnicore.apps.server.state import ServerState
 
     async def description(model):
         server = ServerState(model, tmp_path / "voices")

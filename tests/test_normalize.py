@@ -209,7 +209,7 @@ def test_language_codes_resolve_as_in_the_reference():
 
 
 def test_cli_say_and_batch_normalize_text(tmp_path):
-    from omnicore import cli
+    from omnicore.apps import cli
 
     _require_tn()
     common = ["--model", str(TINY), "--steps", "2", "--seed", "3", "--language", "en", "-q"]

@@ -27,7 +27,7 @@ def test_import_loads_nothing_heavy_and_every_stage_imports_cleanly():
     code = ("import sys, omnicore\n"
             "assert 'numba' not in sys.modules, 'import omnicore should be light'\n"
             "from omnicore import OmniVoice, VoiceClonePrompt, Synthesis, GenerationConfig\n"
-            "import omnicore.cli, omnicore.streaming, omnicore.model.higgs_codec, omnicore.model.backbone\n"
+            "import omnicore.apps.cli, omnicore.streaming, omnicore.model.higgs_codec, omnicore.model.backbone\n"
             f"bad = [m for m in {FORBIDDEN!r} if m in sys.modules]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -50,7 +50,7 @@ def test_every_declared_dependency_is_imported():
 
 def test_console_script_is_declared():
     text = (ROOT / "pyproject.toml").read_text("utf-8")
-    assert 'omnicore = "omnicore.cli:main"' in text
+    assert 'omnicore = "omnicore.apps.cli:main"' in text
 
 
 def test_the_licence_ships_in_the_wheel_and_the_sdist(tmp_path):

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from omnicore.model import packed_unmasking as pu
 from omnicore.model import unmasking as um
 from omnicore.model.config import GenerationConfig
-from omnicore.checkpoint import load_tokenizer
+from omnicore.machinery.checkpoint import load_tokenizer
 from omnicore.model.tokenizer import prepare_item
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Multi-speaker scripts (omnicore/script.py and `omnicore script`), on the tiny random checkpoint.
+"""Multi-speaker scripts (omnicore/apps/script.py and `omnicore script`), on the tiny random checkpoint.
 
 What is checked: every malformed script or voice mapping is a typed error naming the line (or
 the speaker) before any generation; the joined output is exactly the turns' own audio with
@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from omnicore import OmniVoice, Synthesis, VoiceClonePrompt, cli
+from omnicore import OmniVoice, Synthesis, VoiceClonePrompt
+from omnicore.apps import cli
 from omnicore.audio import postprocess
 from omnicore.text import limits
 from omnicore.errors import AudioError, InputError, VoicePromptError
-from omnicore.script import (MAX_GAP_S, MAX_SCRIPT_CHARS, MAX_TURNS, check_gap, check_script,
+from omnicore.apps.script import (MAX_GAP_S, MAX_SCRIPT_CHARS, MAX_TURNS, check_gap, check_script,
                              load_voices_file, parse_script, parse_voices, synthesize_script)
 from omnicore.voice import voice_from_synthesis
 

@@ -36,7 +36,7 @@ from omnicore import OmniVoice, VoiceClonePrompt  # noqa: E402
 from openai import NOT_GIVEN  # noqa: E402
 from omnicore.errors import OmniCoreError  # noqa: E402
 from omnicore.audio.writers import to_pcm16  # noqa: E402
-from omnicore.server import encode_audio  # noqa: E402
+from omnicore.apps.server import encode_audio  # noqa: E402
 
 pytestmark = pytest.mark.subprocess
 
@@ -55,7 +55,7 @@ def _start(voices_dir, *extra):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("OMNICORE_API_KEY", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "omnicore.cli", "serve", "--model", str(TINY), "--port", str(port),
+        [sys.executable, "-m", "omnicore", "serve", "--model", str(TINY), "--port", str(port),
          "--voices-dir", str(voices_dir), "-q", "--profile", "exact", *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -608,7 +608,7 @@ def test_speech_body_takes_every_generation_field():
     from dataclasses import fields
 
     from omnicore.model.config import GenerationConfig
-    from omnicore.server.protocol import HTTPError, parse_speech
+    from omnicore.apps.server.protocol import HTTPError, parse_speech
 
     defaults = {f.name: f.default for f in fields(GenerationConfig)}
     assert parse_speech({"input": "Hi.", **defaults})["gen"] == defaults
@@ -622,7 +622,7 @@ def test_speech_body_takes_every_generation_field():
 
 
 def test_serve_flags_checked_before_the_model_loads(capsys):
-    from omnicore.cli import main
+    from omnicore.apps.cli import main
 
     assert main(["serve", "--model", str(TINY), "--max-queue", "0"]) == 2
     assert main(["serve", "--model", str(TINY), "--max-concurrency", "0"]) == 2
@@ -632,7 +632,7 @@ def test_serve_flags_checked_before_the_model_loads(capsys):
 def test_voice_library_loads_reference_pt_prompts(tmp_path):
     """A prompt saved by the reference (`.pt`) dropped into the voices folder is a voice; an
     omnicore .npz of the same name wins; DELETE removes either file."""
-    from omnicore.server import VoiceLibrary
+    from omnicore.apps.server import VoiceLibrary
 
     fixtures = Path(__file__).parent / "fixtures" / "reference"
     shutil.copy(fixtures / "voice_full.pt", tmp_path / "refvoice.pt")
@@ -661,8 +661,8 @@ def test_slot_is_given_back_on_every_exit_path():
     refuses with 429."""
     from omnicore.engine import EngineLoad
     from omnicore.errors import CancelledError
-    from omnicore.server.protocol import HTTPError
-    from omnicore.server.state import ServerState
+    from omnicore.apps.server.protocol import HTTPError
+    from omnicore.apps.server.state import ServerState
 
     class IdleEngine:
         trace = None
@@ -766,8 +766,8 @@ def failing_server():
     """An in-process server (one run slot) on a model whose "Fail..." texts fail mid-way."""
     import uvicorn
 
-    from omnicore.server.app import create_app
-    from omnicore.server.state import ServerState
+    from omnicore.apps.server.app import create_app
+    from omnicore.apps.server.state import ServerState
 
     state = ServerState(_FailingModel(OmniVoice.from_pretrained(TINY)), max_queue=2,
                         max_concurrency=1)

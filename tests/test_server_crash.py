@@ -31,8 +31,8 @@ httpx = require_module("httpx")
 sf = require_module("soundfile")
 
 from omnicore import VoiceClonePrompt  # noqa: E402
-from omnicore.server import VoiceLibrary  # noqa: E402
-from omnicore.server.library import read_record  # noqa: E402
+from omnicore.apps.server import VoiceLibrary  # noqa: E402
+from omnicore.apps.server.library import read_record  # noqa: E402
 
 pytestmark = pytest.mark.subprocess
 

@@ -132,8 +132,8 @@ def test_client_mistakes_are_4xx_in_one_shape(ops):
         assert assert_client_error(r)["code"] == "invalid_json"
     r = httpx.post(url + "/v1/voices", headers=AUTH, json={"name": "abc\n", "instruct": "male"})
     assert assert_client_error(r)["code"] == "invalid_voice_name"  # names are matched whole
-    from omnicore.server.protocol import HTTPError
-    from omnicore.server.voices import VoiceLibrary
+    from omnicore.apps.server.protocol import HTTPError
+    from omnicore.apps.server.voices import VoiceLibrary
 
     with pytest.raises(HTTPError):
         VoiceLibrary.check_name("abc\n")
@@ -500,7 +500,7 @@ def test_every_error_code_is_documented():
             if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "HTTPError"
                     and len(node.args) >= 4 and isinstance(node.args[3], ast.Constant)):
                 codes.add(node.args[3].value)
-    from omnicore.server.protocol import ERROR_KINDS
+    from omnicore.apps.server.protocol import ERROR_KINDS
 
     codes |= {code for _, _, code in ERROR_KINDS}
     assert len(codes) > 30, codes

@@ -251,7 +251,7 @@ def test_library_start_removes_what_a_killed_change_left(tmp_path):
     (under the lock), and keeps every whole voice and consent and every file not its own. A
     consent record naming a file outside its own is damaged: kept for inspection, never
     followed."""
-    from omnicore.server import VoiceLibrary
+    from omnicore.apps.server import VoiceLibrary
 
     lib = VoiceLibrary(tmp_path)
     whole = VoiceClonePrompt(np.zeros((8, 5), np.int64), "Whole.", 0.05)
@@ -470,8 +470,8 @@ def test_the_consent_policy_is_the_folders(tmp_path):
     without the flag on a folder that requires it refuses a cloned voice without a consent
     (a designed one needs none), and a failed create removes only what it wrote. Only an
     explicit False lifts it; a damaged policy file requires consent."""
-    from omnicore.server import VoiceLibrary
-    from omnicore.server.protocol import HTTPError
+    from omnicore.apps.server import VoiceLibrary
+    from omnicore.apps.server.protocol import HTTPError
 
     voice = VoiceClonePrompt(np.zeros((8, 5), np.int64), "A voice.", 0.05)
     VoiceLibrary(tmp_path, require_consent=True)  # what `serve --require-consent` does
@@ -506,7 +506,7 @@ def test_without_a_folder_the_voices_outlive_the_server(tmp_path, monkeypatch):
     """`omnicore serve` without --voices-dir keeps its voices in the user's data folder
     ($XDG_DATA_HOME/omnicore/voices), named in its start-up lines: a voice made before a
     restart is there after it. OMNICORE_VOICES_DIR chooses another folder for every door."""
-    from omnicore.server import server_state
+    from omnicore.apps.server import server_state
 
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     folder = tmp_path / "data" / "omnicore" / "voices"

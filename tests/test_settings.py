@@ -20,7 +20,7 @@ def _run(code, **env):
                           timeout=300)
 
 
-_POOLS = ("from omnicore import settings; settings.configure(); import threading, numba; "
+_POOLS = ("from omnicore.machinery import settings; settings.configure(); import threading, numba; "
           "out = [numba.get_num_threads()]; "
           "t = threading.Thread(target=lambda: out.append(numba.get_num_threads())); t.start(); t.join(); "
           "print(numba.config.NUMBA_NUM_THREADS, *out)")
@@ -37,12 +37,12 @@ def test_omnicore_num_threads_sizes_the_pools():
 
 @pytest.mark.subprocess
 def test_a_bad_backend_name_is_refused_by_the_configuration_step():
-    bad = _run("from omnicore import settings; settings.configure()", OMNICORE_BACKEND="tpu")
+    bad = _run("from omnicore.machinery import settings; settings.configure()", OMNICORE_BACKEND="tpu")
     assert bad.returncode != 0 and "OMNICORE_BACKEND='tpu'" in bad.stderr and "ConfigError" in bad.stderr
 
 
 _TWICE = r"""
-from omnicore import settings
+from omnicore.machinery import settings
 from omnicore.errors import ConfigError
 from omnicore.model import backend, jit
 first = settings.configure(parallel_kernels=True)
@@ -65,8 +65,8 @@ def test_configure_is_idempotent_and_keeps_its_backend():
 
 @pytest.mark.subprocess
 def test_the_strict_backend_comes_from_the_testing_package():
-    out = _run("from omnicore import settings; from omnicore.model import backend; "
-               "from omnicore.model.backend import xp; from omnicore.testing import strictxp; "
+    out = _run("from omnicore.machinery import settings; from omnicore.model import backend; "
+               "from omnicore.model.backend import xp; from omnicore_testing import strictxp; "
                "settings.configure(); print(backend.name(), isinstance(xp.zeros(2, xp.float32), strictxp.StrictArray))",
                OMNICORE_BACKEND="strict")
     assert out.returncode == 0, out.stderr[-2000:]

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnicore import OmniVoice, checkpoint
+from omnicore import OmniVoice
+from omnicore.machinery import checkpoint
 from omnicore.engine import Engine, PassSpec
 from omnicore.model import backbone, higgs_codec, spec, unmasking
 from omnicore.model.config import GenerationConfig

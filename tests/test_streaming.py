@@ -24,7 +24,7 @@ from omnicore.audio import postprocess, streamjoin, writers
 from omnicore.audio.postprocess import fade_and_pad, join_chunks
 from omnicore.text import planner
 from omnicore import streaming as S
-from omnicore.cli import main
+from omnicore.apps.cli import main
 from omnicore.errors import AudioError, InputError
 from omnicore.model.config import GenerationConfig, resolve_generation_config
 

@@ -1,8 +1,8 @@
 """The device code path, proven on the CPU: the pipeline under OMNICORE_BACKEND=strict.
 
-The strict backend (`omnicore/testing/strictxp.py`) refuses what CuPy refuses (implicit conversion to
+The strict backend (`omnicore_testing/strictxp.py`) refuses what CuPy refuses (implicit conversion to
 numpy, host arrays mixed into device operations, Numba kernels) plus any float64 array on the
-device, and counts every host <-> device transfer (`omnicore/testing/transfers.py`). The backend is
+device, and counts every host <-> device transfer (`omnicore_testing/transfers.py`). The backend is
 chosen once per process, so `tests/device_child.py` runs the tiny checkpoint's pipeline in a child process
 under it: generate in auto / design / clone mode, a voice prompt, a packed batch with seeded
 sampling, a stream (and the live profile's streams), codec decode (one-shot, batched,
@@ -223,10 +223,10 @@ def test_replay_refuses_host_round_trips():
     makes a data-sized result is refused from the second call on (a graph could not hold it)."""
     code = """
 import numpy as np
-from omnicore import settings
+from omnicore.machinery import settings
 from omnicore.model import backend
 from omnicore.model.backend import xp
-from omnicore.testing.transfers import CaptureError
+from omnicore_testing.transfers import CaptureError
 settings.configure()
 a = backend.to_device(np.arange(6, dtype=np.float32))
 out = backend.to_device(np.zeros(6, dtype=np.float32))
@@ -263,7 +263,7 @@ def test_no_float64_on_the_device(device):
 
 
 def test_strict_arrays_refuse_what_cupy_refuses_and_float64():
-    from omnicore.testing import strictxp
+    from omnicore_testing import strictxp
 
     counts = []
     xp = strictxp.make_namespace(counts.append)
@@ -301,7 +301,7 @@ import json, sys
 import numpy as np
 from omnicore import OmniVoice
 from omnicore.model import backend
-from omnicore.testing import strictxp
+from omnicore_testing import strictxp
 gemms, real = [], backend.matmul_half
 
 

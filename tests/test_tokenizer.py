@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnicore import checkpoint
-from omnicore.checkpoint import load_tokenizer
+from omnicore.machinery import checkpoint
+from omnicore.machinery.checkpoint import load_tokenizer
 from omnicore.errors import ConfigError, InputError, ModelNotFoundError, WeightsError
 from omnicore.model.tokenizer import (NONVERBAL_TAGS, SPECIAL_TOKENS, TextTokenizer, combine_text,
                                       prepare_item, tokenize_with_nonverbal_tags)

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from omnicore import OmniVoice, VoiceClonePrompt, torchfile
-from omnicore.cli import main
+from omnicore import OmniVoice, VoiceClonePrompt
+from omnicore.machinery import torchfile
+from omnicore.apps.cli import main
 from omnicore.errors import VoicePromptError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from omnicore.model import scoring_kernels
 from omnicore.model import unmasking as um
 from omnicore.model.config import GenerationConfig
 from omnicore.errors import InputError
-from omnicore.checkpoint import load_tokenizer
+from omnicore.machinery.checkpoint import load_tokenizer
 from omnicore.model.tokenizer import PreparedItem, prepare_item
 
 

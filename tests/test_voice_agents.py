@@ -1,6 +1,6 @@
 """LiveKit Agents and Pipecat driving `omnicore serve` (a subprocess on the tiny checkpoint),
 each run directly, without a room or a transport server: their stock OpenAI TTS classes against
-/v1/audio/speech, and omnicore's own adapters (omnicore.voice_agents) against the WebSocket for
+/v1/audio/speech, and omnicore's own adapters (omnicore.apps.voice_agents) against the WebSocket for
 voice agents. Audio comes out in order at 24 kHz, a cancelled synthesis frees the server, and
 what unblocks the stock classes holds: OpenAI's `instructions` as prose, `x-request-id` on every
 response, mp3 frame by frame, voice aliases for clients that only allow OpenAI's names."""
@@ -34,8 +34,8 @@ from pipecat.tests.utils import QueuedFrameProcessor  # noqa: E402
 from pipecat.utils.asyncio.task_manager import TaskManager  # noqa: E402
 from pipecat.workers.runner import WorkerRunner  # noqa: E402
 
-from omnicore.voice_agents.livekit_tts import TTS as OmnicoreLiveKitTTS  # noqa: E402
-from omnicore.voice_agents.pipecat_tts import OmnicoreTTSService  # noqa: E402
+from omnicore.apps.voice_agents.livekit_tts import TTS as OmnicoreLiveKitTTS  # noqa: E402
+from omnicore.apps.voice_agents.pipecat_tts import OmnicoreTTSService  # noqa: E402
 
 pytestmark = pytest.mark.subprocess
 

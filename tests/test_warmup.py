@@ -1,4 +1,4 @@
-"""Compiling the kernels ahead of the first request: `omnicore.warmup`, `omnicore warmup`, and a
+"""Compiling the kernels ahead of the first request: `omnicore.machinery.warmup`, `omnicore warmup`, and a
 server that is not ready (/health: "warming up") until it is done."""
 
 import threading
@@ -8,8 +8,8 @@ import pytest
 
 from conftest import require_module
 from omnicore import OmniVoice
-from omnicore.cli import main
-from omnicore.warmup import NOTICE, PATHS, warm_up
+from omnicore.apps.cli import main
+from omnicore.machinery.warmup import NOTICE, PATHS, warm_up
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "weights" / "tiny-random"
@@ -34,7 +34,7 @@ WATCHED = """
 import json, sys
 import numpy as np
 from omnicore.model import jit, kernels
-from omnicore.warmup import CompileWatch
+from omnicore.machinery.warmup import CompileWatch
 
 said = []
 x, w = np.ones((4, 8), np.float32), np.ones(8, np.float32)
@@ -93,18 +93,18 @@ def test_a_server_says_warming_up_until_its_kernels_are_compiled(model, monkeypa
     require_module("httpx")
     from starlette.testclient import TestClient
 
-    import omnicore.warmup
-    from omnicore.server.app import create_app
-    from omnicore.server.state import ServerState
+    import omnicore.machinery.warmup
+    from omnicore.apps.server.app import create_app
+    from omnicore.apps.server.state import ServerState
 
     release, entered = threading.Event(), threading.Event()
-    real = omnicore.warmup.warm_up
+    real = omnicore.machinery.warmup.warm_up
 
     def held(m, *args, **kw):
         entered.set()
         release.wait(60)
         return real(m, ["decode"])
-    monkeypatch.setattr(omnicore.warmup, "warm_up", held)
+    monkeypatch.setattr(omnicore.machinery.warmup, "warm_up", held)
     state = ServerState(model, max_queue=2)
     client = TestClient(create_app(state))
     thread = state.warm_up_in_background()

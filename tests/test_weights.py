@@ -5,7 +5,7 @@ every key of the file used. The files themselves: test_checkpoint.py."""
 import numpy as np
 import pytest
 
-from omnicore import checkpoint
+from omnicore.machinery import checkpoint
 from omnicore.errors import WeightsError
 from omnicore.model.weights import ParamReader
 

@@ -26,8 +26,8 @@ from wyoming.tts import (Synthesize, SynthesizeChunk, SynthesizeStart, Synthesiz
                          SynthesizeStopped, SynthesizeVoice)
 
 from omnicore.audio.writers import to_pcm16  # noqa: E402
-from omnicore.server.state import ServerState  # noqa: E402
-from omnicore.server.wyoming_server import MAX_LINE_BYTES, WyomingServer  # noqa: E402
+from omnicore.apps.server.state import ServerState  # noqa: E402
+from omnicore.apps.server.wyoming_server import MAX_LINE_BYTES, WyomingServer  # noqa: E402
 
 SETTINGS = ("--steps", "4", "--seed", "7")  # seeded sampling: one client, so nothing shares a pass
 # The door's default profile is live (no --profile): its audio is the model's live stream.

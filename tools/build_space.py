@@ -24,7 +24,7 @@ end, so a failed build leaves OUT_DIR as it was. Then: `cd OUT_DIR && git add -A
 && git push` (or `hf upload user/space OUT_DIR . --repo-type space`).
 
 The Space compiles its kernels when it starts (the app warms up before it opens its page:
-omnicore.warmup), once per restart, or once per CPU with persistent storage and the Space
+omnicore.machinery.warmup), once per restart, or once per CPU with persistent storage and the Space
 variable NUMBA_CACHE_DIR=/data/numba (docs/platforms.md).
 
 A script in tools/ rather than an `omnicore` sub-command: it reads demo/ and pyproject.toml,

@@ -48,7 +48,7 @@ REPO_FOLDERS = ("omnicore", "tests", "tools", "benchmarks", "demo", "weights", "
 # method (or, failing that, something of the omnicore.model package).
 INSTANCES = {
     "model": ("omnicore.pipeline", "OmniVoice"),
-    "server": ("omnicore.server.state", "ServerState"),
+    "server": ("omnicore.apps.server.state", "ServerState"),
     "stream": ("omnicore.streaming", "SpeechStream"),
     "prompt": ("omnicore.voice", "VoiceClonePrompt"),
 }

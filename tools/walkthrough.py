@@ -33,7 +33,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout's omnicore, the one the page describes
 
-from omnicore import OmniVoice, checkpoint  # noqa: E402
+from omnicore import OmniVoice  # noqa: E402
+from omnicore.machinery import checkpoint  # noqa: E402
 from omnicore.audio import postprocess  # noqa: E402
 from omnicore.audio.writers import write_atomic  # noqa: E402
 from omnicore.model import backbone, backend, higgs_codec, kernels, scoring_kernels, unmasking  # noqa: E402
@@ -298,7 +299,7 @@ layer (`backbone._layer_fused`), the numpy/CuPy switch
 ([cost.py](../omnicore/model/cost.py)). How a checkpoint is read: `config.json` into frozen
 dataclasses ([config.py](../omnicore/model/config.py)) and every tensor taken by its key
 ([`weights.ParamReader`](../omnicore/model/weights.py)), from files that
-[omnicore/checkpoint.py](../omnicore/checkpoint.py) finds and reads safely.
+[omnicore/machinery/checkpoint.py](../omnicore/machinery/checkpoint.py) finds and reads safely.
 """
 
 

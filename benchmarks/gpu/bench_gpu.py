@@ -122,9 +122,9 @@ class Side:
 class OmnicoreSide(Side):
     def __init__(self, args):
         super().__init__(args)
-        from omnicore import settings
+        from omnicore.machinery import settings
         from omnicore.model import backend
-        from omnicore.testing import transfers
+        from omnicore_testing import transfers
 
         settings.configure()
         transfers.start()
@@ -267,7 +267,7 @@ def forward_f64(path, cfg, ids, audio_mask, T):
     """Float64 oracle of one row on the host, straight from the checkpoint file: [C, T, V]
     logits of its last T positions (the model's definition, nothing shared with omnicore's
     float32 code but the file reader)."""
-    from omnicore.checkpoint import SafetensorsFile
+    from omnicore.machinery.checkpoint import SafetensorsFile
 
     q = cfg.llm_config
     C, V, D, E = cfg.num_audio_codebook, cfg.audio_vocab_size, q.hidden_size, q.head_dim

@@ -22,7 +22,7 @@
 #   5. report    $OUT/table.md (markdown) and $OUT/timings.json (raw timings of every side)
 #
 # --dry-run: the same steps on the CPU: the tiny checkpoint, omnicore on the strict backend
-# (omnicore/strictxp.py), the reference on CPU torch in float32 if $REF_PYTHON exists (default
+# (omnicore_testing/strictxp.py), the reference on CPU torch in float32 if $REF_PYTHON exists (default
 # $OMNICORE_REF_VENV/bin/python), smaller sizes. Step 2 then only checks the tiny checkpoint.
 #
 # Environment: PYTHON (python3), REF_PYTHON (the reference's interpreter; default $PYTHON on a

@@ -29,7 +29,7 @@ Then how a checkpoint is read:
 docs/walkthrough.md follows one sentence through these stages with real shapes and values.
 Nothing here imports the product around it (engine, API, streaming, server, CLI, ...); the
 shared vocabulary is `omnicore.errors`. The product finds and reads the files
-(omnicore/checkpoint.py) and hands the model checked tensors. Nothing here reads a setting when
-it is imported: the configuration step (`omnicore.settings.configure`) hands the backend and
+(omnicore/machinery/checkpoint.py) and hands the model checked tensors. Nothing here reads a setting when
+it is imported: the configuration step (`omnicore.machinery.settings.configure`) hands the backend and
 threads to `backend` and `jit` before the first kernel.
 """

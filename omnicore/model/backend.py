@@ -4,7 +4,7 @@ Model code does `from omnicore.model.backend import xp` and writes `xp.matmul(..
 for arrays that live on the compute device. With the default backend `xp` holds numpy's
 functions, so the code reads exactly like plain numpy. `use("cupy")` (the configuration step
 does it for OMNICORE_BACKEND=cupy, with the `gpu` extra installed) swaps in CuPy, which mirrors
-the numpy API on an NVIDIA GPU; `use(Device(...))` swaps in a test backend (omnicore.testing's
+the numpy API on an NVIDIA GPU; `use(Device(...))` swaps in a test backend (omnicore_testing's
 strict arrays, which refuse what CuPy refuses, on the CPU). The choice is made once per
 process: the first use of `xp`, of a transfer or of a kernel fixes it (numpy if `use` was not
 called), and `use` then refuses to change it.
@@ -16,7 +16,7 @@ on any other backend (`jit.Kernel` chooses, from `name()`, at a kernel's first c
 step) so that repeating it is cheap: on CuPy as a CUDA graph, recorded at the second call.
 
 Every host <-> device copy goes through `to_device` / `to_numpy`; an observer set with
-`set_observer` sees each one that moves data (omnicore.testing counts them). With the numpy
+`set_observer` sees each one that moves data (omnicore_testing counts them). With the numpy
 backend there are none.
 """
 
@@ -115,7 +115,7 @@ def _cupy_device(graphs: bool) -> Device:
 
 def set_observer(fn) -> None:
     """fn(kind) is called for every transfer that moves data, kind "to_device" or "to_numpy"
-    (None: no observer). omnicore.testing counts transfers with it."""
+    (None: no observer). omnicore_testing counts transfers with it."""
     global _observer
     _observer = fn
 

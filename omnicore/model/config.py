@@ -1,7 +1,7 @@
 """Frozen configuration dataclasses, one per pipeline stage, built from the checkpoint's JSON.
 
 Field names are the Hugging Face ones, so `config.json` maps onto them one to one (`from_dict`;
-omnicore.checkpoint reads the file). Unknown JSON fields are ignored (the hub file carries
+omnicore.machinery.checkpoint reads the file). Unknown JSON fields are ignored (the hub file carries
 training-only keys); missing required fields or values omnicore cannot run raise ConfigError
 naming the file and field.
 

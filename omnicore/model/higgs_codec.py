@@ -14,7 +14,7 @@ second frame, semantic conv encoder; (acoustic) DAC encoder -> concat, acoustic 
 Public API (pure functions over params, arrays and the config):
     load_params(reader, cfg, encoder=True) -> CodecParams     (decoder-only with encoder=False)
     load_encoder_params(reader, cfg, params) -> CodecParams   (add the encoder half later)
-    (omnicore.checkpoint.load_codec and load_codec_encoder read them from a directory)
+    (omnicore.machinery.checkpoint.load_codec and load_codec_encoder read them from a directory)
     decode(params, codes, cfg) -> float32 waveform [hop*T] (or [B, hop*T] for codes [B, Q, T])
     decode_stream(params, codes, cfg, chunk_frames=50, overlap_frames=None, later_frames=None)
         -> waveform pieces (a first window of `chunk_frames`, then windows of `later_frames`)

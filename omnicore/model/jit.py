@@ -4,7 +4,7 @@ choice, made once, of which implementation of a kernel runs.
 The kernel modules (`kernels`, `scoring_kernels`, `conv_kernels`) write their loops as plain
 Python functions decorated with `njit` (or `twice`) from here. Importing them imports no Numba
 and reads no setting: `start()` does, once, before the first kernel runs (the configuration
-step, `omnicore.settings.configure`, calls it; otherwise the first kernel call does, with
+step, `omnicore.machinery.settings.configure`, calls it; otherwise the first kernel call does, with
 Numba's defaults). Numba sizes its thread pool when it is imported, which is why the import
 waits for `start`. `start` compiles nothing either: it turns every decorated function into a
 Numba dispatcher, which compiles (or loads from the on-disk cache) at its first call.

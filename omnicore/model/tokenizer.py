@@ -15,7 +15,7 @@ Dimension legend:
     C  audio codebooks (8)          S  length of the conditional row
     R  reference (prompt) frames    T  target frames to generate
 
-The text tokenizer is the checkpoint's own `tokenizer.json` (read by omnicore.checkpoint) run
+The text tokenizer is the checkpoint's own `tokenizer.json` (read by omnicore.machinery.checkpoint) run
 through the `tokenizers` library. The ids of OmniVoice's control tokens are read from that file, never assumed: the
 real checkpoint puts them at 151669..151675, the tiny test checkpoint somewhere else.
 """

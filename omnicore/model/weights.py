@@ -7,7 +7,7 @@ tensor with a WeightsError naming the file and key, and `finish` refuses a file 
 nobody took (a sign of a mismatched config).
 
 Where the tensors come from is not the model's business: a dict of arrays (tests, converted
-checkpoints), or a checkpoint file opened by the product (omnicore.checkpoint.SafetensorsFile),
+checkpoints), or a checkpoint file opened by the product (omnicore.machinery.checkpoint.SafetensorsFile),
 which also gives a tensor's shape before reading it (`shape_of`), can leave a large table on
 disk to be read by rows (`row_table`), and is closed with `close`.
 """

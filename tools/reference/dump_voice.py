@@ -3,7 +3,7 @@
 
     $OMNICORE_REF_VENV/bin/python tools/reference/dump_voice.py [CKPT_DIR] [OUT_DIR]
 
-omnicore reads these without torch (omnicore/torchfile.py); tests/test_torchfile.py checks that
+omnicore reads these without torch (omnicore/machinery/torchfile.py); tests/test_torchfile.py checks that
 it gets exactly what the reference stored. Files in tests/fixtures/reference/:
 
   voice_full.pt     create_voice_clone_prompt(speech_24k.wav, ref_text=speech.txt) on the tiny

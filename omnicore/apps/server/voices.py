@@ -1,0 +1,213 @@
+"""The server's voices: the OpenAI preset names as documented designed voices, the rules for
+names and labels, a voice as each API shows it, and a request's `voice` resolved to a prompt.
+The store itself is library.py.
+
+Dimensions: a prompt's codes are [C, T] (C codebooks, T frames at FRAME_RATE).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import InputError
+from ...model.config import FRAME_RATE, GenerationConfig
+from .library import VOICE_NAME, VoiceLibrary
+from .protocol import HTTPError
+
+MAX_LABEL_CHARS = 256  # an OpenAI voice's or consent's `name`: a label, not an identifier
+# A BCP 47 language tag as OpenAI's consents take it (en, en-US, zh-Hant-TW, ...).
+LANGUAGE_TAG = re.compile(r"[A-Za-z]{2,8}(-[A-Za-z0-9]{1,8})*")
+# Documented designed voices behind OpenAI's preset names: made once on first use, then stored.
+PRESET_SAMPLE_TEXT = "Hello! It is a pleasure to meet you, and I hope you have a wonderful day."
+PRESET_VOICES = {
+    "alloy": ("female, young adult, moderate pitch, american accent", 11),
+    "ash": ("male, middle-aged, low pitch, american accent", 12),
+    "ballad": ("male, young adult, moderate pitch, british accent", 13),
+    "coral": ("female, young adult, high pitch, american accent", 14),
+    "echo": ("male, young adult, moderate pitch, american accent", 15),
+    "fable": ("male, middle-aged, moderate pitch, british accent", 16),
+    "nova": ("female, young adult, moderate pitch, british accent", 17),
+    "onyx": ("male, middle-aged, very low pitch, american accent", 18),
+    "sage": ("female, middle-aged, low pitch, american accent", 19),
+    "shimmer": ("female, young adult, very high pitch, american accent", 20),
+    "verse": ("male, teenager, moderate pitch, american accent", 21),
+    "marin": ("female, middle-aged, moderate pitch, american accent", 22),
+    "cedar": ("male, elderly, low pitch, american accent", 23),
+}
+
+
+def describe_voice(name: str, prompt, record: dict) -> dict:
+    """A voice as /v1/voices shows it: its prompt's transcript and length, and its record. A
+    preset not made yet (`prompt` None) has the same fields, those of its prompt null."""
+    codes = None if prompt is None else np.asarray(prompt.ref_audio_tokens)  # [C, T]
+    consent = record.get("consent")
+    preset = PRESET_VOICES.get(name)
+    return {"id": name, "object": "voice", "name": record.get("name", name),
+            "type": record.get("type"), "created_at": record.get("created_at"),
+            "ref_text": None if prompt is None else prompt.ref_text,
+            "frames": None if codes is None else int(codes.shape[1]),
+            "seconds": None if codes is None else codes.shape[1] / FRAME_RATE,
+            "preset": preset[0] if preset else None, "seed": preset[1] if preset else None,
+            "made": prompt is not None,
+            "consent": consent["id"] if isinstance(consent, dict) else None}
+
+
+def list_voices(voices: VoiceLibrary) -> list[dict]:
+    """GET /v1/voices: the library's voices by name, then the presets not made yet (blocking:
+    it reads the folder)."""
+    items = voices.items()
+    made = {n for n, _ in items}
+    return ([describe_voice(n, prompt, voices.record(n)) for n, prompt in items]
+            + [describe_voice(n, None, {"type": "prompt"}) for n in PRESET_VOICES if n not in made])
+
+
+def openai_voice(name: str, record: dict) -> dict:
+    """A voice as OpenAI's API shows it (audio.voice); `prompt` only for a designed one."""
+    out = {"id": name, "object": "audio.voice", "name": record.get("name", name),
+           "type": "prompt" if record.get("type") == "prompt" else "audio_sample",
+           "created_at": record.get("created_at", 0)}
+    if out["type"] == "prompt" and record.get("prompt"):
+        out["prompt"] = record["prompt"]
+    return out
+
+
+def check_label(value, param: str) -> str:
+    """An OpenAI `name`: any text that is not blank, up to MAX_LABEL_CHARS, one line."""
+    if not isinstance(value, str) or not value.strip():
+        raise HTTPError(400, f"{param} is required (a non-blank string)", param, "invalid_value")
+    if len(value) > MAX_LABEL_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise HTTPError(400, f"{param} must be one line of at most {MAX_LABEL_CHARS} characters",
+                        param, "invalid_value")
+    return value
+
+
+def check_language_tag(value) -> str:
+    if not isinstance(value, str) or not LANGUAGE_TAG.fullmatch(value):
+        raise HTTPError(400, "language must be a BCP 47 language tag, e.g. 'en-US'", "language",
+                        "invalid_value")
+    return value
+
+
+def new_voice_id() -> str:
+    """A fresh id for a voice made through OpenAI's routes (a library name like any other)."""
+    return "voice_" + secrets.token_hex(12)
+
+
+def new_voice_name(voices: VoiceLibrary, name) -> str:
+    """A valid name that is neither taken in the library (409: VoiceLibrary.check_new) nor
+    one of the preset names, which stay the documented designed voices."""
+    name = VoiceLibrary.check_name(name)
+    if name in PRESET_VOICES:
+        raise HTTPError(409, f"{name!r} is a preset voice (a documented designed voice); "
+                             "choose another name", "name", "voice_reserved")
+    voices.check_new(name)
+    return name
+
+
+def designed_voice(model, instruct: str, seed: int, language=None, sample: str | None = None,
+                   on_step=None, num_step: int = GenerationConfig.num_step):
+    """Generate a sample once (seeded: the same inputs make the same voice) and keep its
+    codes as a voice."""
+    result = model.synthesize(sample or PRESET_SAMPLE_TEXT, instruct=instruct, seed=seed,
+                              language=language, num_step=num_step, on_step=on_step)[0]
+    return result.as_voice()
+
+
+def parse_alias(spec: str) -> tuple[str, str]:
+    """`NAME=VOICE` (omnicore serve --voice-alias) -> (NAME, VOICE), both valid voice names."""
+    name, sep, target = spec.partition("=")
+    if not sep or not VOICE_NAME.fullmatch(name) or not VOICE_NAME.fullmatch(target):
+        raise InputError(f"--voice-alias takes NAME=VOICE, two voice names (letters, digits, "
+                         f"'_' or '-'), e.g. alloy=my_voice; got {spec!r}")
+    return name, target
+
+
+def check_aliases(voices_dir, aliases: dict | None) -> None:
+    """At start-up, before the model loads: every alias (--voice-alias NAME=VOICE) names a voice
+    the library holds now, else an InputError saying how to make it (an alias to a missing
+    voice would answer 404 to every request for its name)."""
+    if not aliases:
+        return
+    if voices_dir is None:
+        raise InputError(f"--voice-alias {_alias_specs(aliases)} needs --voices-dir: without "
+                         "it the voice library starts empty, so the alias has no voice to speak as")
+    library = VoiceLibrary(voices_dir)
+    missing = {name: target for name, target in aliases.items() if library.get(target) is None}
+    if missing:
+        target = next(iter(missing.values()))
+        have = ", ".join(library.names()) or "none"
+        raise InputError(
+            f"--voice-alias {_alias_specs(missing)}: no voice "
+            f"{', '.join(repr(t) for t in dict.fromkeys(missing.values()))} in {voices_dir} "
+            f"(voices there: {have}). Make it first, e.g. `omnicore clone-prompt me.wav "
+            f"--ref-text \"What I say in me.wav.\" -o {Path(voices_dir) / target}.npz` "
+            "(docs/voices.md), then start the server")
+
+
+def _alias_specs(aliases: dict) -> str:
+    return ", ".join(f"{name}={target}" for name, target in aliases.items())
+
+
+def voice_name(voice) -> str:
+    """A request's `voice` (a name or {"id": name}) -> the name, checked whole."""
+    if isinstance(voice, dict):
+        voice = voice.get("id")
+    if not isinstance(voice, str) or not voice:
+        raise HTTPError(400, "voice must be a voice name or {\"id\": name}", "voice", "invalid_voice")
+    return VoiceLibrary.check_name(voice, "voice")
+
+
+def check_voice(voices: VoiceLibrary, voice, aliases=None) -> None:
+    """Before admission: a request's `voice` names a voice of the library, a preset or an
+    alias of a library voice (404 otherwise). Blocking: it reads the folder."""
+    name = voice_name(voice)
+    if name in (aliases or {}):
+        aliased(voices, name, aliases[name])
+    elif name not in PRESET_VOICES and voices.get(name) is None:
+        raise voice_not_found(name)
+
+
+def aliased(voices: VoiceLibrary, name: str, target: str):
+    """The library voice an alias (--voice-alias NAME=TARGET) speaks as; 404 when it is gone."""
+    prompt = voices.get(target)
+    if prompt is None:
+        raise HTTPError(404, f"voice {name!r} is an alias of {target!r} (--voice-alias), which is "
+                             "not in the voice library", "voice", "voice_not_found",
+                        hint="list_voices")
+    return prompt
+
+
+def resolve_voice(model, voices: VoiceLibrary, voice, on_step=None, aliases=None):
+    """A request's `voice` (a name or {"id": name}) -> a VoiceClonePrompt; a preset name not
+    made yet is designed now and stored (once, even for concurrent first uses). `aliases`
+    (name -> library voice) lets a name a client insists on (OpenAI's presets) speak as a
+    library voice: an alias wins over a preset or a voice of that name."""
+    voice = voice_name(voice)
+    if voice in (aliases or {}):
+        return aliased(voices, voice, aliases[voice])
+    prompt = voices.get(voice)
+    if prompt is not None:
+        return prompt
+    if voice in PRESET_VOICES:
+        with voices.making_lock(voice):
+            prompt = voices.get(voice)
+            if prompt is None:
+                instruct, seed = PRESET_VOICES[voice]
+                prompt = designed_voice(model, instruct, seed, on_step=on_step)
+                try:
+                    voices.add(voice, prompt, {"type": "prompt", "prompt": instruct})
+                except HTTPError as exc:  # another server sharing the folder made it meanwhile
+                    if exc.code != "voice_exists":
+                        raise
+                    prompt = voices.get(voice) or prompt
+            return prompt
+    raise voice_not_found(voice)
+
+
+def voice_not_found(name: str, param: str = "voice") -> HTTPError:
+    return HTTPError(404, f"unknown voice {name!r}", param, "voice_not_found",
+                     hint="list_voices")

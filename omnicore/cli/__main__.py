@@ -1,8 +1,0 @@
-"""`python -m omnicore.cli ...`: the `omnicore` command, for a checkout without the console script."""
-
-import sys
-
-from . import main
-
-if __name__ == "__main__":  # run as a program, not when imported (e.g. by the import tests)
-    sys.exit(main())
