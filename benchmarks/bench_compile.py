@@ -95,7 +95,10 @@ def _child(model_dir: str, path: str, steps: int) -> dict:
 
 
 def _warmup(model):
-    import omnicore.machinery.warmup as warmup  # not in every version of the code
+    try:  # not in every version of the code, nor in the same place
+        import omnicore.machinery.warmup as warmup
+    except ModuleNotFoundError:
+        import omnicore.warmup as warmup
 
     warmup.warm_up(model)
 
@@ -144,7 +147,8 @@ def main() -> None:
              "| warm: compile s | warm: load + run s |", "|---|---|---|---:|---:|---:|---:|"]
     print(f"load average before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}", flush=True)
     for model, path, tree in ((m, p, t) for m in models for p in args.paths for t in trees):
-        if path == "warmup" and not (tree / "omnicore" / "warmup.py").exists():
+        if path == "warmup" and not any((tree / "omnicore" / f).exists()
+                                        for f in ("warmup.py", "machinery/warmup.py")):
             continue  # that version has no warm-up of its own
         with tempfile.TemporaryDirectory(prefix="numba-cold-") as cache:
             cold = measure(model, path, args.steps, cache, tree)

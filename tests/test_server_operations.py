@@ -495,7 +495,7 @@ def test_every_error_code_is_documented():
 
     root = pathlib.Path(__file__).resolve().parents[1]
     codes = set()
-    for path in (root / "omnicore" / "server").glob("*.py"):
+    for path in (root / "omnicore" / "apps" / "server").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "HTTPError"
                     and len(node.args) >= 4 and isinstance(node.args[3], ast.Constant)):

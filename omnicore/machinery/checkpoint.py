@@ -82,7 +82,7 @@ def resolve_model_dir(name_or_path: str | os.PathLike, files: list[str] = MODEL_
         raise ModelNotFoundError(
             f"{name}: no such directory (relative to {os.getcwd()}), and not a hub repo id of "
             f"the form 'owner/name' (the OmniVoice checkpoint is '{HUB_REPO}')")
-    checkout = Path(__file__).resolve().parents[1]  # a source checkout's root, when it is one
+    checkout = Path(__file__).resolve().parents[2]  # a source checkout's root, when it is one
     if (checkout / name).is_dir():  # e.g. weights/tiny-random, run from another folder
         raise ModelNotFoundError(
             f"{name}: no such directory relative to {os.getcwd()}; omnicore's repository has "

@@ -58,7 +58,7 @@ def demo_module():
     `--ui`; a ConfigError, before any model loads, when it or gradio is missing."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[2] / "demo" / "app.py"
+    path = Path(__file__).resolve().parents[3] / "demo" / "app.py"
     if not path.is_file():
         raise ConfigError(f"--ui serves the demo of a source checkout ({path} is missing): "
                           "install from the repository with pip install -e '.[server,demo]'")
