@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from conftest import read_safetensors, require_file, require_module
 from omnicore.model import backbone as bb
 from omnicore.model import kernels
+from omnicore.model.fast_profile import make_prompt_cache
 from omnicore.errors import WeightsError
 from omnicore.machinery import checkpoint
 from omnicore.machinery.checkpoint import RowTable
@@ -204,7 +205,7 @@ def _cached_rows(cfg, batch):
     each conditional row: its positions before the targets."""
     ids, mask, lengths, T = packed_rows(batch)
     B = len(T)
-    caches = [bb.make_prompt_cache(cfg, lengths[b] - T[b]) for b in range(B)] + [None] * B
+    caches = [make_prompt_cache(cfg, lengths[b] - T[b]) for b in range(B)] + [None] * B
     return ids, mask, lengths, T, caches
 
 

@@ -53,10 +53,11 @@ def test_console_script_is_declared():
     assert 'omnicore = "omnicore.apps.cli:main"' in text
 
 
-def test_the_licence_ships_in_the_wheel_and_the_sdist(tmp_path):
-    """LICENSE is the full Apache-2.0 text, and both distributions carry it: built as a user
-    builds them (`python -m build`: the sdist, then the wheel from the sdist) from a copy of
-    what the build reads, so the checkout gets no build folders."""
+def test_the_wheel_and_the_sdist_carry_the_licence_and_every_part(tmp_path):
+    """LICENSE is the full Apache-2.0 text and both distributions carry it; the wheel holds
+    every part of the package and not the test machinery. Built as a user builds them
+    (`python -m build`: the sdist, then the wheel from the sdist) from a copy of what the
+    build reads, so the checkout gets no build folders."""
     import tarfile
     import zipfile
 
@@ -73,8 +74,9 @@ def test_the_licence_ships_in_the_wheel_and_the_sdist(tmp_path):
     for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"):
         if (ROOT / name).is_file():
             (src / name).write_bytes((ROOT / name).read_bytes())
-    shutil.copytree(ROOT / "omnicore", src / "omnicore",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.nbi", "*.nbc"))
+    for package in ("omnicore", "omnicore_testing"):  # the second must stay out of the wheel
+        shutil.copytree(ROOT / package, src / package,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.nbi", "*.nbc"))
     done = subprocess.run([sys.executable, "-m", "build", "--outdir", str(tmp_path / "dist"),
                            str(src)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -88,6 +90,11 @@ def test_the_licence_ships_in_the_wheel_and_the_sdist(tmp_path):
         info = next(n.split("/")[0] for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
         assert whl.read(f"{info}/licenses/LICENSE") == licence
         meta = whl.read(f"{info}/METADATA").decode()
+        names = set(whl.namelist())
+    # The three parts ship whole; the test machinery does not.
+    assert {"omnicore/__main__.py", "omnicore/model/spec.py", "omnicore/apps/cli/__init__.py",
+            "omnicore/apps/server/speaking.py", "omnicore/machinery/settings.py"} <= names
+    assert not [n for n in names if n.startswith("omnicore_testing")]
     assert "License-Expression: Apache-2.0" in meta and "License-File: LICENSE" in meta
 
 

@@ -84,7 +84,9 @@ def run_both(params, cfg, items, gens, seeds, joins, monkeypatch):
                 rows[b, 1], at = logits[:, at:at + packed[b].T], at + packed[b].T
         assert at == logits.shape[1]
         for b in active:
-            uncond = spec[b].uncond_logits(rows.get((b, 1))) if spec[b].use_uncond else None
+            uncond = rows.get((b, 1))
+            if spec[b].kept is not None and spec[b].use_uncond:
+                uncond = spec[b].kept.uncond_logits(uncond)
             um.unmask_step(spec[b], rows[b, 0], uncond)
             np.testing.assert_array_equal(spec[b].codes(), packed[b].codes(), err_msg=f"pass {b}")
             np.testing.assert_array_equal(spec[b].fill_step, packed[b].fill_step, err_msg=f"pass {b}")

@@ -27,7 +27,7 @@ import pytest
 
 from omnicore import GenerationConfig, OmniVoice
 from omnicore.errors import ConfigError, InputError
-from omnicore.model import cost, packed_unmasking, unmasking
+from omnicore.model import cost, fast_profile, packed_unmasking, unmasking
 from omnicore.engine import PassSpec
 from omnicore.model.config import (FAST_PROFILE, FIRST_CHUNK_SECONDS, LIVE_PROFILE,
                                    resolve_generation_config)
@@ -216,7 +216,7 @@ def test_a_pass_whose_kept_state_would_not_fit_is_refused_first(model, monkeypat
     forward = cost.forward_bytes(cfg, [L, T], [T, T])
     monkeypatch.setattr(cost, "MAX_PASS_BYTES", forward + kept // 2)  # exact fits, fast does not
     allocated = []
-    monkeypatch.setattr(unmasking, "make_prompt_cache",
+    monkeypatch.setattr(fast_profile, "make_prompt_cache",
                         lambda *a: allocated.append(a) or pytest.fail("allocated"))
     with pytest.raises(InputError, match="working memory"):
         model.synthesize(TEXT, language="en", duration=60 / 25, profile="fast", **GREEDY)

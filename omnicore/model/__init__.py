@@ -4,7 +4,8 @@ Start with spec.py: the whole model (text and a voice's clip -> codes -> wavefor
 numpy file, which the product is held to (tests/test_spec.py: codes equal, stages within
 stated bounds).
 
-Then the algorithm as the product runs it, one module per stage, each written to be read:
+Then the product's implementation, one module per stage, each naming the spec function it
+implements and held to it:
     tokenizer.py      text -> token ids; the prompt rows of one generation pass
     backbone.py       fused embeddings -> bidirectional Qwen3 -> audio-head logits
     unmasking.py      32 steps of guided, confidence-ordered unmasking -> codes [8, T]
@@ -17,6 +18,8 @@ Then how it is made fast (each fast form tested against the plain one it stands 
     scoring_kernels.py   the unmasking step's scoring: guided log-softmax, pick and fill
     conv_kernels.py      the codec's convolutions as GEMMs, and its Numba loops (Snake, GELU, ...)
     packed_unmasking.py  unmasking's step for every pass of an iteration at once (what runs)
+    fast_profile.py      the fast profile's kept state: the prompt's keys and values, reused
+                         unconditional logits, which rows a step runs (an approximation)
     jit.py               the kernels' machinery: Numba on demand, one implementation per kernel
     backend.py           the one numpy/CuPy switch (`xp`), device transfers, CUDA graphs
     cost.py              what one forward pass costs (memory, FLOPs), the limits a pass is held to
@@ -29,7 +32,7 @@ Then how a checkpoint is read:
 docs/walkthrough.md follows one sentence through these stages with real shapes and values.
 Nothing here imports the product around it (engine, API, streaming, server, CLI, ...); the
 shared vocabulary is `omnicore.errors`. The product finds and reads the files
-(omnicore/machinery/checkpoint.py) and hands the model checked tensors. Nothing here reads a setting when
-it is imported: the configuration step (`omnicore.machinery.settings.configure`) hands the backend and
-threads to `backend` and `jit` before the first kernel.
+(omnicore/machinery/checkpoint.py) and hands the model checked tensors. Nothing here reads a
+setting when it is imported: the configuration step (`omnicore.machinery.settings.configure`)
+hands the backend and threads to `backend` and `jit` before the first kernel.
 """

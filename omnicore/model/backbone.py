@@ -12,9 +12,9 @@ which is exactly what the reference computes with its padded batch and boolean m
 Why there is no KV cache: attention is bidirectional, so every position's keys and values
 depend on every other position of its row, and each unmasking step changes the ids of the
 masked targets. Nothing computed in one step stays valid in the next. The approximate "fast"
-profile keeps one all the same: a row can write the keys and values of its prompt positions to
-a `PromptCache` when it runs in full, and a later run of its targets alone reads them instead
-of recomputing the prompt (`Packing.caches`), accepting that they are a few steps old.
+profile keeps one all the same (model/fast_profile.py): a row can write the keys and values of
+its prompt positions to a `PromptCache` when it runs in full, and a later run of its targets
+alone reads them instead of recomputing the prompt (`Packing.caches`), a few steps old.
 
 Read in this order: the parameters, the packing, the two GEMM helpers, then the model
 (`embed`, `attention`, `decoder_layer`, `audio_logits`, `forward_rows`). `decoder_layer` is a
@@ -50,6 +50,7 @@ from . import backend, jit, kernels
 from .backend import to_device, to_numpy, xp
 from ..errors import WeightsError
 from .config import OmniVoiceConfig
+from .fast_profile import PromptCache
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -92,27 +93,6 @@ class BackboneParams:
 # ---------------------------------------------------------------------------------------------
 # Packing rows of different lengths
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PromptCache:
-    """The keys and values of the first P positions of one row (a pass's prompt: style and text
-    tokens, reference frames), after q/k norm and rotation, per layer: what the fast profile
-    keeps between the steps that run the row in full (which write them) and the steps that run
-    only its targets (which read them)."""
-
-    k: np.ndarray  # [layers, P, K*E]
-    v: np.ndarray  # [layers, P, K*E]
-
-    @property
-    def length(self) -> int:
-        return self.k.shape[1]
-
-
-def make_prompt_cache(cfg: OmniVoiceConfig, length: int) -> PromptCache:
-    q = cfg.llm_config
-    shape = (q.num_hidden_layers, length, q.num_key_value_heads * q.head_dim)
-    return PromptCache(xp.zeros(shape, dtype=xp.float32), xp.zeros(shape, dtype=xp.float32))
 
 
 @dataclass(frozen=True)

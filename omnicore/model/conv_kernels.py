@@ -1,5 +1,9 @@
 """The codec's compute kernels: convolutions as GEMMs, and the Numba loops between them.
 
+The fast forms of `spec.conv1d`, `spec.conv_transpose1d`, `spec.snake`, `spec.res_unit` and the
+HuBERT branch's `spec.gelu` and `spec.layer_norm` (its GroupNorm is `layer_norm` over time,
+per channel) in model/spec.py.
+
 Snake (DAC), GELU and GroupNorm (HuBERT), the plain, grouped and transposed convolutions, and
 the DAC residual unit fused chunk by chunk. Like every kernel module, each Numba kernel
 `_name_nb` sits beside a plain array twin `name_np` written with `xp`, and the public

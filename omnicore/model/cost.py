@@ -98,7 +98,7 @@ def pass_flops(cfg, gen, prompt: int, frames: int, guided: bool) -> int:
 
 def kept_bytes(cfg, gen, prompt: int, frames: int, guided: bool) -> int:
     """What one pass keeps from step to step beyond its rows and codes: with the fast profile
-    its prompt's keys and values (backbone.PromptCache: layers x 2 x [prompt, K*E]) and, with
+    its prompt's keys and values (fast_profile.PromptCache: layers x 2 x [prompt, K*E]) and, with
     guidance and uncond_every > 1, its last unconditional logits [C, frames, V] (live: the same).
     0 for exact."""
     if gen.profile == "exact":

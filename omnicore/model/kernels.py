@@ -1,5 +1,8 @@
 """The Numba loops between the backbone's GEMMs, each beside its plain-array twin.
 
+What they compute is written out inline in `spec.layer` (RMSNorm, q/k norm and RoPE, softmax,
+SwiGLU: model/spec.py); these are the fast forms of those lines.
+
 Numba where BLAS cannot help, BLAS (through `backend.matmul`) everywhere else. Every Numba loop
 `_name_nb` sits beside a plain array twin `name_np` written with `xp`, and the public `name(...)`
 is a `jit.Kernel`: on the numpy backend it runs the Numba loop, on any other the twin (or, for

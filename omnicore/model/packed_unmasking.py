@@ -12,7 +12,7 @@ array of noise to the device at most. Only class sampling goes pass by pass (its
 log-probabilities, one pass at a time).
 
 With the fast profile a step may run a pass's conditional row as its targets alone and skip
-its unconditional row (`PassState.rows_now`): such a step's layout of rows gets its own packing
+its unconditional row (`PassState.rows_now`, model/fast_profile.py): such a step's layout of rows gets its own packing
 and plan (`_Packed.layout`), its workspace a view of the whole rows' one, its ids gathered from
 the packed ids, and a skipped row's kept logits are scored after the forward's.
 
@@ -245,8 +245,8 @@ def iterate(params: BackboneParams, cfg: OmniVoiceConfig, states: Sequence[PassS
     # Packed rows: every conditional row, then the unconditional ones (passes with guidance).
     guided = [s for s in states if s.use_uncond]
     rows = [s.rows[0] for s in states] + [s.rows[1] for s in guided]
-    fast = any(s.cache is not None for s in states)  # whole rows then write prompt caches
-    caches = [s.cache for s in states] + [None] * len(guided) if fast else []
+    fast = any(s.kept is not None for s in states)  # whole rows then write prompt caches
+    caches = [s.kept and s.kept.cache for s in states] + [None] * len(guided) if fast else []
     pack, work, audio_mask = cache.get(cfg, rows, tuple(s.serial for s in states), caches)
     ids, plan = packed.ids, packed.plan
     # The fast profile: this step's rows, when they are not all whole (PassState.rows_now:
@@ -260,13 +260,13 @@ def iterate(params: BackboneParams, cfg: OmniVoiceConfig, states: Sequence[PassS
                           whole=True)  # [C, n, V]
     skipped = []
     for b, (s, r) in enumerate(zip(states, now)):
-        if s.kept_uncond is None:
+        if s.kept is None or s.kept.uncond is None:
             continue
         if len(r) > 1:  # its unconditional row ran: keep its logits for the steps that skip it
             u = int(plan.host["uncond_row"][b])
-            s.uncond_logits(logits[:, u:u + s.T])
+            s.kept.uncond_logits(logits[:, u:u + s.T])
         else:
-            skipped.append(s.kept_uncond)
+            skipped.append(s.kept.uncond)
     if skipped:  # the plan scores them after the forward's rows, in pass order
         logits = xp.concatenate([logits] + skipped, axis=1)  # [C, n + kept, V]
     ks = [s.cells_per_step[s.step] for s in states]

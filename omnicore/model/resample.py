@@ -1,5 +1,7 @@
 """Band-limited resampling with the same numbers as `torchaudio.functional.resample` (defaults).
 
+The product's form of `spec.resample` (model/spec.py), the same windowed-sinc kernel.
+
 The codec's semantic branch hears 16 kHz (24 kHz -> 16 kHz before HuBERT) and every voice
 reference is brought to 24 kHz first, so this is part of the model: its float32 windowed-sinc
 kernel must round as torchaudio's does for the encoder's codes to match.

@@ -1,5 +1,7 @@
 """The unmasking loop's scoring kernels: guided log-softmax, confidences, pick and fill.
 
+The fast forms of the scoring lines of `spec.unmask` (model/spec.py).
+
 An unmasking step turns the audio heads' logits of a pass into a best token and a confidence
 per cell (classifier-free guidance, log-softmax with MASK ruled out), then picks the step's
 share of cells by confidence minus the layer penalty and fills them. `guided_scores` scores one

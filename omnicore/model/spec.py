@@ -3,7 +3,9 @@
 The whole model as plain numpy, written to be read top to bottom, with nothing of omnicore's fast
 machinery: no kernels, no packing, no engine, no backend switch. It reads the same checkpoint
 as the product and runs end to end on it (slowly at full size). The product is held to it by
-tests/test_spec.py, which states what each comparison holds.
+tests/test_spec.py, which states what each comparison holds. "The reference" below is the
+official implementation (the `omnivoice` package, on PyTorch): where a line rounds as its float32
+code does, that is what keeps the greedy codes equal to its.
 
     checkpoint   config.json, model.safetensors, tokenizer.json, audio_tokenizer/
     prompt       [denoise] <lang> <instruct> <text> ref codes  MASK x T  (one row, C ids each)
@@ -19,14 +21,16 @@ estimate, cutting long text into chunks, a clip's silence trim and loudness befo
 and the output's post-processing.
 
 Dimension legend:
-    C  audio codebooks (8)    V  audio ids per codebook (1025, MASK = 1024)    T  target frames
+    C  audio codebooks (8)    V  audio ids per codebook (1025: N codewords, then MASK = 1024)
+    T  target frames
     L  positions of a row     R  reference frames (a cloned voice's codes)     D  hidden size
     F  MLP width              E  head dim      H  query heads      K  key/value heads (H / K
                               query heads share one)
     S  samples at a codec stage's rate (24 kHz at the waveform's end: 960 per frame)
-    Q  the codec's codebooks (8)   N  codewords of a codebook (1024)   d  codeword width
+    Q  the codec's codebooks (8: C)   N  codewords of a codebook (1024)   d  codeword width
     Dc codec latent (Ca + Ds)      Ca acoustic latent (256)   Ds HuBERT width (768)
     Fh HuBERT frames (50 a second)  P  a resampler's output phases
+    ch a convolution's channels (in the codec's shape comments)
 
 Why there is no KV cache: attention is bidirectional, so every position's keys depend on every
 other position of the row, and each step rewrites the masked targets. Nothing of one step is
@@ -112,13 +116,15 @@ def text_ids(tok, text: str) -> list:
         start = m.end()
     pieces.append(text[start:])
     ids = [i for p in pieces if p for i in tok.encode(p, add_special_tokens=False).ids]
-    return ids or tok.encode(text, add_special_tokens=True).ids
+    return ids or tok.encode(text, add_special_tokens=True).ids  # ("": the tokenizer's own)
 
 
 def prompt_row(cfg, tok, text, T, lang=None, instruct=None, ref_text=None, ref_codes=None,
                denoise=True):
     """The conditional row: ids [C, L] and audio_mask [L] (True from the audio part on)."""
     C, mask_id = cfg["num_audio_codebook"], cfg["audio_mask_id"]
+    # <|denoise|>: asks for clean speech whatever the reference clip's noise (the reference adds
+    # it whenever there is a clip)
     style = "<|denoise|>" if denoise and ref_codes is not None else ""
     style += f"<|lang_start|>{lang or 'None'}<|lang_end|>"  # a missing field is the word None
     style += f"<|instruct_start|>{instruct or 'None'}<|instruct_end|>"
@@ -167,10 +173,10 @@ def embed(cfg, W, ids, audio_mask):
     return x
 
 
-def layer(q_cfg, W, i, x, cos, sin):
+def layer(qwen, W, i, x, cos, sin):
     """One pre-norm Qwen3 decoder layer over one row, attention bidirectional: [L, D] -> [L, D]."""
-    p, eps = f"llm.layers.{i}.", q_cfg["rms_norm_eps"]
-    H, K, E = q_cfg["num_attention_heads"], q_cfg["num_key_value_heads"], q_cfg["head_dim"]
+    p, eps = f"llm.layers.{i}.", qwen["rms_norm_eps"]
+    H, K, E = qwen["num_attention_heads"], qwen["num_key_value_heads"], qwen["head_dim"]
     L = x.shape[0]
     h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
     q = (h @ W[p + "self_attn.q_proj.weight"].T).reshape(L, H, E)  # [L, D] -> [L, H, E]
@@ -192,13 +198,13 @@ def layer(q_cfg, W, i, x, cos, sin):
 
 def logits(cfg, W, ids, audio_mask, T):
     """ids [C, L] (the targets last) -> the audio heads' logits of the T targets [C, T, V]."""
-    q_cfg, C, V = cfg["llm_config"], cfg["num_audio_codebook"], cfg["audio_vocab_size"]
-    theta = q_cfg.get("rope_parameters", {}).get("rope_theta", q_cfg.get("rope_theta"))
-    cos, sin = rope(ids.shape[1], q_cfg["head_dim"], theta)
+    qwen, C, V = cfg["llm_config"], cfg["num_audio_codebook"], cfg["audio_vocab_size"]
+    theta = qwen.get("rope_parameters", {}).get("rope_theta", qwen.get("rope_theta"))
+    cos, sin = rope(ids.shape[1], qwen["head_dim"], theta)
     x = embed(cfg, W, ids, audio_mask)  # [L, D]
-    for i in range(q_cfg["num_hidden_layers"]):
-        x = layer(q_cfg, W, i, x, cos, sin)
-    h = rms_norm(x[-T:], W["llm.norm.weight"], q_cfg["rms_norm_eps"])  # the targets only
+    for i in range(qwen["num_hidden_layers"]):
+        x = layer(qwen, W, i, x, cos, sin)
+    h = rms_norm(x[-T:], W["llm.norm.weight"], qwen["rms_norm_eps"])  # the targets only
     return (h @ W["audio_heads.weight"].T).reshape(T, C, V).transpose(1, 0, 2)  # -> [C, T, V]
 
 
@@ -243,19 +249,21 @@ def unmask(cfg, W, row, audio_mask, T, num_step=32, guidance_scale=2.0, t_shift=
     tokens = np.full((C, T), MASK, np.int64)
     rng = np.random.default_rng(seed)
     for k in cells_per_step(C * T, num_step, t_shift):  # k: the cells this step fills
+        if k == 0:  # (a step due no cell changes nothing and draws no noise)
+            continue
         c = log_softmax(logits(cfg, W, row, audio_mask, T))  # [C, T, V]
         if guidance_scale != 0:  # pushed away from what the targets alone predict
+            # (the unconditional row is a row of its own: its positions start at 0)
             u = log_softmax(logits(cfg, W, uncond, np.ones(T, bool), T))
             c = log_softmax(c + f32(guidance_scale) * (c - u))
         c[..., MASK] = -np.inf  # MASK is never a prediction
         pred, conf = c.argmax(axis=-1), c.max(axis=-1)  # [C, T] each
-        if k == 0:
-            continue
         if class_temperature > 0:  # a Gumbel-max draw among each cell's best 10 % of ids
             top = np.argpartition(-c, math.ceil(0.1 * V) - 1, axis=-1)[..., :math.ceil(0.1 * V)]
             noisy = (np.take_along_axis(c, top, axis=-1) / f32(class_temperature)
                      + gumbel(rng, top.shape))
             pred = np.take_along_axis(top, noisy.argmax(axis=-1)[..., None], axis=-1)[..., 0]
+        # the "layer" is the codebook: a penalty per codebook index fills coarse ones first
         score = conf - f32(layer_penalty_factor) * np.arange(C, dtype=f32)[:, None]
         if position_temperature > 0:
             score = score / f32(position_temperature) + gumbel(rng, (C, T))
@@ -311,6 +319,8 @@ def decode(codec_cfg, W, codes):
         p = f"quantizer.quantizers.{q}."
         e = W[p + "codebook.embed"][codes[q]]  # [T, d]: the codewords
         z = z + linear(W, p + "project_out.", e)  # [T, d] -> [T, Dc]
+    # fc2 keeps what the acoustic decoder needs: the semantic half of the latent shapes the
+    # codes (it is what the encoder fused in), but no decoder of it runs here
     x = linear(W, "fc2.", z).T  # [T, Dc] -> [T, Ca] -> [Ca, T]
     x = conv1d(x, W["acoustic_decoder.conv1.weight"], W["acoustic_decoder.conv1.bias"], padding=3)
     for i, s in enumerate(codec_cfg["acoustic_model_config"]["upsampling_ratios"]):
@@ -318,7 +328,7 @@ def decode(codec_cfg, W, codes):
         x = snake(x, W[p + "snake1.alpha"])
         # kernel 2s, padding ceil(s/2), output padding s % 2: exactly s samples per input step
         x = conv_transpose1d(x, W[p + "conv_t1.weight"], W[p + "conv_t1.bias"], s,
-                             math.ceil(s / 2), s % 2)  # [C, S] -> [C/2, S s]
+                             math.ceil(s / 2), s % 2)  # [ch, S] -> [ch/2, S s]
         for j, dilation in enumerate((1, 3, 9)):
             x = res_unit(W, f"{p}res_unit{j + 1}.", x, dilation)
     x = snake(x, W["acoustic_decoder.snake1.alpha"])
@@ -395,8 +405,8 @@ def hubert_states(h_cfg, W, wav16):
     Fh, Ds = x.shape
     for i in range(h_cfg["num_hidden_layers"]):
         a = f"{p}encoder.layers.{i}."
-        q, k, v = (linear(W, f"{a}attention.{n}_proj.", x).reshape(Fh, H, Ds // H)
-                   for n in "qkv")  # [Fh, H, Ds/H] each
+        q, k, v = (linear(W, f"{a}attention.{t}_proj.", x).reshape(Fh, H, Ds // H)
+                   for t in "qkv")  # [Fh, H, Ds/H] each
         s = np.einsum("fhe,ghe->hfg", q, k) * f32((Ds // H) ** -0.5)  # [H, Fh, Fh], no mask
         s = np.exp(s - s.max(axis=-1, keepdims=True))
         o = np.einsum("hfg,ghe->fhe", s / s.sum(axis=-1, keepdims=True), v).reshape(Fh, Ds)
@@ -419,8 +429,9 @@ def latent(codec_cfg, W, wav):
     hop = math.prod(ac_cfg["downsampling_ratios"])  # 960 samples a frame
     rate, rate16 = codec_cfg["sample_rate"], codec_cfg["semantic_sample_rate"]
     wav = np.pad(wav.astype(f32), (0, -len(wav) % hop))  # whole frames
-    # semantic: HuBERT at 16 kHz (160 samples of silence each side), the mean of all its states,
-    # every second frame (HuBERT's 50 Hz to the codes' 25 Hz), then a small conv encoder
+    # semantic: HuBERT at 16 kHz (160 samples of silence each side, as the codec was trained),
+    # the mean of all its states (every layer's view, not the last one's alone), every second
+    # frame (HuBERT's 50 Hz to the codes' 25 Hz), then a small conv encoder
     wav16 = np.pad(resample(wav, rate, rate16), 160)
     states = hubert_states(codec_cfg["semantic_model_config"], W, wav16)
     acc = states[0].copy()
@@ -449,7 +460,7 @@ def latent(codec_cfg, W, wav):
         for j, dilation in enumerate((1, 3, 9)):
             x = res_unit(W, f"{p}res_unit{j + 1}.", x, dilation)
         x = conv1d(snake(x, W[p + "snake1.alpha"]), W[p + "conv1.weight"], W[p + "conv1.bias"],
-                   padding=math.ceil(s / 2), stride=s)  # [C, S] -> [2C, S/s]
+                   padding=math.ceil(s / 2), stride=s)  # [ch, S] -> [2 ch, S/s]
     x = conv1d(snake(x, W["acoustic_encoder.snake1.alpha"]), W["acoustic_encoder.conv2.weight"],
                W["acoustic_encoder.conv2.bias"], padding=1)  # [Ca, T]
     return linear(W, "fc.", np.concatenate([x, sem]).T)  # [T, Ca + Ds] -> [T, Dc]

@@ -27,8 +27,8 @@ holds the two to the same codes and fill steps, bit for bit.
 The fast profile (GenerationConfig.profile "fast", and "live" on top of it) changes which rows
 a step runs, never the step itself: between its refresh steps (every `prefix_refresh`) a pass's
 conditional row runs its targets alone, attending to the prompt's keys and values kept from the
-last full run (backbone.PromptCache), and its unconditional row runs every `uncond_every`
-steps, its logits reused in between (`PassState.rows_now`, `PassState.uncond_logits`).
+last full run, and its unconditional row runs every `uncond_every` steps, its logits reused
+in between. That kept state is the profile's own (model/fast_profile.py, `PassState.kept`).
 
 Randomness comes from numpy Generators, one per item, so an item's result depends only on its
 own inputs and seed, never on the other items of the batch. The reference draws from torch's
@@ -49,10 +49,11 @@ import numpy as np
 
 from ..errors import InputError
 from . import scoring_kernels
-from .backbone import BackboneParams, forward_rows, make_packing, make_prompt_cache, make_workspace
+from .backbone import BackboneParams, forward_rows, make_packing, make_workspace
 from .backend import to_device, to_numpy, xp
 from .config import GenerationConfig, OmniVoiceConfig, validate_sampling, validate_seed
 from .cost import check_pass_memory, kept_bytes
+from .fast_profile import Kept
 from .tokenizer import PreparedItem
 
 CLASS_TOP_RATIO = 0.1  # class sampling keeps the best ceil(10 % of V) tokens of a cell
@@ -160,12 +161,8 @@ class PassState:
             self.rows.append((to_device(np.array(item.uncond_ids)), item.uncond_audio_mask))
         self.num_out = [T] * len(self.rows)  # the targets end every row
         self.prompt = item.input_ids.shape[1] - T  # P: the positions before the targets
-        # The fast profile's kept state: the prompt's keys and values, the last unconditional
-        # logits (cost.kept_bytes counts both)
-        fast = gen.profile != "exact"  # fast, or live (fast underneath)
-        self.cache = make_prompt_cache(cfg, self.prompt) if fast else None
-        keep = fast and self.use_uncond and gen.uncond_every > 1
-        self.kept_uncond = xp.zeros((C, T, cfg.audio_vocab_size), xp.float32) if keep else None
+        # The fast profile's kept state (fast, or live: fast underneath); exact keeps nothing
+        self.kept = Kept(cfg, gen, self.prompt, T, self.use_uncond) if gen.profile != "exact" else None
         self.tokens = xp.full((C, T), self.mask_id, dtype=xp.int64)  # [C, T], MASK until filled
         self.filled_at = xp.full((C, T), -1, dtype=xp.int64)  # step of each fill, on the device
         self.cells_per_step = cells_per_step(C * T, gen.num_step, gen.t_shift)
@@ -183,26 +180,11 @@ class PassState:
         return self.use_uncond and self.gen.uncond_at(self.step)
 
     def rows_now(self):
-        """The rows this step runs, as (ids [C, L], audio_mask [L], offset, cache): the
-        conditional row, whole or (between the fast profile's refreshes) its targets alone
-        after its cached prompt, then the unconditional row if it runs. Views of self.rows."""
-        (ids, mask), P = self.rows[0], self.prompt
-        if self.cache is None or self.gen.full_row_at(self.step):
-            rows = [(ids, mask, 0, self.cache)]  # a whole row (re)writes its cache
-        else:
-            rows = [(ids[:, P:], mask[P:], P, self.cache)]
-        if self.runs_uncond:
-            rows.append((*self.rows[1], 0, None))
-        return rows
-
-    def uncond_logits(self, fresh):
-        """The unconditional logits [C, T, V] this step scores with: `fresh` from this step's
-        forward (kept, when later steps reuse them), or the kept ones."""
-        if fresh is None:
-            return self.kept_uncond
-        if self.kept_uncond is not None:
-            self.kept_uncond[...] = fresh
-        return fresh
+        """The rows this step runs, as (ids [C, L], audio_mask [L], offset, cache): exact runs
+        every row whole; the fast profile asks its kept state (`Kept.rows_now`)."""
+        if self.kept is not None:
+            return self.kept.rows_now(self.rows, self.step, self.runs_uncond)
+        return [(ids, mask, 0, None) for ids, mask in self.rows]
 
     def codes(self) -> np.ndarray:
         # a copy: the tokens may be a view into the buffers of the pack the pass last ran in
@@ -299,7 +281,9 @@ def generate_codes(params: BackboneParams, cfg: OmniVoiceConfig, items: Sequence
                               [s.T for s in states if s.runs_uncond], work=work)  # [C, T, V] per row
         fresh = iter(logits[len(states):])
         for s, cond in zip(states, logits):
-            uncond = s.uncond_logits(next(fresh) if s.runs_uncond else None) if s.use_uncond else None
+            uncond = next(fresh) if s.runs_uncond else None
+            if s.kept is not None and s.use_uncond:  # kept for, or standing in on, a skipped step
+                uncond = s.kept.uncond_logits(uncond)
             unmask_step(s, cond, uncond)
         if on_step is not None:
             on_step(step + 1, gen.num_step)
