@@ -69,7 +69,8 @@ def test_what_a_pass_keeps_is_what_the_cost_model_counts(cfg, guided, every):
     P, T = 37, 11
     gen = GenerationConfig(profile="fast", uncond_every=every)
     kept = Kept(cfg, gen, P, T, guided)
-    held = kept.cache.k.nbytes + kept.cache.v.nbytes + (0 if kept.uncond is None else kept.uncond.nbytes)
+    held = kept.cache.k.nbytes + kept.cache.v.nbytes
+    held += 0 if kept.uncond is None else kept.uncond.nbytes
     assert held == cost.kept_bytes(cfg, gen, P, T, guided)
     assert cost.kept_bytes(cfg, GenerationConfig(), P, T, guided) == 0  # exact keeps nothing
 

@@ -3,7 +3,7 @@ CUDA graphs.
 
 `configure()` is the one step that reads them: from its arguments, else from the environment
 
-    OMNICORE_BACKEND=numpy|cupy|strict   the array library (strict: the tests' backend, omnicore_testing/)
+    OMNICORE_BACKEND=numpy|cupy|strict   the array library (strict: the tests', omnicore_testing/)
     OMNICORE_NUM_THREADS=n               threads for Numba's pool and BLAS (default: all cores)
     OMNICORE_PARALLEL_KERNELS=1          the Numba kernels' parallel twins on
     OMNICORE_CUDA_GRAPHS=0               on CuPy, launch kernel by kernel (no CUDA graphs)

@@ -12,9 +12,10 @@ array of noise to the device at most. Only class sampling goes pass by pass (its
 log-probabilities, one pass at a time).
 
 With the fast profile a step may run a pass's conditional row as its targets alone and skip
-its unconditional row (`PassState.rows_now`, model/fast_profile.py): such a step's layout of rows gets its own packing
-and plan (`_Packed.layout`), its workspace a view of the whole rows' one, its ids gathered from
-the packed ids, and a skipped row's kept logits are scored after the forward's.
+its unconditional row (`PassState.rows_now`, asking model/fast_profile.py): such a step's layout
+of rows gets its own packing and plan (`_Packed.layout`), its workspace a view of the whole
+rows' one, its ids gathered from the packed ids, and a skipped row's kept logits are scored
+after the forward's.
 
 Every pass gets exactly what `unmask_step` would give it on its own rows: the same arithmetic
 per cell (one scoring routine behind both kernels), the same noise drawn from its generator in
@@ -246,7 +247,8 @@ def iterate(params: BackboneParams, cfg: OmniVoiceConfig, states: Sequence[PassS
     guided = [s for s in states if s.use_uncond]
     rows = [s.rows[0] for s in states] + [s.rows[1] for s in guided]
     fast = any(s.kept is not None for s in states)  # whole rows then write prompt caches
-    caches = [s.kept and s.kept.cache for s in states] + [None] * len(guided) if fast else []
+    caches = ([s.kept.cache if s.kept else None for s in states] + [None] * len(guided)
+              if fast else [])
     pack, work, audio_mask = cache.get(cfg, rows, tuple(s.serial for s in states), caches)
     ids, plan = packed.ids, packed.plan
     # The fast profile: this step's rows, when they are not all whole (PassState.rows_now:

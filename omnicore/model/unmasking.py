@@ -162,7 +162,8 @@ class PassState:
         self.num_out = [T] * len(self.rows)  # the targets end every row
         self.prompt = item.input_ids.shape[1] - T  # P: the positions before the targets
         # The fast profile's kept state (fast, or live: fast underneath); exact keeps nothing
-        self.kept = Kept(cfg, gen, self.prompt, T, self.use_uncond) if gen.profile != "exact" else None
+        fast = gen.profile != "exact"
+        self.kept = Kept(cfg, gen, self.prompt, T, self.use_uncond) if fast else None
         self.tokens = xp.full((C, T), self.mask_id, dtype=xp.int64)  # [C, T], MASK until filled
         self.filled_at = xp.full((C, T), -1, dtype=xp.int64)  # step of each fill, on the device
         self.cells_per_step = cells_per_step(C * T, gen.num_step, gen.t_shift)
