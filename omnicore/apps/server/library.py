@@ -17,6 +17,10 @@ does, which is written last and removed first, so concurrent creates and deletes
 leave it whole or absent, never half there. Without a folder the library lives in a private
 temporary one; the servers give it `default_folder()` instead, so their voices outlive them.
 
+Nothing outside the folder is the library's: a record, prompt or recording that is a symlink
+out of it is skipped like a damaged file (never read, copied in, or removed through), and a
+`consents/` that leads out of the folder holds no consents.
+
 The policy is the folder's, not a process's: a folder that requires consent refuses a cloned
 voice without one from every server on it, whatever flags that server was started with
 (`add`). Every record is checked when read (types, finite numbers): a bad one is skipped
@@ -86,8 +90,12 @@ def read_record(path: Path) -> dict | None:
         else:
             data = json.loads(raw)
             problem = None if isinstance(data, dict) else "not a JSON object"
+            if problem is None:  # JSON can spell a lone surrogate that no answer can encode
+                json.dumps(data, ensure_ascii=False).encode("utf-8")
     except OmniCoreError as exc:
         data, problem = None, str(exc)
+    except UnicodeEncodeError:
+        data, problem = None, "holds an unpaired surrogate (\\ud800-\\udfff), which is not text"
     except (ValueError, RecursionError):
         data, problem = None, "not a JSON object (malformed, or nested too deep)"
     if problem is None:
@@ -213,9 +221,13 @@ class VoiceLibrary:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / CONSENTS).mkdir(exist_ok=True)
+        self._real = os.path.realpath(self.folder)  # what "in the folder" means
         self._thread_lock = threading.Lock()
         self._cache_lock = threading.Lock()
         self._cache: dict[str, tuple[tuple, object]] = {}  # name -> (its file's stat, prompt)
+        # A prompt file that failed to load -> its stat then: not parsed again until it changes
+        # (a hostile file would cost its parse on every list).
+        self._failed: dict[Path, tuple] = {}
         self._making: dict[str, threading.Lock] = {}
         with self._locked():
             self.removed_temporaries = writers.remove_stale_temporaries(
@@ -239,15 +251,25 @@ class VoiceLibrary:
             finally:
                 os.close(fd)
 
+    def _inside(self, path: Path) -> bool:
+        """Whether `path`, its symlinks followed, lies in the folder (what the library may
+        read, copy or remove through)."""
+        return os.path.realpath(path).startswith(self._real + os.sep)
+
     def _remove_orphans(self) -> None:
         """What a process killed mid-change left (a record or consent copy without its prompt,
         a recording without its consent's record, an interrupted write's temporary file in
-        consents/). Under the lock: no change is half done now."""
+        consents/). Under the lock: no change is half done now. A `consents/` that leads out
+        of the folder is not swept: nothing outside the folder is the library's to remove."""
         for p in list(self.folder.glob("*.voice.json")) + list(self.folder.glob("*.consent.*")):
             name = p.name.split(".")[0]
             if VOICE_NAME.fullmatch(name) and self._prompt_path(name) is None and _plain(p):
                 _unlink(p)
         folder = self.folder / CONSENTS
+        if folder.is_symlink() or not self._inside(folder):
+            log.warning("Voice library: %s leads out of the folder; its consents are not "
+                        "read, and nothing in it is removed", folder)
+            return
         for p in folder.iterdir():
             if (p.suffix != ".json" and not (folder / f"{p.name.split('.')[0]}.json").exists()
                     and _plain(p)):
@@ -263,7 +285,7 @@ class VoiceLibrary:
         path = self.folder / POLICY
         if not os.path.lexists(path):
             return False
-        rec = read_record(path)
+        rec = read_record(path) if self._inside(path) else None
         value = None if rec is None else rec.get("require_consent")
         if isinstance(value, bool):
             return value
@@ -331,15 +353,24 @@ class VoiceLibrary:
                 st = path.stat()
             except OSError:
                 continue
-            key = (ext, st.st_ino, st.st_mtime_ns, st.st_size)
+            key = (ext, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
             with self._cache_lock:
                 hit = self._cache.get(name)
+                failed = self._failed.get(path) == key
             if hit is not None and hit[0] == key:
                 return hit[1]
+            if failed:
+                continue
             try:
+                if not self._inside(path):
+                    raise VoicePromptError("a symlink out of the voice library's folder")
                 prompt = self._cls.load(path)
             except VoicePromptError as exc:
                 _report(path, f"not a voice prompt that loads: {exc}")
+                with self._cache_lock:
+                    if len(self._failed) > 4096:  # a bound, whatever a folder holds
+                        self._failed.clear()
+                    self._failed[path] = key
                 continue
             with self._cache_lock:
                 self._cache[name] = (key, prompt)
@@ -352,7 +383,9 @@ class VoiceLibrary:
         """The voice's record (label, type, created_at, prompt, consent); a voice dropped into
         the folder by hand has none: then its name, a clone, and its file's time."""
         path = self._record_path(name)
-        rec = read_record(path)
+        rec = read_record(path) if self._inside(path) else None
+        if rec is None and os.path.lexists(path) and not self._inside(path):
+            _report(path, "a symlink out of the voice library's folder")
         if rec is not None:
             problem = _voice_problem(rec)
             if problem is None:
@@ -377,14 +410,20 @@ class VoiceLibrary:
                                      "prompt that loads (kept for inspection); remove it from the "
                                      "folder to use this name", "name", "voice_file_unreadable")
 
-    def add(self, name: str, prompt, record: dict | None = None, consent: str | None = None) -> dict:
+    def add(self, name: str, prompt, record: dict | None = None, consent: str | None = None,
+            replace: bool = False) -> dict:
         """Store a new voice with its record (and a copy of consent `consent`'s recording);
         409 when the name is taken (check_new), by this process or another; 400
         `consent_required` for a cloned voice without a consent in a folder that requires
-        one. Everything is checked before the first write, and a failed write removes only
-        what this call wrote. Returns the record."""
+        one; 409 `consent_recording_missing` when the consent's recording is gone (or is not
+        a file of the folder). Everything is checked before the first write, and a failed
+        write removes only what this call wrote. `replace`: overwrite the voice `name` (a
+        stale preset made again): its prompt first, then its record, so a change cut short
+        leaves the old record, which still says the prompt must be made again. Returns the
+        record."""
         with self._locked():
-            self.check_new(name)
+            if not replace:
+                self.check_new(name)
             record = {"name": name, "type": "audio_sample", "created_at": int(time.time()),
                       **(record or {})}
             rec = None if consent is None else self._consent_record(consent)
@@ -393,11 +432,21 @@ class VoiceLibrary:
                                 "consent_not_found", hint="create_consent")
             if consent is None and record["type"] != "prompt" and self.require_consent:
                 raise consent_required()
+            source = None if rec is None else self.folder / CONSENTS / rec["recording"]
+            if source is not None and not (source.is_file() and self._inside(source)):
+                raise HTTPError(409, f"consent {consent!r} has no recording in the voice library "
+                                     f"(its file {rec['recording']} is missing, or is not one of "
+                                     "the library's); record the consent again", "consent",
+                                "consent_recording_missing", hint="create_consent")
+            if replace:
+                prompt.save(self.folder / f"{name}.npz")
+                _write_json(self._record_path(name), record)
+                return record
             written = []
             try:
                 if rec is not None:
                     kept = self.folder / f"{name}.consent{Path(rec['recording']).suffix}"
-                    _copy_atomic(self.folder / CONSENTS / rec["recording"], kept)
+                    _copy_atomic(source, kept)
                     written.append(kept)
                     record["consent"] = {**public_consent(rec), "recording": kept.name}
                 _write_json(self._record_path(name), record)
@@ -418,6 +467,13 @@ class VoiceLibrary:
         with self._locked():
             if self.get(name) is None:
                 return False
+            for path in [*(self.folder / f"{name}{ext}" for ext in PROMPT_EXTS),
+                         self._record_path(name), *self.folder.glob(f"{name}.consent.*")]:
+                if not _plain(path):  # checked before the first removal: none is half done
+                    raise HTTPError(409, f"voice {name!r} cannot be deleted: the voice library "
+                                         f"holds a folder named {path.name}, which is not a "
+                                         "voice's file; remove it from the folder by hand",
+                                    "name", "voice_file_unremovable")
             existed = [_unlink(self.folder / f"{name}{ext}") for ext in PROMPT_EXTS]
             for path in [self._record_path(name), *self.folder.glob(f"{name}.consent.*")]:
                 _unlink(path)
@@ -437,6 +493,10 @@ class VoiceLibrary:
         if not isinstance(cid, str) or not CONSENT_ID.fullmatch(cid):
             return None
         path = self.folder / CONSENTS / f"{cid}.json"
+        if not self._inside(path):  # consents/ or the record leads out of the folder
+            if os.path.lexists(path):
+                _report(path, "a symlink out of the voice library's folder")
+            return None
         rec = read_record(path)
         if rec is None:
             return None

@@ -68,7 +68,7 @@ from .library import VoiceLibrary
 from .protocol import MAX_UPLOAD_BYTES, PROFILE_LABELS, HTTPError, as_http
 from .state import ServerState
 from .voice_making import check_consent, clip_voice_work, designed_voice_work, make_voice
-from .voices import describe_voice, list_voices, new_voice_name, voice_not_found
+from .voices import describe_voice, list_voices, new_voice_name, nothing_to_delete
 
 log = logging.getLogger("omnicore.mcp")
 AUDIO_FORMATS = ("wav", "mp3", "flac", "opus", "aac")  # self-describing files (not raw pcm)
@@ -278,8 +278,8 @@ class McpDoor:
             target = None if path is None else self.output_path(path, response_format)
             if instruct is not None:
                 frontend.resolve_instruct(instruct)  # strict: an unknown item is refused now
-            if voice is not None:
-                self.server.check_voice(voice)
+            if voice is not None:  # the library is read off the loop
+                await self.server.in_thread(self.server.check_voice, voice)
             given = {"language": language, "instruct": instruct, "speed": speed, "seed": seed}
             kw = {**self.synth, **{k: v for k, v in given.items() if v is not None}}
 
@@ -411,7 +411,7 @@ class McpDoor:
         """Delete a voice from the voice library (a preset is made again on its next use)."""
         name = VoiceLibrary.check_name(name)
         if not await self.server.in_thread(self.server.voices.delete, name):
-            raise voice_not_found(name, "name")
+            raise nothing_to_delete(name)
         return {"id": name, "deleted": True}
 
     async def list_languages(

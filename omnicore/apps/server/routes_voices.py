@@ -18,7 +18,7 @@ from .routes import is_form, read_form, route
 from .state import ServerState, client_gone
 from .voice_making import check_consent, clip_voice_work, designed_voice_work, make_voice
 from .voices import (check_label, describe_voice, list_voices, new_voice_id, new_voice_name,
-                     openai_voice, voice_not_found)
+                     nothing_to_delete, openai_voice, voice_not_found)
 
 
 # The fields of a designed voice on /v1/voices (JSON), and of a cloned one (multipart).
@@ -99,7 +99,7 @@ async def voice_delete(request: Request):
     server: ServerState = request.app.state.server
     name = VoiceLibrary.check_name(request.path_params["name"])
     if not await server.in_thread(server.voices.delete, name):
-        raise voice_not_found(name, "name")
+        raise nothing_to_delete(name)
     return JSONResponse({"id": name, "object": "voice", "deleted": True})
 
 
@@ -149,6 +149,6 @@ async def audio_voice_delete(request: Request):
     server: ServerState = request.app.state.server
     name = VoiceLibrary.check_name(request.path_params["voice_id"], "voice_id")
     if not await server.in_thread(server.voices.delete, name):
-        raise voice_not_found(name, "voice_id")
+        raise nothing_to_delete(name, "voice_id")
     return JSONResponse({"id": name, "object": "audio.voice.deleted", "deleted": True})
 

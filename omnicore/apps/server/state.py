@@ -195,8 +195,9 @@ class ServerState:
 
     def check_voice(self, voice) -> None:
         """A 404 now, before admission, for a `voice` that is neither a library voice, a preset
-        nor an alias (voices.check_voice); blocking: it reads the folder."""
-        check_voice(self.voices, voice, self.voice_aliases)
+        nor an alias (voices.check_voice), and a 409 for a voice another codec made;
+        blocking: it reads the folder."""
+        check_voice(self.voices, voice, self.voice_aliases, self.model)
 
     async def in_thread(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)

@@ -12,7 +12,7 @@ from .library import consent_required
 from .protocol import HTTPError, blame, body_field, checked
 from .state import ServerState
 from .uploads import decode_clip
-from .voices import PRESET_SAMPLE_TEXT, PRESET_VOICES, designed_voice
+from .voices import PRESET_SAMPLE_TEXT, PRESET_VOICES, designed_voice, maker
 
 
 def clip_voice_work(server: ServerState, data: bytes, ref_text, file_field: str):
@@ -75,4 +75,7 @@ async def make_voice(server: ServerState, admitted, name: str, work, record: dic
     kept: (its prompt, its record). 409 if another request, here or in another server on the
     folder, took the name meanwhile."""
     prompt = await admitted(work)
+    made = await server.in_thread(maker, server.model)
+    if made is not None:  # the record names the checkpoint whose codes these are
+        record = {**record, "made_by": made.record(designed=record.get("type") == "prompt")}
     return prompt, await server.in_thread(server.voices.add, name, prompt, record, consent)

@@ -2,22 +2,36 @@
 names and labels, a voice as each API shows it, and a request's `voice` resolved to a prompt.
 The store itself is library.py.
 
+A voice's codes mean something only to the codec that made them, and a designed voice's only
+to the model that designed it: every record the doors write names its maker (`made_by`: the
+checkpoint's name and fingerprint, checkpoint.fingerprint). A preset made by another model is
+stale (`is_stale`) and made again; a user's voice made with another codec is refused
+(`check_made_by`), saying how to make it again. A record from before this (no `made_by`) is
+used as it is, logged once.
+
 Dimensions: a prompt's codes are [C, T] (C codebooks, T frames at FRAME_RATE).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import logging
+import os
 import re
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ...errors import InputError
+from ...machinery import checkpoint
 from ...model.config import FRAME_RATE, GenerationConfig
 from .library import VOICE_NAME, VoiceLibrary
 from .protocol import HTTPError
 
+log = logging.getLogger("uvicorn.error")
 MAX_LABEL_CHARS = 256  # an OpenAI voice's or consent's `name`: a label, not an identifier
 # A BCP 47 language tag as OpenAI's consents take it (en, en-US, zh-Hant-TW, ...).
 LANGUAGE_TAG = re.compile(r"[A-Za-z]{2,8}(-[A-Za-z0-9]{1,8})*")
@@ -38,6 +52,109 @@ PRESET_VOICES = {
     "marin": ("female, middle-aged, moderate pitch, american accent", 22),
     "cedar": ("male, elderly, low pitch, american accent", 23),
 }
+
+
+@dataclass(frozen=True)
+class Maker:
+    """The checkpoint a server runs, as records name it: `name` for people (its folder's
+    name, or the hub repo), `model` the whole checkpoint's fingerprint (backbone and codec),
+    `codec` its codec's."""
+
+    name: str
+    model: str
+    codec: str
+
+    def record(self, designed: bool) -> dict:
+        """A record's `made_by`: the codec's fingerprint for a cloned voice (only the codec made
+        its codes), the whole model's too for a designed one."""
+        made = {"checkpoint": self.name, "codec": self.codec}
+        return {**made, "model": self.model} if designed else made
+
+
+def maker(model) -> Maker | None:
+    """The checkpoint `model` was loaded from (None for a model without a folder: its voices
+    are kept without a maker). Computed once per checkpoint and state of its files: a few KB
+    read, a few milliseconds."""
+    model_dir, codec = getattr(model, "model_dir", None), getattr(model, "codec", None)
+    codec_dir = getattr(codec, "dir", None)
+    if model_dir is None or codec_dir is None:
+        return None
+    stamps = []
+    for folder in (Path(model_dir), Path(codec_dir)):
+        for name in ("config.json", "model.safetensors"):
+            try:
+                st = os.stat(folder / name)
+            except OSError:
+                return None  # the files moved since the model loaded: no claim to make
+            stamps.append((st.st_ino, st.st_size, st.st_mtime_ns))
+    return _maker(str(model_dir), str(codec_dir), tuple(stamps))
+
+
+@functools.lru_cache(maxsize=8)
+def _maker(model_dir: str, codec_dir: str, stamps: tuple) -> Maker:
+    codec = checkpoint.fingerprint(codec_dir)
+    whole = hashlib.sha256(
+        (checkpoint.fingerprint(model_dir) + codec).encode()).hexdigest()[:16]
+    return Maker(_checkpoint_name(Path(model_dir)), whole, codec)
+
+
+def _checkpoint_name(folder: Path) -> str:
+    """What people call a checkpoint: the hub repo of a hub cache's snapshot
+    (.../models--k2-fsa--OmniVoice/snapshots/<hash>), else its folder's name (never the
+    server's path, which messages to clients must not show)."""
+    parts = folder.parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3][len("models--"):].replace("--", "/")
+    return folder.name
+
+
+def made_by(record: dict) -> dict | None:
+    """A record's maker, or None (a record from before makers were kept, or none at all)."""
+    made = record.get("made_by")
+    if isinstance(made, dict) and all(isinstance(made.get(k), str)
+                                      for k in ("checkpoint", "codec")):
+        return made
+    return None
+
+
+def is_stale(record: dict, model) -> bool:
+    """Whether a preset's record says another checkpoint made it (its whole model's
+    fingerprint differs from `model`'s), so it must be designed again with `model`. A record
+    without a maker is not stale: it is used as it is (`note_unmarked` logs it once)."""
+    made, now = made_by(record), maker(model)
+    return made is not None and now is not None and made.get("model") != now.model
+
+
+def check_made_by(name: str, record: dict, model, param: str = "voice") -> None:
+    """A 409 for a user's voice whose codes another codec made (they would be noise here),
+    naming both checkpoints and saying how to make it again."""
+    made, now = made_by(record), maker(model)
+    if made is None or now is None:
+        note_unmarked(name, record, made is None)
+        return
+    if made["codec"] == now.codec:
+        return
+    again = ("design it again with this server (DELETE it, then create it with the same "
+             f"description{' ' + repr(record['prompt']) if record.get('prompt') else ''})"
+             if record.get("type") == "prompt" else
+             "clone it again with this server (DELETE it, then create it from its clip)")
+    raise HTTPError(409, f"voice {name!r} was made with the codec of checkpoint "
+                         f"{made['checkpoint']!r} (codec {made['codec']}); this server runs "
+                         f"{now.name!r} (codec {now.codec}), to which its codes are noise. "
+                         f"To use it here, {again}", param, "voice_made_by_another_model")
+
+
+_unmarked: set[tuple] = set()
+
+
+def note_unmarked(name: str, record: dict, unmarked: bool) -> None:
+    """Log once per voice (and record) that it does not say which model made it."""
+    key = (name, record.get("created_at"))
+    if unmarked and key not in _unmarked and len(_unmarked) < 4096:
+        _unmarked.add(key)
+        log.info("Voice library: voice %r does not say which model made it (made before voices "
+                 "kept their model, or by hand); it is used as it is. If it sounds like noise, "
+                 "another checkpoint made it: delete it and make it again", name)
 
 
 def describe_voice(name: str, prompt, record: dict) -> dict:
@@ -76,9 +193,16 @@ def openai_voice(name: str, record: dict) -> dict:
 
 
 def check_label(value, param: str) -> str:
-    """An OpenAI `name`: any text that is not blank, up to MAX_LABEL_CHARS, one line."""
+    """An OpenAI `name`: any text that is not blank, up to MAX_LABEL_CHARS, one line, and
+    text (a lone surrogate such as "\\ud800", which JSON can spell but UTF-8 cannot, would
+    break every answer that lists it)."""
     if not isinstance(value, str) or not value.strip():
         raise HTTPError(400, f"{param} is required (a non-blank string)", param, "invalid_value")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise HTTPError(400, f"{param} holds an unpaired surrogate at character {exc.start}; "
+                             "it is not text (send UTF-8)", param, "invalid_value") from None
     if len(value) > MAX_LABEL_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise HTTPError(400, f"{param} must be one line of at most {MAX_LABEL_CHARS} characters",
                         param, "invalid_value")
@@ -99,11 +223,13 @@ def new_voice_id() -> str:
 
 def new_voice_name(voices: VoiceLibrary, name) -> str:
     """A valid name that is neither taken in the library (409: VoiceLibrary.check_new) nor
-    one of the preset names, which stay the documented designed voices."""
+    one of the preset names in any case (`Alloy` would sit beside `alloy` in every list),
+    which stay the documented designed voices."""
     name = VoiceLibrary.check_name(name)
-    if name in PRESET_VOICES:
-        raise HTTPError(409, f"{name!r} is a preset voice (a documented designed voice); "
-                             "choose another name", "name", "voice_reserved")
+    if name.lower() in PRESET_VOICES:
+        raise HTTPError(409, f"{name!r} is a preset voice's name (a documented designed voice; "
+                             "preset names are reserved in any case); choose another name",
+                        "name", "voice_reserved")
     voices.check_new(name)
     return name
 
@@ -161,51 +287,93 @@ def voice_name(voice) -> str:
     return VoiceLibrary.check_name(voice, "voice")
 
 
-def check_voice(voices: VoiceLibrary, voice, aliases=None) -> None:
+def check_voice(voices: VoiceLibrary, voice, aliases=None, model=None) -> None:
     """Before admission: a request's `voice` names a voice of the library, a preset or an
-    alias of a library voice (404 otherwise). Blocking: it reads the folder."""
+    alias of a library voice (404 otherwise), made with `model`'s codec when `model` is given
+    (409 otherwise: check_made_by). Blocking: it reads the folder."""
     name = voice_name(voice)
     if name in (aliases or {}):
-        aliased(voices, name, aliases[name])
-    elif name not in PRESET_VOICES and voices.get(name) is None:
+        aliased(voices, name, aliases[name], model)
+    elif voices.get(name) is not None:
+        if name not in PRESET_VOICES and model is not None:
+            check_made_by(name, voices.record(name), model)
+    elif name not in PRESET_VOICES:
         raise voice_not_found(name)
 
 
-def aliased(voices: VoiceLibrary, name: str, target: str):
-    """The library voice an alias (--voice-alias NAME=TARGET) speaks as; 404 when it is gone."""
+def aliased(voices: VoiceLibrary, name: str, target: str, model=None):
+    """The library voice an alias (--voice-alias NAME=TARGET) speaks as; 404 when it is gone,
+    409 when another codec made it (check_made_by)."""
     prompt = voices.get(target)
     if prompt is None:
         raise HTTPError(404, f"voice {name!r} is an alias of {target!r} (--voice-alias), which is "
                              "not in the voice library", "voice", "voice_not_found",
                         hint="list_voices")
+    if model is not None:
+        check_made_by(target, voices.record(target), model)
     return prompt
 
 
 def resolve_voice(model, voices: VoiceLibrary, voice, on_step=None, aliases=None):
     """A request's `voice` (a name or {"id": name}) -> a VoiceClonePrompt; a preset name not
-    made yet is designed now and stored (once, even for concurrent first uses). `aliases`
-    (name -> library voice) lets a name a client insists on (OpenAI's presets) speak as a
-    library voice: an alias wins over a preset or a voice of that name."""
+    made yet, or made by another checkpoint (is_stale), is designed now and stored (once, even
+    for concurrent first uses). `aliases` (name -> library voice) lets a name a client insists
+    on (OpenAI's presets) speak as a library voice: an alias wins over a preset or a voice of
+    that name. A user's voice made with another codec is a 409 (check_made_by)."""
     voice = voice_name(voice)
     if voice in (aliases or {}):
-        return aliased(voices, voice, aliases[voice])
+        return aliased(voices, voice, aliases[voice], model)
     prompt = voices.get(voice)
     if prompt is not None:
-        return prompt
-    if voice in PRESET_VOICES:
-        with voices.making_lock(voice):
-            prompt = voices.get(voice)
-            if prompt is None:
-                instruct, seed = PRESET_VOICES[voice]
-                prompt = designed_voice(model, instruct, seed, on_step=on_step)
-                try:
-                    voices.add(voice, prompt, {"type": "prompt", "prompt": instruct})
-                except HTTPError as exc:  # another server sharing the folder made it meanwhile
-                    if exc.code != "voice_exists":
-                        raise
-                    prompt = voices.get(voice) or prompt
+        record = voices.record(voice)
+        if voice not in PRESET_VOICES:
+            check_made_by(voice, record, model)
             return prompt
+        if not is_stale(record, model):
+            note_unmarked(voice, record, made_by(record) is None)
+            return prompt
+    if voice in PRESET_VOICES:
+        return make_preset(model, voices, voice, on_step)
     raise voice_not_found(voice)
+
+
+def make_preset(model, voices: VoiceLibrary, name: str, on_step=None):
+    """Preset `name` as `model` makes it: the library's when it is there and not stale,
+    else designed now and stored (replacing a stale one), once per process even for
+    concurrent callers. What a door calls to make its presets before it is ready."""
+    with voices.making_lock(name):
+        prompt = voices.get(name)
+        stale = prompt is not None and is_stale(voices.record(name), model)
+        if prompt is not None and not stale:
+            return prompt
+        instruct, seed = PRESET_VOICES[name]
+        if stale:
+            made = made_by(voices.record(name)) or {}
+            log.info("Voice library: preset %r was made by checkpoint %r; making it again with "
+                     "%r", name, made.get("checkpoint"), getattr(maker(model), "name", None))
+        prompt = designed_voice(model, instruct, seed, on_step=on_step)
+        record = {"type": "prompt", "prompt": instruct}
+        now = maker(model)
+        if now is not None:
+            record["made_by"] = now.record(designed=True)
+        try:
+            voices.add(name, prompt, record, replace=stale)
+        except HTTPError as exc:  # another server sharing the folder made it meanwhile
+            if exc.code != "voice_exists":
+                raise
+            prompt = voices.get(name) or prompt
+        return prompt
+
+
+def nothing_to_delete(name: str, param: str = "name") -> HTTPError:
+    """What deleting a voice the library does not hold answers: a preset not made yet is
+    listed (list_voices) but has no file to delete, and says so."""
+    if name in PRESET_VOICES:
+        return HTTPError(404, f"{name!r} is a preset voice not made in this library yet: "
+                              "nothing to delete (it is designed on its first use; once made, "
+                              "deleting it makes it again on its next use)", param,
+                         "voice_not_found")
+    return voice_not_found(name, param)
 
 
 def voice_not_found(name: str, param: str = "voice") -> HTTPError:

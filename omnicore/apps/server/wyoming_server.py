@@ -334,20 +334,21 @@ class Connection:
                 forget(exc)
 
     async def handle(self, event: Event) -> None:
+        # The library is read in a worker thread: a slow or hostile file never holds the loop.
         if Describe.is_type(event.type):
-            await self.send(self.door.info())
+            await self.send(await self.server.in_thread(self.door.info))
         elif Ping.is_type(event.type):
             await self.send(Pong(text=event.data.get("text")).event())
         elif Synthesize.is_type(event.type):
             if self.stream is None:  # inside a stream it repeats the stream's text: ignored
-                voice = self.voice_of(event)
+                voice = await self.server.in_thread(self.voice_of, event)
                 self.add_text(voice, _text(event.data), streamed=False).end_input()
         elif SynthesizeStart.is_type(event.type):
             if self.stream is not None:
                 raise BadEvent("synthesize-start inside a stream: send synthesize-stop first")
             # Open before its voice is read: a refused start still ends at its synthesize-stop.
             self.stream = {"voice": None, "pending": "", "utterance": None, "failed": False}
-            self.stream["voice"] = self.voice_of(event)
+            self.stream["voice"] = await self.server.in_thread(self.voice_of, event)
         elif SynthesizeChunk.is_type(event.type):
             if self.stream is None:
                 raise BadEvent("synthesize-chunk outside a stream: send synthesize-start first")
@@ -383,9 +384,15 @@ class Connection:
         return name, language
 
     def has_voice(self, name: str) -> bool:
+        """Whether `name` is a voice here; a voice another codec made is refused, not
+        replaced: its owner is told how to make it again."""
         try:
             self.server.check_voice(name)
-        except (HTTPError, OmniCoreError):
+        except HTTPError as exc:
+            if exc.code == "voice_made_by_another_model":
+                raise
+            return False
+        except OmniCoreError:
             return False
         return True
 
