@@ -154,6 +154,7 @@ class VoiceClonePrompt:
                     raise VoicePromptError(
                         f"{path}: not an omnicore voice prompt (not an .npz archive). Create one "
                         "with `omnicore clone-prompt ref.wav --ref-text '...' -o voice.npz`.")
+                _check_npz_bounds(path)
                 with np.load(path, allow_pickle=False) as z:
                     shape, dtype = _npz_member_shape(z, "ref_audio_tokens")
                     if (len(shape) != 2 or not 1 <= shape[0] <= 64
@@ -199,6 +200,30 @@ PROMPT_CODEBOOKS = 8
 PROMPT_CODEBOOK_SIZE = 1024
 # The meta JSON holds a format tag, a version, ref_text and ref_rms: a few KB at most.
 _MAX_META_BYTES = 1 << 20
+
+
+# What a prompt's .npz may hold, as stored (np.savez does not compress): its two members, the
+# codes at their largest ([64, MAX_REF_FRAMES] int64) and the metadata, each with its header.
+_NPZ_MEMBERS = {"ref_audio_tokens.npy": 64 * limits.MAX_REF_FRAMES * 8 + 4096,
+                "meta.npy": _MAX_META_BYTES + 4096}
+_MAX_NPZ_BYTES = sum(_NPZ_MEMBERS.values()) + 4096
+
+
+def _check_npz_bounds(path) -> None:
+    """Refuse, before a byte is inflated, an .npz that is larger than any prompt, or whose
+    members are not a prompt's or would expand past a prompt's size (a zip bomb would cost
+    its inflation on every read)."""
+    size = Path(path).stat().st_size
+    if size > _MAX_NPZ_BYTES:
+        raise VoicePromptError(f"{path}: {size:,} bytes, larger than any voice prompt "
+                               f"({_MAX_NPZ_BYTES:,}); not an omnicore voice prompt")
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            bound = _NPZ_MEMBERS.get(info.filename)
+            if bound is None or info.file_size > bound:
+                raise VoicePromptError(
+                    f"{path}: holds {info.filename[:80]!r} ({info.file_size:,} bytes expanded), "
+                    "which no voice prompt holds; not an omnicore voice prompt")
 
 
 def _npz_member_shape(z, name: str) -> tuple[tuple[int, ...], np.dtype]:

@@ -534,3 +534,132 @@ def test_without_a_folder_the_voices_outlive_the_server(tmp_path, monkeypatch):
         assert state.voices.folder == tmp_path / "chosen" and state.voices.persistent
     finally:
         state.close()
+
+
+def _designed(url: str, name: str) -> None:
+    r = _get(url + "/v1/voices", method="POST", json={
+        "name": name, "instruct": "female, low pitch", "num_step": 1, "text": "Hi there."})
+    assert r.status_code == 201, r.text
+
+
+def test_a_label_that_is_not_text_is_refused_and_costs_only_its_own_entry(servers, voices_dir):
+    """A lone surrogate is JSON but not text: as a voice's or a consent's label it is a 400
+    (it would break every answer that lists it), and a record on disk that holds one (written
+    by an older server, or by hand) costs its own entry in the lists, never the list."""
+    body = b'{"name": "\\ud800 x", "type": "prompt", "prompt": "female", "num_step": 1}'
+    r = _get(servers[0] + "/v1/audio/voices", method="POST", content=body,
+             headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "name", r.text
+    consent = _get(servers[0] + "/v1/audio/voice_consents", method="POST",
+                   data={"name": "Plain", "language": "en"},
+                   files={"recording": ("c.wav", _wav(1.0), "audio/wav")}).json()["id"]
+    r = _get(f"{servers[1]}/v1/audio/voice_consents/{consent}", method="POST",
+             content=b'{"name": "\\udfff"}', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "name", r.text
+    assert _get(f"{servers[0]}/v1/audio/voice_consents/{consent}").json()["name"] == "Plain"
+
+    _designed(servers[0], "odd_label")
+    record = voices_dir / "odd_label.voice.json"
+    record.write_text(record.read_text().replace('"name": "odd_label"', '"name": "\\ud800 x"'))
+    odd = "cons_" + "e" * 24
+    (voices_dir / "consents" / f"{odd}.json").write_text(
+        '{"id": "%s", "object": "audio.voice_consent", "name": "\\udfff", "language": "en", '
+        '"created_at": 1, "recording": "%s.wav"}' % (odd, odd))
+    try:
+        for url in servers:
+            r = _get(url + "/v1/voices")
+            assert r.status_code == 200, r.text
+            shown = {v["id"]: v for v in r.json()["data"]}
+            assert shown["odd_label"]["name"] == "odd_label"  # a voice without its record
+            assert _get(url + "/v1/voices/odd_label").status_code == 200
+            r = _get(url + "/v1/audio/voice_consents?limit=100")
+            assert r.status_code == 200 and consent in {c["id"] for c in r.json()["data"]}
+            assert odd not in {c["id"] for c in r.json()["data"]}
+    finally:
+        (voices_dir / "consents" / f"{odd}.json").unlink()
+        assert _get(servers[0] + "/v1/voices/odd_label", method="DELETE").status_code == 200
+
+
+def test_preset_names_are_reserved_in_any_case(servers):
+    for name in ("Alloy", "ALLOY", "Cedar"):
+        r = _get(servers[0] + "/v1/voices", method="POST", json={
+            "name": name, "instruct": "female", "num_step": 1, "text": "Hi there."})
+        assert (r.status_code, r.json()["error"]["code"]) == (409, "voice_reserved"), r.text
+    r = _get(servers[1] + "/v1/voices/ash", method="DELETE")  # listed, not made: nothing to delete
+    assert r.status_code == 404 and "preset voice not made" in r.json()["error"]["message"]
+
+
+def test_a_folder_where_a_record_should_be_deletes_nothing(servers, voices_dir):
+    """A folder named like a voice's record: DELETE is a 409 that names it, checked before
+    anything is removed, so the voice stays whole and usable."""
+    _designed(servers[0], "foldered")
+    (voices_dir / "foldered.voice.json").unlink()
+    (voices_dir / "foldered.voice.json").mkdir()
+    try:
+        for url in servers:
+            r = _get(url + "/v1/voices/foldered", method="DELETE")
+            assert (r.status_code, r.json()["error"]["code"]) == (409, "voice_file_unremovable")
+            assert "foldered.voice.json" in r.json()["error"]["message"]
+            assert str(voices_dir) not in r.text
+        assert (voices_dir / "foldered.npz").is_file()
+        assert _get(servers[1] + "/v1/voices/foldered").status_code == 200
+    finally:
+        (voices_dir / "foldered.voice.json").rmdir()
+    assert _get(servers[1] + "/v1/voices/foldered", method="DELETE").status_code == 200
+
+
+def test_nothing_outside_the_folder_is_read_or_copied_in(servers, voices_dir, tmp_path):
+    """A record symlinked to a file outside the folder is not read (its label is not shown);
+    a consent whose recording is a symlink out of the folder, or is missing, is a 409 on a
+    clone that names neither path, and nothing is copied in."""
+    _designed(servers[0], "linked")
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps({"name": "Outside label", "type": "prompt", "created_at": 1}))
+    (voices_dir / "linked.voice.json").unlink()
+    (voices_dir / "linked.voice.json").symlink_to(outside)
+    secret = tmp_path / "secret.wav"
+    secret.write_bytes(_wav(1.0, pitch=300.0))
+    made = []
+    for _ in range(2):
+        made.append(_get(servers[0] + "/v1/audio/voice_consents", method="POST",
+                         data={"name": "Ann", "language": "en"},
+                         files={"recording": ("c.wav", _wav(1.0), "audio/wav")}).json()["id"])
+    linked, missing = made
+    (voices_dir / "consents" / f"{linked}.wav").unlink()
+    (voices_dir / "consents" / f"{linked}.wav").symlink_to(secret)
+    (voices_dir / "consents" / f"{missing}.wav").unlink()
+    try:
+        for url in servers:
+            assert _get(url + "/v1/voices/linked").json()["name"] == "linked"
+            shown = {v["id"]: v["name"] for v in _get(url + "/v1/voices").json()["data"]}
+            assert shown["linked"] == "linked"
+        for cid in (linked, missing):
+            r = _get(servers[1] + "/v1/voices", method="POST",
+                     data={"name": "stolen", "ref_text": "A short test clip.", "consent": cid},
+                     files={"audio": ("a.wav", _wav(2.0, pitch=150.0), "audio/wav")})
+            assert r.status_code == 409, r.text
+            err = r.json()["error"]
+            assert (err["code"], err["param"]) == ("consent_recording_missing", "consent")
+            assert str(voices_dir) not in r.text and str(tmp_path) not in r.text
+        assert not list(voices_dir.glob("stolen*"))
+    finally:
+        (voices_dir / "linked.voice.json").unlink()
+        assert _get(servers[0] + "/v1/voices/linked", method="DELETE").status_code == 200
+        for cid in made:
+            _get(f"{servers[0]}/v1/audio/voice_consents/{cid}", method="DELETE")
+
+
+def test_a_voice_made_by_a_door_names_its_checkpoint(servers, voices_dir):
+    """Every voice a door makes records the checkpoint that made it: its codec's fingerprint
+    for a clone, the whole model's too for a designed voice."""
+    from omnicore.apps.server.voices import maker
+    from omnicore.machinery import checkpoint
+
+    _designed(servers[0], "marked")
+    try:
+        made = json.loads((voices_dir / "marked.voice.json").read_text())["made_by"]
+        assert made["checkpoint"] == TINY.name
+        assert made["codec"] == checkpoint.fingerprint(TINY / "audio_tokenizer")
+        assert made["model"] == maker(OmniVoice.from_pretrained(TINY)).model
+    finally:
+        assert _get(servers[0] + "/v1/voices/marked", method="DELETE").status_code == 200
