@@ -150,11 +150,12 @@ class VoiceClonePrompt:
                 tokens, ref_text, ref_rms = torchfile.read_reference_voice_prompt(path)
                 meta = None
             else:
+                _check_npz_size(path)
                 if Path(path).is_file() and not zipfile.is_zipfile(path):
                     raise VoicePromptError(
                         f"{path}: not an omnicore voice prompt (not an .npz archive). Create one "
                         "with `omnicore clone-prompt ref.wav --ref-text '...' -o voice.npz`.")
-                _check_npz_bounds(path)
+                _check_npz_members(path)
                 with np.load(path, allow_pickle=False) as z:
                     shape, dtype = _npz_member_shape(z, "ref_audio_tokens")
                     if (len(shape) != 2 or not 1 <= shape[0] <= 64
@@ -209,14 +210,18 @@ _NPZ_MEMBERS = {"ref_audio_tokens.npy": 64 * limits.MAX_REF_FRAMES * 8 + 4096,
 _MAX_NPZ_BYTES = sum(_NPZ_MEMBERS.values()) + 4096
 
 
-def _check_npz_bounds(path) -> None:
-    """Refuse, before a byte is inflated, an .npz that is larger than any prompt, or whose
-    members are not a prompt's or would expand past a prompt's size (a zip bomb would cost
+def _check_npz_size(path) -> None:
+    """Refuse a file larger than any prompt before reading it (a 19 MB zip bomb would cost
     its inflation on every read)."""
     size = Path(path).stat().st_size
     if size > _MAX_NPZ_BYTES:
         raise VoicePromptError(f"{path}: {size:,} bytes, larger than any voice prompt "
                                f"({_MAX_NPZ_BYTES:,}); not an omnicore voice prompt")
+
+
+def _check_npz_members(path) -> None:
+    """Refuse, from the zip's directory and before a byte is inflated, members that are not
+    a prompt's or that would expand past a prompt's size."""
     with zipfile.ZipFile(path) as z:
         for info in z.infolist():
             bound = _NPZ_MEMBERS.get(info.filename)

@@ -544,3 +544,24 @@ def test_the_docs_mcp_example_runs(where, code, tmp_path, monkeypatch, capsys):
     code = code.replace('"k2-fsa/OmniVoice"', repr(str(TINY)))
     exec(compile(code, where, "exec"), {"__name__": "__example__"})
     assert "s of speech" in capsys.readouterr().out and (tmp_path / "speech" / "reminder.wav").is_file()
+
+
+def test_list_voices_survives_a_label_that_is_not_text_and_a_preset_says_it_is_one(
+        mcp, house_voices):
+    """A record on disk whose label holds a lone surrogate costs its own label, not the list;
+    deleting a listed preset that is not made yet says so, not "unknown voice"."""
+    import shutil
+
+    shutil.copy(house_voices / f"{VOICE}.npz", house_voices / "odd.npz")
+    (house_voices / "odd.voice.json").write_text(
+        '{"name": "\\ud800 x", "type": "audio_sample", "created_at": 1}')
+    try:
+        listed = mcp.call("list_voices")
+        assert not listed.is_error, listed.content
+        shown = {v["id"]: v for v in json.loads(listed.content[0].text)["voices"]}
+        assert shown["odd"]["name"] == "odd" and shown["ash"]["made"] is False
+    finally:
+        for p in house_voices.glob("odd.*"):
+            p.unlink()
+    message = error_of(mcp.call("delete_voice", name="ash"))
+    assert "preset voice not made" in message and "nothing to delete" in message, message

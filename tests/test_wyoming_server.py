@@ -460,3 +460,45 @@ WYOMING_EXAMPLES = [ex for ex in doc_examples("docs/integrations.md") if "10200"
 def test_the_docs_wyoming_example_runs(where, code, port, capsys):
     exec(compile(code.replace("10200", str(port)), where, "exec"), {"__name__": "__example__"})
     assert "audio" in capsys.readouterr().out
+
+
+def test_describe_reads_the_library_off_the_loop_and_skips_a_label_that_is_not_text(
+        tiny_model, house_voices, tmp_path):
+    """In process, through the `wyoming` client: a voice whose record holds a lone surrogate
+    (no UTF-8 can carry it) costs its own description, never `describe` (Home Assistant could
+    not load the integration), and the library is read in a worker thread, never on the
+    event loop that every connection shares."""
+    import shutil
+    import threading
+
+    shutil.copy(house_voices / f"{HOUSE}.npz", tmp_path / "odd.npz")
+    (tmp_path / "odd.voice.json").write_text(
+        '{"name": "\\ud800 x", "type": "audio_sample", "created_at": 1}')
+    server = ServerState(tiny_model, voices_dir=tmp_path)
+    door = WyomingServer(server, {}, None, 5.0, 5.0)
+    readers = []
+    names = server.voices.names
+
+    def watched():
+        readers.append(threading.get_ident())
+        return names()
+    server.voices.names = watched
+
+    async def talk():
+        listener = await asyncio.start_server(door.handle, "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
+        try:
+            async with AsyncTcpClient("127.0.0.1", port) as c:
+                await c.write_event(Describe().event())
+                event = await c.read_event()
+            return event, threading.get_ident()
+        finally:
+            listener.close()
+    try:
+        event, loop_thread = run(talk())
+    finally:
+        server.pool.shutdown()
+    assert Info.is_type(event.type), event
+    voices = {v.name: v.description for v in Info.from_event(event).tts[0].voices}
+    assert voices["odd"] == "odd" and "alloy" in voices
+    assert readers and loop_thread not in readers
