@@ -3,7 +3,8 @@ recordings that authorise cloned ones, shared by every route, and by every serve
 pointed at the same folder.
 
     <name>.npz            a voice prompt (VoiceClonePrompt.save), or <name>.pt (the reference's)
-    <name>.voice.json     the voice's record: label, type, creation time, design prompt, consent
+    <name>.voice.json     the voice's record: label, type, creation time, design prompt, consent,
+                          made_by (the checkpoint that made it: voices.py)
     <name>.consent.<ext>  the consent recording kept with the voice it authorises
     consents/<id>.json    a consent: label, language, creation time, its recording's file
     consents/<id>.<ext>   the recording, as uploaded
