@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import InputError
+from ...errors import InputError, OmniCoreError
 from ...machinery import checkpoint
 from ...model.config import FRAME_RATE, GenerationConfig
 from .library import VOICE_NAME, VoiceLibrary
@@ -87,7 +87,12 @@ def maker(model) -> Maker | None:
             except OSError:
                 return None  # the files moved since the model loaded: no claim to make
             stamps.append((st.st_ino, st.st_size, st.st_mtime_ns))
-    return _maker(str(model_dir), str(codec_dir), tuple(stamps))
+    try:
+        return _maker(str(model_dir), str(codec_dir), tuple(stamps))
+    except OmniCoreError as exc:  # its files became unreadable since it loaded: no claim either
+        log.warning("Voice library: the checkpoint's fingerprint cannot be read (%s); voices are "
+                    "kept and used without naming their model", exc)
+        return None
 
 
 @functools.lru_cache(maxsize=8)
