@@ -132,7 +132,7 @@ def test_a_record_without_its_maker_is_read_and_logged_once(models, tmp_path, ca
 
 def test_the_start_up_sweep_never_follows_consents_out_of_the_folder(tmp_path):
     """A `consents/` that is a symlink out of the folder: its target's files are neither
-    removed by the sweep nor read as consents."""
+    removed by the sweep nor read as consents, and a new consent is not written there."""
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "precious.wav").write_bytes(b"RIFF")
@@ -143,6 +143,10 @@ def test_the_start_up_sweep_never_follows_consents_out_of_the_folder(tmp_path):
     lib = VoiceLibrary(folder)
     assert sorted(p.name for p in outside.iterdir()) == ["notes.txt", "precious.wav"]
     assert lib.consents() == []
+    with pytest.raises(HTTPError) as exc:
+        lib.add_consent("Ann", "en", b"RIFF", "wav")
+    assert (exc.value.status, exc.value.code) == (409, "consents_folder_outside")
+    assert sorted(p.name for p in outside.iterdir()) == ["notes.txt", "precious.wav"]
 
 
 def _bomb(path, inflated: int) -> None:

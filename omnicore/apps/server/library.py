@@ -528,6 +528,10 @@ class VoiceLibrary:
         rec = {"id": cid, "object": "audio.voice_consent", "name": name, "language": language,
                "created_at": int(time.time()), "recording": f"{cid}.{ext}"}
         with self._locked():
+            if folder.is_symlink() or not self._inside(folder):  # never write outside it
+                raise HTTPError(409, "the voice library's consents folder leads out of the "
+                                     "library's folder; its operator must make it a folder of "
+                                     "the library again", None, "consents_folder_outside")
             writers.write_atomic(folder / rec["recording"], lambda fh: fh.write(recording),
                                  OmniCoreError)
             try:
