@@ -4,12 +4,16 @@ What each test holds:
   * the prompt row: the product's ids and audio mask, equal, in auto, design and clone modes;
   * the codes: equal to the spec's, for greedy and for seeded sampled settings (the reference's
     position temperature and a class temperature of 1), in auto, design and clone modes, each
-    pass alone (the plain loop) and packed with the others on the engine;
+    pass alone (the plain loop) and packed with the others on the engine (every forward shared
+    by the three passes, as the engine's trace shows);
   * the backbone's logits within 1e-5 of the largest logit, the waveform within 2e-5 of its
     largest sample (float32 rounding of other operation orders: fused kernels, GEMMs of other
     shapes); docs/correctness.md states these bounds;
   * the codec encoder's fused latent within 1e-5 of its largest value, and its codes equal to
-    the product's and to the reference's own (fixture).
+    the product's and to the reference's own (fixture);
+  * `speak`, the spec end to end, against the product's `synthesize` on the same clip (of no
+    whole number of frames: both drop its last part frame): the codes equal, the waveform within
+    2e-5 of its largest sample.
 Equal codes from logits that differ in their last bits hold wherever no decision is a near-tie
 at float32 precision: the draws here were checked to be such; a seed whose draw landed within
 rounding of a tie would differ, as the reference itself would.
@@ -89,14 +93,18 @@ def test_codes_alone_equal_the_specs(model, plain, cases, mode, settings):
 
 @pytest.mark.parametrize("settings", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_codes_packed_on_the_engine_equal_the_specs(model, plain, cases, settings):
-    """The three modes at once on the engine (one forward for every pass of an iteration):
-    each pass's codes are the spec's for that pass alone."""
-    passes = [_pass(cases[m], settings) for m in ("auto", "design", "clone")]
+    """The three modes at once on the engine, one request of three passes: every iteration is
+    one forward of all three (the engine's trace names the passes of each), and each pass's
+    codes are the spec's for that pass alone."""
+    modes = ("auto", "design", "clone")
     engine = Engine(model.params, model.config, model.tokenizer)
-    tickets = [engine.submit([p]) for p in passes]
-    for mode, t in zip(("auto", "design", "clone"), tickets):
-        got = t.result(timeout=WAIT_S)[0].codes
-        np.testing.assert_array_equal(got, _spec_codes(plain, cases[mode], settings), err_msg=mode)
+    packs = []
+    engine.trace = lambda ids: packs.append(len(ids))  # the passes of each iteration
+    results = engine.submit([_pass(cases[m], settings) for m in modes]).result(timeout=WAIT_S)
+    assert packs == [3] * settings["num_step"], packs  # every step's forward shared by all three
+    for mode, result in zip(modes, results):
+        np.testing.assert_array_equal(result.codes, _spec_codes(plain, cases[mode], settings),
+                                      err_msg=mode)
 
 
 def test_logits_within_the_stated_bound(model, plain, cases):
@@ -152,13 +160,24 @@ def test_the_encoders_latent_within_the_stated_bound(plain):
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
-def test_speak_runs_end_to_end():
-    """The spec alone, from the checkpoint folder to a waveform, in a voice cloned from a clip."""
-    clip = 0.3 * np.sin(np.arange(24_000, dtype=np.float32) / 9.0)
+def test_speak_is_the_product_on_the_same_clip(model):
+    """The spec alone, from the checkpoint folder to a waveform in a voice cloned from a clip of
+    25 frames and 500 samples, against the product's `synthesize` on that clip (its clean-up and
+    post-processing off, which the spec leaves out): both drop the clip's last part frame
+    (padding it would give 26 frames of voice and other codes: 67 of these 80 cells), then the
+    codes are equal and the waveform within 2e-5 of its largest sample."""
+    clip = 0.3 * np.sin(np.arange(24_500, dtype=np.float32) / 9.0)
+    settings = dict(num_step=2, position_temperature=0.0, class_temperature=0.0)
     codes, wav = spec.speak(TINY, "Hello.", 10, lang="en", ref_text="A sound.", ref_wav=clip,
-                            num_step=2)
-    assert codes.shape == (8, 10) and codes.max() < 1024 and codes.min() >= 0
-    assert wav.shape == (9600,) and wav.dtype == np.float32 and np.isfinite(wav).all()
+                            **settings)
+    voice = model.create_voice_clone_prompt((clip, 24000), "A sound.", preprocess_prompt=False)
+    assert voice.ref_audio_tokens.shape == (8, 25)
+    got = model.synthesize("Hello.", language="en", voice_clone_prompt=voice, duration=0.4,
+                           postprocess_output=False, pad_duration=0.0, fade_duration=0.0,
+                           **settings)[0]
+    np.testing.assert_array_equal(codes, got.codes)
+    assert wav.shape == got.audio.shape == (9600,) and wav.dtype == np.float32
+    assert np.abs(got.audio - wav).max() <= 2e-5 * np.abs(wav).max()  # measured 2.8e-6
 
 
 def test_the_spec_stands_alone():
