@@ -35,8 +35,9 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # Hypothesis: every run draws the same examples. The default profile, "fixed", derives them
 # from each test's source (derandomize) and keeps no database, so a run neither depends on luck
 # nor replays what another run happened to find. To explore with fresh random draws (and keep
-# what fails in .hypothesis/): `python3 -m pytest --hypothesis-profile=explore tests/test_x.py`,
-# or HYPOTHESIS_PROFILE=explore; then pin each failure found with an @example.
+# what fails in .hypothesis/), name the other profile:
+#     python3 -m pytest --hypothesis-profile=explore tests/test_kernels.py
+# (or HYPOTHESIS_PROFILE=explore), then pin each failure found with an @example.
 settings.register_profile("fixed", derandomize=True, database=None, print_blob=True)
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))

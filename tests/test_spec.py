@@ -180,6 +180,51 @@ def test_speak_is_the_product_on_the_same_clip(model):
     assert np.abs(got.audio - wav).max() <= 2e-5 * np.abs(wav).max()  # measured 2.8e-6
 
 
+# The public functions of the product's model modules that implement no line of the spec: the
+# machinery around the model (loading and checking weights, packing rows, buffers, sizes, seeds)
+NO_SPEC_COUNTERPART = {
+    "backbone": {"make_packing", "make_workspace", "load_params"},
+    "unmasking": {"pass_seeds"},
+    "packed_unmasking": set(),
+    "higgs_codec": {"load_decoder_params", "load_params", "load_encoder_params", "check_codes",
+                    "decoder_receptive_field", "check_audio"},
+    "hubert": {"load_params", "num_frames"},
+    "resample": {"check_rate"},
+    "tokenizer": set(),
+}
+# spec functions with no fast form in the model modules: the product reads checkpoints in
+# omnicore.machinery.checkpoint and speaks in omnicore.pipeline; the codec's `linear` is a GEMM
+DONE_ELSEWHERE = {"read_safetensors", "load", "speak", "linear"}
+
+
+def test_every_fast_function_names_its_spec_function():
+    """Each public function of the model modules that implements a function (or lines) of the
+    spec names it in its docstring as `spec.<name>`, every name so given is a spec function,
+    and every spec function is named by one (or is in DONE_ELSEWHERE)."""
+    import ast
+    import importlib
+    import re
+
+    spec_fns = {n for n, f in vars(spec).items()
+                if callable(f) and getattr(f, "__module__", None) == spec.__name__}
+    named, missing = set(), []
+    modules = list(NO_SPEC_COUNTERPART) + ["kernels", "scoring_kernels", "conv_kernels"]
+    for mod in modules:
+        path = Path(importlib.import_module(f"omnicore.model.{mod}").__file__)
+        for node in ast.parse(path.read_text("utf-8")).body:
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            refs = set(re.findall(r"`spec\.(\w+)", ast.get_docstring(node) or ""))
+            assert refs <= spec_fns, f"{mod}.{node.name} names no spec function: {refs - spec_fns}"
+            named |= refs
+            required = (mod in NO_SPEC_COUNTERPART and not node.name.startswith("_")
+                        and node.name not in NO_SPEC_COUNTERPART[mod])
+            if required and not refs:
+                missing.append(f"{mod}.{node.name}")
+    assert missing == [], "name the spec function each implements (or list it above)"
+    assert spec_fns - DONE_ELSEWHERE <= named, sorted(spec_fns - DONE_ELSEWHERE - named)
+
+
 def test_the_spec_stands_alone():
     """Plain numpy and the tokenizers library: nothing of omnicore (no kernels, backend, engine
     or JIT), so what a reader reads there is all there is."""

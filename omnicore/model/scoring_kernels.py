@@ -147,7 +147,8 @@ _guided_scores_nb, _guided_scores_nb_par = jit.twice(_guided_scores_impl, fastma
 
 def log_softmax_np(x):
     """Log-softmax over the last axis (the one used everywhere: scoring and its tests). As the
-    kernel: the sum of exp(x - max) as 1 + the other terms, through log1p."""
+    kernel: the sum of exp(x - max) as 1 + the other terms, through log1p.
+    The fast form of `spec.log_softmax`."""
     x = x - x.max(axis=-1, keepdims=True)
     top = x >= 0
     rest = xp.where(top, xp.float32(0), xp.exp(x)).sum(axis=-1, keepdims=True)
@@ -172,6 +173,7 @@ def guided_scores(cond, uncond, guidance: float, mask_id: int):
     cond, uncond [C, T, V] logits (uncond None, or guidance 0: no guidance) ->
     lp [C, T, V] = log_softmax(c + g (c - u)) of the log-softmaxes c, u, with lp[..., MASK] = -inf;
     tokens [C, T] int64 = argmax lp (first on ties); confidence [C, T] float32 = max lp.
+    The fast form of the scoring lines of `spec.unmask`.
     """
     use_uncond = uncond is not None and guidance != 0
     # [C, T, V] views of the heads' [T, C, V] output are contiguous again once transposed back
@@ -245,7 +247,8 @@ def packed_scores(logits, plan, mask_id: int):
 
     logits [n, C, V] (the forward's scored rows, back to back) -> pred [cells] int64, conf
     [cells] float32, per cell what `guided_scores` gives on its pass's own logits. No [C, T, V]
-    log-probabilities are kept (one row of scratch per codebook row)."""
+    log-probabilities are kept (one row of scratch per codebook row).
+    The fast form of the scoring lines of `spec.unmask`, for every pass."""
     h = plan.host
     x = np.ascontiguousarray(logits, dtype=_F32)
     pred = np.empty(plan.num_cells, np.int64)
@@ -266,7 +269,8 @@ def pick_fill(pred, conf, noise, k, step, plan, mask_id: int, tokens, fill, ids)
 
     Whole-array operations on every backend (no size read back from a device), and no Numba:
     a Numba loop was a little faster (0.7 against 1.0 ms for 12,000 cells, nothing beside a
-    forward pass) but its stable sort took 3-4 s to compile on a machine's first run."""
+    forward pass) but its stable sort took 3-4 s to compile on a machine's first run.
+    The fast form of the choice and fill lines of `spec.unmask`, for every pass."""
     d = plan.dev
     score = conf - d.penalty * d.cb_f32
     score = xp.where(d.sampled, score / d.temperature + noise, score)

@@ -33,8 +33,7 @@ Dimension legend:
     Dc codec latent (Ca + Ds)      Ca acoustic latent (256)   Ds HuBERT width (768)
     Fh HuBERT frames (50 a second)  P  a resampler's output phases
     ch a convolution's channels (in the codec's shape comments)
-    downsample_factor  (codec config) HuBERT's input samples per frame at 16 kHz (320): a code
-                 frame of 960 samples at 24 kHz is 640 at 16 kHz, 2 HuBERT frames
+    downsample_factor  (codec config) 16 kHz samples a HuBERT frame (320: a code frame is 2)
 
 Why there is no KV cache: attention is bidirectional, so every position's keys depend on every
 other position of the row, and each step rewrites the masked targets. Nothing of one step is
@@ -218,9 +217,8 @@ def logits(cfg, W, ids, audio_mask, T):
 
 def cells_per_step(cells: int, steps: int, shift: float) -> list:
     """How many cells each step fills: step s fills ceil(cells (t[s+1] - t[s])) of those left
-    (the last step: all that are left), on the time grid t = i / steps (i = 0 .. steps) shifted
-    to t -> shift t / (1 + (shift - 1) t). A shift below 1 fills few cells in the first steps,
-    while little is decided, and many in the last."""
+    (the last step: all that are left), on the grid t = i / steps (i = 0 .. steps) shifted to
+    t -> shift t / (1 + (shift - 1) t): with shift < 1, few cells first and many at the end."""
     t = linspace01(steps)  # i / steps
     t = (f32(shift) * t / (f32(1.0) + f32(shift - 1.0) * t)).astype(f32).astype(np.float64)
     counts, left = [], cells
@@ -232,10 +230,9 @@ def cells_per_step(cells: int, steps: int, shift: float) -> list:
 
 
 def linspace01(steps):
-    """i / steps for i = 0 .. steps in float32, rounded as torch.linspace rounds them: the first
-    half as i step, the second as 1 - (steps - i) step, with step = 1 / steps in float32. The
-    counts are ceil()s of the grid's differences, so its last bits matter (float32 throughout
-    the shift, too)."""
+    """i / steps for i = 0 .. steps, rounded to float32 as torch.linspace rounds them: the first
+    half as i step, the second as 1 - (steps - i) step (step = 1 / steps in float32). The counts
+    are ceil()s of the grid's differences, so its last bits matter (and the shift's float32)."""
     n, step = steps + 1, f32(1.0) / f32(steps)
     i = np.arange(n)
     return np.where(i < n // 2, (np.float64(step) * i).astype(f32),
@@ -448,11 +445,9 @@ def latent(codec_cfg, W, wav):
     # frame (HuBERT's 50 Hz to the codes' 25 Hz), then a small conv encoder
     wav16 = np.pad(resample(wav, rate, rate16), 160)
     states = hubert_states(codec_cfg["semantic_model_config"], W, wav16)
-    acc = states[0].copy()
-    for h in states[1:]:
-        acc += h
+    total = sum(states[1:], states[0])  # added in order, as the reference adds them
     step = int(hop / (rate / rate16) / codec_cfg["downsample_factor"])  # HuBERT frames a code frame
-    x = (acc / f32(len(states)))[::step].T  # [Ds, T]
+    x = (total / f32(len(states)))[::step].T  # [Ds, T]
     taps, unit_taps = codec_cfg["kernel_size"], codec_cfg["unit_kernel_size"]
     x = conv1d(x, W["encoder_semantic.conv.weight"], None, padding=taps // 2)
     for i, _ in enumerate(codec_cfg["strides"]):  # (every stride is 1 in this codec)
@@ -463,8 +458,7 @@ def latent(codec_cfg, W, wav):
             x = x + conv1d(elu(y), W[f"{p}res_units.{j}.conv2.weight"], None)
         x = conv1d(x, W[p + "conv.weight"], W[p + "conv.bias"], padding=1)
     sem = x  # [Ds, T]
-    # acoustic: the DAC encoder, strided convs doubling the width (on whole frames it gives
-    # T frames, as the semantic branch does)
+    # acoustic: the DAC encoder, strided convs doubling the width (whole frames: T of them too)
     x = conv1d(wav[None], W["acoustic_encoder.conv1.weight"], W["acoustic_encoder.conv1.bias"],
                padding=3)
     for i, s in enumerate(ac_cfg["downsampling_ratios"]):
