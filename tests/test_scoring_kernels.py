@@ -2,6 +2,8 @@
 kernel (serial and parallel) against its plain-array twin, a float64 definition and the
 one-pass rules of unmasking.py."""
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import example, given
@@ -136,6 +138,51 @@ def test_packed_scores_twins_agree_with_scoring_each_pass(passes, v, seed):
                                  guidance[b], v - 1)
             np.testing.assert_array_equal(got[0][cells], tokens.reshape(-1))
             np.testing.assert_array_equal(got[1][cells], conf.reshape(-1))
+
+
+_FIRST_PACKED = """
+import numpy as np
+from omnicore.model import scoring_kernels as SK
+from omnicore.model.packed_unmasking import ScorePlan
+
+def case(seed):  # five one-frame passes, the last guided at 2.0
+    plan = ScorePlan([1] * 5, [0, 1, 2, 3, 4], [-1, -1, -1, -1, 5], [0] * 5, [-1] * 5,
+                     [0.0] * 4 + [2.0], [5.0] * 5, [0.0] * 5, 3, np.asarray)
+    return plan, (20 * np.random.default_rng(seed).standard_normal((6, 3, 1025))).astype(np.float32)
+
+if __import__("sys").argv[1] == "compile":  # the packed kernel alone into the kernel cache
+    plan, logits = case(0)
+    SK.packed_scores(logits, plan, 1024)
+else:
+    differ = 0
+    for seed in range(100):
+        plan, logits = case(seed)
+        _, conf = SK.packed_scores(logits, plan, 1024)
+        view = logits.transpose(1, 0, 2)  # [C, n, V]
+        _, _, want = SK.guided_scores(view[:, 4:5], view[:, 5:6], 2.0, 1024)
+        differ += not np.array_equal(conf[12:15], want.reshape(-1))
+    print(differ)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_a_cell_scores_the_same_whichever_kernel_the_cache_compiled_first(tmp_path):
+    """The failure as it happened, in two processes sharing a fresh kernel cache: the first
+    compiles `packed_scores` alone, the second compiles `guided_scores` against the cached cell
+    and compares the guided pass's confidences on 100 draws (with fast-math in the cell, 81 of
+    them differed)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(root)}
+    for stage in ("compile", "compare"):
+        done = subprocess.run([sys.executable, "-c", _FIRST_PACKED, stage], env=env, cwd=root,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["0"], done.stdout
 
 
 def test_guided_scores_serial_and_parallel_agree_bit_for_bit():
