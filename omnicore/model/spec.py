@@ -5,8 +5,9 @@ machinery: no kernels, no packing, no engine, no backend switch. It reads the sa
 as the product and runs end to end on it (slowly at full size). The product is held to it by
 tests/test_spec.py, which states what each comparison holds. "The reference" below is the
 official implementation (the `omnivoice` package, on PyTorch). Where a line below rounds the way
-the reference's float32 code does, it does so to keep the greedy codes (no random draws: each step
-fills its most confident cells with their most probable ids) equal to the reference's.
+the reference's float32 code does, it does so to keep the greedy codes equal to the reference's.
+Greedy: no random draws, each unmasking step fills its most confident cells with their most
+probable ids; a cell is one codebook of one target frame (C x T of them, one id each).
 
     checkpoint   config.json, model.safetensors, tokenizer.json, audio_tokenizer/
     prompt       [denoise] <lang> <instruct> <text> ref codes  MASK x T  (one row, C ids each)
@@ -14,7 +15,6 @@ fills its most confident cells with their most probable ids) equal to the refere
     backbone     28 bidirectional Qwen3 layers: RMSNorm, q/k norm, RoPE, GQA attention, SwiGLU
     heads        the last T positions -> C x V logits
     unmask       num_step steps: guided log-softmax, the most confident cells filled first
-                 (a cell: one codebook of one target frame, C x T of them, each holding one id)
     decode       Higgs Audio V2: codebooks -> fc2 -> DAC decoder (Snake, transposed convs)
     encode       a voice's clip -> codes: HuBERT and a DAC encoder, fused, residual VQ
 
@@ -476,7 +476,7 @@ def encode(codec_cfg, W, wav):
     """A mono 24 kHz clip [L] -> codes [Q, T]: its latent, quantized codebook after codebook,
     each coding what the ones before left."""
     r, codes = latent(codec_cfg, W, wav), []
-    for q in range(sum(k.endswith(".codebook.embed") for k in W)):  # residual VQ, in order
+    for q in range(sum(key.endswith(".codebook.embed") for key in W)):  # residual VQ, in order
         p = f"quantizer.quantizers.{q}."
         z = linear(W, p + "project_in.", r)  # [T, Dc] -> [T, d]
         e = W[p + "codebook.embed"]  # [N, d]
