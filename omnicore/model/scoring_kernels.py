@@ -50,7 +50,7 @@ from .jit import F32 as _F32, FAST, exp_nonpos, prange, row_max
 # so every kernel that runs it computes the same bits (module docstring). `_score_cell` says
 # fastmath=False explicitly: a Numba function that does not say inherits the flags of the first
 # kernel that compiles it. Its sums keep explicit lanes, an order that vectorises as written
-# (scoring costs about a quarter more than with fast-math: 8 x 300 x 1025 guided cells 12.7 ->
+# (scoring costs about a fifth more than with fast-math: 8 x 300 x 1025 guided cells 12.7 ->
 # 15.5 ms on a busy 2-core machine, beside a full-size forward pass of about a second).
 
 
@@ -109,7 +109,7 @@ def _score_cell(x, y, use_uncond, guidance, mask_id, out):
     """One cell: out [V] <- guided log-probs of logits x (and y, unconditional); returns the
     first index of the maximum and the maximum (MASK excluded). The same float32 operations
     in the same order as `guided_scores_np` per cell, bar exp (`jit.exp_nonpos`) and the
-    summation order (16 lanes against numpy's pairwise sum)."""
+    summation order (_SUM_LANES lanes against numpy's pairwise sum)."""
     v_ = x.shape[0]
     if use_uncond:
         mx, log_tot = _log_sum_exp(x, v_)
