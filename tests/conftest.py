@@ -4,7 +4,7 @@ servers started as child processes (`free_port`, `start_server`, `start_wyoming`
 `spawn_omnicore`, `wait_until_serving`, `stop_process`), a private user data folder for the
 session (`private_data_home`); the Python examples of a page of
 docs/ (`doc_examples`); and a virtual environment that sees the running interpreter's
-packages (`make_venv`)."""
+packages (`make_venv`). It also chooses hypothesis's profile (below)."""
 
 import importlib
 import os
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from omnicore.model import backbone as bb
 from omnicore.machinery import checkpoint
@@ -29,6 +30,17 @@ TINY = Path(__file__).resolve().parents[1] / "weights" / "tiny-random"
 QUICK_LEAVES_OUT = ("slow", "browser", "subprocess")
 # CI installs every test dependency and ships every fixture, so there a missing one is a failure
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+# Hypothesis: every run draws the same examples. The default profile, "fixed", derives them
+# from each test's source (derandomize) and keeps no database, so a run neither depends on luck
+# nor replays what another run happened to find. To explore with fresh random draws (and keep
+# what fails in .hypothesis/), name the other profile:
+#     python3 -m pytest --hypothesis-profile=explore tests/test_kernels.py
+# (or HYPOTHESIS_PROFILE=explore), then pin each failure found with an @example.
+settings.register_profile("fixed", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 
 def pytest_addoption(parser):

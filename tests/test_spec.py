@@ -4,12 +4,16 @@ What each test holds:
   * the prompt row: the product's ids and audio mask, equal, in auto, design and clone modes;
   * the codes: equal to the spec's, for greedy and for seeded sampled settings (the reference's
     position temperature and a class temperature of 1), in auto, design and clone modes, each
-    pass alone (the plain loop) and packed with the others on the engine;
+    pass alone (the plain loop) and packed with the others on the engine (every forward shared
+    by the three passes, as the engine's trace shows);
   * the backbone's logits within 1e-5 of the largest logit, the waveform within 2e-5 of its
     largest sample (float32 rounding of other operation orders: fused kernels, GEMMs of other
     shapes); docs/correctness.md states these bounds;
   * the codec encoder's fused latent within 1e-5 of its largest value, and its codes equal to
-    the product's and to the reference's own (fixture).
+    the product's and to the reference's own (fixture);
+  * `speak`, the spec end to end, against the product's `synthesize` on the same clip (of no
+    whole number of frames: both drop its last part frame): the codes equal, the waveform within
+    2e-5 of its largest sample.
 Equal codes from logits that differ in their last bits hold wherever no decision is a near-tie
 at float32 precision: the draws here were checked to be such; a seed whose draw landed within
 rounding of a tie would differ, as the reference itself would.
@@ -89,14 +93,18 @@ def test_codes_alone_equal_the_specs(model, plain, cases, mode, settings):
 
 @pytest.mark.parametrize("settings", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_codes_packed_on_the_engine_equal_the_specs(model, plain, cases, settings):
-    """The three modes at once on the engine (one forward for every pass of an iteration):
-    each pass's codes are the spec's for that pass alone."""
-    passes = [_pass(cases[m], settings) for m in ("auto", "design", "clone")]
+    """The three modes at once on the engine, one request of three passes: every iteration is
+    one forward of all three (the engine's trace names the passes of each), and each pass's
+    codes are the spec's for that pass alone."""
+    modes = ("auto", "design", "clone")
     engine = Engine(model.params, model.config, model.tokenizer)
-    tickets = [engine.submit([p]) for p in passes]
-    for mode, t in zip(("auto", "design", "clone"), tickets):
-        got = t.result(timeout=WAIT_S)[0].codes
-        np.testing.assert_array_equal(got, _spec_codes(plain, cases[mode], settings), err_msg=mode)
+    packs = []
+    engine.trace = lambda ids: packs.append(len(ids))  # the passes of each iteration
+    results = engine.submit([_pass(cases[m], settings) for m in modes]).result(timeout=WAIT_S)
+    assert packs == [3] * settings["num_step"], packs  # every step's forward shared by all three
+    for mode, result in zip(modes, results):
+        np.testing.assert_array_equal(result.codes, _spec_codes(plain, cases[mode], settings),
+                                      err_msg=mode)
 
 
 def test_logits_within_the_stated_bound(model, plain, cases):
@@ -152,13 +160,69 @@ def test_the_encoders_latent_within_the_stated_bound(plain):
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
-def test_speak_runs_end_to_end():
-    """The spec alone, from the checkpoint folder to a waveform, in a voice cloned from a clip."""
-    clip = 0.3 * np.sin(np.arange(24_000, dtype=np.float32) / 9.0)
+def test_speak_is_the_product_on_the_same_clip(model):
+    """The spec alone, from the checkpoint folder to a waveform in a voice cloned from a clip of
+    25 frames and 500 samples, against the product's `synthesize` on that clip (its clean-up and
+    post-processing off, which the spec leaves out): both drop the clip's last part frame
+    (padding it would give 26 frames of voice and other codes: 67 of these 80 cells), then the
+    codes are equal and the waveform within 2e-5 of its largest sample."""
+    clip = 0.3 * np.sin(np.arange(24_500, dtype=np.float32) / 9.0)
+    settings = dict(num_step=2, position_temperature=0.0, class_temperature=0.0)
     codes, wav = spec.speak(TINY, "Hello.", 10, lang="en", ref_text="A sound.", ref_wav=clip,
-                            num_step=2)
-    assert codes.shape == (8, 10) and codes.max() < 1024 and codes.min() >= 0
-    assert wav.shape == (9600,) and wav.dtype == np.float32 and np.isfinite(wav).all()
+                            **settings)
+    voice = model.create_voice_clone_prompt((clip, 24000), "A sound.", preprocess_prompt=False)
+    assert voice.ref_audio_tokens.shape == (8, 25)
+    got = model.synthesize("Hello.", language="en", voice_clone_prompt=voice, duration=0.4,
+                           postprocess_output=False, pad_duration=0.0, fade_duration=0.0,
+                           **settings)[0]
+    np.testing.assert_array_equal(codes, got.codes)
+    assert wav.shape == got.audio.shape == (9600,) and wav.dtype == np.float32
+    assert np.abs(got.audio - wav).max() <= 2e-5 * np.abs(wav).max()  # measured 2.8e-6
+
+
+# The public functions of the product's model modules that implement no line of the spec: the
+# machinery around the model (loading and checking weights, packing rows, buffers, sizes, seeds)
+NO_SPEC_COUNTERPART = {
+    "backbone": {"make_packing", "make_workspace", "load_params"},
+    "unmasking": {"pass_seeds"},
+    "packed_unmasking": set(),
+    "higgs_codec": {"load_decoder_params", "load_params", "load_encoder_params", "check_codes",
+                    "decoder_receptive_field", "check_audio"},
+    "hubert": {"load_params", "num_frames"},
+    "resample": {"check_rate"},
+    "tokenizer": set(),
+}
+# spec functions with no fast form in the model modules: the product reads checkpoints in
+# omnicore.machinery.checkpoint and speaks in omnicore.pipeline; the codec's `linear` is a GEMM
+DONE_ELSEWHERE = {"read_safetensors", "load", "speak", "linear"}
+
+
+def test_every_fast_function_names_its_spec_function():
+    """Each public function of the model modules that implements a function (or lines) of the
+    spec names it in its docstring as `spec.<name>`, every name so given is a spec function,
+    and every spec function is named by one (or is in DONE_ELSEWHERE)."""
+    import ast
+    import importlib
+    import re
+
+    spec_fns = {n for n, f in vars(spec).items()
+                if callable(f) and getattr(f, "__module__", None) == spec.__name__}
+    named, missing = set(), []
+    modules = list(NO_SPEC_COUNTERPART) + ["kernels", "scoring_kernels", "conv_kernels"]
+    for mod in modules:
+        path = Path(importlib.import_module(f"omnicore.model.{mod}").__file__)
+        for node in ast.parse(path.read_text("utf-8")).body:
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            refs = set(re.findall(r"`spec\.(\w+)", ast.get_docstring(node) or ""))
+            assert refs <= spec_fns, f"{mod}.{node.name} names no spec function: {refs - spec_fns}"
+            named |= refs
+            required = (mod in NO_SPEC_COUNTERPART and not node.name.startswith("_")
+                        and node.name not in NO_SPEC_COUNTERPART[mod])
+            if required and not refs:
+                missing.append(f"{mod}.{node.name}")
+    assert missing == [], "name the spec function each implements (or list it above)"
+    assert spec_fns - DONE_ELSEWHERE <= named, sorted(spec_fns - DONE_ELSEWHERE - named)
 
 
 def test_the_spec_stands_alone():

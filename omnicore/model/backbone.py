@@ -167,7 +167,8 @@ class Packing:
 
 
 def rope_inv_freq(cfg: OmniVoiceConfig) -> np.ndarray:
-    """Rotary frequencies theta^(-2i/E), rounded the way the float32 reference rounds them."""
+    """Rotary frequencies theta^(-2i/E), rounded the way the float32 reference rounds them.
+    The fast form of the frequencies in `spec.rope`."""
     q = cfg.llm_config
     exponent = np.arange(0, q.head_dim, 2, dtype=np.float32) / np.float32(q.head_dim)  # [E/2]
     # The power in float64 rounds to the nearest float32; torch's float32 pow lands on the
@@ -206,7 +207,8 @@ def linear(x, w, out=None, precision: str = "fp32"):
     `out` when given. x is first rounded, in place, to what `precision` feeds a GEMM
     (backend.PRECISIONS; w was rounded once, at load; "fp32" leaves both as they are). On a
     device, bf16 and fp16 multiply half-precision arrays instead (w stored so; x converted),
-    accumulating in float32: the same products."""
+    accumulating in float32: the same products.
+    The fast form of the projections of `spec.layer` (`h @ W.T`)."""
     if precision != "fp32":
         if w.dtype != xp.float32:  # a half-precision weight (backend.half_gemm)
             return backend.matmul_half(backend.to_half(x, precision), w.T, precision, out)
@@ -217,7 +219,7 @@ def linear(x, w, out=None, precision: str = "fp32"):
 def bmm(a, b, out=None, precision: str = "fp32"):
     """a @ b for attention's batched products of activations ([..., M, K] @ [..., K, N]), both
     rounded in place to `precision` first, into `out` when given (as half-precision arrays on
-    a device, like `linear`)."""
+    a device, like `linear`). The fast form of the two einsums of `spec.layer`'s attention."""
     if precision != "fp32":
         if backend.half_gemm(precision):
             return backend.matmul_half(backend.to_half(a, precision), backend.to_half(b, precision),
@@ -238,6 +240,7 @@ def embed(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, out=Non
     Text positions look up codebook row 0's id in the text table. Audio positions add up one
     vector per codebook, id + c*V in the joint audio table, MASK (V-1) included: a masked
     frame is "MASK in every codebook", not zero.
+    The fast form of `spec.embed`, over packed rows.
     """
     C, V = cfg.num_audio_codebook, cfg.audio_vocab_size
     ids = to_device(ids)
@@ -256,7 +259,8 @@ def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Wor
               precision: str = "fp32", layer: int = 0):
     """Bidirectional grouped-query self-attention within each packed row: h [N, D] ->
     work.attn [N, H*E] (before o_proj). `work` holds the queries, keys, values and scores;
-    `layer` is this layer's index in the rows' prompt caches (`Packing.caches`)."""
+    `layer` is this layer's index in the rows' prompt caches (`Packing.caches`).
+    The fast form of the attention lines of `spec.layer`."""
     q_cfg = cfg.llm_config
     E, K = q_cfg.head_dim, q_cfg.num_key_value_heads
     G = q_cfg.num_attention_heads // K
@@ -278,7 +282,8 @@ def decoder_layer(lp: LayerParams, cfg: OmniVoiceConfig, x, pack: Packing, work:
                   precision: str = "fp32", layer: int = 0):
     """One pre-norm Qwen3 decoder layer: x [N, D] -> a new [N, D]. (`work`: attention's
     scratch; `layer`: its index, for the prompt caches.) `hidden_states` runs its fused form,
-    `_layer_fused`, which gives the same bits."""
+    `_layer_fused`, which gives the same bits.
+    The fast form of `spec.layer`, over packed rows."""
     eps = cfg.llm_config.rms_norm_eps
     h = kernels.rms_norm(x, lp.input_layernorm, eps)  # [N, D]
     attn = attention(lp, cfg, h, pack, work, precision, layer)  # [N, D] -> [N, H*E]
@@ -294,7 +299,8 @@ def hidden_states(params: BackboneParams, cfg: OmniVoiceConfig, x, pack: Packing
                   work: Workspace | None = None):
     """All decoder layers over packed embeddings: [N, D] -> [N, D] (before the final norm), by
     the fused form of `decoder_layer`. The result is work.x (overwritten by the next call with
-    the same workspace)."""
+    the same workspace).
+    The fast form of the layer loop of `spec.logits`."""
     work = work or make_workspace(cfg, pack)
     if x is not work.x:
         work.x[...] = x
@@ -307,7 +313,8 @@ def hidden_states(params: BackboneParams, cfg: OmniVoiceConfig, x, pack: Packing
 
 
 def audio_logits(params: BackboneParams, cfg: OmniVoiceConfig, h):
-    """Final norm and audio heads on selected positions: h [n, D] -> logits [C, n, V]."""
+    """Final norm and audio heads on selected positions: h [n, D] -> logits [C, n, V].
+    The fast form of the final norm and heads of `spec.logits`."""
     C, V = cfg.num_audio_codebook, cfg.audio_vocab_size
     h = kernels.rms_norm(h, params.norm, cfg.llm_config.rms_norm_eps)
     logits = linear(h, params.audio_heads, precision=params.precision)  # [n, D] -> [n, C*V]
@@ -326,6 +333,7 @@ def forward_rows(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, 
     and are overwritten by its next call (the layers and heads run as one `backend.replay`).
     With `whole`, one [C, sum(num_out), V] array instead (the rows back to back), for scoring
     every row in one call.
+    The fast form of `spec.logits`, for every packed row at once.
     """
     work = work or make_workspace(cfg, pack)
     embed(params, cfg, ids, audio_mask, out=work.x)  # [N, D]; reads text rows from the host

@@ -122,7 +122,8 @@ def snake_np(x, alpha, inv_alpha):
 
 @jit.kernel(twin=snake_np)
 def snake(x, alpha, inv_alpha):
-    """Snake activation over the last axis of x [..., C] with per-channel alpha, inv_alpha [C]."""
+    """Snake activation over the last axis of x [..., C] with per-channel alpha, inv_alpha [C].
+    The fast form of `spec.snake`."""
     flat = np.ascontiguousarray(x, dtype=_F32).reshape(-1, x.shape[-1])  # [..., C] -> [N, C]
     out = np.empty_like(flat)
     jit.serial_or_parallel(_snake_nb, _snake_nb_par, flat.size)(flat, alpha, inv_alpha, out)
@@ -193,7 +194,8 @@ def gelu_np(x):
 
 @jit.kernel(twin=gelu_np)
 def gelu(x):
-    """GELU(x) = x * Phi(x) with the exact Gaussian CDF, elementwise, float32 out."""
+    """GELU(x) = x * Phi(x) with the exact Gaussian CDF, elementwise, float32 out.
+    The fast form of `spec.gelu`."""
     flat = np.ascontiguousarray(x, dtype=_F32).reshape(-1)
     out = np.empty_like(flat)
     jit.serial_or_parallel(_gelu_nb, _gelu_nb_par, flat.size)(flat, out)
@@ -273,7 +275,8 @@ def group_norm_np(x, num_groups, weight, bias, eps):
 
 @jit.kernel(twin=group_norm_np)
 def group_norm(x, num_groups: int, weight, bias, eps: float = 1e-5):
-    """torch.nn.GroupNorm on time-major x [B, T, C]: statistics over the whole clip per group."""
+    """torch.nn.GroupNorm on time-major x [B, T, C]: statistics over the whole clip per group.
+    The fast form of `spec.layer_norm` over time (HuBERT's first conv layer)."""
     x = np.ascontiguousarray(x, dtype=_F32)
     out = np.empty_like(x)
     _group_norm_nb(x, num_groups, weight, bias, eps, out)
@@ -305,6 +308,7 @@ def conv1d(x, w, b=None, *, stride: int = 1, dilation: int = 1, padding: int = 0
 
     Tap k contributes `x[:, k*dilation + stride*t] @ w[k]`: one GEMM on a strided view of the
     padded input per tap, accumulated in place (strided convs: one GEMM per `stride` taps).
+    The fast form of `spec.conv1d`.
     """
     k_, cin, cout = w.shape
     x = pad_time(x, padding, padding)
@@ -346,7 +350,8 @@ def conv1d(x, w, b=None, *, stride: int = 1, dilation: int = 1, padding: int = 0
 
 
 def grouped_conv1d(x, w, b=None, *, padding: int = 0):
-    """Grouped stride-1 conv: x [B, T, C], w [K, G, Cg, Cg] (grouped_conv_weight) -> [B, To, C]."""
+    """Grouped stride-1 conv: x [B, T, C], w [K, G, Cg, Cg] (grouped_conv_weight) -> [B, To, C].
+    The fast form of the grouped positional conv of `spec.hubert_states`."""
     k_, g_, cg, cg_out = w.shape
     x = pad_time(x, padding, padding)
     b_, t_, c_ = x.shape
@@ -415,6 +420,7 @@ def conv_transpose1d(x, w, b, *, kernel_size: int, stride: int, padding: int = 0
     of x side by side times w give `stride` consecutive output steps per row, already in time
     order, so there is no overlap-add pass. Chunks of a fixed number of rows (shape-stable
     GEMMs, like `dac_res_unit`: rows do not depend on where a chunk starts).
+    The fast form of `spec.conv_transpose1d`.
     """
     b_, t_, cin = x.shape
     if x.dtype != _F32:
@@ -559,6 +565,7 @@ def dac_res_unit(x, alpha1, inv1, w7, b7, dilation: int, alpha2, inv2, w1, b1):
     some BLAS kernels (OpenBLAS's Haswell sgemm) round a row differently with its position in
     the GEMM, so a windowed (streaming) decode matches the one-shot decode to float32 rounding,
     not bit for bit (sizes: benchmarks/README.md).
+    The fast form of `spec.res_unit`.
     """
     k_, c, _ = w7.shape
     if c > _RES_UNIT_MAX_C or x.dtype != _F32:

@@ -357,7 +357,8 @@ def check_codes(codes, cfg: HiggsAudioV2TokenizerConfig) -> np.ndarray:
 
 def dequantize(dec: DecoderParams, codes):
     """codes [B, Q, T] -> the quantised latent [B, T, D]: sum over codebooks, in order, of
-    project_out(codebook[code])."""
+    project_out(codebook[code]).
+    The fast form of the codebook sum at the start of `spec.decode`."""
     z = None
     for q in range(codes.shape[1]):
         e = dec.embed[q][codes[:, q]]  # [B, T] -> [B, T, d]
@@ -384,7 +385,8 @@ def _acoustic_decode(dec: DecoderParams, x):
 def decode(params: CodecParams, codes, cfg: HiggsAudioV2TokenizerConfig) -> np.ndarray:
     """Codes [Q, T] (or a batch [B, Q, T]) -> float32 waveform [hop*T] (or [B, hop*T]) at
     cfg.sample_rate. Q may be fewer than num_quantizers (the first Q codebooks are used).
-    T = 0 gives an empty waveform. Returns a numpy array whatever the backend."""
+    T = 0 gives an empty waveform. Returns a numpy array whatever the backend.
+    The fast form of `spec.decode`."""
     arr = check_codes(codes, cfg)
     single = arr.ndim == 2
     arr = arr[None] if single else arr  # -> [B, Q, T]
@@ -435,7 +437,8 @@ def decode_stream(params: CodecParams, codes, cfg: HiggsAudioV2TokenizerConfig, 
     join into the one-shot decode up to float32 rounding (tested: max|diff| <= 2e-5 max|wave|):
     the windows are GEMMs of other row counts, and some BLAS kernels (OpenBLAS's Haswell sgemm)
     round a row differently with that count. With less overlap the seams differ far more (one
-    frame short: ~1e-3). Pieces are [hop * n] (or [B, hop * n]) float32 arrays."""
+    frame short: ~1e-3). Pieces are [hop * n] (or [B, hop * n]) float32 arrays.
+    `spec.decode` in windows."""
     arr = check_codes(codes, cfg)
     later_frames = chunk_frames if later_frames is None else later_frames
     for name, n in (("chunk_frames", chunk_frames), ("later_frames", later_frames)):
@@ -458,7 +461,8 @@ def decode_stream(params: CodecParams, codes, cfg: HiggsAudioV2TokenizerConfig, 
 
 def decode_chunked(params: CodecParams, codes, cfg: HiggsAudioV2TokenizerConfig, *,
                    chunk_frames: int = 50, overlap_frames: int | None = None) -> np.ndarray:
-    """`decode` in windows of `chunk_frames` frames (bounded memory for long audio)."""
+    """`decode` in windows of `chunk_frames` frames (bounded memory for long audio).
+    `spec.decode` in windows."""
     pieces = list(decode_stream(params, codes, cfg, chunk_frames=chunk_frames, overlap_frames=overlap_frames))
     if not pieces:
         return decode(params, codes, cfg)
@@ -503,7 +507,8 @@ def check_audio(waveform, sample_rate, cfg: HiggsAudioV2TokenizerConfig) -> np.n
 
 
 def pad_to_hop(wav: np.ndarray, hop: int) -> np.ndarray:
-    """The feature extractor's rule: right zero-pad to a whole number of code frames."""
+    """The feature extractor's rule: right zero-pad to a whole number of code frames.
+    The whole-frames padding at the start of `spec.latent`."""
     extra = -wav.shape[-1] % hop
     return np.pad(wav, (0, extra)) if extra else wav
 
@@ -535,6 +540,7 @@ def _semantic_features(enc: EncoderParams, wav, cfg: HiggsAudioV2TokenizerConfig
 
 
 def _elu(x):
+    """`spec.elu`."""
     return xp.where(x > 0, x, xp.expm1(xp.minimum(x, 0)))
 
 
@@ -566,7 +572,8 @@ def _acoustic_encode(enc: EncoderParams, x):
 def quantize(params: CodecParams, latent, cfg: HiggsAudioV2TokenizerConfig, *,
              num_quantizers: int | None = None, return_residuals: bool = False):
     """Residual VQ of latent [T, D] -> codes [Q, T] (int64); with return_residuals also the
-    residual each quantizer saw, [Q, T, D]."""
+    residual each quantizer saw, [Q, T, D].
+    The fast form of the residual VQ loop of `spec.encode`."""
     enc, dec = params.encoder, params.decoder
     nq = cfg.num_quantizers if num_quantizers is None else num_quantizers
     r = to_device(latent, dtype=np.float32)  # host latents (encode_features') are accepted too
@@ -623,6 +630,7 @@ def encode_features(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerCon
     padding rule), `semantic_hubert` [T, Ds] (mean of all HuBERT states, every second frame),
     `semantic` [T, Ds] (after the semantic conv encoder), `acoustic` [T, Ca], `fused` [T, D]
     (after `fc`, what the quantizer sees). Arguments as for `encode`.
+    The fast form of `spec.latent` (its `fused`).
     """
     return {k: to_numpy(v) for k, v in _encoder_forward(params, waveform, cfg, sample_rate, pad).items()}
 
@@ -638,6 +646,7 @@ def encode(params: CodecParams, waveform, cfg: HiggsAudioV2TokenizerConfig, *, s
     by hop/2 per side whenever the two branches would give different frame counts.
     Bad input (empty, NaN/inf, wrong rate, several channels, integer PCM, too short) raises
     AudioError; silence is valid and encodes like any other signal.
+    The fast form of `spec.encode`.
     """
     feats = _encoder_forward(params, waveform, cfg, sample_rate, pad)
     return quantize(params, feats["fused"], cfg)

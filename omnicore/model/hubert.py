@@ -62,7 +62,8 @@ class HubertParams:
 
 
 def fold_weight_norm(g: np.ndarray, v: np.ndarray, dim: int) -> np.ndarray:
-    """torch weight_norm: w = g * v / ||v||, the norm taken over every axis except `dim`."""
+    """torch weight_norm: w = g * v / ||v||, the norm taken over every axis except `dim`.
+    The weight norm of the positional conv in `spec.hubert_states`."""
     axes = tuple(a for a in range(v.ndim) if a != dim)
     norm = np.sqrt(np.sum(v.astype(np.float64) ** 2, axis=axes, keepdims=True))
     return (v * (g / norm)).astype(np.float32)
@@ -141,7 +142,8 @@ def num_frames(num_samples: int, cfg: HubertConfig) -> int:
 
 
 def layer_norm(x, w, b, eps: float):
-    """LayerNorm over the last axis, float32 throughout like torch's CPU kernel."""
+    """LayerNorm over the last axis, float32 throughout like torch's CPU kernel.
+    The fast form of `spec.layer_norm`."""
     mean = x.mean(axis=-1, keepdims=True)
     xc = x - mean
     var = (xc * xc).mean(axis=-1, keepdims=True)
@@ -173,7 +175,8 @@ def _attention(lp: HubertLayerParams, x, num_heads: int):
 
 def hidden_states(params: HubertParams, wav16, cfg: HubertConfig) -> list:
     """All hidden states of HuBERT for one 16 kHz clip wav16 [L]: a list of num_hidden_layers + 1
-    arrays [F, D] (the positional-embedded, normalised input, then each layer's output)."""
+    arrays [F, D] (the positional-embedded, normalised input, then each layer's output).
+    The fast form of `spec.hubert_states`."""
     eps = cfg.layer_norm_eps
     x = to_device(wav16, dtype=np.float32).reshape(1, -1, 1)  # [L] -> [1, L, 1]
     for i, (w, b, s) in enumerate(zip(params.conv_w, params.conv_b, cfg.conv_stride)):

@@ -138,7 +138,8 @@ def _rms_norm_cuda(x, weight, eps: float, out=None):
 def rms_norm(x, weight, eps: float, out=None):
     """RMSNorm over the last axis in float32: x * rsqrt(mean(x^2) + eps) * weight.
 
-    x [..., D]; written into `out` (same shape) when given, else into a new array."""
+    x [..., D]; written into `out` (same shape) when given, else into a new array.
+    The fast form of `spec.rms_norm`."""
     if x.dtype != _F32 or not x.flags.c_contiguous:
         return rms_norm_np(x, weight, eps, out)
     x2 = x.reshape(-1, x.shape[-1])  # [..., D] -> [N, D]
@@ -161,7 +162,8 @@ def _add_rms_norm_cuda(x, y, weight, eps: float, out):
 
 @jit.kernel(twin=add_rms_norm_np, cuda=_add_rms_norm_cuda)
 def add_rms_norm(x, y, weight, eps: float, out):
-    """Residual add fused with the next pre-norm: x += y (in place), out = rms_norm(x). [N, D]."""
+    """Residual add fused with the next pre-norm: x += y (in place), out = rms_norm(x). [N, D].
+    The fast form of `spec.layer`'s residual add and the next `spec.rms_norm`."""
     jit.serial_or_parallel(_add_rms_norm_nb, _add_rms_norm_nb_par, x.size)(x, y, weight, _F32(eps), out)
     return out
 
@@ -239,6 +241,7 @@ def qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps: float, qg):
     q [N, H*E] -> qg [K, N, G*E]: query heads regrouped by the kv head they read (head
     h = kv*G + g), so that one row's G heads form a single [L*G, E] matrix per kv head.
     k [N, K*E] is normalised and rotated in place. cos, sin [N, E].
+    The fast form of the q/k `spec.rms_norm` and `spec.rotate` of `spec.layer`.
     """
     kernel = jit.serial_or_parallel(_qk_norm_rope_nb, _qk_norm_rope_nb_par, q.size)
     kernel(q, k, q_weight, k_weight, cos, sin, _F32(eps), qg)
@@ -322,6 +325,7 @@ def softmax_rows(s, scale: float, inv=None):
     With `inv` [M] given, the rows are left unnormalised (exp(scale * s - row max)) and inv gets
     1 / row sum: attention then scales the [M, E] output rows instead of the [M, L] weights
     (one pass over the larger array saved).
+    The fast form of the attention softmax of `spec.layer`.
     """
     if inv is None:
         jit.serial_or_parallel(_softmax_nb, _softmax_nb_par, s.size)(s, _F32(scale))
@@ -381,7 +385,8 @@ def _swiglu_cuda(gate, up):
 
 @jit.kernel(twin=swiglu_np, cuda=_swiglu_cuda)
 def swiglu(gate, up):
-    """In place: gate [N, F] <- silu(gate) * up (Qwen3's gated MLP activation)."""
+    """In place: gate [N, F] <- silu(gate) * up (Qwen3's gated MLP activation).
+    The fast form of the SwiGLU of `spec.layer`."""
     jit.serial_or_parallel(_swiglu_nb, _swiglu_nb_par, gate.size)(gate, up)
     return gate
 

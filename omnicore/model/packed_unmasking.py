@@ -212,7 +212,8 @@ def draw_noise(cfg: OmniVoiceConfig, states: Sequence[PassState], ks: Sequence[i
     """This step's Gumbel noise, each pass drawing from its own generator in the order it always
     has (class noise [C, T, k], then position noise [C, T]), in one host -> device copy:
     position noise per cell [cells] (0 for passes without it) and each class-sampled pass's
-    class noise (None for the others)."""
+    class noise (None for the others).
+    The fast form of the `spec.gumbel` draws of one step of `spec.unmask`."""
     C, top = cfg.num_audio_codebook, class_top_k(cfg.audio_vocab_size)
     pos, cls, drawn = [], [], False
     for s, k in zip(states, ks):
@@ -240,7 +241,8 @@ def iterate(params: BackboneParams, cfg: OmniVoiceConfig, states: Sequence[PassS
     """One unmasking step of every pass in `states` (each at its own step index): what
     `unmasking.unmask_step` does to each, with the rows of all passes packed into one forward
     and every pass scored, picked and filled by its own cells per step in one call each (only
-    class sampling goes pass by pass, its [C, T, V] log-probabilities one pass at a time)."""
+    class sampling goes pass by pass, its [C, T, V] log-probabilities one pass at a time).
+    The fast form of one step of `spec.unmask`, for every pass at once."""
     cache = cache or PackCache()
     packed = cache.packed_state(cfg, states)
     # Packed rows: every conditional row, then the unconditional ones (passes with guidance).

@@ -75,6 +75,7 @@ def resample(x: np.ndarray, orig_sr: int, new_sr: int) -> np.ndarray:
     (Hann-windowed sinc, 6 zero crossings, rolloff 0.99) on a float32 tensor, to float32
     rounding: ceil(new_sr * L / orig_sr) output samples, any leading shape ([L], [C, L], ...).
     Equal rates return a float32 copy. Rates must be whole numbers in 1..1_000_000 Hz.
+    The fast form of `spec.resample`.
     """
     orig_sr = check_rate("orig_sr", orig_sr)
     new_sr = check_rate("new_sr", new_sr)

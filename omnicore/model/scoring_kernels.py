@@ -9,9 +9,22 @@ pass (`unmasking.unmask_step` calls it; class sampling needs its log-probabiliti
 `packed_scores` and `pick_fill` score, pick and fill every pass of an iteration in one call
 each, over the ragged cell offsets of a `packed_unmasking.ScorePlan` (`packed_unmasking.iterate`,
 the fast form of the step). As in `kernels`, every Numba kernel sits beside a plain
-array twin written with `xp` (the shared machinery, float32 exp and running max are `jit`'s),
-and `tests/test_scoring_kernels.py` holds each pair to a stated float32 tolerance (the loops
-are compiled with fastmath: equal in their picks, not bit for bit in their scores).
+array twin written with `xp` (the shared machinery, float32 exp and running max are `jit`'s).
+
+What `tests/test_scoring_kernels.py` holds, and why:
+- a cell scored by `packed_scores` (whatever the other passes), by `guided_scores` on its own
+  pass, serial or parallel: **bit for bit** the same. All of them run one function per cell,
+  `_score_cell`, compiled without fast-math, so its float32 operations and their order are the
+  ones written (sums in explicit lanes). With fast-math, LLVM fused multiply-adds and reordered
+  the sums anew in each kernel that inlined the cell, and in a kernel linked to a copy of it
+  that the kernel cache held: the same cell's confidence differed between the two kernels (by
+  2.6e-7 in a failed run: guidance amplifies a rounding of the log-softmaxes), depending on
+  which had been compiled first on the machine.
+- the twins among themselves: bit for bit too (numpy sums each row the same way whatever rows
+  surround it).
+- a kernel against its twin: the same formula, but another exp (`jit.exp_nonpos`, within
+  1.5 ulp) and another summation order (lanes against numpy's pairwise sum): within a stated
+  float32 tolerance, equal in their picks on the drawn inputs.
 
 Dimension legend:
     C  codebooks        T  target frames of a pass      V  audio vocabulary per codebook
@@ -33,46 +46,70 @@ from .jit import F32 as _F32, FAST, exp_nonpos, prange, row_max
 # --- guided scoring of the unmasking loop ----------------------------------------------------
 
 
-@jit.njit(inline="always", fastmath=FAST, error_model="numpy")
-def _log_sum_exp(row, n):
-    # its rounding shifts a whole row of cl or ul alike, which the final normalisation cancels
-    mx = row_max(row, n)
-    tot = _F32(0.0)
-    for j in range(n):
-        tot += exp_nonpos(row[j] - mx)
-    return mx, math.log(tot)
+# The cell's arithmetic: compiled without fast-math flags (no reassociation, no FMA contraction),
+# so every kernel that runs it computes the same bits (module docstring). `_score_cell` says
+# fastmath=False explicitly: a Numba function that does not say inherits the flags of the first
+# kernel that compiles it. Its sums keep explicit lanes, an order that vectorises as written
+# (scoring costs about a fifth more than with fast-math: 8 x 300 x 1025 guided cells 12.7 ->
+# 15.5 ms on a busy 2-core machine, beside a full-size forward pass of about a second).
 
 
-@jit.njit(cache=True, fastmath={"contract", "nsz"}, error_model="numpy")
-def _shift_row(out, n, mx, lse):
-    # Its own function, compiled without reassociation: in the caller's fastmath
-    # (x - max) - lse would become x - (max + lse), and the best entry would carry max's rounding.
-    for j in range(n):
-        out[j] = (out[j] - mx) - lse
+# Lanes of the sums: two vectors of 16 in flight (exp's polynomial is a chain of dependent steps)
+_SUM_LANES = 32
 
 
-@jit.njit(inline="always", fastmath=FAST, error_model="numpy")
-def _log_normalise(out, n):
-    """out <- log_softmax(out) in place; returns lse, and the best entries are exactly -lse.
-    The sum of exp(x - max) is 1 + rest: as one float32 it loses rest's digits below 6e-8, and
-    near-tied confidences (near 0) differ there, so rest is summed apart and log1p taken."""
-    mx = row_max(out, n)
+@jit.njit(inline="always", error_model="numpy")
+def _rest_and_ties(row, n, mx):
+    """(sum of exp(row[j] - mx) over row[j] < mx, count of row[j] >= mx), in a fixed order:
+    _SUM_LANES running sums over whole blocks, the lanes added in order, then the tail.
+
+    The sum of exp(x - max) is 1 + rest (+ 1 per extra maximum): as one float32 it would lose
+    rest's digits below 6e-8, where near-tied confidences (near 0) differ, so rest is kept apart
+    for log1p."""
+    acc = np.zeros(_SUM_LANES, dtype=np.float32)
+    cnt = np.zeros(_SUM_LANES, dtype=np.int32)
+    whole = n - n % _SUM_LANES
+    for j in range(0, whole, _SUM_LANES):
+        for lane in range(_SUM_LANES):
+            d = row[j + lane] - mx
+            e = exp_nonpos(d)  # for every entry, then a select: no branch, so it vectorises
+            acc[lane] += e if d < _F32(0.0) else _F32(0.0)
+            cnt[lane] += np.int32(1) if d >= _F32(0.0) else np.int32(0)
     rest = _F32(0.0)
     ties = np.int32(0)
-    for j in range(n):
-        d = out[j] - mx
+    for lane in range(_SUM_LANES):
+        rest += acc[lane]
+        ties += cnt[lane]
+    for j in range(whole, n):
+        d = row[j] - mx
         rest += exp_nonpos(d) if d < _F32(0.0) else _F32(0.0)
-        # an integer count: a float one fastmath could fold back into rest
         ties += np.int32(1) if d >= _F32(0.0) else np.int32(0)
-    lse = math.log1p(rest + _F32(ties - 1))  # maxima beyond the first add exactly 1 each
-    _shift_row(out, n, mx, lse)
+    return rest, ties
+
+
+@jit.njit(inline="always", error_model="numpy")
+def _log_sum_exp(row, n):
+    """(max, log of the sum of exp(row - max)), as `log_softmax_np` computes them."""
+    mx = row_max(row, n)
+    rest, ties = _rest_and_ties(row, n, mx)
+    return mx, math.log1p(rest + _F32(ties - 1))  # maxima beyond the first add exactly 1 each
+
+
+@jit.njit(inline="always", error_model="numpy")
+def _log_normalise(out, n):
+    """out <- log_softmax(out) in place; returns lse, and the best entries are exactly -lse."""
+    mx, lse = _log_sum_exp(out, n)
+    for j in range(n):  # (x - max) - lse, as written: the best entries are exactly -lse
+        out[j] = (out[j] - mx) - lse
     return lse
 
 
-@jit.njit(cache=True, nogil=True, fastmath=FAST, error_model="numpy")
+@jit.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def _score_cell(x, y, use_uncond, guidance, mask_id, out):
     """One cell: out [V] <- guided log-probs of logits x (and y, unconditional); returns the
-    first index of the maximum and the maximum (MASK excluded)."""
+    first index of the maximum and the maximum (MASK excluded). The same float32 operations
+    in the same order as `guided_scores_np` per cell, bar exp (`jit.exp_nonpos`) and the
+    summation order (_SUM_LANES lanes against numpy's pairwise sum)."""
     v_ = x.shape[0]
     if use_uncond:
         mx, log_tot = _log_sum_exp(x, v_)
@@ -110,7 +147,8 @@ _guided_scores_nb, _guided_scores_nb_par = jit.twice(_guided_scores_impl, fastma
 
 def log_softmax_np(x):
     """Log-softmax over the last axis (the one used everywhere: scoring and its tests). As the
-    kernel: the sum of exp(x - max) as 1 + the other terms, through log1p."""
+    kernel: the sum of exp(x - max) as 1 + the other terms, through log1p.
+    The fast form of `spec.log_softmax`."""
     x = x - x.max(axis=-1, keepdims=True)
     top = x >= 0
     rest = xp.where(top, xp.float32(0), xp.exp(x)).sum(axis=-1, keepdims=True)
@@ -135,6 +173,7 @@ def guided_scores(cond, uncond, guidance: float, mask_id: int):
     cond, uncond [C, T, V] logits (uncond None, or guidance 0: no guidance) ->
     lp [C, T, V] = log_softmax(c + g (c - u)) of the log-softmaxes c, u, with lp[..., MASK] = -inf;
     tokens [C, T] int64 = argmax lp (first on ties); confidence [C, T] float32 = max lp.
+    The fast form of the scoring lines of `spec.unmask`.
     """
     use_uncond = uncond is not None and guidance != 0
     # [C, T, V] views of the heads' [T, C, V] output are contiguous again once transposed back
@@ -208,7 +247,8 @@ def packed_scores(logits, plan, mask_id: int):
 
     logits [n, C, V] (the forward's scored rows, back to back) -> pred [cells] int64, conf
     [cells] float32, per cell what `guided_scores` gives on its pass's own logits. No [C, T, V]
-    log-probabilities are kept (one row of scratch per codebook row)."""
+    log-probabilities are kept (one row of scratch per codebook row).
+    The fast form of the scoring lines of `spec.unmask`, for every pass."""
     h = plan.host
     x = np.ascontiguousarray(logits, dtype=_F32)
     pred = np.empty(plan.num_cells, np.int64)
@@ -229,7 +269,8 @@ def pick_fill(pred, conf, noise, k, step, plan, mask_id: int, tokens, fill, ids)
 
     Whole-array operations on every backend (no size read back from a device), and no Numba:
     a Numba loop was a little faster (0.7 against 1.0 ms for 12,000 cells, nothing beside a
-    forward pass) but its stable sort took 3-4 s to compile on a machine's first run."""
+    forward pass) but its stable sort took 3-4 s to compile on a machine's first run.
+    The fast form of the choice and fill lines of `spec.unmask`, for every pass."""
     d = plan.dev
     score = conf - d.penalty * d.cb_f32
     score = xp.where(d.sampled, score / d.temperature + noise, score)

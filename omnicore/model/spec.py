@@ -4,8 +4,10 @@ The whole model as plain numpy, written to be read top to bottom, with nothing o
 machinery: no kernels, no packing, no engine, no backend switch. It reads the same checkpoint
 as the product and runs end to end on it (slowly at full size). The product is held to it by
 tests/test_spec.py, which states what each comparison holds. "The reference" below is the
-official implementation (the `omnivoice` package, on PyTorch): where a line rounds as its float32
-code does, that is what keeps the greedy codes equal to its.
+official implementation (the `omnivoice` package, on PyTorch). Where a line below rounds the way
+the reference's float32 code does, it does so to keep the greedy codes equal to the reference's.
+Greedy: no random draws, each unmasking step fills its most confident cells with their most
+probable ids; a cell is one codebook of one target frame (C x T of them, one id each).
 
     checkpoint   config.json, model.safetensors, tokenizer.json, audio_tokenizer/
     prompt       [denoise] <lang> <instruct> <text> ref codes  MASK x T  (one row, C ids each)
@@ -31,6 +33,7 @@ Dimension legend:
     Dc codec latent (Ca + Ds)      Ca acoustic latent (256)   Ds HuBERT width (768)
     Fh HuBERT frames (50 a second)  P  a resampler's output phases
     ch a convolution's channels (in the codec's shape comments)
+    downsample_factor  (codec config) 16 kHz samples a HuBERT frame (320: a code frame is 2)
 
 Why there is no KV cache: attention is bidirectional, so every position's keys depend on every
 other position of the row, and each step rewrites the masked targets. Nothing of one step is
@@ -213,20 +216,27 @@ def logits(cfg, W, ids, audio_mask, T):
 # ---------------------------------------------------------------------------------------------
 
 def cells_per_step(cells: int, steps: int, shift: float) -> list:
-    """How many cells each step fills, from the shifted time grid t -> s t / (1 + (s - 1) t).
-    The grid is float32 as torch.linspace makes it (from the start for its first half, from the
-    end for its second): the counts are ceil()s of its differences, so its bits matter."""
-    n, step = steps + 1, f32(1.0) / f32(steps)
-    i = np.arange(n)
-    t = np.where(i < n // 2, (np.float64(step) * i).astype(f32),
-                 (1.0 - np.float64(step) * (n - 1 - i)).astype(f32))
+    """How many cells each step fills: step s fills ceil(cells (t[s+1] - t[s])) of those left
+    (the last step: all that are left), on the grid t = i / steps (i = 0 .. steps) shifted to
+    t -> shift t / (1 + (shift - 1) t): with shift < 1, few cells first and many at the end."""
+    t = linspace01(steps)  # i / steps
     t = (f32(shift) * t / (f32(1.0) + f32(shift - 1.0) * t)).astype(f32).astype(np.float64)
     counts, left = [], cells
     for s in range(steps):
-        k = left if s == steps - 1 else min(math.ceil(cells * (t[s + 1] - t[s])), left)
-        counts.append(int(k))
-        left -= int(k)
+        due = left if s == steps - 1 else min(math.ceil(cells * (t[s + 1] - t[s])), left)
+        counts.append(int(due))
+        left -= int(due)
     return counts
+
+
+def linspace01(steps):
+    """i / steps for i = 0 .. steps, rounded to float32 as torch.linspace rounds them: the first
+    half as i step, the second as 1 - (steps - i) step (step = 1 / steps in float32). The counts
+    are ceil()s of the grid's differences, so its last bits matter (and the shift's float32)."""
+    n, step = steps + 1, f32(1.0) / f32(steps)
+    i = np.arange(n)
+    return np.where(i < n // 2, (np.float64(step) * i).astype(f32),
+                    (1.0 - np.float64(step) * (n - 1 - i)).astype(f32))
 
 
 def log_softmax(x):
@@ -248,19 +258,19 @@ def unmask(cfg, W, row, audio_mask, T, num_step=32, guidance_scale=2.0, t_shift=
     row, uncond = row.copy(), row[:, -T:].copy()  # [C, L], [C, T]
     tokens = np.full((C, T), MASK, np.int64)
     rng = np.random.default_rng(seed)
-    for k in cells_per_step(C * T, num_step, t_shift):  # k: the cells this step fills
-        if k == 0:  # (a step due no cell changes nothing and draws no noise)
+    for due in cells_per_step(C * T, num_step, t_shift):  # due: the cells this step fills
+        if due == 0:  # (a step due no cell changes nothing and draws no noise)
             continue
-        c = log_softmax(logits(cfg, W, row, audio_mask, T))  # [C, T, V]
+        lp = log_softmax(logits(cfg, W, row, audio_mask, T))  # [C, T, V] log-probabilities
         if guidance_scale != 0:  # pushed away from what the targets alone predict
             # (the unconditional row is a row of its own: its positions start at 0)
-            u = log_softmax(logits(cfg, W, uncond, np.ones(T, bool), T))
-            c = log_softmax(c + f32(guidance_scale) * (c - u))
-        c[..., MASK] = -np.inf  # MASK is never a prediction
-        pred, conf = c.argmax(axis=-1), c.max(axis=-1)  # [C, T] each
+            lp_u = log_softmax(logits(cfg, W, uncond, np.ones(T, bool), T))
+            lp = log_softmax(lp + f32(guidance_scale) * (lp - lp_u))
+        lp[..., MASK] = -np.inf  # MASK is never a prediction
+        pred, conf = lp.argmax(axis=-1), lp.max(axis=-1)  # [C, T] each
         if class_temperature > 0:  # a Gumbel-max draw among each cell's best 10 % of ids
-            top = np.argpartition(-c, math.ceil(0.1 * V) - 1, axis=-1)[..., :math.ceil(0.1 * V)]
-            noisy = (np.take_along_axis(c, top, axis=-1) / f32(class_temperature)
+            top = np.argpartition(-lp, math.ceil(0.1 * V) - 1, axis=-1)[..., :math.ceil(0.1 * V)]
+            noisy = (np.take_along_axis(lp, top, axis=-1) / f32(class_temperature)
                      + gumbel(rng, top.shape))
             pred = np.take_along_axis(top, noisy.argmax(axis=-1)[..., None], axis=-1)[..., 0]
         # the "layer" is the codebook: a penalty per codebook index fills coarse ones first
@@ -268,7 +278,7 @@ def unmask(cfg, W, row, audio_mask, T, num_step=32, guidance_scale=2.0, t_shift=
         if position_temperature > 0:
             score = score / f32(position_temperature) + gumbel(rng, (C, T))
         score = np.where(tokens != MASK, -np.inf, score).ravel()  # a filled cell stays filled
-        cells = np.argsort(-score, kind="stable")[:k]  # ties: the first cell
+        cells = np.argsort(-score, kind="stable")[:due]  # ties: the first cell
         tokens.reshape(-1)[cells] = pred.reshape(-1)[cells]
         row[:, -T:] = uncond[:] = tokens
     return tokens
@@ -279,23 +289,23 @@ def unmask(cfg, W, row, audio_mask, T, num_step=32, guidance_scale=2.0, t_shift=
 # ---------------------------------------------------------------------------------------------
 
 def conv1d(x, w, b, dilation=1, padding=0, stride=1):
-    """x [Cin, S], w [Cout, Cin, k] -> [Cout, S']: one matrix product per tap."""
-    k = w.shape[2]
+    """x [Cin, S], w [Cout, Cin, taps] -> [Cout, S']: one matrix product per tap."""
+    taps = w.shape[2]
     x = np.pad(x, ((0, 0), (padding, padding)))
-    n = (x.shape[1] - dilation * (k - 1) - 1) // stride + 1  # output steps
+    n = (x.shape[1] - dilation * (taps - 1) - 1) // stride + 1  # output steps
     y = sum(w[:, :, j] @ x[:, j * dilation:j * dilation + stride * (n - 1) + 1:stride]
-            for j in range(k))
+            for j in range(taps))
     return y if b is None else y + b[:, None]
 
 
 def conv_transpose1d(x, w, b, stride, padding, output_padding):
-    """x [Cin, S], w [Cin, Cout, k] -> [Cout, (S - 1) stride - 2 padding + k + output_padding]:
-    each input step spreads k outputs, `stride` apart from the next step's."""
-    k, S = w.shape[2], x.shape[1]
-    full = np.zeros((w.shape[1], (S - 1) * stride + k + output_padding), f32)
-    for j in range(k):
+    """x [Cin, S], w [Cin, Cout, taps] -> [Cout, (S-1) stride - 2 padding + taps + output_padding]:
+    each input step spreads `taps` outputs, `stride` apart from the next step's."""
+    taps, S = w.shape[2], x.shape[1]
+    full = np.zeros((w.shape[1], (S - 1) * stride + taps + output_padding), f32)
+    for j in range(taps):
         full[:, j:j + stride * S:stride] += w[:, :, j].T @ x  # [Cout, Cin] @ [Cin, S]
-    n = (S - 1) * stride - 2 * padding + k + output_padding
+    n = (S - 1) * stride - 2 * padding + taps + output_padding
     return full[:, padding:padding + n] + b[:, None]
 
 
@@ -319,8 +329,8 @@ def decode(codec_cfg, W, codes):
         p = f"quantizer.quantizers.{q}."
         e = W[p + "codebook.embed"][codes[q]]  # [T, d]: the codewords
         z = z + linear(W, p + "project_out.", e)  # [T, d] -> [T, Dc]
-    # fc2 keeps what the acoustic decoder needs: the semantic half of the latent shapes the
-    # codes (it is what the encoder fused in), but no decoder of it runs here
+    # fc2 projects the whole latent to the acoustic decoder's width: the semantic half shaped
+    # the codes (the encoder fused it in), but no semantic decoder runs here
     x = linear(W, "fc2.", z).T  # [T, Dc] -> [T, Ca] -> [Ca, T]
     x = conv1d(x, W["acoustic_decoder.conv1.weight"], W["acoustic_decoder.conv1.bias"], padding=3)
     for i, s in enumerate(codec_cfg["acoustic_model_config"]["upsampling_ratios"]):
@@ -348,8 +358,8 @@ def resample(x, orig, new):
     orig, new = orig // g, new // g
     base = min(orig, new) * 0.99
     width = math.ceil(6 * orig / base)
-    k = np.arange(2 * width + orig)[None, :]  # [1, taps]: the taps of one output phase
-    t = (-np.arange(new)[:, None]).astype(f32) / f32(new) + (k - width).astype(f32) / f32(orig)
+    tap = np.arange(2 * width + orig)[None, :]  # [1, taps]: the taps of one output phase
+    t = (-np.arange(new)[:, None]).astype(f32) / f32(new) + (tap - width).astype(f32) / f32(orig)
     t = np.clip(t * f32(base), f32(-6), f32(6))  # [P, taps]
     window = np.cos(t * f32(math.pi) / f32(6) / f32(2)) ** 2
     t = t * f32(math.pi)
@@ -359,7 +369,7 @@ def resample(x, orig, new):
     L = x.shape[0]
     padded = np.pad(x.astype(f32), (width, width + orig))
     # block n: `orig` input samples in, P outputs (one per phase) out
-    blocks = np.stack([padded[n * orig:n * orig + k.size]
+    blocks = np.stack([padded[n * orig:n * orig + tap.size]
                        for n in range(L // orig + 1)])  # [n, taps]
     return (blocks @ taps.T).reshape(-1)[:math.ceil(new * L / orig)]  # [n, P] -> [L']
 
@@ -380,10 +390,10 @@ def hubert_states(h_cfg, W, wav16):
     p, eps = "semantic_model.", h_cfg["layer_norm_eps"]
     x = wav16[None]  # [1, L]
     for i, s in enumerate(h_cfg["conv_stride"]):  # conv feature encoder: 320 samples a frame
-        c = f"{p}feature_extractor.conv_layers.{i}."
-        x = conv1d(x, W[c + "conv.weight"], W.get(c + "conv.bias"), stride=s)  # -> [512, S/s]
+        cv = f"{p}feature_extractor.conv_layers.{i}."
+        x = conv1d(x, W[cv + "conv.weight"], W.get(cv + "conv.bias"), stride=s)  # -> [512, S/s]
         if i == 0:  # each channel normalised over the whole clip (one group per channel)
-            gn_w, gn_b = W[c + "layer_norm.weight"][:, None], W[c + "layer_norm.bias"][:, None]
+            gn_w, gn_b = W[cv + "layer_norm.weight"][:, None], W[cv + "layer_norm.bias"][:, None]
             x = layer_norm(x, gn_w, gn_b, 1e-5, axis=1)
         x = gelu(x)
     x = x.T  # [512, Fh] -> [Fh, 512]
@@ -391,14 +401,15 @@ def hubert_states(h_cfg, W, wav16):
     if h_cfg.get("feat_proj_layer_norm", True):
         x = layer_norm(x, W[f + "layer_norm.weight"], W[f + "layer_norm.bias"], eps)
     x = linear(W, f + "projection.", x)  # [Fh, 512] -> [Fh, Ds]
-    c = p + "encoder.pos_conv_embed.conv."
-    g, v = W[c + "parametrizations.weight.original0"], W[c + "parametrizations.weight.original1"]
+    pc = p + "encoder.pos_conv_embed.conv."
+    g, v = W[pc + "parametrizations.weight.original0"], W[pc + "parametrizations.weight.original1"]
     # weight norm: w = g v / |v|, one gain per tap, the norm over its (out, in) channels
     w = (v * (g / np.sqrt((v.astype(np.float64) ** 2).sum(axis=(0, 1), keepdims=True)))).astype(f32)
-    G, K = h_cfg["num_conv_pos_embedding_groups"], h_cfg["num_conv_pos_embeddings"]
+    G, taps = h_cfg["num_conv_pos_embedding_groups"], h_cfg["num_conv_pos_embeddings"]
     n = x.shape[1] // G  # a grouped conv: each group of n channels sees only itself
-    pos = np.concatenate([conv1d(x.T[j * n:(j + 1) * n], w[j * n:(j + 1) * n], None, padding=K // 2)
-                          for j in range(G)]) + W[c + "bias"][:, None]  # [Ds, Fh (+1: K is even)]
+    pos = np.concatenate([conv1d(x.T[j * n:(j + 1) * n], w[j * n:(j + 1) * n], None,
+                                 padding=taps // 2) for j in range(G)])
+    pos = pos + W[pc + "bias"][:, None]  # [Ds, Fh (+1: taps is even)]
     x = x + gelu(pos[:, :x.shape[0]].T)  # the positional embedding: a convolution over frames
     x = layer_norm(x, W[p + "encoder.layer_norm.weight"], W[p + "encoder.layer_norm.bias"], eps)
     states, H = [x], h_cfg["num_attention_heads"]
@@ -434,27 +445,22 @@ def latent(codec_cfg, W, wav):
     # frame (HuBERT's 50 Hz to the codes' 25 Hz), then a small conv encoder
     wav16 = np.pad(resample(wav, rate, rate16), 160)
     states = hubert_states(codec_cfg["semantic_model_config"], W, wav16)
-    acc = states[0].copy()
-    for h in states[1:]:
-        acc += h
+    total = sum(states[1:], states[0])  # added in order, as the reference adds them
     step = int(hop / (rate / rate16) / codec_cfg["downsample_factor"])  # HuBERT frames a code frame
-    x = (acc / f32(len(states)))[::step].T  # [Ds, T]
-    k, uk = codec_cfg["kernel_size"], codec_cfg["unit_kernel_size"]
-    x = conv1d(x, W["encoder_semantic.conv.weight"], None, padding=k // 2)
+    x = (total / f32(len(states)))[::step].T  # [Ds, T]
+    taps, unit_taps = codec_cfg["kernel_size"], codec_cfg["unit_kernel_size"]
+    x = conv1d(x, W["encoder_semantic.conv.weight"], None, padding=taps // 2)
     for i, _ in enumerate(codec_cfg["strides"]):  # (every stride is 1 in this codec)
         p = f"encoder_semantic.conv_blocks.{i}."
         for j, d in enumerate(codec_cfg["block_dilations"]):
-            y = conv1d(elu(x), W[f"{p}res_units.{j}.conv1.weight"], None, d, (uk - 1) // 2 * d)
+            y = conv1d(elu(x), W[f"{p}res_units.{j}.conv1.weight"], None, d,
+                       (unit_taps - 1) // 2 * d)
             x = x + conv1d(elu(y), W[f"{p}res_units.{j}.conv2.weight"], None)
         x = conv1d(x, W[p + "conv.weight"], W[p + "conv.bias"], padding=1)
     sem = x  # [Ds, T]
-    # acoustic: the DAC encoder, strided convs doubling the width (centred on the semantic
-    # frames by half a hop of silence each side when their counts would differ)
-    ac = wav[None]
-    T = sem.shape[1]
-    if len(wav) // hop != T:
-        ac = np.pad(ac, ((0, 0), (hop // 2, hop // 2)))
-    x = conv1d(ac, W["acoustic_encoder.conv1.weight"], W["acoustic_encoder.conv1.bias"], padding=3)
+    # acoustic: the DAC encoder, strided convs doubling the width (whole frames: T of them too)
+    x = conv1d(wav[None], W["acoustic_encoder.conv1.weight"], W["acoustic_encoder.conv1.bias"],
+               padding=3)
     for i, s in enumerate(ac_cfg["downsampling_ratios"]):
         p = f"acoustic_encoder.block.{i}."
         for j, dilation in enumerate((1, 3, 9)):
@@ -470,7 +476,7 @@ def encode(codec_cfg, W, wav):
     """A mono 24 kHz clip [L] -> codes [Q, T]: its latent, quantized codebook after codebook,
     each coding what the ones before left."""
     r, codes = latent(codec_cfg, W, wav), []
-    for q in range(sum(k.endswith(".codebook.embed") for k in W)):  # residual VQ, in order
+    for q in range(sum(key.endswith(".codebook.embed") for key in W)):  # residual VQ, in order
         p = f"quantizer.quantizers.{q}."
         z = linear(W, p + "project_in.", r)  # [T, Dc] -> [T, d]
         e = W[p + "codebook.embed"]  # [N, d]
@@ -491,7 +497,10 @@ def speak(model_dir, text, frames, lang=None, instruct=None, ref_text=None, ref_
     auto voice, a designed one (`instruct`), or a cloned one (`ref_wav`, a mono 24 kHz clip, and
     its transcript `ref_text`). `sampling`: `unmask`'s knobs (the reference's defaults)."""
     cfg, W, tok, codec_cfg, codec_W = load(model_dir)
-    ref_codes = None if ref_wav is None else encode(codec_cfg, codec_W, ref_wav)  # [C, R]
+    ref_codes = None
+    if ref_wav is not None:  # the clip's last part frame dropped, as OmniVoice does (not padded)
+        hop = math.prod(codec_cfg["acoustic_model_config"]["downsampling_ratios"])
+        ref_codes = encode(codec_cfg, codec_W, ref_wav[:len(ref_wav) // hop * hop])  # [C, R]
     row, audio_mask = prompt_row(cfg, tok, text, frames, lang, instruct, ref_text, ref_codes)
     codes = unmask(cfg, W, row, audio_mask, frames, **sampling)
     return codes, decode(codec_cfg, codec_W, codes)

@@ -90,6 +90,7 @@ def combine_text(text: str, ref_text: str | None = None) -> str:
     Cleaned the way the model saw text in training: line breaks removed, fullwidth
     parentheses made ASCII, runs of spaces/tabs collapsed, and no whitespace next to a CJK
     ideograph (Chinese is written without spaces, so a space there would be a foreign token).
+    The product's form of `spec.clean_text`.
     """
     full = f"{ref_text.strip()} {text.strip()}" if ref_text else text.strip()
     full = _LINE_BREAKS_RE.sub("", full)
@@ -99,7 +100,8 @@ def combine_text(text: str, ref_text: str | None = None) -> str:
 
 
 def tokenize_with_nonverbal_tags(tok: TextTokenizer, text: str) -> list[int]:
-    """Token ids of `text` with every non-verbal tag and every stretch between tags encoded apart."""
+    """Token ids of `text` with every non-verbal tag and every stretch between tags encoded apart.
+    The product's form of `spec.text_ids`."""
     pieces = []
     start = 0
     for m in _NONVERBAL_RE.finditer(text):
@@ -147,6 +149,7 @@ def style_ids(tok: TextTokenizer, lang: str | None, instruct: str | None,
 
     `lang` is an already resolved language id (e.g. "en") and `instruct` an already validated
     instruct string; missing ones are written as the literal word "None", as in training.
+    The product's form of the style prefix of `spec.prompt_row`.
     """
     text = "<|denoise|>" if with_denoise else ""
     text += f"<|lang_start|>{lang or 'None'}<|lang_end|>"
@@ -167,6 +170,7 @@ def prepare_item(tok: TextTokenizer, cfg: OmniVoiceConfig, text: str, num_target
     ref_codes  [C, R] integer codes of the reference audio, or None
     lang, instruct  resolved language id and validated instruct string, or None
     denoise    put <|denoise|> first; only takes effect with reference codes
+    The product's form of `spec.prompt_row`.
     """
     C, mask_id = cfg.num_audio_codebook, cfg.audio_mask_id
     if not isinstance(text, str):

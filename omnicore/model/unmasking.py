@@ -72,6 +72,7 @@ def time_steps(num_step: int, t_shift: float) -> np.ndarray:
     multiply-add) from the start for the first half and back from the end for the second
     half; float64 products rounded once to float32 reproduce that exactly. Bit-exactness
     matters because the number of cells per step is a ceil() of these differences.
+    The fast form of `spec.linspace01` and the shift in `spec.cells_per_step`.
     """
     n = num_step + 1
     step = np.float32(1.0) / np.float32(num_step)
@@ -84,7 +85,8 @@ def time_steps(num_step: int, t_shift: float) -> np.ndarray:
 
 
 def cells_per_step(num_cells: int, num_step: int, t_shift: float) -> list[int]:
-    """How many cells each step fills; sums to num_cells, the last step takes the remainder."""
+    """How many cells each step fills; sums to num_cells, the last step takes the remainder.
+    The fast form of `spec.cells_per_step`."""
     t = time_steps(num_step, t_shift).astype(np.float64)
     counts, left = [], num_cells
     for i in range(num_step):
@@ -100,19 +102,22 @@ def cells_per_step(num_cells: int, num_step: int, t_shift: float) -> list[int]:
 
 
 def gumbel_noise(rng: np.random.Generator, shape) -> np.ndarray:
-    """Standard Gumbel noise with the reference's 1e-10 guards (float32, on the host)."""
+    """Standard Gumbel noise with the reference's 1e-10 guards (float32, on the host).
+    The fast form of `spec.gumbel`."""
     u = rng.random(shape, dtype=np.float32)
     return -np.log(-np.log(u + np.float32(1e-10)) + np.float32(1e-10))
 
 
 def class_top_k(vocab: int) -> int:
-    """Candidates per cell for class sampling: the best ceil(10 % of V) tokens."""
+    """Candidates per cell for class sampling: the best ceil(10 % of V) tokens.
+    The fast form of the candidates (`top`) of `spec.unmask`'s class sampling."""
     return math.ceil(CLASS_TOP_RATIO * vocab)
 
 
 def sample_tokens(lp, class_temperature: float, noise):
     """Class sampling: per cell, a Gumbel-max draw (a softmax draw at `class_temperature`) among
-    its best class_top_k(V) tokens. lp [C, T, V], noise [C, T, k] -> tokens [C, T] int64."""
+    its best class_top_k(V) tokens. lp [C, T, V], noise [C, T, k] -> tokens [C, T] int64.
+    The fast form of the class-temperature draw of `spec.unmask`."""
     k = class_top_k(lp.shape[-1])
     top = xp.argpartition(-lp, k - 1, axis=-1)[..., :k]  # [C, T, k] candidate ids
     noisy = xp.take_along_axis(lp, top, axis=-1) / xp.float32(class_temperature) + noise
@@ -122,7 +127,8 @@ def sample_tokens(lp, class_temperature: float, noise):
 def choose_cells(confidence, filled, k: int, gen: GenerationConfig, noise=None):
     """Flat indices (C-major over [C, T]) of the k cells to fill this step: the best scores,
     confidence minus the layer penalty per codebook, and with position_temperature > 0 divided
-    by it plus `noise` [C, T] (Gumbel); filled cells never again; ties go to the first cell."""
+    by it plus `noise` [C, T] (Gumbel); filled cells never again; ties go to the first cell.
+    The fast form of the score and choice lines of `spec.unmask`."""
     C = confidence.shape[0]
     # Coarse codebooks carry the most information: make them win ties against fine ones.
     score = confidence - xp.float32(gen.layer_penalty_factor) * xp.arange(C, dtype=xp.float32)[:, None]
@@ -201,7 +207,8 @@ def unmask_step(s: PassState, cond, uncond=None) -> None:
     """One unmasking step of pass `s`, from the audio heads' logits of its T target positions:
     cond [C, T, V] on its conditional row, uncond [C, T, V] on its unconditional row (None
     without guidance). Fills this step's share of cells: s.tokens, s.filled_at and both rows'
-    targets; then s.step moves on."""
+    targets; then s.step moves on.
+    The fast form of one step of `spec.unmask`."""
     gen, (C, T) = s.gen, s.tokens.shape
     # 1. Guided log-softmax over V, MASK ruled out; each cell's best token and its log-prob,
     #    the cell's confidence. (A scoring kernel: on numpy Numba, elsewhere its xp twin.)
@@ -249,6 +256,7 @@ def generate_codes(params: BackboneParams, cfg: OmniVoiceConfig, items: Sequence
     on_step(step, num_steps) is called after each step, step counting from 1.
     return_fill_steps: also return, per item, a [C, T_i] array of the step (0-based) at which
     each cell was filled.
+    The fast form of `spec.unmask`, for several items.
     """
     if not items:
         return ([], []) if return_fill_steps else []
