@@ -128,8 +128,11 @@ def parse_alias(spec: str) -> tuple[str, str]:
 
 def check_aliases(voices_dir, aliases: dict | None) -> None:
     """At start-up, before the model loads: every alias (--voice-alias NAME=VOICE) names a voice
-    the library holds now, else an InputError saying how to make it (an alias to a missing
-    voice would answer 404 to every request for its name)."""
+    the library holds now or a preset (made before the door is ready: startup_voices), else an
+    InputError saying how to make it (an alias to a missing voice would answer 404 to every
+    request for its name)."""
+    aliases = {name: target for name, target in (aliases or {}).items()
+               if target not in PRESET_VOICES}
     if not aliases:
         return
     if voices_dir is None:
@@ -166,7 +169,8 @@ def check_voice(voices: VoiceLibrary, voice, aliases=None) -> None:
     alias of a library voice (404 otherwise). Blocking: it reads the folder."""
     name = voice_name(voice)
     if name in (aliases or {}):
-        aliased(voices, name, aliases[name])
+        if aliases[name] not in PRESET_VOICES:
+            aliased(voices, name, aliases[name])
     elif name not in PRESET_VOICES and voices.get(name) is None:
         raise voice_not_found(name)
 
@@ -187,25 +191,79 @@ def resolve_voice(model, voices: VoiceLibrary, voice, on_step=None, aliases=None
     (name -> library voice) lets a name a client insists on (OpenAI's presets) speak as a
     library voice: an alias wins over a preset or a voice of that name."""
     voice = voice_name(voice)
-    if voice in (aliases or {}):
+    if voice in (aliases or {}) and aliases[voice] in PRESET_VOICES:
+        voice = aliases[voice]  # an alias of a preset speaks as the preset, made if need be
+    elif voice in (aliases or {}):
         return aliased(voices, voice, aliases[voice])
     prompt = voices.get(voice)
     if prompt is not None:
         return prompt
     if voice in PRESET_VOICES:
-        with voices.making_lock(voice):
-            prompt = voices.get(voice)
-            if prompt is None:
-                instruct, seed = PRESET_VOICES[voice]
-                prompt = designed_voice(model, instruct, seed, on_step=on_step)
-                try:
-                    voices.add(voice, prompt, {"type": "prompt", "prompt": instruct})
-                except HTTPError as exc:  # another server sharing the folder made it meanwhile
-                    if exc.code != "voice_exists":
-                        raise
-                    prompt = voices.get(voice) or prompt
-            return prompt
+        return make_preset(model, voices, voice, on_step)
     raise voice_not_found(voice)
+
+
+def make_preset(model, voices: VoiceLibrary, name: str, on_step=None):
+    """Preset `name` designed now and stored, unless the library holds it (once, even for
+    concurrent first uses, and across servers sharing the folder); its prompt."""
+    with voices.making_lock(name):
+        prompt = None if preset_missing(model, voices, name) else voices.get(name)
+        if prompt is None:
+            instruct, seed = PRESET_VOICES[name]
+            prompt = designed_voice(model, instruct, seed, on_step=on_step)
+            try:
+                voices.add(name, prompt, {"type": "prompt", "prompt": instruct})
+            except HTTPError as exc:  # another server sharing the folder made it meanwhile
+                if exc.code != "voice_exists":
+                    raise
+                prompt = voices.get(name) or prompt
+        return prompt
+
+
+# -- a door's voices, made before it is ready ---------------------------------------------------
+
+# The voice a door makes at start-up when its requests name one: OpenAI's clients send this
+# name first (and Wyoming's --voice defaults to it).
+DOOR_VOICE = "alloy"
+MAKING = "making voice {name}: about {seconds} s, once"
+
+
+def startup_voices(default: str | None, aliases: dict | None = None) -> list[str]:
+    """The presets a door makes before it is ready: its default voice and its aliases' targets,
+    those of them that are presets (a library voice is there already or refused at start)."""
+    names = [default, *(aliases or {}).values()]
+    return [n for n in dict.fromkeys(names) if n in PRESET_VOICES]
+
+
+def preset_missing(model, voices: VoiceLibrary, name: str) -> bool:
+    """Whether preset `name` must be made for `model`: the library does not hold it. (The one
+    place that decides; a preset another model made counts here once records say so.)"""
+    return voices.get(name) is None
+
+
+def preset_seconds(model, name: str) -> float:
+    """About how long designing preset `name` takes on this machine (machinery/warmup.py:
+    its FLOPs over the measured rate, else the assumed one)."""
+    from ...machinery.warmup import estimate_seconds
+
+    instruct, seed = PRESET_VOICES[name]
+    return estimate_seconds(model, PRESET_SAMPLE_TEXT, instruct=instruct, seed=seed,
+                            num_step=GenerationConfig.num_step)
+
+
+def make_presets(model, voices: VoiceLibrary, names, say=None) -> list[str]:
+    """Make the presets among `names` that are missing (preset_missing), one after another,
+    each announced first by `say(MAKING...)` with its estimate; the ones made. What every door
+    runs before it says it is ready, and `omnicore warmup --voices-dir`."""
+    made = []
+    for name in names:
+        if name not in PRESET_VOICES or not preset_missing(model, voices, name):
+            continue
+        if say is not None:
+            say(MAKING.format(name=name, seconds=max(1, round(preset_seconds(model, name)))))
+        make_preset(model, voices, name)
+        made.append(name)
+    return made
 
 
 def voice_not_found(name: str, param: str = "voice") -> HTTPError:
