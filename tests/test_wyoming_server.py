@@ -460,3 +460,25 @@ WYOMING_EXAMPLES = [ex for ex in doc_examples("docs/integrations.md") if "10200"
 def test_the_docs_wyoming_example_runs(where, code, port, capsys):
     exec(compile(code.replace("10200", str(port)), where, "exec"), {"__name__": "__example__"})
     assert "audio" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_a_fresh_folder_gets_its_default_voice_before_the_door_listens(tmp_path):
+    """At its default voice (the preset alloy) on a fresh voices folder, the door says
+    "making voice alloy: about N s, once" before it says it listens, and the voice is in the
+    folder when it answers; started again on the folder, it makes nothing."""
+    folder = tmp_path / "voices"
+    for run_ in ("first", "again"):
+        log = tmp_path / f"{run_}.log"
+        proc, port = start_wyoming(folder, *SETTINGS, log_path=log, seconds=240)
+        try:
+            assert (folder / "alloy.npz").exists()
+            text = log.read_text()
+            listening = text.index("ready, listening on")
+            if run_ == "first":
+                assert 0 <= text.index("making voice alloy: about ") < listening, text
+            else:
+                assert "making voice" not in text and "(alloy made before)" in text, text
+        finally:
+            stop_process(proc, 30)
