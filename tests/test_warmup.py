@@ -141,18 +141,19 @@ def test_unmask_flops_counts_the_passes_a_call_runs(model):
 def test_a_measured_rate_is_kept_and_read_back(model, tmp_path):
     """measure_rate keeps its FLOP/s in the folder under the model's key; a fresh folder has
     none (the assumed rate stands in) and an unreadable file is measured again."""
-    from omnicore.machinery import warmup
+    from omnicore.machinery import settings, warmup
 
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     assert warmup.measured_rate(model, fresh) is None
-    assert warmup.rate(model, fresh) == warmup.ASSUMED_RATE
     got = warmup.measure_rate(model, tmp_path)
     kept = json.loads((tmp_path / warmup.RATES_FILE).read_text())
     assert kept == {warmup.rate_key(model): got} and got > 0
-    assert warmup.rate(model, tmp_path) == got
+    assert warmup.measured_rate(model, tmp_path) == got
+    chosen = settings.current().rate  # OMNICORE_RATE (conftest) wins over a measured rate
+    assert warmup.rate(model, tmp_path) == warmup.rate(model, fresh) == chosen
     assert warmup.estimate_seconds(model, "Hello there.", tmp_path, num_step=2) == (
-        model.unmask_flops("Hello there.", num_step=2) / got)
+        model.unmask_flops("Hello there.", num_step=2) / chosen)
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / warmup.RATES_FILE).write_text("{not json")

@@ -209,7 +209,13 @@ def measured_rate(model, folder=None) -> float | None:
 
 
 def rate(model, folder=None) -> float:
-    """The FLOP/s to estimate with: measured (measured_rate), else ASSUMED_RATE."""
+    """The FLOP/s to estimate with: OMNICORE_RATE (settings), else measured (measured_rate),
+    else ASSUMED_RATE."""
+    from . import settings
+
+    chosen = settings.current()
+    if chosen is not None and chosen.rate is not None:
+        return chosen.rate
     return measured_rate(model, folder) or ASSUMED_RATE
 
 
