@@ -188,24 +188,27 @@ def aliased(voices: VoiceLibrary, name: str, target: str):
 def resolve_voice(model, voices: VoiceLibrary, voice, on_step=None, aliases=None):
     """A request's `voice` (a name or {"id": name}) -> a VoiceClonePrompt; a preset name not
     made yet is designed now and stored (once, even for concurrent first uses). `aliases`
-    (name -> library voice) lets a name a client insists on (OpenAI's presets) speak as a
-    library voice: an alias wins over a preset or a voice of that name."""
+    (name -> library voice or preset) lets a name a client insists on (OpenAI's presets)
+    speak as another voice: an alias wins over a preset or a voice of that name."""
     voice = voice_name(voice)
     if voice in (aliases or {}) and aliases[voice] in PRESET_VOICES:
         voice = aliases[voice]  # an alias of a preset speaks as the preset, made if need be
     elif voice in (aliases or {}):
         return aliased(voices, voice, aliases[voice])
+    if voice in PRESET_VOICES:
+        return make_preset(model, voices, voice, on_step)
     prompt = voices.get(voice)
     if prompt is not None:
         return prompt
-    if voice in PRESET_VOICES:
-        return make_preset(model, voices, voice, on_step)
     raise voice_not_found(voice)
 
 
 def make_preset(model, voices: VoiceLibrary, name: str, on_step=None):
     """Preset `name` designed now and stored, unless the library holds it (once, even for
     concurrent first uses, and across servers sharing the folder); its prompt."""
+    prompt = voices.get(name)  # (read once per change of its file: cheap on every request)
+    if prompt is not None and not preset_missing(model, voices, name):
+        return prompt
     with voices.making_lock(name):
         prompt = None if preset_missing(model, voices, name) else voices.get(name)
         if prompt is None:
