@@ -420,8 +420,9 @@ def start_wyoming(voices, flags, log_path) -> tuple[subprocess.Popen, int, float
     while not listening(port):
         if proc.poll() is not None:
             raise SystemExit(f"wyoming exited with {proc.returncode}: see {log_path}")
-        if time.perf_counter() - t0 > 1800:
-            raise SystemExit("wyoming not listening after 1800 s")
+        if time.perf_counter() - t0 > ARGS.start_timeout:
+            stop(proc)
+            raise SystemExit(f"wyoming not listening after {ARGS.start_timeout:g} s: see {log_path}")
         time.sleep(0.05)
     return proc, port, time.perf_counter() - t0
 
@@ -516,6 +517,8 @@ def main() -> None:
                    help="only a new install's first reply through Wyoming: start-up on a fresh "
                         "voices folder, the first-ever request, the held-out texts' first audio, "
                         "start-up again (--reps runs each, no warm-up run)")
+    p.add_argument("--start-timeout", type=float, default=3600,
+                   help="--first-reply: seconds Wyoming may take to listen (default %(default)g)")
     ARGS = p.parse_args()
     ARGS.rtf_profiles = [] if ARGS.rtf_profiles == "none" else ARGS.rtf_profiles.split(",")
     bad = [x for x in ARGS.rtf_profiles if x not in PROFILES]
