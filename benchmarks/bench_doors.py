@@ -422,7 +422,8 @@ def start_wyoming(voices, flags, log_path) -> tuple[subprocess.Popen, int, float
             raise SystemExit(f"wyoming exited with {proc.returncode}: see {log_path}")
         if time.perf_counter() - t0 > ARGS.start_timeout:
             stop(proc)
-            raise SystemExit(f"wyoming not listening after {ARGS.start_timeout:g} s: see {log_path}")
+            raise SystemExit(f"wyoming not listening after {ARGS.start_timeout:g} s: see "
+                             f"{log_path}")
         time.sleep(0.05)
     return proc, port, time.perf_counter() - t0
 
@@ -446,8 +447,10 @@ def first_reply(flags) -> list[str]:
             for streamed in (False, True):
                 got = asyncio.run(wyoming(port, streamed, text, ARGS.reps, False, True, None))
                 firsts = ", ".join(f"{f:.2f}" for f, _ in got)
-                lines.append(f"{name}, {'streamed in' if streamed else 'one-shot'}: first audio "
-                             f"{statistics.median(f for f, _ in got):.2f} s (runs {firsts}; {load()})")
+                how = "streamed in" if streamed else "one-shot"
+                median = statistics.median(f for f, _ in got)
+                lines.append(f"{name}, {how}: first audio {median:.2f} s (runs {firsts}; "
+                             f"{load()})")
     finally:
         stop(proc)
     lines += [f"  log: {line}" for line in (folder / "first.log").read_text().splitlines()
