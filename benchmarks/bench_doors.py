@@ -54,6 +54,13 @@ TEXT = "The living room lights are now off, and the thermostat is set to twenty-
 VOICE = "alloy"
 LLM_CHARS, LLM_EVERY_S = 4, 0.05  # an LLM writing: a few characters every 50 ms
 FRAGMENTS = [TEXT[i:i + LLM_CHARS] for i in range(0, len(TEXT), LLM_CHARS)]
+# Held-out replies whose first clause ends too early ("Okay,") or never (no punctuation): where
+# chunk 0 runs to its cap unless the first-audio budget cuts it (docs/streaming.md).
+EARLY_CLAUSE = ("Okay, so I turned off the living room lights and set the thermostat to "
+                "twenty-one degrees for tonight.")
+NO_PUNCTUATION = ("turning off the living room lights and setting the thermostat to twenty-one "
+                  "degrees for the rest of the night")
+HELD_OUT = {"early clause": EARLY_CLAUSE, "no punctuation": NO_PUNCTUATION}
 GOAL_S = 5.0            # first audio at each door's default
 LIVEKIT_TIMEOUT_S = 10.0  # LiveKit's stock OpenAI class gives up after this (3 retries)
 STRETCH_GOAL_S = 2.5
@@ -105,17 +112,19 @@ async def timed(runs: int, once) -> list[tuple[float, float]]:
     return [await once() for _ in range(runs)]
 
 
-async def llm_writes(send) -> None:
+async def llm_writes(send, text: str = TEXT) -> None:
     """`send(fragment)` for each fragment of the text, paced as an LLM writes it."""
-    for i, frag in enumerate(FRAGMENTS):
+    for i, frag in enumerate(text[i:i + LLM_CHARS] for i in range(0, len(text), LLM_CHARS)):
         if i:
             await asyncio.sleep(LLM_EVERY_S)
         await send(frag)
 
 
-async def first_and_all(write, receive, is_audio, is_end) -> tuple[float, float]:
+async def first_and_all(write, receive, is_audio, is_end,
+                        first_only: bool = False) -> tuple[float, float]:
     """Run `write()` (the request) beside reading `receive()` until `is_end(item)`: (seconds
-    to the first item that `is_audio`, seconds to the end), from the start of the write."""
+    to the first item that `is_audio`, seconds to the end), from the start of the write.
+    `first_only`: stop at the first audio (the end: None; the caller leaves, which cancels)."""
     t0 = time.perf_counter()
     writer = asyncio.create_task(write())
     first = None
@@ -123,6 +132,10 @@ async def first_and_all(write, receive, is_audio, is_end) -> tuple[float, float]
         item = await receive()
         if first is None and is_audio(item):
             first = time.perf_counter() - t0
+            if first_only:
+                writer.cancel()
+                await asyncio.gather(writer, return_exceptions=True)
+                return first, None
         elif is_end(item):
             await writer
             return first, time.perf_counter() - t0
@@ -269,12 +282,15 @@ async def pipecat_adapter(url, settings):
         await running
 
 
-async def wyoming(port, streamed: bool):
+async def wyoming(port, streamed: bool, text: str = TEXT, runs: int | None = None,
+                  warm: bool = True, first_only: bool = False, voice_name: str | None = VOICE):
+    """Wyoming's runs of `text` (one-shot or streamed in); `warm`: one warm-up run first;
+    `voice_name` None: the door's default voice (the event names none)."""
     from wyoming.client import AsyncTcpClient
     from wyoming.tts import (Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop,
                              SynthesizeVoice)
 
-    voice = SynthesizeVoice(name=VOICE)
+    voice = SynthesizeVoice(name=voice_name) if voice_name else None
 
     async def once():
         # Wyoming has no cancel: a client stops a text by leaving, so a run has its own
@@ -282,17 +298,21 @@ async def wyoming(port, streamed: bool):
         async with AsyncTcpClient("127.0.0.1", port) as client:
             async def write():
                 if not streamed:
-                    return await client.write_event(Synthesize(text=TEXT, voice=voice).event())
+                    return await client.write_event(Synthesize(text=text, voice=voice).event())
                 await client.write_event(SynthesizeStart(voice=voice).event())
-                await llm_writes(lambda f: client.write_event(SynthesizeChunk(text=f).event()))
+                await llm_writes(lambda f: client.write_event(SynthesizeChunk(text=f).event()),
+                                 text)
                 await client.write_event(SynthesizeStop().event())
 
             async def kind():
                 return (await client.read_event()).type
             end = "synthesize-stopped" if streamed else "audio-stop"
             return await first_and_all(write, kind, lambda k: k == "audio-chunk",
-                                       lambda k: k == end)
-    return await timed(ARGS.reps, once)
+                                       lambda k: k == end, first_only)
+    runs = ARGS.reps if runs is None else runs
+    if warm:
+        return await timed(runs, once)
+    return [await once() for _ in range(runs)]
 
 
 async def mcp_speak(model, settings_flags):
@@ -371,6 +391,76 @@ def attempt(door, *args):
         return f"{type(exc).__name__} ({type(cause).__name__})"
 
 
+# -- a new install's first reply ------------------------------------------------------------------
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def listening(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), 0.5):
+            return True
+    except OSError:
+        return False
+
+
+def start_wyoming(voices, flags, log_path) -> tuple[subprocess.Popen, int, float]:
+    """`omnicore wyoming` at its default voice (no --voice) on `voices`: (process, port,
+    seconds from spawn until it listens), its stderr into `log_path`."""
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "omnicore", "wyoming", "--model",
+                                 ARGS.model, "--uri", f"tcp://127.0.0.1:{port}", "--voices-dir",
+                                 voices, *map(str, flags)], env=env, stdout=log, stderr=log)
+    while not listening(port):
+        if proc.poll() is not None:
+            raise SystemExit(f"wyoming exited with {proc.returncode}: see {log_path}")
+        if time.perf_counter() - t0 > ARGS.start_timeout:
+            stop(proc)
+            raise SystemExit(f"wyoming not listening after {ARGS.start_timeout:g} s: see "
+                             f"{log_path}")
+        time.sleep(0.05)
+    return proc, port, time.perf_counter() - t0
+
+
+def first_reply(flags) -> list[str]:
+    """On a fresh voices folder, Wyoming at its default: start-up to listening (the default
+    voice made before it), the first-ever request from the moment it listens, the held-out
+    texts' first audio (one-shot and streamed in, first audio only: the client then leaves),
+    and start-up again with the voice made. Each line with the load average."""
+    import tempfile
+
+    lines = [f"model {ARGS.model}, Wyoming at its default voice ({VOICE}), {ARGS.profile}"]
+    folder = Path(tempfile.mkdtemp(prefix="bench-first-reply-"))
+    voices = folder / "voices"
+    proc, port, up_s = start_wyoming(voices, flags, folder / "first.log")
+    try:
+        lines.append(f"start-up, fresh voices folder, to listening: {up_s:.1f} s ({load()})")
+        (first, _), = asyncio.run(wyoming(port, False, TEXT, 1, False, True, None))
+        lines.append(f"first-ever request (one-shot), first audio: {first:.2f} s ({load()})")
+        for name, text in HELD_OUT.items():
+            for streamed in (False, True):
+                got = asyncio.run(wyoming(port, streamed, text, ARGS.reps, False, True, None))
+                firsts = ", ".join(f"{f:.2f}" for f, _ in got)
+                how = "streamed in" if streamed else "one-shot"
+                median = statistics.median(f for f, _ in got)
+                lines.append(f"{name}, {how}: first audio {median:.2f} s (runs {firsts}; "
+                             f"{load()})")
+    finally:
+        stop(proc)
+    lines += [f"  log: {line}" for line in (folder / "first.log").read_text().splitlines()
+              if "making voice" in line or "Ready in" in line or "Rate:" in line]
+    proc, port, up_s = start_wyoming(voices, flags, folder / "again.log")
+    stop(proc)
+    lines.append(f"start-up again, the voice made, to listening: {up_s:.1f} s ({load()})")
+    return lines
+
+
 # -- the run ------------------------------------------------------------------------------------
 
 def table(rows, rtf) -> list[str]:
@@ -426,6 +516,12 @@ def main() -> None:
                    help="profiles whose steady-state RTF after chunk 0 is measured, comma-"
                         "separated, or 'none' (default %(default)s)")
     p.add_argument("--markdown", help="also write the table here")
+    p.add_argument("--first-reply", action="store_true",
+                   help="only a new install's first reply through Wyoming: start-up on a fresh "
+                        "voices folder, the first-ever request, the held-out texts' first audio, "
+                        "start-up again (--reps runs each, no warm-up run)")
+    p.add_argument("--start-timeout", type=float, default=3600,
+                   help="--first-reply: seconds Wyoming may take to listen (default %(default)g)")
     ARGS = p.parse_args()
     ARGS.rtf_profiles = [] if ARGS.rtf_profiles == "none" else ARGS.rtf_profiles.split(",")
     bad = [x for x in ARGS.rtf_profiles if x not in PROFILES]
@@ -433,6 +529,12 @@ def main() -> None:
         p.error(f"--rtf-profiles: unknown profile(s) {', '.join(bad)}")
     settings = {"num_step": ARGS.steps} if ARGS.steps else {}
     flags = (("--steps", ARGS.steps) if ARGS.steps else ()) + ("--profile", ARGS.profile)
+    if ARGS.first_reply:
+        lines = first_reply(flags)
+        print("\n".join(lines))
+        if ARGS.markdown:
+            Path(ARGS.markdown).write_text("\n".join(lines) + "\n")
+        return
     voices = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-doors-{os.getpid()}"
     rows = []
 
@@ -470,6 +572,10 @@ def main() -> None:
         wait(proc, up, "wyoming")
         rows.append(("Wyoming synthesize (one-shot)", attempt(wyoming, port, False), GOAL_S))
         rows.append(("Wyoming synthesize-chunk (streamed in)", attempt(wyoming, port, True), GOAL_S))
+        for name, text in HELD_OUT.items():
+            rows.append((f"Wyoming one-shot, {name}", attempt(wyoming, port, False, text), GOAL_S))
+            rows.append((f"Wyoming streamed in, {name}", attempt(wyoming, port, True, text),
+                         GOAL_S))
     finally:
         stop(proc)
     rows.append(("MCP speak (stdio; the whole file)", attempt(

@@ -34,7 +34,7 @@ from .audio import postprocess
 from .audio.loading import load_audio
 from .engine import Engine, PassSpec
 from .errors import AudioError, ConfigError, InputError, RefTextMismatchWarning
-from .model import backbone, higgs_codec
+from .model import backbone, cost, higgs_codec
 from .model.backend import check_precision
 from .model.config import PROFILES, GenerationConfig, OmniVoiceConfig
 from .request import Request, build_requests
@@ -44,6 +44,10 @@ from .voice import Synthesis, VoiceClonePrompt, check_voice_prompt
 # ---------------------------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------------------------
+
+# synthesize's own arguments (the rest of its keyword arguments are GenerationConfig fields)
+_CALL_ARGUMENTS = ("language", "ref_audio", "ref_text", "voice_clone_prompt", "instruct",
+                   "duration", "speed", "seed", "on_step", "generation_config", "normalize_text")
 
 
 class OmniVoice:
@@ -211,6 +215,24 @@ class OmniVoice:
                 num_steps=gen.num_step, timings=timings, text_chunks=[c.text for c in plan.chunks],
                 sample_rate=self.sampling_rate, pauses=tuple(spans)))
         return out
+
+    def unmask_flops(self, text, **kwargs) -> int:
+        """The GEMM FLOPs `synthesize(text, **kwargs)` would spend unmasking (cost.pass_flops of
+        each of its passes), without running it: what an estimate of its time divides by a
+        measured rate (machinery/warmup.py). A pass voiced by another's codes is counted with
+        zeros of that length (the same rows)."""
+        call = {name: kwargs.pop(name, None) for name in _CALL_ARGUMENTS}
+        call["normalize_text"] = bool(call["normalize_text"])
+        _, _, specs, _ = self._passes(text, **call, gen_kwargs=kwargs)
+        total = 0
+        for spec in specs:
+            ref = spec.ref_codes
+            if spec.after is not None:
+                ref = np.zeros((self.config.num_audio_codebook, specs[spec.after].frames), np.int64)
+            item = self.engine.prepare(spec, ref)
+            total += cost.pass_flops(self.config, spec.gen, item.input_ids.shape[1] - spec.frames,
+                                     spec.frames, spec.gen.guidance_scale != 0)
+        return total
 
     # -- internals ----------------------------------------------------------------------------
 

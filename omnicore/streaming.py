@@ -43,13 +43,19 @@ import numpy as np
 from .audio.streamjoin import SilenceTrimmer, StreamJoiner, peak_gain, rms_gain
 from .engine import PassResult
 from .errors import AudioError, CancelledError, InputError
-from .model import higgs_codec
+from .machinery import warmup
+from .model import cost, higgs_codec
+from .model import tokenizer as tok_mod
 from .model.config import GenerationConfig
 from .request import build_requests
 from .text import limits, planner
 from .text.planner import ChunkRule, TextChunker, split_text
 
 __all__ = ["SpeechStream", "stream"]
+
+# Text tokens per frame of speech, for a chunk 0 budget (the text is in the pass's rows): about
+# 5 BPE tokens per second of English speech, a little over what it takes.
+TEXT_TOKENS_PER_FRAME = 0.2
 
 # ---------------------------------------------------------------------------------------------
 # The plan: chunk texts -> codes, one voice throughout
@@ -155,6 +161,29 @@ class _Plan:
             if self._chunks is not None:
                 self._check_chunks()
 
+    def first_budget(self, rate: float) -> float:
+        """Chunk 0's budget (GenerationConfig.first_audio_seconds) as the chunker measures
+        speech: the most frames whose unmasking at `rate` FLOP/s fits it (cost.frames_within:
+        chunk 0's own steps, this voice's prompt, the text growing with the speech), then the
+        most speech that plan_chunk sizes within those frames (planner.seconds_within)."""
+        r, model, gen = self.request, self.model, self.gen.for_chunk(0)
+        ref_text, ref = r.ref_text, None
+        if r.prompt is not None:
+            ref = r.prompt.ref_audio_tokens  # [C, R]
+        elif r.clip is not None:  # not encoded yet: its length from the clip, roughly
+            ref_text = r.clip[1]
+            ref = np.zeros((model.config.num_audio_codebook,
+                            _clip_frames(r.clip[0], model.frame_rate)), np.int64)  # [C, R]
+        item = tok_mod.prepare_item(model.tokenizer, model.config, "a", 1, ref_text=ref_text,
+                                    ref_codes=ref, lang=r.language, instruct=self.instruct,
+                                    denoise=gen.denoise)
+        prompt = item.input_ids.shape[1] - 2  # less the one target frame and the one text token
+        most = planner.ChunkRule().max_seconds
+        frames = cost.frames_within(model.config, gen, prompt, gen.guidance_scale != 0,
+                                    gen.first_audio_seconds * rate,
+                                    int(most * model.frame_rate), TEXT_TOKENS_PER_FRAME)
+        return planner.seconds_within(frames, r.ref_text, r.ref_frames, self.pace, most)
+
     def gain(self, first_window: np.ndarray):
         prompt = self.request.prompt
         return rms_gain(prompt.ref_rms) if prompt is not None else peak_gain(first_window)
@@ -186,6 +215,21 @@ class _Plan:
             if self.request.prompt is None:
                 self.ref0_codes = result.codes
         return result
+
+
+def _clip_frames(audio, frame_rate: int) -> int:
+    """Frames of a reference clip not encoded yet ((waveform, rate) or a file), 0 when it
+    cannot be told now (encoding it then says what is wrong)."""
+    try:
+        if isinstance(audio, tuple):
+            seconds = len(audio[0]) / audio[1]
+        else:
+            import soundfile
+
+            seconds = soundfile.info(str(audio)).duration
+    except Exception:  # noqa: BLE001 - any unreadable clip is refused when it is encoded
+        return 0
+    return int(seconds * frame_rate)
 
 
 def _nothing_to_say(had_pauses: bool) -> InputError:
@@ -508,7 +552,10 @@ def stream(model, text, *, language=None, ref_audio=None, ref_text=None, voice_c
                  speed=speed, seed=seed, on_step=on_step, generation_config=generation_config,
                  gen_kwargs=gen_kwargs, whole_text=whole, normalize_text=normalize_text)
     if rule is None:  # the default rule, chunk 0 cut where the settings say (2 s unless live)
-        rule = ChunkRule.with_first(plan.gen.first_chunk_seconds)
+        budget = None
+        if plan.gen.first_audio_seconds:  # and within what this machine makes in time
+            budget = plan.first_budget(warmup.rate(model))
+        rule = ChunkRule.with_first(plan.gen.first_chunk_seconds, budget)
     t0 = time.perf_counter()
     shared = _Shared(lookahead)
     if whole is not None:

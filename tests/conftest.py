@@ -30,6 +30,10 @@ TINY = Path(__file__).resolve().parents[1] / "weights" / "tiny-random"
 QUICK_LEAVES_OUT = ("slow", "browser", "subprocess")
 # CI installs every test dependency and ships every fixture, so there a missing one is a failure
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# A fixed machine rate for every test and child process: a live stream's chunk 0 budget would
+# otherwise follow how fast this machine (busy or not) ran the tiny model. At this rate the
+# budget never binds on it; the budget's own tests give theirs.
+os.environ["OMNICORE_RATE"] = "1e13"
 
 
 # Hypothesis: every run draws the same examples. The default profile, "fixed", derives them

@@ -449,7 +449,7 @@ def test_stdio_answers_unreadable_lines_and_logs_its_start_on_stderr(house_voice
         (None, -32700), (None, -32600), (1, None)]
     assert answers[2]["result"]["serverInfo"]["name"] == "omnicore" and lines.empty()
     log = (tmp_path / "stderr.log").read_text()
-    for line in ("model tiny-random", f" in {house_voices}", "Ready: ",
+    for line in ("model tiny-random", f" in {house_voices}", "Ready in ",
                  "MCP: serving on stdio", "Profile: live (approximate)"):  # the door's default
         assert line in log, log
 

@@ -274,7 +274,8 @@ def test_the_models_default_profile_and_a_calls_own(model):
 STREAM_TEXT = ("Lights off, please. The thermostat is set to twenty-one degrees tonight. "
                "Goodnight, and sleep well until the morning comes.")
 # The live knobs at their exact settings: nothing of live's own is left but fast.
-LIVE_AT_EXACT = dict(first_chunk_steps=0, first_chunk_seconds=FIRST_CHUNK_SECONDS)
+LIVE_AT_EXACT = dict(first_chunk_steps=0, first_chunk_seconds=FIRST_CHUNK_SECONDS,
+                     first_audio_seconds=0.0)
 MAX_LONG_STEPS = 1000  # a request that outlasts a whole stream (it is cancelled after it)
 
 
@@ -317,7 +318,10 @@ def test_live_settings_and_bounds():
                 dict(first_chunk_steps=True), dict(first_chunk_steps="4"),
                 dict(first_chunk_seconds=0.4), dict(first_chunk_seconds=15.5),
                 dict(first_chunk_seconds=float("nan")), dict(first_chunk_seconds=float("inf")),
-                dict(first_chunk_seconds=True), dict(first_chunk_seconds="1")):
+                dict(first_chunk_seconds=True), dict(first_chunk_seconds="1"),
+                dict(first_audio_seconds=-1.0), dict(first_audio_seconds=0.05),
+                dict(first_audio_seconds=61.0), dict(first_audio_seconds=float("nan")),
+                dict(first_audio_seconds="3")):
         for profile in ("exact", "live"):
             with pytest.raises(InputError, match=next(iter(bad))):
                 GenerationConfig.for_profile(profile, **bad)
@@ -473,3 +477,153 @@ def test_a_live_streams_chunk_0_packs_with_a_running_request(model):
     for a, b in zip(packed[1], alone[1], strict=True):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(packed[0], alone[0])
+
+
+
+# -- chunk 0 cut by the first-audio budget ------------------------------------------------------
+
+# A first clause that ends too early ("Okay,"), then none; and no punctuation at all.
+EARLY_CLAUSE = ("Okay, so the living room lights are now off and the kitchen lights are dimmed "
+                "to twenty percent for the rest of the evening.")
+NO_PUNCTUATION = ("turning off the living room lights and dimming the kitchen ones to twenty "
+                  "percent for the rest of the evening")
+
+
+@pytest.fixture
+def rate():
+    """Set the machine's rate (settings.configure) for one test; put back after."""
+    from omnicore.machinery import settings
+
+    before = settings.current().rate
+    yield lambda value: settings.configure(rate=value)
+    settings.configure(rate=before)
+
+
+def _plan(model, **kw):
+    from omnicore.streaming import _Plan
+
+    args = dict(language=None, ref_audio=None, ref_text=None, voice_clone_prompt=None,
+                instruct=None, duration=None, speed=None, seed=None, on_step=None,
+                generation_config=None, gen_kwargs={"profile": "live"}, whole_text=EARLY_CLAUSE)
+    return _Plan(model, **{**args, **kw})
+
+
+def test_frames_within_is_the_most_that_fits(model):
+    gen = GenerationConfig.for_profile("live").for_chunk(0)
+    for prompt, flops in ((30, 5e8), (176, 3e9), (10, 1e6)):
+        T = cost.frames_within(model.config, gen, prompt, True, flops, 400, 0.2)
+        assert T == 0 or cost.pass_flops(model.config, gen, prompt + int(np.ceil(0.2 * T)), T,
+                                         True) <= flops
+        assert T == 400 or cost.pass_flops(model.config, gen, prompt + int(np.ceil(0.2 * (T + 1))),
+                                           T + 1, True) > flops
+
+
+def test_seconds_within_sizes_chunk_0_within_its_frames(clone_prompt):
+    """The speech seconds_within allows is planned at most those frames (plan_chunk, with the
+    voice prompt's pace or the yardstick's, at a speed), and a word more would not be."""
+    from omnicore.text.planner import plan_chunk, seconds_within
+
+    words = NO_PUNCTUATION.split()
+    ref = (clone_prompt.ref_text, clone_prompt.ref_audio_tokens.shape[1])
+    for ref_text, ref_frames in ((None, None), ref):
+        for pace in (1.0, 1.5):
+            for frames in (20, 50, 90):
+                budget = seconds_within(frames, ref_text, ref_frames, pace)
+                only_budget = ChunkRule(first_max_seconds=15.0, first_budget_seconds=budget)
+                chunk = split_text(NO_PUNCTUATION, only_budget)[0]
+                n = len(chunk.split())  # one word at least, whatever it costs
+                assert n == 1 or plan_chunk(chunk, None, ref_text, ref_frames, pace).frames <= frames
+                more = " ".join(words[:n + 1])  # (frames are truncated: a word more reaches them)
+                assert plan_chunk(more, None, ref_text, ref_frames, pace).frames >= frames
+
+
+def test_the_chunker_cuts_chunk_0_at_the_last_word_break_within_its_budget():
+    """Whatever the punctuation, chunk 0 ends at the last word break within the budget (one
+    word at least), fragments as the whole; no budget, or one it never reaches, is the rule as
+    it was; the later chunks are cut as before."""
+    from omnicore.text.frontend import text_weight
+
+    second = 1 / text_weight("Nice to meet you.")
+    for text in (EARLY_CLAUSE, NO_PUNCTUATION):
+        old = split_text(text, ChunkRule.with_first(1.0))
+        assert split_text(text, ChunkRule.with_first(1.0, 15.0)) == old
+        for budget in (0.01, 0.5, 1.2, 2.0):
+            chunks = split_text(text, ChunkRule.with_first(1.0, budget))
+            first, words = chunks[0], text.split()
+            n = len(first.split())
+            assert first == " ".join(words[:n]) and n >= 1
+            assert n == 1 or text_weight(first) * second <= budget
+            assert text_weight(" ".join(words[:n + 1])) * second > budget
+            assert " ".join(chunks[1:]).split() == words[n:]  # nothing lost or moved
+            frags = [text[i:i + 3] for i in range(0, len(text), 3)]
+            from omnicore.text.planner import TextChunker
+
+            chunker = TextChunker(ChunkRule.with_first(1.0, budget))
+            assert [c for f in frags for c in chunker.feed(f)] + chunker.flush() == chunks
+    assert split_text(EARLY_CLAUSE, ChunkRule.with_first(1.0))[0].endswith("off and the")  # 3 s cap
+    assert split_text(EARLY_CLAUSE, ChunkRule.with_first(1.0, 1.2))[0] == "Okay, so the living"
+
+
+def test_a_slower_machine_gets_a_shorter_chunk_0(model, clone_prompt):
+    """chunk 0's budget in speech falls with the rate and with the prompt's length, and is
+    none at all for the exact setting (first_audio_seconds 0)."""
+    for kw in ({}, {"voice_clone_prompt": clone_prompt}):
+        plan = _plan(model, **kw)
+        seconds = [plan.first_budget(r) for r in (2e8, 4e8, 8e8, 1.6e9)]
+        assert seconds == sorted(seconds) and seconds[0] < seconds[-1], seconds
+    auto, voiced = _plan(model), _plan(model, voice_clone_prompt=clone_prompt)
+    assert voiced.first_budget(4e8) < auto.first_budget(4e8)  # the prompt's rows cost too
+
+
+def test_a_live_stream_cuts_chunk_0_where_the_machine_rate_says(model, rate):
+    """Through stream(): the rate in force sets chunk 0's budget (whole text and fragments
+    alike); a rule given wins."""
+    kw = dict(profile="live", num_step=2, seed=1)
+    for value in (5e7, 1e8):
+        rate(value)
+        want = split_text(NO_PUNCTUATION, ChunkRule.with_first(1.0, _plan(model).first_budget(value)))
+        assert want != split_text(NO_PUNCTUATION, ChunkRule.with_first(1.0))  # it binds here
+        st = model.stream(NO_PUNCTUATION, **kw)
+        list(st)
+        assert st.text_chunks == want
+        st = model.stream(iter(NO_PUNCTUATION[i:i + 4] for i in range(0, len(NO_PUNCTUATION), 4)), **kw)
+        list(st)
+        assert st.text_chunks == want
+    st = model.stream(NO_PUNCTUATION, rule=ChunkRule.with_first(1.0), **kw)
+    list(st)
+    assert st.text_chunks == split_text(NO_PUNCTUATION, ChunkRule.with_first(1.0))
+
+
+@pytest.mark.parametrize("mode", ["auto", "clone"])
+def test_at_its_exact_setting_the_budget_changes_no_code(model, clone_prompt, rate, mode):
+    """first_audio_seconds=0 on a machine slow enough for the budget to bind: the stream's
+    chunks and codes are those of the rule without a budget (as before it existed), alone and
+    packed with a running request."""
+    rate(1e8)
+    kw = dict(profile="live", num_step=4, first_chunk_steps=2, seed=8,
+              **_voice(mode, clone_prompt), **GREEDY)
+    before = _streamed(model, NO_PUNCTUATION, rule=ChunkRule.with_first(1.0), **kw)
+    assert _plan(model, **_voice(mode, clone_prompt)).first_budget(1e8) < 2.0  # it would bind
+    alone = _streamed(model, NO_PUNCTUATION, first_audio_seconds=0.0, **kw)
+    assert alone[2] == before[2]
+    for a, b in zip(alone[1], before[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+    long = PassSpec("Hi.", 10, "en", None, None, None, 0, GenerationConfig(num_step=MAX_LONG_STEPS))
+    seen, started = [], threading.Event()
+
+    def trace(ids):
+        seen.append(set(ids))
+        started.set()
+    model.engine.trace = trace
+    ticket = model.engine.submit([long])
+    try:
+        assert started.wait(60), "the long request never ran"
+        packed = _streamed(model, NO_PUNCTUATION, first_audio_seconds=0.0, **kw)
+        assert not ticket.done(), "the long request ended before the stream: lengthen it"
+    finally:
+        ticket.cancel()
+        model.engine.trace = None
+    assert any(len(ids) > 1 and ticket.id in ids for ids in seen)  # it ran packed
+    assert packed[2] == before[2]
+    for a, b in zip(packed[1], before[1], strict=True):
+        np.testing.assert_array_equal(a, b)

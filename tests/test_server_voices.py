@@ -308,9 +308,9 @@ def test_a_hostile_file_costs_its_own_entry_only(servers, voices_dir, logs):
         assert _get(url + "/health").json()["status"] == "ok"
         listed = _get(url + "/v1/voices").json()["data"]
         shown = {v["id"]: v for v in listed}
-        assert {"fifo_rec", "deep_rec", "alloy"} <= set(shown)
+        assert {"fifo_rec", "deep_rec", "ash"} <= set(shown)
         assert len({tuple(v) for v in listed}) == 1, listed  # one shape for every entry
-        assert shown["alloy"]["made"] is False and shown["deep_rec"]["made"] is True
+        assert shown["ash"]["made"] is False and shown["deep_rec"]["made"] is True
         for name in made:  # a voice whose record is unreadable is a voice without one
             v = _get(f"{url}/v1/voices/{name}").json()
             assert v["id"] == name and v["frames"] > 0 and v["name"] == name

@@ -113,9 +113,10 @@ def test_fast_profile_with_its_knobs_at_one_is_exact(device, host, name):
 
 @pytest.mark.parametrize("mode", device_child.LIVE_MODES)
 def test_live_profile_at_exact_settings_streams_fasts_codes(device, host, mode):
-    """A live stream with first_chunk_steps and first_chunk_seconds at their exact settings
-    makes fast's codes bit for bit (auto, design, clone) on the device path and on numpy; with
-    live's own knobs chunk 0 changes, and the two backends agree on it."""
+    """A live stream with first_chunk_steps, first_chunk_seconds and first_audio_seconds at
+    their exact settings makes fast's codes bit for bit (auto, design, clone) on the device
+    path and on numpy; with live's own knobs chunk 0 changes, and the two backends agree on
+    it."""
     for arrays in (device[0], host):
         np.testing.assert_array_equal(arrays[f"live_{mode}/live_exact"], arrays[f"live_{mode}/fast"])
         own, fast = arrays[f"live_{mode}/live_chunk0"], arrays[f"live_{mode}/fast_chunk0"]

@@ -502,3 +502,25 @@ def test_describe_reads_the_library_off_the_loop_and_skips_a_label_that_is_not_t
     voices = {v.name: v.description for v in Info.from_event(event).tts[0].voices}
     assert voices["odd"] == "odd" and "alloy" in voices
     assert readers and loop_thread not in readers
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_a_fresh_folder_gets_its_default_voice_before_the_door_listens(tmp_path):
+    """At its default voice (the preset alloy) on a fresh voices folder, the door says
+    "making voice alloy: about N s, once" before it says it listens, and the voice is in the
+    folder when it answers; started again on the folder, it makes nothing."""
+    folder = tmp_path / "voices"
+    for run_ in ("first", "again"):
+        log = tmp_path / f"{run_}.log"
+        proc, port = start_wyoming(folder, *SETTINGS, log_path=log, seconds=240)
+        try:
+            assert (folder / "alloy.npz").exists()
+            text = log.read_text()
+            listening = text.index("ready, listening on")
+            if run_ == "first":
+                assert 0 <= text.index("making voice alloy: about ") < listening, text
+            else:
+                assert "making voice" not in text and "(alloy made before)" in text, text
+        finally:
+            stop_process(proc, 30)

@@ -7,6 +7,8 @@ CUDA graphs.
     OMNICORE_NUM_THREADS=n               threads for Numba's pool and BLAS (default: all cores)
     OMNICORE_PARALLEL_KERNELS=1          the Numba kernels' parallel twins on
     OMNICORE_CUDA_GRAPHS=0               on CuPy, launch kernel by kernel (no CUDA graphs)
+    OMNICORE_RATE=1.5e11                 the machine's GEMM rate in FLOP/s, instead of the one
+                                         `omnicore warmup` measured (machinery/warmup.py)
 
 and hands them to the model (`backend.use`, `jit.start`) before its first kernel.
 `OmniVoice.from_pretrained`, `Codec`, the CLI and the servers call it; importing omnicore reads
@@ -34,6 +36,7 @@ class Settings:
     threads: int | None = None  # None: every core
     parallel_kernels: bool = False
     cuda_graphs: bool = True
+    rate: float | None = None  # FLOP/s to estimate with (None: measured, else assumed)
 
 
 _current: Settings | None = None
@@ -46,16 +49,27 @@ def _from_environment() -> Settings:
     threads = env.get("OMNICORE_NUM_THREADS", "").strip()
     if threads and not (threads.isdigit() and int(threads) > 0):
         raise ConfigError(f"OMNICORE_NUM_THREADS={threads!r}: expected a positive integer (threads)")
+    rate = env.get("OMNICORE_RATE", "").strip()
+    if rate:
+        try:
+            rate_value = float(rate)
+        except ValueError:
+            rate_value = 0.0
+        if not (rate_value > 0 and rate_value != float("inf")):
+            raise ConfigError(f"OMNICORE_RATE={rate!r}: expected a positive number of FLOP/s, "
+                              "e.g. 1.5e11")
     if name not in BACKENDS:
         raise ConfigError(f"OMNICORE_BACKEND={name!r} is not one of 'numpy', 'cupy', 'strict' "
                           "(strict: a test backend that checks the device code paths on the CPU).")
     return Settings(backend=name, threads=int(threads) if threads else None,
                     parallel_kernels=env.get("OMNICORE_PARALLEL_KERNELS", "").strip() == "1",
-                    cuda_graphs=env.get("OMNICORE_CUDA_GRAPHS", "1").strip() != "0")
+                    cuda_graphs=env.get("OMNICORE_CUDA_GRAPHS", "1").strip() != "0",
+                    rate=float(rate) if rate else None)
 
 
 def configure(backend: str | None = None, threads: int | None = None,
-              parallel_kernels: bool | None = None, cuda_graphs: bool | None = None) -> Settings:
+              parallel_kernels: bool | None = None, cuda_graphs: bool | None = None,
+              rate: float | None = None) -> Settings:
     """Read the settings (arguments win over the environment), check them and apply them once.
 
     Called again, it returns the settings in force; an argument that contradicts them is a
@@ -63,7 +77,10 @@ def configure(backend: str | None = None, threads: int | None = None,
     where it can (threads: BLAS's pool and the calling thread's Numba count)."""
     global _current
     asked = {k: v for k, v in dict(backend=backend, threads=threads, parallel_kernels=parallel_kernels,
-                                   cuda_graphs=cuda_graphs).items() if v is not None}
+                                   cuda_graphs=cuda_graphs, rate=rate).items() if v is not None}
+    if "rate" in asked and not (isinstance(rate, (int, float)) and not isinstance(rate, bool)
+                                and 0 < rate < float("inf")):
+        raise ConfigError(f"rate={rate!r}: expected a positive number of FLOP/s")
     if "backend" in asked and asked["backend"] not in BACKENDS:
         raise ConfigError(f"backend {asked['backend']!r} is not one of {', '.join(map(repr, BACKENDS))}")
     if "threads" in asked and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):

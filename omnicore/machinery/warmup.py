@@ -19,14 +19,24 @@ before they report ready.
 `CompileWatch`, open around a command or a server's life, says "compiling kernels, once per
 machine: about N s" when the first kernel starts compiling, and keeps the seconds spent
 compiling, which progress leaves out of its ETA.
+
+The machine's rate: `measure_rate(model)` times a short unmasking whose GEMM FLOPs are known
+(`OmniVoice.unmask_flops`) and keeps the FLOP/s it reached in `omnicore-rates.json` beside the
+kernel cache (the cache is this machine's, keyed to its CPU), one entry per backend, precision,
+thread count and model size. `rate(model)` reads it back, or ASSUMED_RATE where nobody measured.
+`estimate_seconds(model, text, ...)` is FLOPs over that rate: the doors' "making voice alloy:
+about N s" and a stream's first-audio budget (streaming.py) rest on it.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -41,6 +51,16 @@ _STEPS = 2  # the kernels are the same for any step count; two is one step and t
 # in the cache. A slower machine takes longer; the estimate says "about".
 SECONDS_PER_KERNEL = 0.8
 NOTICE = "compiling kernels, once per machine: about {seconds} s"
+# The GEMM rate (FLOP/s) of a machine nobody measured: about two thirds of what 2 Zen 4 cores
+# reach at full size (146 GFLOP/s, docs/performance.md), so that an unmeasured machine errs
+# toward less work before the first audio rather than more.
+ASSUMED_RATE = 100e9
+# What measure_rate times: an assistant's short reply, in a few steps (a chunk 0's size: small
+# rows run BLAS at a lower rate than long ones, and the estimate is for such rows).
+RATE_TEXT = "The living room lights are now off."
+RATE_STEPS = 4
+RATES_FILE = "omnicore-rates.json"
+_rates: dict = {}  # (folder, key) -> FLOP/s, as read from or written to RATES_FILE
 
 
 def compile_estimate() -> float:
@@ -147,3 +167,82 @@ def warm_up(model, paths=None, on_path=None, say=None, force: bool = False) -> W
                 on_path(path, done.seconds[path])
     done.compiled, done.compile_s = watch.kernels, watch.seconds()
     return done
+
+
+# -- the machine's rate --------------------------------------------------------------------------
+
+
+def rate_key(model) -> str:
+    """What a measured rate holds for: the backend, precision, threads and model size."""
+    from . import settings
+
+    s = settings.current() or settings.Settings()
+    q = model.config.llm_config
+    return (f"{s.backend}/{model.precision}/{s.threads or os.cpu_count()} threads/"
+            f"{q.num_hidden_layers}x{q.hidden_size}")
+
+
+def _rates_path(folder) -> Path | None:
+    if folder is None:
+        folder = jit.cache_folder()
+    return Path(folder) / RATES_FILE if isinstance(folder, (str, os.PathLike)) else None
+
+
+def _read_rates(path: Path | None) -> dict:
+    try:
+        rates = json.loads(path.read_text()) if path is not None else {}
+    except (OSError, ValueError):  # none yet, or unreadable: measured again
+        return {}
+    return rates if isinstance(rates, dict) else {}
+
+
+def measured_rate(model, folder=None) -> float | None:
+    """The FLOP/s `measure_rate` kept for this machine and `model` (None: never measured).
+    `folder`: where the rates are kept (default: the kernel cache's folder)."""
+    path, key = _rates_path(folder), rate_key(model)
+    if (str(path), key) not in _rates:
+        value = _read_rates(path).get(key)
+        if not (isinstance(value, (int, float)) and value > 0):
+            return None
+        _rates[str(path), key] = float(value)
+    return _rates[str(path), key]
+
+
+def rate(model, folder=None) -> float:
+    """The FLOP/s to estimate with: OMNICORE_RATE (settings), else measured (measured_rate),
+    else ASSUMED_RATE."""
+    from . import settings
+
+    chosen = settings.current()
+    if chosen is not None and chosen.rate is not None:
+        return chosen.rate
+    return measured_rate(model, folder) or ASSUMED_RATE
+
+
+def measure_rate(model, folder=None) -> float:
+    """Time RATE_TEXT unmasked in RATE_STEPS steps (after a first run, so that no compile is
+    timed), keep its FLOP/s in RATES_FILE (atomically; in memory only where no folder can be
+    written) and return it."""
+    from ..audio.writers import write_atomic
+    from ..errors import OmniCoreError
+
+    kw = dict(num_step=RATE_STEPS, seed=0)
+    model.synthesize(RATE_TEXT, _decode=False, **kw)  # any compile or first touch happens here
+    seconds = model.synthesize(RATE_TEXT, _decode=False, **kw)[0].timings["unmask"]
+    value = model.unmask_flops(RATE_TEXT, **kw) / max(seconds, 1e-9)
+    path, key = _rates_path(folder), rate_key(model)
+    _rates[str(path), key] = value
+    if path is not None:
+        rates = {**_read_rates(path), key: value}
+        try:
+            write_atomic(path, lambda fh: fh.write(json.dumps(rates, indent=1).encode()))
+        except OmniCoreError:  # a read-only cache: the rate holds for this process
+            pass
+    return value
+
+
+def estimate_seconds(model, text, folder=None, **kwargs) -> float:
+    """Seconds `model.synthesize(text, **kwargs)` would spend unmasking on this machine:
+    its FLOPs (OmniVoice.unmask_flops) over `rate`. An estimate: the decode and the
+    scoring are left out, and a busy machine is slower."""
+    return model.unmask_flops(text, **kwargs) / rate(model, folder)

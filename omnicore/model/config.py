@@ -176,14 +176,18 @@ PROFILES = ("exact", "fast", "live")
 # The fast profile's settings: the steps and reuse periods measured by others on real weights.
 FAST_PROFILE = {"num_step": 16, "prefix_refresh": 8, "uncond_every": 3}
 # The live profile's: fast's, chunk 0 of a stream in 4 steps and cut at the first clause end
-# after 1 s of speech (docs/performance.md, "The live profile", derives both from the FLOPs).
-LIVE_PROFILE = {**FAST_PROFILE, "first_chunk_steps": 4, "first_chunk_seconds": 1.0}
+# after 1 s of speech (docs/performance.md, "The live profile", derives both from the FLOPs),
+# or sooner, at the last word break whose unmasking fits 3.5 s on this machine (the 5 s goal
+# less the first decode window and text streamed in).
+LIVE_PROFILE = {**FAST_PROFILE, "first_chunk_steps": 4, "first_chunk_seconds": 1.0,
+                "first_audio_seconds": 3.5}
 MAX_STEPS = 1000
 # A stream's chunk 0 ends at a clause end after this much speech (the exact setting of
 # first_chunk_seconds), or at a word break after FIRST_CHUNK_MAX_FACTOR times as much.
 FIRST_CHUNK_SECONDS = 2.0
 FIRST_CHUNK_MAX_FACTOR = 3.0
 FIRST_CHUNK_SECONDS_RANGE = (0.5, 15.0)
+FIRST_AUDIO_SECONDS_RANGE = (0.1, 60.0)  # first_audio_seconds, when set (0: no budget)
 
 
 @dataclass(frozen=True)
@@ -209,7 +213,10 @@ class GenerationConfig:
     sentence or clause end after this much estimated speech, or at a word break after
     FIRST_CHUNK_MAX_FACTOR times as much. Shorter comes sooner but, in auto and design mode, is
     a weaker voice reference for every later chunk (less of the voice to go on) and may sound
-    choppy; with a voice prompt only chunk 0 itself pays.
+    choppy; with a voice prompt only chunk 0 itself pays. `first_audio_seconds` (0: off, its
+    exact setting) is chunk 0's budget on this machine: whatever the punctuation, chunk 0 ends
+    at the last word break whose estimated unmasking (cost.pass_flops over the rate `omnicore
+    warmup` measured) fits it, so a slower machine gets a shorter chunk 0 (at least one word).
     """
 
     num_step: int = 32
@@ -230,6 +237,7 @@ class GenerationConfig:
     uncond_every: int = 1  # fast: the unconditional row every this many steps
     first_chunk_steps: int = 0  # live: a stream's chunk 0 in this many steps (0: num_step)
     first_chunk_seconds: float = FIRST_CHUNK_SECONDS  # live: where a stream's chunk 0 ends
+    first_audio_seconds: float = 0.0  # live: chunk 0's unmasking budget on this machine (0: none)
 
     def __post_init__(self):
         from ..errors import InputError
@@ -259,6 +267,10 @@ class GenerationConfig:
         if not lo <= finite("first_chunk_seconds") <= hi:
             raise InputError(f"first_chunk_seconds must be between {lo:g} and {hi:g} seconds, got "
                              f"{self.first_chunk_seconds!r}")
+        lo, hi = FIRST_AUDIO_SECONDS_RANGE
+        if finite("first_audio_seconds") != 0 and not lo <= self.first_audio_seconds <= hi:
+            raise InputError(f"first_audio_seconds must be 0 (no budget) or between {lo:g} and "
+                             f"{hi:g} seconds, got {self.first_audio_seconds!r}")
         for name in ("guidance_scale", "layer_penalty_factor", "position_temperature",
                      "class_temperature", "pad_duration", "fade_duration"):
             if finite(name) < 0:

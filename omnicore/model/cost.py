@@ -15,6 +15,8 @@ Dimension legend (as in backbone.py):
 
 from __future__ import annotations
 
+import math
+
 from ..errors import InputError
 from .config import FRAME_RATE
 
@@ -94,6 +96,24 @@ def pass_flops(cfg, gen, prompt: int, frames: int, guided: bool) -> int:
         lengths, num_out, prefix = step_rows(gen, step, prompt, frames, guided)
         total += forward_flops(cfg, lengths, num_out, prefix)
     return total
+
+
+def frames_within(cfg, gen, prompt: int, guided: bool, flops: float, most: int,
+                  text_per_frame: float = 0.0) -> int:
+    """The most target frames T (0 to `most`) whose pass costs at most `flops` (pass_flops):
+    with `prompt` positions before the text of those frames, and `text_per_frame` text tokens
+    per frame (the text grows with the speech it says). Cost grows with T: bisection."""
+    def fits(T):
+        return pass_flops(cfg, gen, prompt + math.ceil(text_per_frame * T), T, guided) <= flops
+
+    lo, hi = 0, most  # fits(lo) or lo == 0; the answer is in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def kept_bytes(cfg, gen, prompt: int, frames: int, guided: bool) -> int:

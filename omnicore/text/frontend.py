@@ -470,13 +470,18 @@ def text_weight(text: str) -> float:
 def _estimate_frames(text: str, ref_text: str, ref_frames: int) -> float:
     """Unrounded frame estimate of ``text`` at the speaking rate of ``ref_text`` in
     ``ref_frames`` frames, with the short-output boost."""
+    return frames_of_weight(text_weight(text), ref_text, ref_frames)
+
+
+def frames_of_weight(weight: float, ref_text: str, ref_frames: int) -> float:
+    """`_estimate_frames` of a text of `weight` (text_weight): what a planner inverts."""
     if ref_frames <= 0 or not ref_text:
         return 0.0
     ref_weight = text_weight(ref_text)
     if ref_weight == 0:
         return 0.0
     weight_per_frame = ref_weight / ref_frames
-    frames = text_weight(text) / weight_per_frame
+    frames = weight / weight_per_frame
     if frames < _SHORT_FRAMES:
         return _SHORT_FRAMES * (frames / _SHORT_FRAMES) ** _SHORT_EXPONENT
     return frames

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import InputError
 from ..model.config import FIRST_CHUNK_MAX_FACTOR, FIRST_CHUNK_SECONDS, FRAME_RATE, real_number
-from .frontend import char_weight, estimate_target_frames, shorten, text_weight
+from .frontend import char_weight, estimate_target_frames, frames_of_weight, shorten, text_weight
 from .limits import (MAX_DURATION_S, check_pass_frames, validate_duration, validate_ref_frames,
                      validate_speed, validate_text)
 
@@ -585,19 +585,28 @@ class ChunkRule:
     seconds: float = 5.0              # later chunks end at a sentence end after this much
     clause_seconds: float = 10.0      # ... or at a clause end after this much
     max_seconds: float = 15.0         # ... or at a word break after this much
+    # chunk 0's budget (None: none): whatever the punctuation, it ends at the last word break
+    # within this much speech (the most a first audio target lets this machine make in time:
+    # streaming.first_chunk_budget), and always holds one word at least
+    first_budget_seconds: float | None = None
 
     def __post_init__(self):
-        for name in ("first_seconds", "first_max_seconds", "seconds", "clause_seconds", "max_seconds"):
+        for name in ("first_seconds", "first_max_seconds", "seconds", "clause_seconds", "max_seconds",
+                     "first_budget_seconds"):
             v = getattr(self, name)
+            if v is None and name == "first_budget_seconds":
+                continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v == float("inf"):
                 raise InputError(f"ChunkRule.{name} must be a finite number >= 0, got {v!r}")
 
     @classmethod
-    def with_first(cls, seconds: float) -> "ChunkRule":
+    def with_first(cls, seconds: float, budget_seconds: float | None = None) -> "ChunkRule":
         """The default rule with chunk 0 ending at a sentence or clause end after `seconds` of
         speech, or at a word break after FIRST_CHUNK_MAX_FACTOR times that (a stream's
-        GenerationConfig.first_chunk_seconds; at 2 s this is the default rule itself)."""
-        return cls(first_seconds=seconds, first_max_seconds=FIRST_CHUNK_MAX_FACTOR * seconds)
+        GenerationConfig.first_chunk_seconds; at 2 s this is the default rule itself), or
+        within `budget_seconds` (first_budget_seconds)."""
+        return cls(first_seconds=seconds, first_max_seconds=FIRST_CHUNK_MAX_FACTOR * seconds,
+                   first_budget_seconds=budget_seconds)
 
 
 class TextChunker:
@@ -663,7 +672,7 @@ class TextChunker:
                         self._mark = "sentence"
                     if ch not in _STREAM_CLOSERS:
                         self._mark_wide = ch in _STREAM_FULL_WIDTH
-                    self._append(ch)
+                    self._append(ch, out)
                     continue
                 kind, wide = self._mark, self._mark_wide
                 self._mark = None
@@ -675,10 +684,10 @@ class TextChunker:
                 if self._ends_at_space():
                     self._emit(out)
                     continue
-                self._append(ch)
+                self._append(ch)  # a break: the word before it was checked as it came
                 self._word_start = len(self._chars)
                 continue
-            self._append(ch)
+            self._append(ch, out)
             if ch in _STREAM_SENTENCE_MARKS or ch in _STREAM_CLAUSE_MARKS:
                 word = "".join(self._chars[self._word_start:]).lower()
                 if ch == "." and (word in _STREAM_ABBREVIATIONS or "." in word[:-1]
@@ -687,9 +696,22 @@ class TextChunker:
                 self._mark = "sentence" if ch in _STREAM_SENTENCE_MARKS else "clause"
                 self._mark_wide = ch in _STREAM_FULL_WIDTH
 
-    def _append(self, ch: str) -> None:
+    def _append(self, ch: str, out: list | None = None) -> None:
         self._chars.append(ch)
         self._weight += char_weight(ch)
+        budget = self.rule.first_budget_seconds
+        if (self.count == 0 and budget is not None and self._word_start > 0
+                and self._seconds() > budget and out is not None):
+            self._cut_before_word(out)
+
+    def _cut_before_word(self, out: list) -> None:
+        """Chunk 0 is over its budget inside a word: it ends at the word break before that
+        word, and the word so far begins the next chunk."""
+        word = self._chars[self._word_start:]
+        self._chars = self._chars[:self._word_start]
+        self._emit(out)
+        for ch in word:
+            self._append(ch)
 
     def flush(self) -> list:
         """End of input: the rest is the last chunk (nothing when it is only whitespace)."""
@@ -699,6 +721,27 @@ class TextChunker:
         self._mark = None
         self._emit(out)
         return out
+
+
+def seconds_within(frames: int, ref_text: str | None, num_ref_frames: int | None,
+                   pace: float = 1.0, most: float = 15.0) -> float:
+    """The most speech, in the chunker's seconds (up to `most`), whose chunk 0 `plan_chunk`
+    sizes at `frames` frames or fewer: against the voice prompt, else the default yardstick,
+    short-output boost and `pace` included (ChunkRule.first_budget_seconds from a frame
+    budget). The estimate grows with the text's weight: bisection."""
+    if num_ref_frames is None or not ref_text:
+        ref_text, num_ref_frames = "Nice to meet you.", FRAME_RATE  # frontend's yardstick
+
+    def fits(seconds):
+        return frames_of_weight(seconds / _SECONDS_PER_WEIGHT, ref_text, num_ref_frames) / pace <= frames
+
+    lo, hi = 0.0, float(most)
+    if fits(hi):
+        return hi
+    for _ in range(40):  # to well under a character's weight
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def split_text(text: str, rule: ChunkRule | None = None) -> list:

@@ -159,7 +159,9 @@ def load_model(args):
 
     t0 = time.perf_counter()
     precision = getattr(args, "precision", "fp32")
-    model = OmniVoice.from_pretrained(args.model, precision=precision)
+    # a command that acts for the doors loads the model with their default profile (warmup)
+    profile = {"profile": args.model_profile} if getattr(args, "model_profile", None) else {}
+    model = OmniVoice.from_pretrained(args.model, precision=precision, **profile)
     log(args, f"loaded {args.model}{'' if precision == 'fp32' else f' ({precision})'} in "
               f"{time.perf_counter() - t0:.1f} s")
     return model

@@ -55,6 +55,9 @@ FIELD_HELP = {
                          "steps of the others)",
     "first_chunk_seconds": "a stream's first chunk ends at a clause end after this many "
                            "seconds of speech",
+    "first_audio_seconds": "a stream's first chunk ends at the last word break whose estimated "
+                           "unmasking fits this many seconds on this machine (0: no budget; "
+                           "live: 3.5)",
 }
 
 _FIELD_TYPES = typing.get_type_hints(GenerationConfig)  # field name -> int, float, bool or str

@@ -15,13 +15,15 @@ batched continuously instead of serialised.
     /v1/audio/voice_consents   OpenAI's consent recordings (create, list, get, rename, delete)
     GET /, /v1/models, /health, /metrics
                                (/health and speech say "warming up", 503, until the kernels
-                               are compiled: omnicore.machinery.warmup, run once the port is open)
+                               are compiled and the preset alloy and the aliases' presets are
+                               made: ServerState.warm_up, run once the port is open)
     /ui                        the Gradio demo on the same model (--ui)
 
 Voices are omnicore voice prompts (.npz, written atomically) in the voices folder, which several
 servers may share (library.py). The OpenAI preset names map to designed voices (PRESET_VOICES:
-instruct + seed); each is generated once on first use, and its codes are kept as the voice, so
-every later call speaks with that speaker.
+instruct + seed); each is generated once, and its codes are kept as the voice, so every later
+call speaks with that speaker: `alloy` and the presets aliases name before the server is ready,
+the others on first use.
 
 One module per job:
 
@@ -80,7 +82,7 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir
         raise ConfigError("the server needs its extra: pip install 'omnicore[server]'")
     from . import runtime
     from .app import create_app, demo_module, mount_ui
-    from .voices import check_aliases
+    from .voices import DOOR_VOICE, check_aliases
 
     check_aliases(voices_dir, voice_aliases)  # a missing voice is refused before the model loads
 
@@ -89,7 +91,7 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, voices_dir
                           max_queue=max_queue, max_concurrency=max_concurrency,
                           metrics_public=metrics_public, idle_timeout=idle_timeout,
                           require_consent=require_consent, voice_aliases=voice_aliases,
-                          profile=profile)
+                          profile=profile, default_voice=DOOR_VOICE)
     app = create_app(server)
     if demo is not None:
         mount_ui(app, server, demo, str(model_path))

@@ -513,16 +513,18 @@ def serve(model_path: str, output_dir: str | None, synth: dict, http: bool = Fal
     `http`, streamable HTTP at http://HOST:PORT/mcp (until a signal, then drain, as `omnicore
     serve` does). `synth`: the generation settings every call starts from."""
     from . import log_model, log_to_stderr, server_state
+    from .voices import DOOR_VOICE
 
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, stream=sys.stderr,
                         format="%(levelname)s: %(message)s")
     log_to_stderr(log, quiet)  # stderr: on stdio, stdout is the protocol's
-    server = server_state(model_path, precision, api_key=api_key, **state_args)
+    server = server_state(model_path, precision, api_key=api_key, default_voice=DOOR_VOICE,
+                          **state_args)
     door = McpDoor(server, output_dir, synth, http)
     app = door.mcp()
     log_model(log, server, model_path)
     log.info("Output folder: %s", door.output_dir or "none (--output-dir): no files are written")
-    server.warm_up(log)  # before it serves: a tool call never waits for a compile
+    server.warm_up(log)  # before it serves: a tool call never waits for a compile or alloy
     if not http:
         log.info("MCP: serving on stdio (stdin and stdout are the protocol's; log lines "
                  "come here, on stderr)")

@@ -94,9 +94,10 @@ def shutting_down() -> HTTPError:
 
 
 def warming_up() -> HTTPError:
-    """What a request is told while the server compiles its kernels at start-up."""
-    return HTTPError(503, "the server is warming up (compiling its kernels, once per machine); "
-                          "retry shortly", None, "server_warming_up", {"Retry-After": "5"})
+    """What a request is told while the server gets ready at start-up (ServerState.warm_up)."""
+    return HTTPError(503, "the server is warming up (compiling its kernels, once per machine, "
+                          "and making its default voice, once per voices folder); retry shortly",
+                     None, "server_warming_up", {"Retry-After": "5"})
 
 
 # omnicore's typed errors as a route's failure: (kind, status, code), the first that matches.

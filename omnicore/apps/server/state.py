@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from ...errors import CancelledError
 from .library import VoiceLibrary
 from .protocol import MODEL_ALIASES, HTTPError, shutting_down, warming_up
-from .voices import check_voice, resolve_voice
+from .voices import check_voice, make_presets, resolve_voice, startup_voices
 
 # Tokens packed into one engine iteration: from one short pass to the default budget's order.
 TOKEN_BUCKETS = tuple(2 ** k for k in range(5, 17))
@@ -119,7 +119,8 @@ class ServerState:
     def __init__(self, model, voices_dir=None, api_key: str | None = None, max_queue: int = 16,
                  model_name: str = "omnivoice", max_concurrency: int | None = None,
                  metrics_public: bool = False, idle_timeout: float = 30.0,
-                 require_consent: bool | None = None, voice_aliases: dict | None = None):
+                 require_consent: bool | None = None, voice_aliases: dict | None = None,
+                 default_voice: str | None = None):
         self.model = model
         self.engine = model.engine
         # require_consent sets (True) or lifts (False) the folder's policy; None keeps it.
@@ -140,6 +141,8 @@ class ServerState:
         # What /v1/models lists and a speech request's `model` may name: all this one model.
         self.model_ids = list(dict.fromkeys([model_name, *MODEL_ALIASES]))
         self.voice_aliases = dict(voice_aliases or {})  # name -> library voice (--voice-alias)
+        # The presets made before the door is ready (warm_up): its default voice, its aliases'.
+        self.startup_voices = startup_voices(default_voice, self.voice_aliases)
         self.pool = ThreadPoolExecutor(max_workers=max_queue + 4, thread_name_prefix="omnicore-serve")
         self._in_flight = 0
         self._slot_waiting = 0  # admitted, waiting for a run slot
@@ -270,9 +273,9 @@ class ServerState:
     # -- start-up -------------------------------------------------------------------------------
 
     def warm_up_in_background(self) -> threading.Thread:
-        """Compile the kernels (omnicore.machinery.warmup) in a thread while the port is open: /health and
-        speech requests say "warming up" (503) until it is done, so that no client waits for a
-        compile, and the log says how long it took."""
+        """Warm up (`warm_up`) in a thread while the port is open: /health and speech requests
+        say "warming up" (503 with Retry-After) until it is done, so that no client waits for a
+        compile or for its voice to be made, and the log says how long it took."""
         self.warming = True
 
         def run():
@@ -285,23 +288,37 @@ class ServerState:
         return thread
 
     def warm_up(self, log) -> None:
-        """Compile the kernels now (omnicore.machinery.warmup; blocking), saying how long it took: what a
+        """Get ready (blocking), saying what it does and how long it took: compile the kernels
+        (omnicore.machinery.warmup), measure the machine's rate unless it is known, and make
+        the door's default voice and its aliases' targets where the library lacks them
+        (voices.make_presets: "making voice alloy: about N s, once"), then "Ready". What a
         front door without a health probe (Wyoming, MCP) does before it listens. From here on,
         for the server's life, the log says when a kernel compiles ("compiling kernels, once
         per machine: about N s"), as a request that meets one would wait for it."""
-        from ...machinery.warmup import CompileWatch, warm_up
+        from ...machinery.warmup import CompileWatch, measure_rate, measured_rate, warm_up
 
         if self._compiles is None:
             self._compiles = CompileWatch(log.info).__enter__()  # closed in close()
+        t0 = time.perf_counter()
         try:
             done = warm_up(self.model)
             if done.seconds:
-                log.info("Ready: %d kernels compiled in %.1f s (warm-up %.1f s)", done.compiled,
+                log.info("Kernels: %d compiled in %.1f s (warm-up %.1f s)", done.compiled,
                          done.compile_s, done.total_s)
-            else:
-                log.info("Ready: every kernel was in the kernel cache")
+            if measured_rate(self.model) is None:
+                log.info("Rate: %.0f GFLOP/s measured (kept beside the kernel cache)",
+                         measure_rate(self.model) / 1e9)
         except Exception:  # serve anyway: each request then reports what is wrong
             log.exception("Warm-up failed; serving without it")
+        try:
+            made = make_presets(self.model, self.voices, self.startup_voices, log.info)
+        except Exception:  # the first request for it makes it, or says what is wrong
+            log.exception("Making the default voice failed; its first request makes it")
+            made = []
+        log.info("Ready in %.1f s%s", time.perf_counter() - t0,
+                 f" (made {', '.join(made)})" if made else
+                 "" if not self.startup_voices else
+                 f" ({', '.join(self.startup_voices)} made before)")
 
     # -- shutdown -------------------------------------------------------------------------------
 

@@ -242,9 +242,11 @@ def new_voice_name(voices: VoiceLibrary, name) -> str:
 def designed_voice(model, instruct: str, seed: int, language=None, sample: str | None = None,
                    on_step=None, num_step: int = GenerationConfig.num_step):
     """Generate a sample once (seeded: the same inputs make the same voice) and keep its
-    codes as a voice."""
+    codes as a voice. Always at the exact profile, whatever the model's default: a voice is
+    made once and kept, so it must be the same voice from every door and from warmup."""
     result = model.synthesize(sample or PRESET_SAMPLE_TEXT, instruct=instruct, seed=seed,
-                              language=language, num_step=num_step, on_step=on_step)[0]
+                              language=language, num_step=num_step, on_step=on_step,
+                              profile="exact")[0]
     return result.as_voice()
 
 
@@ -259,8 +261,11 @@ def parse_alias(spec: str) -> tuple[str, str]:
 
 def check_aliases(voices_dir, aliases: dict | None) -> None:
     """At start-up, before the model loads: every alias (--voice-alias NAME=VOICE) names a voice
-    the library holds now, else an InputError saying how to make it (an alias to a missing
-    voice would answer 404 to every request for its name)."""
+    the library holds now or a preset (made before the door is ready: startup_voices), else an
+    InputError saying how to make it (an alias to a missing voice would answer 404 to every
+    request for its name)."""
+    aliases = {name: target for name, target in (aliases or {}).items()
+               if target not in PRESET_VOICES}
     if not aliases:
         return
     if voices_dir is None:
@@ -298,7 +303,8 @@ def check_voice(voices: VoiceLibrary, voice, aliases=None, model=None) -> None:
     (409 otherwise: check_made_by). Blocking: it reads the folder."""
     name = voice_name(voice)
     if name in (aliases or {}):
-        aliased(voices, name, aliases[name], model)
+        if aliases[name] not in PRESET_VOICES:  # an alias of a preset: made before ready
+            aliased(voices, name, aliases[name], model)
     elif voices.get(name) is not None:
         if name not in PRESET_VOICES and model is not None:
             check_made_by(name, voices.record(name), model)
@@ -321,36 +327,36 @@ def aliased(voices: VoiceLibrary, name: str, target: str, model=None):
 
 def resolve_voice(model, voices: VoiceLibrary, voice, on_step=None, aliases=None):
     """A request's `voice` (a name or {"id": name}) -> a VoiceClonePrompt; a preset name not
-    made yet, or made by another checkpoint (is_stale), is designed now and stored (once, even
-    for concurrent first uses). `aliases` (name -> library voice) lets a name a client insists
-    on (OpenAI's presets) speak as a library voice: an alias wins over a preset or a voice of
-    that name. A user's voice made with another codec is a 409 (check_made_by)."""
+    made yet, or made by another checkpoint (preset_missing), is designed now and stored (once,
+    even for concurrent first uses). `aliases` (name -> library voice or preset) lets a name a
+    client insists on (OpenAI's presets) speak as another voice: an alias wins over a preset or
+    a voice of that name. A user's voice made with another codec is a 409 (check_made_by)."""
     voice = voice_name(voice)
-    if voice in (aliases or {}):
+    if voice in (aliases or {}) and aliases[voice] in PRESET_VOICES:
+        voice = aliases[voice]  # an alias of a preset speaks as the preset, made if need be
+    elif voice in (aliases or {}):
         return aliased(voices, voice, aliases[voice], model)
-    prompt = voices.get(voice)
-    if prompt is not None:
-        record = voices.record(voice)
-        if voice not in PRESET_VOICES:
-            check_made_by(voice, record, model)
-            return prompt
-        if not is_stale(record, model):
-            note_unmarked(voice, record, made_by(record) is None)
-            return prompt
     if voice in PRESET_VOICES:
         return make_preset(model, voices, voice, on_step)
+    prompt = voices.get(voice)
+    if prompt is not None:
+        check_made_by(voice, voices.record(voice), model)
+        return prompt
     raise voice_not_found(voice)
 
 
 def make_preset(model, voices: VoiceLibrary, name: str, on_step=None):
-    """Preset `name` as `model` makes it: the library's when it is there and not stale,
-    else designed now and stored (replacing a stale one), once per process even for
-    concurrent callers. What a door calls to make its presets before it is ready."""
+    """Preset `name` as `model` makes it: the library's when it holds one `model` made, else
+    designed now and stored (replacing one another checkpoint made), once per process even for
+    concurrent callers and across servers sharing the folder. What a door calls for its presets
+    before it is ready (make_presets), and a request for a preset not made yet."""
+    prompt = voices.get(name)  # (read once per change of its file: cheap on every request)
+    if prompt is not None and not preset_missing(model, voices, name):
+        return prompt
     with voices.making_lock(name):
-        prompt = voices.get(name)
-        stale = prompt is not None and is_stale(voices.record(name), model)
-        if prompt is not None and not stale:
-            return prompt
+        if not preset_missing(model, voices, name):  # made meanwhile
+            return voices.get(name)
+        stale = voices.get(name) is not None
         instruct, seed = PRESET_VOICES[name]
         if stale:
             made = made_by(voices.record(name)) or {}
@@ -379,6 +385,58 @@ def nothing_to_delete(name: str, param: str = "name") -> HTTPError:
                               "deleting it makes it again on its next use)", param,
                          "voice_not_found")
     return voice_not_found(name, param)
+
+
+# -- a door's voices, made before it is ready ---------------------------------------------------
+
+# The voice a door makes at start-up when its requests name one: OpenAI's clients send this
+# name first (and Wyoming's --voice defaults to it).
+DOOR_VOICE = "alloy"
+MAKING = "making voice {name}: about {seconds} s, once"
+
+
+def startup_voices(default: str | None, aliases: dict | None = None) -> list[str]:
+    """The presets a door makes before it is ready: its default voice and its aliases' targets,
+    those of them that are presets (a library voice is there already or refused at start)."""
+    names = [default, *(aliases or {}).values()]
+    return [n for n in dict.fromkeys(names) if n in PRESET_VOICES]
+
+
+def preset_missing(model, voices: VoiceLibrary, name: str) -> bool:
+    """Whether preset `name` must be made for `model`, the one place that decides: the library
+    does not hold it, another checkpoint made it (is_stale), or its record names no maker while
+    `model` has one. Unlike a user's voice, a preset is the product's own and can be made again
+    from its instruct and seed, so one of unknown origin (perhaps noise from a test checkpoint)
+    is not trusted."""
+    if voices.get(name) is None:
+        return True
+    record = voices.record(name)
+    return is_stale(record, model) or (made_by(record) is None and maker(model) is not None)
+
+
+def preset_seconds(model, name: str) -> float:
+    """About how long designing preset `name` takes on this machine (machinery/warmup.py:
+    its FLOPs over the measured rate, else the assumed one)."""
+    from ...machinery.warmup import estimate_seconds
+
+    instruct, seed = PRESET_VOICES[name]
+    return estimate_seconds(model, PRESET_SAMPLE_TEXT, instruct=instruct, seed=seed,
+                            num_step=GenerationConfig.num_step, profile="exact")
+
+
+def make_presets(model, voices: VoiceLibrary, names, say=None) -> list[str]:
+    """Make the presets among `names` that are missing (preset_missing), one after another,
+    each announced first by `say(MAKING...)` with its estimate; the ones made. What every door
+    runs before it says it is ready, and `omnicore warmup --voices-dir`."""
+    made = []
+    for name in names:
+        if name not in PRESET_VOICES or not preset_missing(model, voices, name):
+            continue
+        if say is not None:
+            say(MAKING.format(name=name, seconds=max(1, round(preset_seconds(model, name)))))
+        make_preset(model, voices, name)
+        made.append(name)
+    return made
 
 
 def voice_not_found(name: str, param: str = "voice") -> HTTPError:

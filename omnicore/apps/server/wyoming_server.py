@@ -486,7 +486,7 @@ def serve(model_path: str, uri: str, voice: str | None, synth: dict, precision: 
     from . import log_model, log_to_stderr, server_state
 
     log_to_stderr(log, quiet)
-    server = server_state(model_path, precision, **state_args)
+    server = server_state(model_path, precision, default_voice=voice, **state_args)
     if voice is not None:
         try:
             server.check_voice(voice)
@@ -494,7 +494,7 @@ def serve(model_path: str, uri: str, voice: str | None, synth: dict, precision: 
             raise InputError(f"--voice: {exc}") from None
 
     log_model(log, server, model_path)
-    server.warm_up(log)  # before it listens: a client never waits for a compile
+    server.warm_up(log)  # before it listens: a client never waits for a compile or its voice
 
     door = WyomingServer(server, synth, voice, send_timeout, grace, all_languages)
 
