@@ -24,8 +24,10 @@ omnicore's message, naming tools where the HTTP API names routes; an argument a 
 take, or a language the model does not know, is refused (HTTP falls back to no language, as
 the reference does; an agent learns more from an error naming the closest). A result never
 carries more than MAX_INLINE_AUDIO bytes of audio inline (the SDK's HTTP client refuses an
-event over 1 MiB): past it the audio is written into --output-dir and linked, or refused with
-a message saying how to get it; over HTTP the default format is mp3.
+event over 1 MiB): past it the audio is written into --output-dir and linked (over HTTP: named,
+never linked, and only by a path the call gives; see McpDoor.deliver), or refused with a
+message saying how to get it, before any work when the plan says so; over HTTP the default
+format is mp3.
 
 Nothing is written outside --output-dir, whatever the arguments: `path` is a file name (no
 folder, no `..`, no absolute path, no NUL, at most 128 characters) with the format's
@@ -60,7 +62,7 @@ from pydantic_core import PydanticCustomError
 
 from ...audio import writers
 from ...errors import InputError, OmniCoreError
-from ...model.config import SAMPLE_RATE
+from ...model.config import FRAME_RATE, SAMPLE_RATE
 from ...text import frontend, limits
 from . import speaking
 from .formats import FORMATS, encode_audio, encoder_missing
@@ -80,6 +82,15 @@ MAX_AUDIO_BASE64 = (MAX_UPLOAD_BYTES + 2) // 3 * 4  # base64 of the largest clip
 # of mp3 (64 kbit/s), 11 s of wav.
 MAX_INLINE_AUDIO = 512 * 1024
 FORMAT_OF = {ext: fmt for fmt, ext in EXTENSIONS.items()}  # a path's extension -> its format
+# Bytes a second of speech takes, for the formats whose size the length alone decides (16-bit
+# mono wav; the rest vary with the audio): a call whose plan is over the inline limit by
+# OVERSIZE_MARGIN is refused before it runs (post-processing may trim silence: a plan just
+# over the limit is made, and looked at once made).
+BYTES_PER_SECOND = {"wav": 2 * SAMPLE_RATE}
+OVERSIZE_MARGIN = 1.25
+# The format of a speak call that must fit inline (its result cannot be a file), else None.
+INLINE_ONLY: contextvars.ContextVar = contextvars.ContextVar("omnicore_mcp_inline_only",
+                                                             default=None)
 # What an agent can do about a refusal, in its terms: the tools it has (protocol.HTTP_HINTS
 # words the same hints with the HTTP routes). Consents are made through `omnicore serve`.
 TOOL_HINTS = {
@@ -100,8 +111,8 @@ give `instruct` (voice-design items: gender, age, pitch, style, accent) for a ne
 SPEAK = f"""Speak `text` and return the audio, with a line saying how long and in which format.
 Up to {MAX_INLINE_AUDIO // 1024} KiB of audio comes inline (about 65 s of mp3, 11 s of wav; a
 default wav past it comes as mp3); past it the file is written into the server's output folder
-and linked, or refused by a server without one (ask for mp3 or opus, or less text). A long
-text takes a while: ask for progress to hear of each engine step."""
+and linked (over stdio), or refused (ask for mp3 or opus, or less text). A long text takes a
+while: ask for progress to hear of each engine step."""
 
 
 class ToolFailure(ToolError):
@@ -143,6 +154,16 @@ def strict_arguments(loose: type, tool: str) -> type:
         "__module__": loose.__module__, "explained": model_validator(mode="wrap")(explained),
         "model_config": ConfigDict(extra="forbid", hide_input_in_errors=True,
                                    arbitrary_types_allowed=True)})
+
+
+def oversize(nbytes: int, fmt: str, hint: str, planned: bool = False) -> ToolFailure:
+    """The refusal of audio too big to carry inline, saying how to get it."""
+    what = (f"this text would make about {nbytes:,} bytes of {fmt}" if planned
+            else f"the audio is {nbytes:,} bytes of {fmt}")
+    return ToolFailure(
+        f"{what}, over the {MAX_INLINE_AUDIO // 1024} KiB a result carries inline (MCP clients "
+        f"refuse bigger messages): ask for a compressed response_format ('mp3' or 'opus'), "
+        f"speak less text per call, or {hint}")
 
 
 def too_big(audio: AudioContent) -> bool:
@@ -200,7 +221,7 @@ class McpDoor:
 
     def __init__(self, server: ServerState, output_dir: str | None, synth: dict,
                  http: bool = False):
-        self.server, self.synth = server, synth
+        self.server, self.synth, self.http = server, synth, http
         # wav is exact, and small enough on stdio; HTTP gets mp3, a sixth of its size
         self.default_format = "mp3" if http else "wav"
         self.output_dir = None
@@ -282,6 +303,8 @@ class McpDoor:
                 self.server.check_voice(voice)
             given = {"language": language, "instruct": instruct, "speed": speed, "seed": seed}
             kw = {**self.synth, **{k: v for k, v in given.items() if v is not None}}
+            if INLINE_ONLY.get() in BYTES_PER_SECOND:  # its size known from the plan: checked
+                kw["_on_passes"] = self.check_planned_size(INLINE_ONLY.get(), path)
 
             def write(data: bytes) -> None:
                 writers.write_atomic(target, lambda fh: fh.write(data), InputError,
@@ -304,6 +327,28 @@ class McpDoor:
                              mime_type=FORMATS[response_format][2]),
                 TextContent(type="text", text=note)]
 
+    def inline_only(self, path: str | None) -> bool:
+        """Whether a result must carry its audio inline: with no output folder, and over HTTP
+        unless the call names its file (a remote client cannot read the server's files)."""
+        return self.output_dir is None or (self.http and path is None)
+
+    def file_hint(self, path: str | None) -> str:
+        if self.output_dir is None:
+            return "start the server with --output-dir so that speak writes the file"
+        if self.http and path is None:
+            return "give `path` to have it written into the server's output folder"
+        return "give another path"
+
+    def check_planned_size(self, fmt: str, path: str | None):
+        """The passes' check (model.synthesize's _on_passes, before any runs): a text whose
+        plan is clearly over what a result carries is refused before its work."""
+        def check(specs) -> None:
+            seconds = sum(spec.frames for spec in specs) / FRAME_RATE
+            nbytes = int(seconds * BYTES_PER_SECOND[fmt])
+            if nbytes > OVERSIZE_MARGIN * MAX_INLINE_AUDIO:
+                raise oversize(nbytes, fmt, self.file_hint(path), planned=True)
+        return check
+
     async def speak_call(self, **arguments) -> list:
         """speak, in the format the call names, else its path's, else the transport's; its
         result as the client can take it (deliver)."""
@@ -312,27 +357,39 @@ class McpDoor:
             fmt = FORMAT_OF.get(Path(path).suffix.lower() if path else "", self.default_format)
         if why := encoder_missing(fmt):
             raise ToolFailure(why)
-        content = await self.speak(**{**arguments, "response_format": fmt})
-        if (arguments["response_format"] is None and fmt == "wav" and too_big(content[0])
-                and self.output_dir is None and not encoder_missing("mp3")):
+        recodes = (arguments["response_format"] is None and fmt == "wav"
+                   and self.inline_only(path) and not encoder_missing("mp3"))
+        token = INLINE_ONLY.set(fmt if self.inline_only(path) and not recodes else None)
+        try:
+            content = await self.speak(**{**arguments, "response_format": fmt})
+        finally:
+            INLINE_ONLY.reset(token)
+        if recodes and too_big(content[0]):
             # the default's wav is too big to send: mp3 carries six times as much
             content, fmt = await self.server.in_thread(recoded, content, "mp3"), "mp3"
         return await self.deliver(content, fmt, path)
 
     async def deliver(self, content: list, fmt: str, path: str | None) -> list:
         """speak's result, its audio inline up to MAX_INLINE_AUDIO; past it the file in the
-        output folder (the call's path, else a new name), linked, or a tool error that says
-        how to get the audio when the server writes no files."""
+        output folder (the call's path, else, over stdio, a new name), linked over stdio and
+        named over HTTP, or a tool error that says how to get the audio.
+
+        Over HTTP nothing is linked: a file:// link names a file on the server's machine,
+        which a remote client cannot read; and serving it as an MCP resource would not carry
+        it either, since a resource's contents come in one message, under the same 1 MiB as a
+        result's. So a remote client gets its audio inline, or on the server's disk by a name
+        it gave."""
         audio, note = content
         if not too_big(audio):
             return content
         data = base64.b64decode(audio.data)
-        if self.output_dir is None:
-            raise ToolFailure(
-                f"the audio is {len(data):,} bytes of {fmt}, over the {MAX_INLINE_AUDIO // 1024} "
-                f"KiB a result carries inline (MCP clients refuse bigger messages): ask for a "
-                f"compressed response_format ('mp3' or 'opus'), speak less text per call, or "
-                f"start the server with --output-dir so that speak writes the file and links it")
+        if self.inline_only(path):
+            raise oversize(len(data), fmt, self.file_hint(path))
+        if self.http:
+            return [TextContent(type="text", text=f"{note.text}; over the "
+                                f"{MAX_INLINE_AUDIO // 1024} KiB a result carries inline, so it "
+                                f"is only in the server's output folder, as {path} (not linked: "
+                                f"a remote client cannot read the server's files)")]
         if path is None:  # speak wrote nothing yet
             path = (f"speech-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
                     f"{EXTENSIONS[fmt]}")
