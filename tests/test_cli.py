@@ -824,3 +824,20 @@ def test_an_alias_to_a_missing_voice_is_refused_before_the_model_loads(tmp_path,
     assert "omnicore clone-prompt me.wav" in err and f"{voices / 'my_voice'}.npz" in err
     assert main(serve) == 2  # no --voices-dir: the library starts empty
     _one_error_line(capsys.readouterr().err, "alloy=my_voice needs --voices-dir")
+
+
+def test_a_profile_dependent_default_is_said_for_the_commands_own_profile():
+    """--steps' help names the default of the command's own --profile (live on the doors that
+    take it, exact on say), read from the profiles, never a fixed text."""
+    from omnicore.apps.cli import build_parser
+    from omnicore.model.config import LIVE_PROFILE, GenerationConfig
+
+    commands = dict(_commands(build_parser()))
+    for argv, profile, steps in [(("wyoming",), "live", LIVE_PROFILE["num_step"]),
+                                 (("mcp",), "live", LIVE_PROFILE["num_step"]),
+                                 (("say",), "exact", GenerationConfig().num_step)]:
+        sub = commands[argv]
+        assert sub.get_default("profile") == (None if profile == "exact" else profile), argv
+        text = " ".join(sub._option_string_actions["--steps"].help.split())
+        assert f"(default {steps}, the {profile} profile's;" in text, (argv, text)
+        assert f"with --profile {profile}" not in text, (argv, text)
