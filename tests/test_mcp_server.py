@@ -439,6 +439,36 @@ def test_long_speech_over_http_reaches_the_sdks_own_client(house_voices, tmp_pat
     assert sorted(out.iterdir()) == [written]  # the unnamed call wrote nothing
 
 
+def test_a_server_that_cannot_start_tells_its_client_why(tmp_path):
+    """A model that cannot be loaded (here a folder that is not there; offline, a hub id not
+    in the cache): the SDK's client is answered with the reason in one line, not a bare
+    "connection closed", and the server exits 2 with the error on stderr."""
+    from mcp.shared.exceptions import MCPError
+
+    missing = tmp_path / "no-model"
+    params = StdioServerParameters(command=sys.executable,
+                                   args=["-m", "omnicore", "mcp", "--model", str(missing)],
+                                   env={"PYTHONPATH": str(ROOT)}, cwd=str(ROOT))
+    errors = []
+
+    async def start():
+        with open(tmp_path / "err.log", "w") as log:
+            try:
+                async with Client(stdio_client(params, errlog=log)):
+                    pass
+            except BaseException as exc:  # noqa: BLE001 - the SDK raises a group of them
+                stack = [exc]
+                while stack:
+                    e = stack.pop()
+                    errors.append(e)
+                    stack += list(getattr(e, "exceptions", ()))
+    asyncio.run(asyncio.wait_for(start(), 120))
+    told = [str(e) for e in errors if isinstance(e, MCPError)]
+    assert told and all(m.startswith("omnicore could not start: ") for m in told), errors
+    assert str(missing) in told[0] and "\n" not in told[0]
+    assert "omnicore: error:" in (tmp_path / "err.log").read_text()
+
+
 def test_stdio_answers_unreadable_lines_and_logs_its_start_on_stderr(house_voices, tmp_path):
     """A line that is no JSON-RPC message gets JSON-RPC's error (the SDK alone says nothing,
     and the client waits); the start-up lines go to stderr, stdout carries only messages."""

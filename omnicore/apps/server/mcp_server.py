@@ -42,9 +42,11 @@ import contextvars
 import io
 import json
 import logging
+import queue
 import re
 import secrets
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Annotated, Literal
@@ -55,7 +57,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
-from mcp_types import (INVALID_REQUEST, PARSE_ERROR, AudioContent, ErrorData, JSONRPCError,
+from mcp_types import (INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR, AudioContent, ErrorData, JSONRPCError,
                        ResourceLink, TextContent, ToolAnnotations)
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
@@ -77,6 +79,8 @@ AUDIO_FORMATS = ("wav", "mp3", "flac", "opus", "aac")  # self-describing files (
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 EXTENSIONS = {"wav": ".wav", "mp3": ".mp3", "flac": ".flac", "opus": ".ogg", "aac": ".aac"}
 MAX_AUDIO_BASE64 = (MAX_UPLOAD_BYTES + 2) // 3 * 4  # base64 of the largest clip the server takes
+MAX_START_LINE = 1 << 20  # a client's line read by a server that cannot start
+START_REFUSAL_S = 30.0  # how long a server that cannot start answers its client (refuse_start)
 # The most audio a result carries inline: its base64 (4/3 as long) and the message around it
 # stay well under the 1 MiB the SDK's streamable-HTTP client takes in one event. About 65 s
 # of mp3 (64 kbit/s), 11 s of wav.
@@ -562,6 +566,43 @@ async def answer_malformed(read, write, forward) -> None:
             await write.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=None, error=error)))
 
 
+def refuse_start(exc: OmniCoreError, stdin=None, stdout=None,
+                 seconds: float = START_REFUSAL_S) -> None:
+    """A server that cannot start on stdio (its model cannot be loaded: offline, say) answers
+    each request its client sends (`initialize`, and a newer client's `server/discover` first)
+    with the reason in one line, so the client shows what to do, not just "connection closed",
+    until the client leaves or for `seconds`; then the caller exits with the error on stderr,
+    as every command does. Lines that are not requests get nothing."""
+    stdin = stdin or sys.stdin.buffer
+    stdout = stdout or sys.stdout.buffer
+    message = "omnicore could not start: " + " ".join(str(exc).split())
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in iter(lambda: stdin.readline(MAX_START_LINE), b""):
+            lines.put(line)
+        lines.put(None)
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            return
+        if line is None:
+            return
+        try:
+            request_id = json.loads(line).get("id")
+        except (ValueError, AttributeError, RecursionError):
+            continue
+        if request_id is None:  # a notification: nothing to answer
+            continue
+        reply = JSONRPCError(jsonrpc="2.0", id=request_id,
+                             error=ErrorData(code=INTERNAL_ERROR, message=message))
+        stdout.write(reply.model_dump_json(by_alias=True, exclude_none=True).encode() + b"\n")
+        stdout.flush()
+
+
 def serve(model_path: str, output_dir: str | None, synth: dict, http: bool = False,
           host: str = "127.0.0.1", port: int = 8001, api_key: str | None = None,
           precision: str = "fp32", send_timeout: float = 30.0, grace: float = 30.0,
@@ -574,7 +615,12 @@ def serve(model_path: str, output_dir: str | None, synth: dict, http: bool = Fal
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, stream=sys.stderr,
                         format="%(levelname)s: %(message)s")
     log_to_stderr(log, quiet)  # stderr: on stdio, stdout is the protocol's
-    server = server_state(model_path, precision, api_key=api_key, **state_args)
+    try:
+        server = server_state(model_path, precision, api_key=api_key, **state_args)
+    except OmniCoreError as exc:
+        if not http:
+            refuse_start(exc)
+        raise
     door = McpDoor(server, output_dir, synth, http)
     app = door.mcp()
     log_model(log, server, model_path)
