@@ -57,8 +57,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
-from mcp_types import (INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR, AudioContent, ErrorData, JSONRPCError,
-                       ResourceLink, TextContent, ToolAnnotations)
+from mcp_types import (INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR, AudioContent, ErrorData,
+                       JSONRPCError, ResourceLink, TextContent, ToolAnnotations)
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
