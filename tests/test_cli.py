@@ -691,7 +691,41 @@ def test_an_unknown_language_is_a_warning_line_naming_the_command_that_lists_the
     assert len(listed.splitlines()) == len(ID_TO_NAME) and "en\tEnglish" in listed.splitlines()
     found, _ = _run(["languages", "--search", "PORTUG"])
     assert found.splitlines() == ["pt\tPortuguese"]
-    assert _run(["languages", "--search", "klingon"], status=1)[0] == ""
+    out, err = _run(["languages", "--search", "klingon", "-q"], status=1)
+    assert out == "" and err == "omnicore: no language matches 'klingon' (no id or name " \
+        "contains it); `omnicore languages` lists them all\n"
+
+
+def _commands(parser, prefix=()):
+    """(argv prefix, parser) of every command and action the parser has."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*prefix, name), sub
+                yield from _commands(sub, (*prefix, name))
+
+
+def test_every_command_takes_the_common_flags():
+    """docs/cli.md: every command takes --model, --precision, -q and --version (a command with
+    actions, `codec`, takes --version itself, the rest after its action)."""
+    from omnicore.apps.cli import build_parser
+
+    commands = list(_commands(build_parser()))
+    assert {argv for argv, _ in commands} >= {("languages",), ("codec",), ("codec", "encode")}
+    for argv, sub in commands:
+        has_actions = any(type(a).__name__ == "_SubParsersAction" for a in sub._actions)
+        flags = {"--version"} if has_actions else {"--model", "--precision", "-q", "--version"}
+        assert flags <= set(sub._option_string_actions), (argv, flags)
+
+
+@pytest.mark.subprocess
+def test_languages_and_codec_answer_the_common_flags():
+    version, _ = _run(["--version"])
+    assert _run(["codec", "--version"])[0] == version == _run(["languages", "--version"])[0]
+    listed, err = _run(["languages", "--model", TINY, "-q", "--search", "portug"])
+    assert listed.splitlines() == ["pt\tPortuguese"] and err == ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -790,3 +824,20 @@ def test_an_alias_to_a_missing_voice_is_refused_before_the_model_loads(tmp_path,
     assert "omnicore clone-prompt me.wav" in err and f"{voices / 'my_voice'}.npz" in err
     assert main(serve) == 2  # no --voices-dir: the library starts empty
     _one_error_line(capsys.readouterr().err, "alloy=my_voice needs --voices-dir")
+
+
+def test_a_profile_dependent_default_is_said_for_the_commands_own_profile():
+    """--steps' help names the default of the command's own --profile (live on the doors that
+    take it, exact on say), read from the profiles, never a fixed text."""
+    from omnicore.apps.cli import build_parser
+    from omnicore.model.config import LIVE_PROFILE, GenerationConfig
+
+    commands = dict(_commands(build_parser()))
+    for argv, profile, steps in [(("wyoming",), "live", LIVE_PROFILE["num_step"]),
+                                 (("mcp",), "live", LIVE_PROFILE["num_step"]),
+                                 (("say",), "exact", GenerationConfig().num_step)]:
+        sub = commands[argv]
+        assert sub.get_default("profile") == (None if profile == "exact" else profile), argv
+        text = " ".join(sub._option_string_actions["--steps"].help.split())
+        assert f"(default {steps}, the {profile} profile's;" in text, (argv, text)
+        assert f"with --profile {profile}" not in text, (argv, text)

@@ -238,7 +238,8 @@ def test_a_long_call_reports_its_progress(mcp):
 def test_audio_past_the_inline_limit_is_linked_or_compressed(mcp, out_dir, house_voices,
                                                              tmp_path):
     """Past 512 KiB of audio a result links the file it wrote into --output-dir; a server
-    without one sends a default wav that big as mp3, and refuses one asked for (saying how)."""
+    without one sends a default wav that big as mp3, and refuses one asked for (saying how),
+    before any of its work when the plan says it will not fit (no engine step is heard)."""
     mcp.run(lambda c: c.list_tools())  # the server has started, and made its folder
     before = set(out_dir.iterdir())
     result = mcp.call("speak", text=LONG, voice=VOICE)
@@ -252,8 +253,17 @@ def test_audio_past_the_inline_limit_is_linked_or_compressed(mcp, out_dir, house
         data, mime = audio_of(bare.call("speak", text=LONG, voice=VOICE))
         assert mime == "audio/mpeg" and sf.info(io.BytesIO(data)).duration > 11
         assert "as wav it was over" in bare.call("speak", text=LONG, voice=VOICE).content[1].text
-        message = error_of(bare.call("speak", text=LONG, voice=VOICE, response_format="wav"))
+        heard = []
+
+        async def refused(client):
+            async def on_progress(progress, total, message):
+                heard.append(progress)
+            return await client.call_tool("speak", {"text": LONG, "voice": VOICE,
+                                                    "response_format": "wav"},
+                                          progress_callback=on_progress)
+        message = error_of(bare.run(refused))
         assert "--output-dir" in message and "'mp3'" in message
+        assert "this text would make about" in message and heard == []
     finally:
         bare.close()
 
@@ -396,8 +406,10 @@ def test_streamable_http_needs_the_key(house_voices, tmp_path):
 
 def test_long_speech_over_http_reaches_the_sdks_own_client(house_voices, tmp_path):
     """The SDK's HTTP client refuses an event over 1 MiB, ~25 s of wav: by default speak
-    answers in mp3 over HTTP, inline, with progress on the way; a wav past the inline limit is
-    written into --output-dir and linked."""
+    answers in mp3 over HTTP, inline, with progress on the way. Over HTTP nothing is linked (a
+    remote client cannot read a file:// link to the server's disk): a wav past the inline
+    limit is refused before its work, unless its call names a path, which is written into
+    --output-dir and named."""
     out = tmp_path / "out"
     with mcp_over_http(tmp_path, "--voices-dir", house_voices, "--output-dir", out) as url:
         heard = []
@@ -408,18 +420,53 @@ def test_long_speech_over_http_reaches_the_sdks_own_client(house_voices, tmp_pat
                     heard.append(progress)
                 mp3 = await c.call_tool("speak", {"text": LONG, "voice": VOICE},
                                         progress_callback=on_progress)
-                return mp3, await c.call_tool("speak", {"text": LONG, "voice": VOICE,
-                                                        "response_format": "wav"})
-        mp3, wav = asyncio.run(talk())
+                steps = len(heard)
+                unnamed = await c.call_tool("speak", {"text": LONG, "voice": VOICE,
+                                                      "response_format": "wav"},
+                                            progress_callback=on_progress)
+                assert len(heard) == steps  # refused before any step
+                return mp3, unnamed, await c.call_tool("speak", {"text": LONG, "voice": VOICE,
+                                                                 "path": "long.wav"})
+        mp3, unnamed, named = asyncio.run(talk())
     data, mime = audio_of(mp3)
     assert mime == "audio/mpeg" and sf.info(io.BytesIO(data)).duration * 48_000 > 1.1 * 2**20
     assert len(heard) >= 4 and heard == sorted(set(heard))
-    assert not wav.is_error and [b.type for b in wav.content] == ["resource_link", "text"]
-    link = wav.content[0]
-    written = out / link.name
-    assert link.uri == written.as_uri() and link.mime_type == "audio/wav"
-    assert written.stat().st_size == link.size > 2**20 and sf.info(written).samplerate == 24000
-    assert "linked" in wav.content[1].text and sorted(out.iterdir()) == [written]
+    assert "give `path`" in error_of(unnamed)
+    assert not named.is_error and [b.type for b in named.content] == ["text"]
+    written = out / "long.wav"
+    assert "long.wav" in named.content[0].text and "not linked" in named.content[0].text
+    assert written.stat().st_size > 2**20 and sf.info(written).samplerate == 24000
+    assert sorted(out.iterdir()) == [written]  # the unnamed call wrote nothing
+
+
+def test_a_server_that_cannot_start_tells_its_client_why(tmp_path):
+    """A model that cannot be loaded (here a folder that is not there; offline, a hub id not
+    in the cache): the SDK's client is answered with the reason in one line, not a bare
+    "connection closed", and the server exits 2 with the error on stderr."""
+    from mcp.shared.exceptions import MCPError
+
+    missing = tmp_path / "no-model"
+    params = StdioServerParameters(command=sys.executable,
+                                   args=["-m", "omnicore", "mcp", "--model", str(missing)],
+                                   env={"PYTHONPATH": str(ROOT)}, cwd=str(ROOT))
+    errors = []
+
+    async def start():
+        with open(tmp_path / "err.log", "w") as log:
+            try:
+                async with Client(stdio_client(params, errlog=log)):
+                    pass
+            except BaseException as exc:  # noqa: BLE001 - the SDK raises a group of them
+                stack = [exc]
+                while stack:
+                    e = stack.pop()
+                    errors.append(e)
+                    stack += list(getattr(e, "exceptions", ()))
+    asyncio.run(asyncio.wait_for(start(), 120))
+    told = [str(e) for e in errors if isinstance(e, MCPError)]
+    assert told and all(m.startswith("omnicore could not start: ") for m in told), errors
+    assert str(missing) in told[0] and "\n" not in told[0]
+    assert "omnicore: error:" in (tmp_path / "err.log").read_text()
 
 
 def test_stdio_answers_unreadable_lines_and_logs_its_start_on_stderr(house_voices, tmp_path):

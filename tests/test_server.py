@@ -37,6 +37,8 @@ from openai import NOT_GIVEN  # noqa: E402
 from omnicore.errors import OmniCoreError  # noqa: E402
 from omnicore.audio.writers import to_pcm16  # noqa: E402
 from omnicore.apps.server import encode_audio  # noqa: E402
+from omnicore.apps.server.protocol import MAX_IGNORED_HEADER_BYTES  # noqa: E402
+from omnicore.text import limits  # noqa: E402
 
 pytestmark = pytest.mark.subprocess
 
@@ -225,6 +227,29 @@ def test_bad_requests_are_json_4xx(client, server, clip_voice):
                                                       "seed": "zero"}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "seed"
     assert "Traceback" not in r.text
+
+
+def test_instructions_are_bounded_and_so_is_the_header_naming_what_they_left(client, clip_voice):
+    """OpenAI's `instructions`: over the limit, a 400 before any reading of it; within it, however
+    much of the prose goes unused, the header that names it stays small, so the OpenAI SDK
+    (httpx) takes the response and its audio."""
+    prose = ("ß" * 150 + " male. ") * 25  # 25 unused fragments, 6 header bytes a character
+    assert len(prose) <= limits.MAX_INSTRUCT_CHARS
+    resp = client.audio.speech.with_raw_response.create(
+        model="omnivoice", voice="clip", input="Hi.", instructions=prose, response_format="wav",
+        extra_body=GREEDY)
+    header = resp.headers["x-omnicore-instructions-ignored"]
+    assert len(header) <= MAX_IGNORED_HEADER_BYTES
+    ignored = json.loads(header)
+    assert ignored[0] == "ß" * 150 and ignored[-1].endswith(" more"), ignored
+    assert int(ignored[-1].split()[1]) == 25 - (len(ignored) - 1)
+    assert sf.read(io.BytesIO(resp.content))[0].size
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.audio.speech.create(model="omnivoice", voice="clip", input="Hi.",
+                                   instructions="Speak warmly. " * 62_000)  # 868 KB
+    err = exc.value.response.json()["error"]
+    assert (err["param"], err["code"]) == ("instructions", "instructions_too_long"), err
+    assert "4,096" in err["message"]
 
 
 def _raw_stream(client, text, fmt, **kw):

@@ -488,6 +488,16 @@ def test_unknown_fields_are_refused_on_every_route(ops):
         assert (err["param"], err["code"]) == (field, "unknown_parameter"), (path, err)
 
 
+def test_every_model_name_is_documented():
+    """Each name GET /v1/models lists besides the checkpoint's own is in docs/server.md."""
+    import pathlib
+
+    from omnicore.apps.server.protocol import MODEL_ALIASES
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "server.md").read_text()
+    assert [name for name in MODEL_ALIASES if f"`{name}`" not in text] == []
+
+
 def test_every_error_code_is_documented():
     """Each code a route can answer with is in docs/errors.md's table and docs/server.md."""
     import ast

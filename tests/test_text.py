@@ -138,6 +138,14 @@ def test_instruct_error_names_item_suggestion_and_category_choices():
         frontend.resolve_instruct("male, female")
 
 
+def test_an_instruct_over_the_limit_is_refused_before_it_is_read():
+    at_limit = ("male, " * 1000)[:limits.MAX_INSTRUCT_CHARS]
+    with pytest.raises(InputError, match="male, male"):  # read: one gender too many
+        frontend.resolve_instruct(at_limit)
+    with pytest.raises(InputError, match="the limit is 4,096"):
+        frontend.resolve_instruct(at_limit + "x")
+
+
 def test_instruct_language_choice():
     assert frontend.resolve_instruct("Male, Low Pitch") == "male, low pitch"
     assert frontend.resolve_instruct("Male, Low Pitch", "你好") == "男，低音调"

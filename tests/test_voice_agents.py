@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from conftest import (HOUSE, doc_examples, require_module, require_server_extra,  # noqa: E402
-                      start_server, stop_process)
+from conftest import (HOUSE, doc_examples, free_port, require_module,  # noqa: E402
+                      require_server_extra, start_server, stop_process)
 
 require_server_extra()
 httpx = require_module("httpx")
@@ -21,6 +21,7 @@ websockets = require_module("websockets", "server")
 require_module("livekit.agents", "voice-agents")
 require_module("livekit.plugins.openai", "voice-agents")
 require_module("pipecat", "voice-agents")
+from loguru import logger  # noqa: E402  (pipecat's logger)
 from livekit.plugins import openai as livekit_openai  # noqa: E402
 from pipecat.clocks.system_clock import SystemClock  # noqa: E402
 from pipecat.frames.frames import (EndFrame, InterruptionFrame, LLMFullResponseEndFrame,  # noqa: E402
@@ -233,10 +234,11 @@ def test_livekit_adapter_streams_text_in_and_barges_in(server):
     assert first.frame.samples_per_channel > 0 and idle(server)
 
 
-async def pipecat_turns(svc, turns, interrupt_first: bool):
+async def pipecat_turns(svc, turns, interrupt_first: bool, within: float = 240):
     """Run `svc` in a pipeline (no transport) and speak `turns` (texts, as LLM tokens); with
     `interrupt_first`, interrupt the first turn once its audio has begun. The frames that came
-    out, per turn."""
+    out, per turn; a turn that has not ended `within` seconds ends the run (the pipeline
+    cancelled) with what it had."""
     out = asyncio.Queue()
     pipeline = Pipeline([svc, QueuedFrameProcessor(queue=out, queue_direction=FrameDirection.DOWNSTREAM)])
     worker = PipelineWorker(pipeline, cancel_on_idle_timeout=False)
@@ -251,7 +253,13 @@ async def pipecat_turns(svc, turns, interrupt_first: bool):
         await worker.queue_frame(LLMFullResponseEndFrame())
         frames = []
         while True:
-            frame = await out.get()
+            try:
+                frame = await asyncio.wait_for(out.get(), within)
+            except asyncio.TimeoutError:
+                per_turn.append(frames)
+                await runner.cancel()
+                await running
+                return per_turn
             frames.append(frame)
             if i == 0 and interrupt_first and isinstance(frame, TTSAudioRawFrame):
                 await worker.queue_frame(InterruptionFrame())
@@ -290,6 +298,28 @@ def test_pipecat_adapter_streams_tokens_and_barges_in(server):
     assert b"".join(f.audio for f in after if isinstance(f, TTSAudioRawFrame)) == \
         speech(server, input="Yes?", voice=VOICE, **GREEDY).content
     assert idle(server)
+
+
+def test_pipecat_adapter_ends_a_turn_it_cannot_speak_at_once():
+    """A server that cannot be reached: the turn ends with its error reported and its
+    TTSStoppedFrame pushed by the adapter as soon as the connection fails, not when Pipecat's
+    stop-frame clock (FIRST_AUDIO_TIMEOUT_S, minutes) gives up on it; nothing is sent on the
+    socket it does not have."""
+    logged = []
+    sink = logger.add(lambda m: logged.append(str(m)), level="DEBUG")
+
+    async def talk():
+        svc = OmnicoreTTSService(base_url=f"http://127.0.0.1:{free_port()}", voice=VOICE)
+        assert svc._stop_frame_timeout_s >= 60  # a stop frame within the wait below is ours
+        return await pipecat_turns(svc, ["Hello there."], False, within=45)
+    try:
+        (frames,) = run(talk())
+    finally:
+        logger.remove(sink)
+    kinds = [type(f) for f in frames]
+    assert TTSStoppedFrame in kinds and TTSAudioRawFrame not in kinds, kinds
+    text = "".join(logged)
+    assert "cannot reach omnicore" in text and "NoneType" not in text, text[-3000:]
 
 
 AGENT_EXAMPLES = [ex for ex in doc_examples("docs/integrations.md") if "livekit" in ex[1]

@@ -285,7 +285,24 @@ def test_a_refused_stream_still_ends_with_synthesize_stopped(port):
     for events in replies:
         kinds = [e and e.type for e in events]
         assert kinds[-1] == "synthesize-stopped" and kinds.count("error") == 1, kinds
+        # A failure never reads as a success: no audio-stop closes a refused stream (an empty
+        # audio-start/audio-stop pair is what a text with nothing to say gets).
+        assert "audio-stop" not in kinds, kinds
+    assert [e.type for e in replies[0]] == ["error", "synthesize-stopped"]
+    assert [e.type for e in replies[1]] == ["error", "synthesize-stopped"]
     assert after[0].type == "audio-start" and audio
+
+
+@pytest.mark.subprocess
+def test_an_empty_stream_is_an_empty_audio_pair(port):
+    """A stream with nothing to say is a success with no audio: an empty pair, no error."""
+    async def talk():
+        async with AsyncTcpClient("127.0.0.1", port) as c:
+            await c.write_event(SynthesizeStart().event())
+            await c.write_event(SynthesizeStop().event())
+            return await ha_reads(c, stream=True)
+    kinds = [e and e.type for e in run(talk())]
+    assert kinds == ["audio-start", "audio-stop", "synthesize-stopped"], kinds
 
 
 @pytest.mark.subprocess
@@ -327,6 +344,20 @@ def test_a_silent_client_is_closed_after_the_idle_timeout(port):
             return Error.from_event(event), await c.read_event()
     error, after = run(talk())
     assert error.code == "idle_timeout" and after is None
+
+
+@pytest.mark.subprocess
+def test_a_client_that_has_spoken_is_still_idled_out(port):
+    """The idle clock starts again once a text's audio is out: a client that spoke once and then
+    went silent is closed after the idle timeout like one that never spoke."""
+    async def talk():
+        async with AsyncTcpClient("127.0.0.1", port) as c:
+            await c.write_event(Synthesize(text="Hi there.").event())
+            await until(c, "audio-stop")
+            event = await asyncio.wait_for(c.read_event(), IDLE_S + 30)
+            return event and Error.from_event(event), await c.read_event()
+    error, after = run(talk())
+    assert error is not None and error.code == "idle_timeout" and after is None
 
 
 @pytest.mark.subprocess

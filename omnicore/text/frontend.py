@@ -33,6 +33,7 @@ from functools import lru_cache
 from ..errors import InputError
 from ..model.config import FRAME_RATE
 from .languages import LANGUAGES
+from . import limits
 from .limits import validate_speed
 
 logger = logging.getLogger(__name__)
@@ -226,6 +227,9 @@ def resolve_instruct(
         return None
     if not isinstance(instruct, str):
         raise InputError(f"instruct must be a string or None, got {type(instruct).__name__}.")
+    if len(instruct) > limits.MAX_INSTRUCT_CHARS:
+        raise InputError(f"instruct is {len(instruct):,} characters; the limit is "
+                         f"{limits.MAX_INSTRUCT_CHARS:,}: name the voice-design items only.")
     if use_zh is None:
         if text is not None and not isinstance(text, str):
             raise InputError(f"text must be a string, got {type(text).__name__}.")

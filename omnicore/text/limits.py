@@ -20,6 +20,10 @@ from ..model.config import FRAME_RATE, real_number
 # file fails at once instead of running for hours (why: benchmarks/README.md, design notes).
 MAX_TEXT_CHARS = 20_000
 
+# A voice-design instruct (or OpenAI's `instructions` prose it is read from): a few dozen
+# words name every item there is; the bound keeps the reading of it a few milliseconds.
+MAX_INSTRUCT_CHARS = 4_096
+
 # The longest output one call may ask for, explicitly (``duration``) or through a slow ``speed``.
 # Two hours covers the estimate of any text within MAX_TEXT_CHARS at normal speed (the heaviest
 # script, digits at 3.5, gives about 83 minutes), while a typo such as duration=36000 is refused.

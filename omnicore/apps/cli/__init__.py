@@ -16,9 +16,10 @@ Every failure is one `omnicore: error: ...` line on stderr, without a traceback.
 0 done (also when stdout's reader leaves early, as `| head -1` does: quietly, no message); 2
 refused before or while working (bad arguments, text, audio, voice or model files, an output
 path that cannot be written or that is one of the inputs); 1 an operating-system failure (e.g.
-no space on stdout) or some `batch` jobs failed; 130 Ctrl-C; 143 SIGTERM; 129 SIGHUP. Outputs are
-written atomically: a failed, interrupted or terminated command leaves no partial or temporary
-file, and an existing output is replaced only by a complete new one.
+no space on stdout), some `batch` jobs failed, or `languages --search` found none; 130 Ctrl-C;
+143 SIGTERM; 129 SIGHUP. Outputs are written atomically: a failed, interrupted or terminated
+command leaves no partial or temporary file, and an existing output is replaced only by a
+complete new one.
 
 One module per family of commands, each with its parser next to what it runs:
     say.py        say (also --stream) and clone-prompt

@@ -79,7 +79,12 @@ def cmd_codec_roundtrip(args) -> int:
 
 
 def add_parser(sub) -> None:
-    k = sub.add_parser("codec", help="the Higgs audio codec alone: encode, decode, round-trip")
+    from ... import __version__
+
+    k = sub.add_parser("codec", help="the Higgs audio codec alone: encode, decode, round-trip",
+                       description="The Higgs audio codec alone. --model, --precision and -q "
+                                   "go after the action (`codec encode in.wav -o c.npy -q`).")
+    k.add_argument("--version", action="version", version=f"omnicore {__version__}")
     ksub = k.add_subparsers(dest="codec_command", required=True, metavar="ACTION")
     for name, func, helptext, in_help, out_help in (
             ("encode", cmd_codec_encode, "audio file -> codes .npy [8, T]", "input audio (any rate/channels)", "output .npy"),

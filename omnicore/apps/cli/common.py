@@ -50,6 +50,11 @@ def log(args, msg: str) -> None:
         print(msg, file=sys.stderr)
 
 
+def error_line(msg: str) -> None:
+    """A line on stderr, as it is (also with -q)."""
+    print(msg, file=sys.stderr)
+
+
 def error(msg) -> None:
     print(f"omnicore: error: {msg}", file=sys.stderr)
 

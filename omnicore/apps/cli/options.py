@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import typing
 
-from ...model.config import FAST_PROFILE, PROFILES, GenerationConfig
+from ...model.config import FAST_PROFILE, LIVE_PROFILE, PROFILES, GenerationConfig
 
 # The trade-off every --profile help states (docs/performance.md has the measurements).
 PROFILE_TRADE_OFF = (
@@ -62,14 +62,19 @@ FIELD_HELP = {
 
 _FIELD_TYPES = typing.get_type_hints(GenerationConfig)  # field name -> int, float, bool or str
 _DEFAULTS = GenerationConfig()
-# Fields whose default depends on the profile: their options default to None (the profile's).
-_BY_PROFILE = {name: (getattr(_DEFAULTS, name), FAST_PROFILE[name]) for name in FAST_PROFILE}
+# Fields whose default depends on the profile: their options default to None (the profile's),
+# and their help gives each profile's value, from the profiles themselves.
+_PROFILE_FIELDS = {"exact": {}, "fast": FAST_PROFILE, "live": LIVE_PROFILE}
+_BY_PROFILE = {name: {p: fields.get(name, getattr(_DEFAULTS, name))
+                      for p, fields in _PROFILE_FIELDS.items()} for name in FAST_PROFILE}
 
 
-def _default_help(name: str) -> str:
+def _default_help(name: str, profile: str = "exact") -> str:
+    """The default of field `name` on a command whose default profile is `profile`."""
     if name in _BY_PROFILE:
-        exact, fast = _BY_PROFILE[name]
-        return f"(default {exact}; {fast} with --profile fast)"
+        values = _BY_PROFILE[name]
+        others = ", ".join(f"{values[p]} with --profile {p}" for p in PROFILES if p != profile)
+        return f"(default {values[profile]}, the {profile} profile's; {others})"
     return "(default %(default)s)"
 
 
@@ -93,9 +98,10 @@ def _seed(value: str) -> int:
     return seed
 
 
-def add_field_option(group, name: str, flag: str) -> None:
+def add_field_option(group, name: str, flag: str, profile: str = "exact") -> None:
     """Field `name` as this command line spells it: `flag` takes a value, or, for a field that
-    is on by default, the switch `flag` (--no-...) turns it off."""
+    is on by default, the switch `flag` (--no-...) turns it off. `profile`: the command's
+    default profile (its help says that profile's default)."""
     default = None if name in _BY_PROFILE else getattr(_DEFAULTS, name)
     if _FIELD_TYPES[name] is bool:
         group.add_argument(flag, dest=name, action="store_false", default=default,
@@ -106,7 +112,7 @@ def add_field_option(group, name: str, flag: str) -> None:
     else:
         group.add_argument(flag, dest=name, type=_FIELD_TYPES[name], default=default,
                            metavar=flag.lstrip("-").upper(),
-                           help=f"{FIELD_HELP[name]} {_default_help(name)}")
+                           help=f"{FIELD_HELP[name]} {_default_help(name, profile)}")
 
 
 def add_generation_options(sp, texts: bool = True, profile: tuple[str, str] | None = None) -> None:
@@ -126,9 +132,10 @@ def add_generation_options(sp, texts: bool = True, profile: tuple[str, str] | No
     else:
         g.add_argument("--profile", choices=PROFILES, default=profile[0],
                        help=profile[1] + PROFILE_TRADE_OFF)
-    add_field_option(g, "num_step", "--steps")
-    add_field_option(g, "prefix_refresh", "--prefix-refresh")
-    add_field_option(g, "uncond_every", "--uncond-every")
+    default_profile = "exact" if profile is None else profile[0]
+    add_field_option(g, "num_step", "--steps", default_profile)
+    add_field_option(g, "prefix_refresh", "--prefix-refresh", default_profile)
+    add_field_option(g, "uncond_every", "--uncond-every", default_profile)
     add_field_option(g, "guidance_scale", "--guidance")
     g.add_argument("--seed", type=_seed, help="random seed (>= 0): same seed, same audio")
     g.add_argument("--greedy", action="store_true",

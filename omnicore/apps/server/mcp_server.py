@@ -24,8 +24,10 @@ omnicore's message, naming tools where the HTTP API names routes; an argument a 
 take, or a language the model does not know, is refused (HTTP falls back to no language, as
 the reference does; an agent learns more from an error naming the closest). A result never
 carries more than MAX_INLINE_AUDIO bytes of audio inline (the SDK's HTTP client refuses an
-event over 1 MiB): past it the audio is written into --output-dir and linked, or refused with
-a message saying how to get it; over HTTP the default format is mp3.
+event over 1 MiB): past it the audio is written into --output-dir and linked (over HTTP: named,
+never linked, and only by a path the call gives; see McpDoor.deliver), or refused with a
+message saying how to get it, before any work when the plan says so; over HTTP the default
+format is mp3.
 
 Nothing is written outside --output-dir, whatever the arguments: `path` is a file name (no
 folder, no `..`, no absolute path, no NUL, at most 128 characters) with the format's
@@ -40,9 +42,11 @@ import contextvars
 import io
 import json
 import logging
+import queue
 import re
 import secrets
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Annotated, Literal
@@ -53,14 +57,14 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
-from mcp_types import (INVALID_REQUEST, PARSE_ERROR, AudioContent, ErrorData, JSONRPCError,
-                       ResourceLink, TextContent, ToolAnnotations)
+from mcp_types import (INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR, AudioContent, ErrorData,
+                       JSONRPCError, ResourceLink, TextContent, ToolAnnotations)
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from ...audio import writers
 from ...errors import InputError, OmniCoreError
-from ...model.config import SAMPLE_RATE
+from ...model.config import FRAME_RATE, SAMPLE_RATE
 from ...text import frontend, limits
 from . import speaking
 from .formats import FORMATS, encode_audio, encoder_missing
@@ -75,11 +79,22 @@ AUDIO_FORMATS = ("wav", "mp3", "flac", "opus", "aac")  # self-describing files (
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 EXTENSIONS = {"wav": ".wav", "mp3": ".mp3", "flac": ".flac", "opus": ".ogg", "aac": ".aac"}
 MAX_AUDIO_BASE64 = (MAX_UPLOAD_BYTES + 2) // 3 * 4  # base64 of the largest clip the server takes
+MAX_START_LINE = 1 << 20  # a client's line read by a server that cannot start
+START_REFUSAL_S = 30.0  # how long a server that cannot start answers its client (refuse_start)
 # The most audio a result carries inline: its base64 (4/3 as long) and the message around it
 # stay well under the 1 MiB the SDK's streamable-HTTP client takes in one event. About 65 s
 # of mp3 (64 kbit/s), 11 s of wav.
 MAX_INLINE_AUDIO = 512 * 1024
 FORMAT_OF = {ext: fmt for fmt, ext in EXTENSIONS.items()}  # a path's extension -> its format
+# Bytes a second of speech takes, for the formats whose size the length alone decides (16-bit
+# mono wav; the rest vary with the audio): a call whose plan is over the inline limit by
+# OVERSIZE_MARGIN is refused before it runs (post-processing may trim silence: a plan just
+# over the limit is made, and looked at once made).
+BYTES_PER_SECOND = {"wav": 2 * SAMPLE_RATE}
+OVERSIZE_MARGIN = 1.25
+# The format of a speak call that must fit inline (its result cannot be a file), else None.
+INLINE_ONLY: contextvars.ContextVar = contextvars.ContextVar("omnicore_mcp_inline_only",
+                                                             default=None)
 # What an agent can do about a refusal, in its terms: the tools it has (protocol.HTTP_HINTS
 # words the same hints with the HTTP routes). Consents are made through `omnicore serve`.
 TOOL_HINTS = {
@@ -100,8 +115,8 @@ give `instruct` (voice-design items: gender, age, pitch, style, accent) for a ne
 SPEAK = f"""Speak `text` and return the audio, with a line saying how long and in which format.
 Up to {MAX_INLINE_AUDIO // 1024} KiB of audio comes inline (about 65 s of mp3, 11 s of wav; a
 default wav past it comes as mp3); past it the file is written into the server's output folder
-and linked, or refused by a server without one (ask for mp3 or opus, or less text). A long
-text takes a while: ask for progress to hear of each engine step."""
+and linked (over stdio), or refused (ask for mp3 or opus, or less text). A long text takes a
+while: ask for progress to hear of each engine step."""
 
 
 class ToolFailure(ToolError):
@@ -143,6 +158,16 @@ def strict_arguments(loose: type, tool: str) -> type:
         "__module__": loose.__module__, "explained": model_validator(mode="wrap")(explained),
         "model_config": ConfigDict(extra="forbid", hide_input_in_errors=True,
                                    arbitrary_types_allowed=True)})
+
+
+def oversize(nbytes: int, fmt: str, hint: str, planned: bool = False) -> ToolFailure:
+    """The refusal of audio too big to carry inline, saying how to get it."""
+    what = (f"this text would make about {nbytes:,} bytes of {fmt}" if planned
+            else f"the audio is {nbytes:,} bytes of {fmt}")
+    return ToolFailure(
+        f"{what}, over the {MAX_INLINE_AUDIO // 1024} KiB a result carries inline (MCP clients "
+        f"refuse bigger messages): ask for a compressed response_format ('mp3' or 'opus'), "
+        f"speak less text per call, or {hint}")
 
 
 def too_big(audio: AudioContent) -> bool:
@@ -200,7 +225,7 @@ class McpDoor:
 
     def __init__(self, server: ServerState, output_dir: str | None, synth: dict,
                  http: bool = False):
-        self.server, self.synth = server, synth
+        self.server, self.synth, self.http = server, synth, http
         # wav is exact, and small enough on stdio; HTTP gets mp3, a sixth of its size
         self.default_format = "mp3" if http else "wav"
         self.output_dir = None
@@ -282,6 +307,8 @@ class McpDoor:
                 await self.server.in_thread(self.server.check_voice, voice)
             given = {"language": language, "instruct": instruct, "speed": speed, "seed": seed}
             kw = {**self.synth, **{k: v for k, v in given.items() if v is not None}}
+            if INLINE_ONLY.get() in BYTES_PER_SECOND:  # its size known from the plan: checked
+                kw["_on_passes"] = self.check_planned_size(INLINE_ONLY.get(), path)
 
             def write(data: bytes) -> None:
                 writers.write_atomic(target, lambda fh: fh.write(data), InputError,
@@ -304,6 +331,28 @@ class McpDoor:
                              mime_type=FORMATS[response_format][2]),
                 TextContent(type="text", text=note)]
 
+    def inline_only(self, path: str | None) -> bool:
+        """Whether a result must carry its audio inline: with no output folder, and over HTTP
+        unless the call names its file (a remote client cannot read the server's files)."""
+        return self.output_dir is None or (self.http and path is None)
+
+    def file_hint(self, path: str | None) -> str:
+        if self.output_dir is None:
+            return "start the server with --output-dir so that speak writes the file"
+        if self.http and path is None:
+            return "give `path` to have it written into the server's output folder"
+        return "give another path"
+
+    def check_planned_size(self, fmt: str, path: str | None):
+        """The passes' check (model.synthesize's _on_passes, before any runs): a text whose
+        plan is clearly over what a result carries is refused before its work."""
+        def check(specs) -> None:
+            seconds = sum(spec.frames for spec in specs) / FRAME_RATE
+            nbytes = int(seconds * BYTES_PER_SECOND[fmt])
+            if nbytes > OVERSIZE_MARGIN * MAX_INLINE_AUDIO:
+                raise oversize(nbytes, fmt, self.file_hint(path), planned=True)
+        return check
+
     async def speak_call(self, **arguments) -> list:
         """speak, in the format the call names, else its path's, else the transport's; its
         result as the client can take it (deliver)."""
@@ -312,27 +361,39 @@ class McpDoor:
             fmt = FORMAT_OF.get(Path(path).suffix.lower() if path else "", self.default_format)
         if why := encoder_missing(fmt):
             raise ToolFailure(why)
-        content = await self.speak(**{**arguments, "response_format": fmt})
-        if (arguments["response_format"] is None and fmt == "wav" and too_big(content[0])
-                and self.output_dir is None and not encoder_missing("mp3")):
+        recodes = (arguments["response_format"] is None and fmt == "wav"
+                   and self.inline_only(path) and not encoder_missing("mp3"))
+        token = INLINE_ONLY.set(fmt if self.inline_only(path) and not recodes else None)
+        try:
+            content = await self.speak(**{**arguments, "response_format": fmt})
+        finally:
+            INLINE_ONLY.reset(token)
+        if recodes and too_big(content[0]):
             # the default's wav is too big to send: mp3 carries six times as much
             content, fmt = await self.server.in_thread(recoded, content, "mp3"), "mp3"
         return await self.deliver(content, fmt, path)
 
     async def deliver(self, content: list, fmt: str, path: str | None) -> list:
         """speak's result, its audio inline up to MAX_INLINE_AUDIO; past it the file in the
-        output folder (the call's path, else a new name), linked, or a tool error that says
-        how to get the audio when the server writes no files."""
+        output folder (the call's path, else, over stdio, a new name), linked over stdio and
+        named over HTTP, or a tool error that says how to get the audio.
+
+        Over HTTP nothing is linked: a file:// link names a file on the server's machine,
+        which a remote client cannot read; and serving it as an MCP resource would not carry
+        it either, since a resource's contents come in one message, under the same 1 MiB as a
+        result's. So a remote client gets its audio inline, or on the server's disk by a name
+        it gave."""
         audio, note = content
         if not too_big(audio):
             return content
         data = base64.b64decode(audio.data)
-        if self.output_dir is None:
-            raise ToolFailure(
-                f"the audio is {len(data):,} bytes of {fmt}, over the {MAX_INLINE_AUDIO // 1024} "
-                f"KiB a result carries inline (MCP clients refuse bigger messages): ask for a "
-                f"compressed response_format ('mp3' or 'opus'), speak less text per call, or "
-                f"start the server with --output-dir so that speak writes the file and links it")
+        if self.inline_only(path):
+            raise oversize(len(data), fmt, self.file_hint(path))
+        if self.http:
+            return [TextContent(type="text", text=f"{note.text}; over the "
+                                f"{MAX_INLINE_AUDIO // 1024} KiB a result carries inline, so it "
+                                f"is only in the server's output folder, as {path} (not linked: "
+                                f"a remote client cannot read the server's files)")]
         if path is None:  # speak wrote nothing yet
             path = (f"speech-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
                     f"{EXTENSIONS[fmt]}")
@@ -505,6 +566,43 @@ async def answer_malformed(read, write, forward) -> None:
             await write.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=None, error=error)))
 
 
+def refuse_start(exc: OmniCoreError, stdin=None, stdout=None,
+                 seconds: float = START_REFUSAL_S) -> None:
+    """A server that cannot start on stdio (its model cannot be loaded: offline, say) answers
+    each request its client sends (`initialize`, and a newer client's `server/discover` first)
+    with the reason in one line, so the client shows what to do, not just "connection closed",
+    until the client leaves or for `seconds`; then the caller exits with the error on stderr,
+    as every command does. Lines that are not requests get nothing."""
+    stdin = stdin or sys.stdin.buffer
+    stdout = stdout or sys.stdout.buffer
+    message = "omnicore could not start: " + " ".join(str(exc).split())
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in iter(lambda: stdin.readline(MAX_START_LINE), b""):
+            lines.put(line)
+        lines.put(None)
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            return
+        if line is None:
+            return
+        try:
+            request_id = json.loads(line).get("id")
+        except (ValueError, AttributeError, RecursionError):
+            continue
+        if request_id is None:  # a notification: nothing to answer
+            continue
+        reply = JSONRPCError(jsonrpc="2.0", id=request_id,
+                             error=ErrorData(code=INTERNAL_ERROR, message=message))
+        stdout.write(reply.model_dump_json(by_alias=True, exclude_none=True).encode() + b"\n")
+        stdout.flush()
+
+
 def serve(model_path: str, output_dir: str | None, synth: dict, http: bool = False,
           host: str = "127.0.0.1", port: int = 8001, api_key: str | None = None,
           precision: str = "fp32", send_timeout: float = 30.0, grace: float = 30.0,
@@ -518,8 +616,13 @@ def serve(model_path: str, output_dir: str | None, synth: dict, http: bool = Fal
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, stream=sys.stderr,
                         format="%(levelname)s: %(message)s")
     log_to_stderr(log, quiet)  # stderr: on stdio, stdout is the protocol's
-    server = server_state(model_path, precision, api_key=api_key, default_voice=DOOR_VOICE,
-                          **state_args)
+    try:
+        server = server_state(model_path, precision, api_key=api_key, default_voice=DOOR_VOICE,
+                              **state_args)
+    except OmniCoreError as exc:
+        if not http:
+            refuse_start(exc)
+        raise
     door = McpDoor(server, output_dir, synth, http)
     app = door.mcp()
     log_model(log, server, model_path)

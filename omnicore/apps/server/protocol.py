@@ -309,6 +309,11 @@ def voice_design(body: dict) -> tuple[str | None, list[str]]:
     `instruct` is read strictly: an unknown item is a 400 naming the closest one."""
     prose = body_field(body, "instructions", str, None)
     strict = body_field(body, "instruct", str, None)
+    for param, value in (("instructions", prose), ("instruct", strict)):
+        if value is not None and len(value) > limits.MAX_INSTRUCT_CHARS:  # before any reading
+            raise HTTPError(400, f"{param} is {len(value):,} characters; the limit is "
+                                 f"{limits.MAX_INSTRUCT_CHARS:,}: describe the voice in a few "
+                                 "words", param, "instructions_too_long")
     if prose is not None and strict is not None:
         raise HTTPError(400, "give either instructions (free prose) or instruct (voice-design "
                              "items), not both", "instruct", "invalid_value")
@@ -318,11 +323,26 @@ def voice_design(body: dict) -> tuple[str | None, list[str]]:
     return strict.strip() or None, []
 
 
+# The X-Omnicore-Instructions-Ignored header's most bytes: far inside any client's limit on a
+# response head (httpcore's, under httpx and the OpenAI SDK, is 100 KiB for all of it).
+MAX_IGNORED_HEADER_BYTES = 1024
+
+
 def ignored_header(ignored: list[str]) -> dict:
     """The response header that names what a speech request's `instructions` left unused (a
     JSON list of the prose's fragments, ASCII-escaped as a header must be); none when nothing
-    was."""
-    return {"X-Omnicore-Instructions-Ignored": json.dumps(ignored)} if ignored else {}
+    was. Over MAX_IGNORED_HEADER_BYTES, the fragments that fit, then "… N more"."""
+    if not ignored:
+        return {}
+    kept, size = [], 2  # the brackets
+    for fragment in ignored:
+        size += len(json.dumps(fragment)) + 2  # ", " before the next one
+        if size > MAX_IGNORED_HEADER_BYTES - 24:  # room for the count
+            break
+        kept.append(fragment)
+    left = len(ignored) - len(kept)
+    return {"X-Omnicore-Instructions-Ignored":
+            json.dumps(kept + ([f"… {left:,} more"] if left else []))}
 
 
 def synth_kwargs(req: dict, prompt) -> dict:

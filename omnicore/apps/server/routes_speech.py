@@ -37,7 +37,9 @@ async def speech(request: Request):
     """POST /v1/audio/speech: admitted, then a stream (OpenAI's default for the formats sent
     piece by piece, or asked for) or a whole file (flac unless a stream is asked for)."""
     server: ServerState = request.app.state.server
-    req = parse_speech(await read_json(request), server.model_ids)
+    # Off the event loop (reading a body's prose is regex work that would stall other clients),
+    # and off the server's pool, whose threads may all be waiting on the engine.
+    req = await asyncio.to_thread(parse_speech, await read_json(request), server.model_ids)
     await speaking.check_voice(server, req["voice"])
     t0 = time.perf_counter()  # queueing counts in the latency a client sees
     async with client_gone(request) as gone, server.slot(gone) as slot:

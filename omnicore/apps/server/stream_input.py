@@ -108,7 +108,8 @@ class Session:
                 raise HTTPError(400, "the first message must be a JSON object of speech fields "
                                      "(voice, response_format, language, ...)", None,
                                 "invalid_message")
-            self.opts = speech_options(body, default_format="pcm", models=self.server.model_ids)
+            self.opts = await asyncio.to_thread(  # off the loop, as a POST's (prose)
+                speech_options, body, default_format="pcm", models=self.server.model_ids)
             if self.opts["duration"] is not None:
                 raise HTTPError(400, "duration needs the whole text in advance; over this socket "
                                      "use speed", "duration", "invalid_value")

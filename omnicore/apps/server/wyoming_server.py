@@ -11,6 +11,8 @@ TTS, on the model's one engine (the `wyoming` extra: the protocol library Home A
     server -> client   error{text, code}         a bad event, a refusal; then the connection
                                                  closes, or, inside a stream, the stream ends
                                                  at its synthesize-stop (synthesize-stopped)
+                                                 with no audio-stop: an empty audio pair is a
+                                                 text with nothing to say, never a failure
 
 An unknown voice is no error: --voice speaks instead (else the auto voice), with a log line.
 
@@ -24,8 +26,8 @@ Everything else is `omnicore serve`'s: the voices (presets and the voice library
 admission (`ServerState.slot`: a text holds a place from its first words until its audio is out;
 --max-queue, --max-concurrency), the text limit, the typed errors, and the clocks: a client that
 stops reading for --send-timeout is cut, a connection with nothing received and nothing being
-spoken for --idle-timeout is closed, SIGTERM drains for --grace. A client that leaves mid-audio
-has its passes cancelled at once.
+spoken for --idle-timeout is closed (the clock restarts as each text's audio ends), SIGTERM
+drains for --grace. A client that leaves mid-audio has its passes cancelled at once.
 
 Dimensions: N samples of mono float32 audio at SAMPLE_RATE.
 """
@@ -223,6 +225,7 @@ class Connection:
         self.stream: dict | None = None  # the open text stream: its voice, its text so far
         self.count = 0
         self.gone = False
+        self.quiet_since = 0.0  # the idle clock's start: the last event received or text spoken
         # A client that takes no bytes for the send timeout is cut. On Linux the clock runs from
         # its last acknowledged byte (as `omnicore serve`'s); elsewhere from when a write
         # blocks, which comes later, once the kernel's buffer has filled.
@@ -302,15 +305,33 @@ class Connection:
             self.texts.put_nowait(None)
             await asyncio.gather(speaker, return_exceptions=True)
 
+    async def next_event(self) -> Event | None:
+        """The next event; TimeoutError once nothing was received and nothing spoken for the
+        idle timeout. One read runs throughout (a timeout never cuts an event in half), and
+        the clock is looked at again whenever it could have run out: a text's end re-arms it."""
+        loop = asyncio.get_running_loop()
+        idle = self.server.idle_timeout
+        self.quiet_since = loop.time()
+        read = asyncio.ensure_future(read_event(self.reader))
+        try:
+            while True:
+                # While speaking, look again after a whole timeout (speaking is not idleness).
+                left = idle if self.utterances else self.quiet_since + idle - loop.time()
+                done, _ = await asyncio.wait({read}, timeout=max(left, 0.0))
+                if done:
+                    return read.result()
+                if not self.utterances and loop.time() >= self.quiet_since + idle:
+                    raise asyncio.TimeoutError
+        finally:
+            if not read.done():
+                read.cancel()
+
     async def listen(self) -> None:
         """Handle events until the client leaves, goes idle, or breaks the stream's framing."""
         while not self.gone:
             try:
-                event = await asyncio.wait_for(
-                    read_event(self.reader), None if self.utterances else self.server.idle_timeout)
+                event = await self.next_event()
             except asyncio.TimeoutError:
-                if self.utterances:  # speaking is not idleness
-                    continue
                 self.server.m_timeouts.labels("idle").inc()
                 await self.send_error(HTTPError(408, "nothing received for "
                                                      f"{self.server.idle_timeout:g} s", None,
@@ -360,8 +381,10 @@ class Connection:
             stream, self.stream = self.stream, None
             if stream["utterance"] is not None:
                 stream["utterance"].end_input()
-            else:  # nothing to say: the stream still ends as a stream does
-                self.texts.put_nowait((None, None, True))
+            else:
+                # Nothing to say: an empty audio pair (a success with no audio), but a refused
+                # stream gets none, so that its end never reads as a success.
+                self.texts.put_nowait((None, "failed" if stream["failed"] else None, True))
         # Other events (another program's, or newer ones) are dropped, as Wyoming asks.
 
     def voice_of(self, event: Event) -> tuple[str | None, str | None]:
@@ -430,7 +453,7 @@ class Connection:
             try:
                 if u is not None:
                     await self.speak(u, *voice)
-                else:
+                elif voice != "failed":
                     await self.send(AudioStart(rate=SAMPLE_RATE, width=2, channels=1).event())
                     await self.send(AudioStop().event())
             except CancelledError:
@@ -444,6 +467,7 @@ class Connection:
                 if u is not None:
                     u.close(self.server)
                     self.utterances.remove(u)
+                    self.quiet_since = asyncio.get_running_loop().time()  # the idle clock restarts
             if streamed:
                 await self.send(SynthesizeStopped().event())
 
@@ -456,6 +480,8 @@ class Connection:
             kw = speaking.with_voice({**self.door.synth, "language": language},
                                      await speaking.voice_prompt(server, slot, voice))
             u.stream = await speaking.open_stream(server, u, kw)
+            if u.cancelled:  # refused while it waited (its error is out): no audio pair
+                raise CancelledError("the text was refused")
             await self.send(AudioStart(rate=SAMPLE_RATE, width=2, channels=1).event())
             async for x in speaking.pieces(server, u.stream, slot, lambda: u.cancelled):
                 if self.gone:
@@ -464,6 +490,8 @@ class Connection:
                 for i in range(0, len(pcm), 2 * CHUNK_SAMPLES):
                     await self.send(AudioChunk(rate=SAMPLE_RATE, width=2, channels=1,
                                                audio=pcm[i:i + 2 * CHUNK_SAMPLES]).event())
+            if u.cancelled:  # a cut-short text has no audio-stop: it never reads as whole
+                raise CancelledError("the text was refused")
             await self.send(AudioStop().event())
 
 

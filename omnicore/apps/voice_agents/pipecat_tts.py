@@ -59,6 +59,7 @@ class OmnicoreTTSService(WebsocketTTSService):
                             **(fields or {}))
         self._receive_task = None
         self._unfinished = False  # text sent that the server has not finished speaking
+        self._failed_turn = None  # the turn whose text could not be sent: it ends at its flush
 
     def can_generate_metrics(self) -> bool:
         return True
@@ -151,18 +152,32 @@ class OmnicoreTTSService(WebsocketTTSService):
     # -- text in -------------------------------------------------------------------------------
 
     async def flush_audio(self, context_id: str | None = None):
-        """The LLM's response is complete: the utterance ends, and its last words are spoken."""
-        if self._websocket:
+        """The LLM's response is complete: the utterance ends, and its last words are spoken.
+        A turn whose text never reached the server (reported as it failed) ends here, with its
+        TTSStoppedFrame, not when Pipecat's stop-frame clock gives up on it."""
+        if context_id is not None and context_id == self._failed_turn:
+            self._failed_turn = None
+            await self.append_to_audio_context(context_id, TTSStoppedFrame(context_id=context_id))
+            await self.remove_audio_context(context_id)
+        elif self._websocket:
             await self._websocket.send(sock.FLUSH)
 
     @traced_tts
     async def run_tts(self, text: str, context_id: str) -> AsyncGenerator[Frame | None, None]:
+        if context_id == self._failed_turn:  # its error is reported: once a turn, not per token
+            yield None
+            return
         if not self._websocket or self._websocket.state is State.CLOSED:
-            await self._connect()
+            await self._connect()  # a failure is reported there
         try:
+            if self._websocket is None:
+                self._failed_turn = context_id
+                yield None
+                return
             await self._websocket.send(sock.text(text))
             self._unfinished = True
         except Exception as exc:  # noqa: BLE001 - reported as the framework reports them
+            self._failed_turn = context_id
             yield ErrorFrame(error=f"{self}: {exc}")
             return
         yield None  # the audio comes through _receive_messages
