@@ -84,6 +84,7 @@ from omnicore.machinery.checkpoint import HUB_REPO  # noqa: E402
 from omnicore.errors import InputError, OmniCoreError  # noqa: E402
 from omnicore.model import backend  # noqa: E402
 from omnicore.text import limits  # noqa: E402
+from omnicore.model.config import FRAME_RATE  # noqa: E402
 from omnicore.text.planner import ChunkRule, split_text  # noqa: E402
 from omnicore.machinery.warmup import warm_up  # noqa: E402
 
@@ -260,8 +261,8 @@ def _warn(notes) -> None:
 
 def _warn_pace(prompt) -> None:
     """A note when a voice's transcript cannot be what its clip says (it would speak badly)."""
-    frames = prompt.ref_audio_tokens.shape[-1]
-    _warn([n for n in visitor.clip_notes(frames / 25.0, prompt.ref_text) if "transcript" in n])
+    seconds = prompt.ref_audio_tokens.shape[-1] / float(FRAME_RATE)
+    _warn([n for n in visitor.clip_notes(seconds, prompt.ref_text) if "transcript" in n])
 
 
 def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAULT_CONCURRENCY,
@@ -454,7 +455,8 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
             if not (ref_text or "").strip():
                 raise gr.Error("Type what the clip says.", title="Check the transcript",
                                print_exception=False)
-            _warn(visitor.clip_notes(visitor.clip_seconds(ref_audio), ref_text))
+            _warn(visitor.clip_notes(visitor.clip_seconds(ref_audio), ref_text,
+                                     visitor.spoken_seconds(model, ref_audio, preprocess_prompt)))
             progress(0.0, desc="Encoding the voice clip")
             kwargs.update(ref_audio=ref_audio, ref_text=ref_text,
                           preprocess_prompt=bool(preprocess_prompt))

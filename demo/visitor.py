@@ -175,9 +175,12 @@ def instruct_status(instruct: str, text: str = "") -> str:
     return "" if line.startswith("⚠") else line
 
 
-def clip_notes(seconds: float | None, transcript: str | None) -> list[str]:
+def clip_notes(seconds: float | None, transcript: str | None,
+               spoken_s: float | None = None) -> list[str]:
     """Warnings about a reference clip and its transcript, in the page's words (the run goes
-    ahead: a short clip or a loose transcript still gives a voice, a worse one)."""
+    ahead: a short clip or a loose transcript still gives a voice, a worse one). `seconds`: the
+    clip as uploaded; `spoken_s`: what the library's clean-up keeps of it (`spoken_seconds`),
+    which the pace is judged on, as the API judges it (VoiceClonePrompt.pace_problem)."""
     notes = []
     if seconds is None:
         return notes
@@ -188,13 +191,14 @@ def clip_notes(seconds: float | None, transcript: str | None) -> list[str]:
     elif high < seconds <= limits.MAX_REF_S:
         notes.append(f"The clip is {seconds:.0f} s long: {low:g}-{high:g} s copies as well and "
                      "runs faster.")
+    spoken_s = seconds if spoken_s is None else spoken_s
     if transcript and transcript.strip():
-        problem = frontend.reference_pace_problem(transcript.strip(), seconds)
+        problem = frontend.reference_pace_problem(transcript.strip(), spoken_s)
         if problem and "alone" in problem:
-            notes.append(f"The transcript looks too long for a {seconds:.1f} s clip: type only "
-                         "the words the clip says.")
+            notes.append(f"The transcript looks too long for {spoken_s:.1f} s of speech: type "
+                         "only the words the clip says.")
         elif problem:
-            notes.append(f"The transcript looks too short for a {seconds:.1f} s clip: type "
+            notes.append(f"The transcript looks too short for {spoken_s:.1f} s of speech: type "
                          "every word the clip says.")
     return notes
 
@@ -207,6 +211,20 @@ def clip_seconds(path) -> float | None:
         return float(sf.info(str(path)).duration)
     except Exception:  # noqa: BLE001 - unreadable here: the run reads it and explains
         return None
+
+
+def spoken_seconds(model, path, preprocess: bool) -> float | None:
+    """Seconds of a clip after the library's clean-up (silences trimmed: what a voice prompt
+    encodes), without encoding it; None when it cannot be read (the run will say why)."""
+    from omnicore.audio import postprocess
+
+    try:
+        wav, _ = postprocess.prepare_reference_audio(
+            str(path), bool(preprocess), trim_long=False, sr=model.sampling_rate,
+            hop_length=model.codec.hop_length)
+    except Exception:  # noqa: BLE001 - unreadable here: the run reads it and explains
+        return None
+    return wav.shape[-1] / float(model.sampling_rate)
 
 
 def voice_file_problem(path) -> str | None:
