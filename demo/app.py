@@ -769,10 +769,11 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         # Cheap UI helpers run outside the synthesis group, so they stay instant under load.
         quick = dict(concurrency_limit=None, show_progress="hidden")
         private = dict(api_visibility="private", **quick)
-        # Stop: its own group, so it never waits behind the run it stops.
+        # Stop: outside the queue, so it never waits behind the run it stops, nor is refused
+        # when the queue is full.
         for i, halt in enumerate((auto_stop, design_stop, clone_stop)):
-            halt.click(stop, None, timings, **(dict(api_name="stop", **quick) if i == 0
-                                               else private))
+            halt.click(stop, None, timings, queue=False,
+                       **(dict(api_name="stop", **quick) if i == 0 else private))
         for go in (auto_btn, design_btn, clone_btn):  # on a phone the output is below
             go.click(None, js=SCROLL_TO_OUTPUT, **private)
         keep_btn.click(keep_voice, [last_voice], voice_file, api_name="keep_voice", **quick)
@@ -794,13 +795,14 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         for knob in (num_step, profile):
             knob.input(presets.preset_of, [num_step, profile], preset, **private)
 
-        # The wait, estimated as the inputs change (tokenising the text: cheap, never queued).
+        # The wait, estimated as the inputs change (tokenising the text: cheap). Outside the
+        # queue: a keystroke each, they would fill it while a clip is read for every one.
         if measured:
             tab_inputs = [clone_text, ref_audio, ref_text, voice_file, design_text, instruct,
                           auto_text]
             gr.on([c.change for c in tab_inputs + settings] + [demo.load], waits,
                   tab_inputs + settings, [clone_wait, design_wait, auto_wait],
-                  trigger_mode="always_last", **private)
+                  trigger_mode="always_last", queue=False, **private)
 
         # Examples: made once at start-up with the page's defaults, then played from the cache.
         shown = [audio_out, wave_img, unmask_img, timings]
