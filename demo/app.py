@@ -786,7 +786,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         described = [instruct.change, design_text.change]
         gr.on(described, visitor.instruct_status, [instruct, design_text], instruct_line,
               **private)
-        gr.on(described, None, [instruct, design_text], None, **private,
+        gr.on(described, lambda i, t: None, [instruct, design_text], None, **private,
               validator=lambda i, t: [_check(visitor.read_instruct(i, t)[2]), ok])
 
         streamed.change(lambda on: gr.update(visible=bool(on)), streamed, stream_out, **private)
