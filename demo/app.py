@@ -851,7 +851,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         f"public page; at most the library's {limits.MAX_TEXT_CHARS:,})")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip timing the model at start-up (it compiles the kernels, sets the "
-                        "speed preset and the estimates, and makes the examples): the page "
+                        "quality preset and the estimates, and makes the examples): the page "
                         "opens with the reference's settings")
     return p.parse_args(argv)
 

@@ -53,7 +53,7 @@ except ImportError:
     missing("gradio", "pip install -e '.[demo]'")
 
 sys.path.insert(0, str(ROOT / "demo"))
-import presets  # noqa: E402  (demo/presets.py: speed presets and the wait estimate)
+import presets  # noqa: E402  (demo/presets.py: quality presets and the wait estimate)
 import visuals  # noqa: E402  (demo/visuals.py: the demo's image rendering)
 import visitor  # noqa: E402  (demo/visitor.py: what the page says to a visitor)
 
@@ -536,7 +536,7 @@ def _defaults(client) -> dict:
 
 @pytest.mark.subprocess
 def test_defaults_are_the_preset_chosen_for_this_machine(client):
-    """Called with its defaults, the demo runs the steps of a speed preset (the reference's
+    """Called with its defaults, the demo runs the steps of a quality preset (the reference's
     num_step only: every other setting is GenerationConfig's), streamed when ffmpeg is there."""
     from omnicore import GenerationConfig
 
