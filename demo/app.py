@@ -5,36 +5,36 @@
     OMNICORE_MODEL=/path/to/OmniVoice python demo/app.py
 
 A thin shell over the public API (`omnicore.OmniVoice.synthesize` and friends): every number on
-the page comes from a `Synthesis` result. Three tabs (voice clone, voice design, auto voice) share
-one settings panel and one output panel; each tab is also an API endpoint (`/clone`, `/design`,
-`/auto`, plus `/make_voice_prompt`, `/keep_voice` and `/check_instruct`) for `gradio_client`.
-"Keep this voice" (`/keep_voice`) saves the session's last result as a voice prompt file
-(`Synthesis.as_voice`) into the clone tab's voice-file slot. Pause marks are just text.
+the page comes from a `Synthesis` result. It opens on the auto voice with a text filled in, so
+one click on Generate speaks; voice design and voice clone are the other tabs, the settings are
+folded away. Each tab is also an API endpoint (`/auto`, `/design`, `/clone`, plus `/stop`,
+`/make_voice_prompt`, `/keep_voice` and `/check_instruct`) for `gradio_client`. "Keep this
+voice" saves the session's last result as a voice file for the clone tab. Pause marks are text.
 
-Streaming: with "Stream the audio as it is generated" ticked, the endpoints call
-`OmniVoice.stream` instead and yield each audio piece to a separate streaming player as soon as
-it exists; the final audio, waveform and timings are filled in from the same pieces at the end.
-The unmasking view needs the per-cell fill steps of `synthesize`, which a stream does not give,
-so it stays empty in that mode (the timings say so).
+Visitors' words (visitor.py): a problem is one line in the page's terms on the field it is about
+(gradio's validators, before the run), or one toast for what only the run finds; never a
+parameter name, a command or a server path (the library's message goes to the server log).
+A voice description is read strictly when it is made of the pickers' items, else as prose by
+the mapping the HTTP server uses, and the page says what it understood. Texts are capped at
+`--max-chars` (1,000 by default, for a public page; the library's 20,000 at most).
 
-Queueing: synthesis is CPU-bound and one model instance serves everyone, so all synthesis
-endpoints share one concurrency group of `--concurrency` jobs (default 1: running two at once
-only splits the same cores); up to `--max-queue` further requests wait in line (default 16) and
-see their place in the queue; beyond that new requests are refused with a "queue full" message.
+Stop (stopping.py) ends the session's run at the engine's next unmasking step. Streaming (on by
+default on a CPU): the endpoints call `OmniVoice.stream` and yield each piece to the streaming
+player ("Piece k of n" on the progress bar); the final audio, waveform and timings come from the
+same pieces. The unmasking view needs the fill steps of a run in one piece; the page says so.
 
-The wait, said before it starts (presets.py): at start-up the app times the model on this machine
-(`presets.measure`) and opens with the speed preset (Fast / Balanced / Best: the reference's
-`num_step`, nothing else; the Approximate preset, the fast profile, is offered and labelled but
-never chosen for a visitor) whose first audio of a typical input fits the goal of 15 s, streaming
-on (on a GPU: Best, not streamed). Above each Generate button the estimate of the wait updates as
-the text and settings change (and, when other work keeps the machine's cores busy, says so and
-how long it may take instead); the timings compare it with what the run took. A few examples per
-tab are made at start-up with those defaults (gradio's example cache), before the server listens
-(`make_examples`: a Space reports ready only then), so they play at once and no visitor's first
-request shares the cores with them.
-With an NVIDIA GPU and CuPy installed the app runs on the CuPy backend. `--no-warmup` (and the
-page `omnicore serve --ui` mounts) skips the measurement: the reference's defaults, no estimate,
-examples that only fill the inputs.
+Queueing: synthesis is CPU-bound and one model serves everyone, so the synthesis endpoints share
+one concurrency group of `--concurrency` jobs (default 1); up to `--max-queue` more wait (default
+16) and see their place; beyond that a request is refused with "queue full". Stop and the other
+helpers run outside that group.
+
+The wait, said before it starts (presets.py): at start-up the app times the model here and opens
+with the quality preset whose first audio of a typical input fits the goal of 15 s, streaming on
+(on a GPU: Best, in one piece). Above each Generate button the estimate updates as the inputs
+change; the timings compare it with what the run took. The examples are made at start-up with
+those defaults, before the server listens, so they play at once. `--no-warmup` (and the page
+`omnicore serve --ui` mounts) skips the measurement: the reference's defaults, no estimate.
+With an NVIDIA GPU and CuPy installed the app runs on the CuPy backend.
 """
 
 from __future__ import annotations
@@ -84,19 +84,26 @@ from omnicore.machinery.checkpoint import HUB_REPO  # noqa: E402
 from omnicore.errors import InputError, OmniCoreError  # noqa: E402
 from omnicore.model import backend  # noqa: E402
 from omnicore.text import limits  # noqa: E402
-from omnicore.text.frontend import instruct_vocabulary, language_choices, resolve_instruct  # noqa: E402
-from omnicore.text.planner import ChunkRule  # noqa: E402
+from omnicore.model.config import FRAME_RATE  # noqa: E402
+from omnicore.text.planner import ChunkRule, split_text  # noqa: E402
 from omnicore.machinery.warmup import warm_up  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import presets  # noqa: E402
+import visitor  # noqa: E402
+from wording import (CSS, HEAD, HOW_IT_WORKS, INTRO, PAUSE_HELP, SCROLL_TO_OUTPUT,  # noqa: E402
+                     STREAMED_NOT_KEPT, UNMASKING_CAPTION, stream_timings, timings_table)
+from stopping import Board, Stopped  # noqa: E402
 from visuals import render_unmasking, render_waveform  # noqa: E402
 
 DEFAULT_MODEL = HUB_REPO
 DEFAULT_CONCURRENCY = 1
 DEFAULT_MAX_QUEUE = 16
+# The public page's cap on the text (one visitor's request holds the queue's one slot for as
+# long as it runs); --max-chars raises it up to the library's limit for a private server.
+DEFAULT_MAX_CHARS = 1_000
+WAVE_WIDTH = 640  # the waveform picture's width: about what the output column shows
 AUTO_LANGUAGE = "auto"
-NO_PICK = "(any)"
 SYNTHESIS_GROUP = "synthesis"  # one concurrency group for every endpoint that runs the model
 GEN = GenerationConfig()  # the panel's defaults are the API's
 # How the page's streams cut text: the library's rule (benchmarks/README.md, "Space", has the
@@ -122,66 +129,20 @@ CLONE_EXAMPLES = [
      VOICE_CLIP_TEXT],
 ]
 
-_STAGE_NAMES = {
-    "encode": "encode (reference clip to codes)",
-    "prepare": "prepare (text, language, prompt)",
-    "unmask": "unmask (iterative decoding)",
-    "decode": "decode (codes to waveform)",
-    "postprocess": "post-process (trim, loudness, fades)",
-}
-
-INTRO = """\
-# omnicore · OmniVoice text-to-speech, no torch
-OmniVoice writes speech as a grid of codec tokens: **8 codebooks × 25 frames per second**. It
-starts from a fully masked grid and, step by step, fills in the cells it is most sure of, looking
-at the whole utterance at once (a bidirectional transformer, not left-to-right). A codec then
-turns the grid into a 24 kHz waveform. Pick a mode, press **Generate**, then look at the
-**Unmasking view** below the output to see the order in which the grid was written.
-Write `[pause:1.5s]` or `<break time="500ms"/>` in the text for exactly that much silence, and
-press **Keep this voice** to speak on with a voice you designed (it goes to the clone tab).
-"""
-
-UNMASKING_CAPTION = f"""\
-**How to read it.** Each cell is one code (row = codebook, column = 40 ms frame); its colour is
-the step that filled it, **dark = early, yellow = late**.
-* **Schedule**: every step may fill a budget of cells taken from a shifted time grid
-  (`t_shift`, {GEN.t_shift:g} by default): very few cells at first, most of them in the last
-  steps (left chart). Fewer steps mean bigger jumps.
-* **Layer penalty**: a cell's confidence is lowered by `layer penalty × codebook index`, so the
-  coarse codebook 0 settles first and the fine-detail codebooks 5-7 last (right chart). Set the
-  penalty to 0 in *Unmasking knobs* and the rows mix.
-* **Confidence ordering**: within a step's budget the model takes the cells whose predicted
-  token has the highest (classifier-free-guided) log-probability; the *position temperature*
-  adds random noise to that ranking so the order is spread over time. Set it to 0 to see the
-  pure confidence order.
-"""
-
-PAUSE_HELP = ('Pauses: [pause:1.5s], [pause:500ms] or <break time="2s"/> give exactly that '
-              "much silence (at most 60 s each).")
-
-CSS = """
-#unmasking-view img, #waveform-view img { image-rendering: pixelated; object-fit: contain; }
-#instruct-status { min-height: 2.5em; }
-.omni-footer, .omni-note { font-size: 0.85em; opacity: 0.8; }
-"""
-
-
 # ------------------------------------------------------------------------------------------------
 # Helpers: turning UI values into API arguments and results into displays
 # ------------------------------------------------------------------------------------------------
 
 
-def _fail(exc: Exception) -> gr.Error:
-    """A user-facing error toast for anything a synthesis call raised (never a traceback box)."""
-    if isinstance(exc, OmniCoreError):
-        title = {"InputError": "Check your input", "AudioError": "Unusable audio",
-                 "VoicePromptError": "Unusable voice prompt file"}.get(type(exc).__name__,
-                                                                       "Cannot synthesise")
-        return gr.Error(str(exc), title=title, duration=30, print_exception=False)
-    traceback.print_exc()  # unexpected: keep the details in the server log for a bug report
-    return gr.Error(f"Unexpected {type(exc).__name__}: {exc}. This is a bug in omnicore; the "
-                    "server log has the details.", title="Internal error", duration=30,
-                    print_exception=False)
+def _fail(exc: Exception, text_cap: int = limits.MAX_TEXT_CHARS) -> gr.Error:
+    """A run's failure as one visitor-worded line (visitor.py: no parameter, command or path);
+    the library's own message goes to the server log, where a developer can read it."""
+    if not isinstance(exc, OmniCoreError):
+        traceback.print_exc()  # unexpected: keep the details in the server log for a bug report
+    else:
+        print(f"input refused: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    field, line = visitor.visitor_line(exc, text_cap)
+    return gr.Error(line, title=f"Check the {field}", duration=20, print_exception=False)
 
 
 def _seed(seed) -> int:
@@ -240,36 +201,13 @@ def _checked_settings(*values) -> dict:
         raise _fail(exc) from None
 
 
-def _timings_markdown(result, sample_rate: int, seed: int, wall_s: float,
-                      estimated_s: float | None = None) -> str:
-    audio_s = len(result.audio) / float(sample_rate)
-    order = list(_STAGE_NAMES) + [k for k in result.timings if k not in _STAGE_NAMES]
-    lines = ["| stage | seconds |", "|---|---:|"]
-    for stage in order:
-        if stage in result.timings:
-            lines.append(f"| {_STAGE_NAMES.get(stage, stage)} | {result.timings[stage]:.3f} |")
-    lines.append(f"| **total** (wall clock of the request) | **{wall_s:.3f}** |")
-    rtf = wall_s / audio_s if audio_s > 0 else float("inf")
-    C, T = result.codes.shape
-    chunks = len(result.text_chunks)
-    lines += ["", f"**{audio_s:.2f} s** of audio from {C} × {T} codes in {wall_s:.2f} s: "
-              f"**RTF {rtf:.2f}** ({'faster' if rtf < 1 else 'slower'} than real time; "
-              f"RTF = compute time / audio time) · {result.num_steps} steps"
-              f"{f' per chunk × {chunks} text chunks' if chunks > 1 else ''} · seed **{seed}**"]
-    if estimated_s is not None:
-        lines += ["", f"Estimated before the run: {estimated_s:.2f} s; it took {wall_s:.2f} s."]
-    return "\n".join(lines)
-
 
 def _outputs(model, result, seed: int, wall_s: float, estimated_s: float | None = None):
     sr = model.sampling_rate
-    return ((sr, to_pcm16(result.audio)), render_waveform(result.audio, sr, width=760),
+    return ((sr, to_pcm16(result.audio)), render_waveform(result.audio, sr, width=WAVE_WIDTH),
             render_unmasking(result.fill_steps, result.num_steps),
-            _timings_markdown(result, sr, seed, wall_s, estimated_s))
+            timings_table(result, sr, seed, wall_s, estimated_s))
 
-
-STREAMED_NOT_KEPT = ("A streamed result cannot be kept as a voice (a stream does not hand back "
-                     "its codes): untick streaming, generate, then keep the voice.")
 
 
 def _keepable(result):
@@ -280,28 +218,6 @@ def _keepable(result):
         return f"This result cannot be kept as a voice: {exc}"
 
 
-def _stream_timings_markdown(stream, audio_s: float, seed: int, wall_s: float,
-                             estimated: tuple[float, float] | None = None) -> str:
-    """What a SpeechStream measured: time to first audio, then unmask / decode per text chunk."""
-    lines = ["| chunk | text | frames | unmask s | decode s |", "|---:|---|---:|---:|---:|"]
-    for k, st in enumerate(stream.chunk_stats):
-        text = st["text"] if len(st["text"]) <= 40 else st["text"][:37] + "..."
-        lines.append(f"| {k} | {text.replace('|', '/')} | {st.get('frames', '')} | "
-                     f"{st.get('unmask_s', 0.0):.3f} | {st.get('decode_s', 0.0):.3f} |")
-    rtf = wall_s / audio_s if audio_s > 0 else float("inf")
-    first, n = stream.first_audio_s, len(stream.chunk_stats)
-    lines += ["", f"**Streamed**: first audio after **{first:.2f} s**" if first is not None
-              else "**Streamed**: no audio", "",
-              f"**{audio_s:.2f} s** of audio in {wall_s:.2f} s: **RTF {rtf:.2f}** "
-              f"· {n} text chunk{'s' if n != 1 else ''} · seed **{seed}**", ""]
-    if estimated is not None:
-        lines += [f"Estimated before the run: first audio after {estimated[0]:.2f} s, all of it "
-                  f"after {estimated[1]:.2f} s.", ""]
-    lines += [
-              "The unmasking view is not available in streaming mode (a stream does not report "
-              "the per-cell fill steps); untick streaming to see it."]
-    return "\n".join(lines)
-
 
 def _progress_hook(progress):
     def on_step(step: int, num_steps: int) -> None:
@@ -309,31 +225,17 @@ def _progress_hook(progress):
     return on_step
 
 
-def _voice_items():
-    """Picker choices per category: [(label, value), ...] with a leading "(any)"."""
-    return {cat: [(NO_PICK, "")] + [(item.label, item.value) for item in items]
-            for cat, items in instruct_vocabulary().items()}
-
-
-def compose_instruct(*picked: str) -> str:
-    """Join the picked attribute values with commas; resolve_instruct unifies the language."""
-    return ", ".join(p for p in picked if p)
-
-
-def check_instruct(instruct: str, text: str = "") -> str:
-    """Markdown telling whether an instruct is valid, and what the model will read."""
-    if not instruct or not instruct.strip():
-        return "No attributes picked: the model will choose a voice (like *Auto voice*)."
-    try:
-        resolved = resolve_instruct(instruct, text or None)
-    except OmniCoreError as exc:
-        return f"⚠ **Invalid instruct.** {exc}"
-    return f"✓ Valid: the model will read the instruct `{resolved}`."
-
-
 # ------------------------------------------------------------------------------------------------
 # What the page opens with on this machine
 # ------------------------------------------------------------------------------------------------
+
+
+def normalization_installed() -> bool:
+    """Whether "Read numbers as words" can work here: the tn extra imports (WeTextProcessing
+    needs pynini, which has no wheel for every Python on PyPI: a Space may lack it)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) for m in ("tn", "pynini", "num2words"))
 
 
 def measure_defaults(model) -> presets.PageDefaults:
@@ -352,19 +254,26 @@ def measure_defaults(model) -> presets.PageDefaults:
 # ------------------------------------------------------------------------------------------------
 
 
+def _warn(notes) -> None:
+    for note in notes:
+        gr.Warning(note, title="Check the clip")
+
+
 def _warn_pace(prompt) -> None:
     """A note when a voice's transcript cannot be what its clip says (it would speak badly)."""
-    problem = prompt.pace_problem()
-    if problem:
-        gr.Warning(problem, title="Check the transcript")
+    seconds = prompt.ref_audio_tokens.shape[-1] / float(FRAME_RATE)
+    _warn([n for n in visitor.clip_notes(seconds, prompt.ref_text) if "transcript" in n])
 
 
 def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAULT_CONCURRENCY,
-               max_queue: int = DEFAULT_MAX_QUEUE, defaults: presets.PageDefaults | None = None
-               ) -> gr.Blocks:
+               max_queue: int = DEFAULT_MAX_QUEUE, defaults: presets.PageDefaults | None = None,
+               max_chars: int = DEFAULT_MAX_CHARS) -> gr.Blocks:
     """The Blocks app for one loaded model (queue configured; call .launch(**launch_options())).
     `defaults` from `measure_defaults`; without them the page opens with the reference's
-    settings and shows no estimate."""
+    settings and shows no estimate. `max_chars`: the page's cap on the text (the library's
+    limit at most)."""
+    text_cap = max(1, min(int(max_chars), limits.MAX_TEXT_CHARS))
+    can_normalize = normalization_installed()
     workdir = Path(tempfile.mkdtemp(prefix="omnicore-demo-"))
     atexit.register(shutil.rmtree, workdir, ignore_errors=True)
     defaults = defaults or presets.PageDefaults()
@@ -387,107 +296,198 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         except Exception:  # noqa: BLE001 - an estimate never stops a run
             return None, None
 
-    def run(progress, **kwargs):
+    board = Board()  # each session's running synthesis, for its Stop button
+
+    def run(progress, run_state=None, **kwargs):
+        """One piece: `synthesize`, its progress per unmasking step; a Stop ends it at the
+        next step (the outputs say so and nothing else changes)."""
         seed = kwargs["seed"]
         work, estimated = planned(False, kwargs["text"],
                                   {k: v for k, v in kwargs.items() if k != "text"})
+        report = _progress_hook(progress) if progress is not None else None
+
+        def on_step(step, total):
+            if run_state is not None:
+                run_state.on_step(step, total)
+            if report is not None:
+                report(step, total)
         t0 = time.perf_counter()
         try:
-            on_step = _progress_hook(progress) if progress is not None else None
             result = model.synthesize(on_step=on_step, **kwargs)[0]
+        except Stopped:
+            return (gr.skip(), gr.skip(), gr.skip(), run_state.report()), gr.skip()
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message, never a trace
-            raise _fail(exc) from None
+            raise _fail(exc, text_cap) from None
         wall_s = time.perf_counter() - t0
         if work is not None:
             tracker.observe(work, result.timings["unmask"], result.timings["decode"])
         return (_outputs(model, result, seed, wall_s, estimated[1] if estimated else None),
                 _keepable(result))
 
-    def run_streamed(progress, text, **kwargs):
-        """Yield every piece of `model.stream` to the streaming player, then the final outputs
-        (audio and waveform from the concatenated pieces; no unmasking view: see the notes)."""
+    def run_streamed(progress, run_state, text, **kwargs):
+        """Yield every piece of `model.stream` to the streaming player ("Piece k of n" on the
+        progress bar), then the final outputs (audio and waveform from the concatenated pieces;
+        no unmasking view: see the notes). A Stop closes the stream: what was made is kept."""
         seed, sr = kwargs["seed"], model.sampling_rate
         work, estimated = planned(True, text, kwargs)
+        n = sum(isinstance(c, str) for c in split_text(text, STREAM_RULE)) or 1
         t0 = time.perf_counter()
         pieces = []
         try:
-            progress(0.0, desc="Streaming")
-            with model.stream(text, rule=STREAM_RULE, **kwargs) as stream:
+            progress((0, n), desc=f"Piece 1 of {n}", unit="pieces")
+            with model.stream(text, rule=STREAM_RULE, on_step=run_state.on_step,
+                              **kwargs) as stream:
+                run_state.on_close(stream.close)
                 for piece in stream:
                     pieces.append(piece)
+                    k = max(len(stream.chunk_stats), 1)
+                    progress((k, n), desc=f"Piece {min(k + 1, n)} of {n}", unit="pieces")
                     yield (gr.skip(), gr.skip(), gr.skip(), gr.skip(), (sr, to_pcm16(piece)),
                            gr.skip())
+        except Stopped:
+            pass  # the stream's worker met the stop at a step: what was made is kept
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message, never a trace
-            raise _fail(exc) from None
+            raise _fail(exc, text_cap) from None
         wall_s = time.perf_counter() - t0
+        audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+        if run_state.asked:
+            yield (((sr, to_pcm16(audio)) if len(audio) else gr.skip()),
+                   render_waveform(audio, sr, width=WAVE_WIDTH) if len(audio) else gr.skip(),
+                   gr.skip(), run_state.report(), gr.skip(), STREAMED_NOT_KEPT)
+            return
         if work is not None:
             stats = stream.chunk_stats
             tracker.observe(work, sum(st["unmask_s"] for st in stats),
                             sum(st["decode_s"] for st in stats))
-        audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-        yield ((sr, to_pcm16(audio)), render_waveform(audio, sr, width=760), None,
-               _stream_timings_markdown(stream, len(audio) / float(sr), seed, wall_s, estimated),
+        yield ((sr, to_pcm16(audio)), render_waveform(audio, sr, width=WAVE_WIDTH), None,
+               stream_timings(stream, len(audio) / float(sr), seed, wall_s, estimated),
                gr.skip(), STREAMED_NOT_KEPT)
 
-    def dispatch(streamed: bool, progress, text, **kwargs):
+    def dispatch(streamed: bool, progress, request, text, **kwargs):
         """The endpoints are generators: one final yield without streaming (the same outputs
         `run` returns, and nothing for the streaming player), one yield per piece with it. The
-        last output is the session's kept-voice state (what "Keep this voice" saves)."""
-        if streamed:
-            if shutil.which("ffmpeg") is None:  # gradio encodes the streamed pieces with it
-                raise gr.Error("Streaming playback needs ffmpeg on the server (apt-get install "
-                               "ffmpeg); untick streaming to get the audio in one piece.",
-                               title="Streaming unavailable", print_exception=False)
-            yield from run_streamed(progress, text, **kwargs)
-        else:  # the streaming player is left alone (given None it shows a paused empty stream)
-            outputs, kept = run(progress, text=text, **kwargs)
-            yield (*outputs, gr.skip(), kept)
+        last output is the session's kept-voice state (what "Keep this voice" saves). The run
+        is on the board under the visitor's session while it goes, for their Stop button."""
+        problem = text_problem(text)
+        if problem:
+            raise gr.Error(problem, title="Check the text", print_exception=False)
+        session = getattr(request, "session_hash", None)
+        run_state = board.start(session)
+        try:
+            if streamed:
+                if shutil.which("ffmpeg") is None:  # gradio encodes the streamed pieces with it
+                    raise gr.Error("Streaming is not available on this server: untick Stream "
+                                   "in the settings.", title="Check the settings",
+                                   print_exception=False)
+                yield from run_streamed(progress, run_state, text, **kwargs)
+            else:  # the streaming player is left alone (given None it shows a paused stream)
+                outputs, kept = run(progress, run_state, text=text, **kwargs)
+                yield (*outputs, gr.skip(), kept)
+        finally:
+            board.end(session, run_state)
+
+    def stop(request: gr.Request):
+        """Stop this session's running synthesis at the engine's next step; say where."""
+        stopped = board.stop(getattr(request, "session_hash", None))
+        return stopped.report() if stopped is not None else "Nothing of yours is running."
+
+    def text_problem(text) -> str | None:
+        """The text's problem in the page's words (empty, or over this page's cap), or None."""
+        if not isinstance(text, str) or not text.strip():
+            return "Type some text to speak."
+        if len(text) > text_cap:
+            return f"The text is too long: at most {text_cap:,} characters here."
+        return None
+
+    def normalize_flag(value) -> bool:
+        if value and not can_normalize:
+            raise gr.Error("Reading numbers as words is not available on this server.",
+                           title="Check the settings", print_exception=False)
+        return bool(value)
+
+    # --- validators: a problem found before the run is shown on its field, once ---
+
+    ok = gr.validate(True, "")
+
+    def _check(problem):
+        return gr.validate(problem is None, problem or "")
+
+    def validate_clone(text, ref_audio, ref_text, voice_prompt_file, *rest):
+        clip = transcript = voice = None
+        if voice_prompt_file:
+            voice = visitor.voice_file_problem(voice_prompt_file)
+        elif not ref_audio:
+            clip = "Add a voice clip (3-10 s of speech) or a voice file."
+        else:
+            if visitor.clip_seconds(ref_audio) is None:
+                clip = "This clip cannot be read: try a WAV, MP3 or FLAC recording."
+            if not (ref_text or "").strip():
+                transcript = "Type what the clip says."
+        return [_check(text_problem(text)), _check(clip), _check(transcript), _check(voice)] + [
+            ok] * len(rest)
+
+    def validate_design(text, instruct, *rest):
+        return [_check(text_problem(text)),
+                _check(visitor.read_instruct(instruct, text)[2])] + [ok] * len(rest)
+
+    def validate_auto(text, *rest):
+        return [_check(text_problem(text))] + [ok] * len(rest)
 
     # --- endpoints: parameter names are what gradio_client users see ---
 
     def clone(text, ref_audio, ref_text, voice_prompt_file, preprocess_prompt, language,
               num_step, guidance_scale, speed, duration, seed, denoise, postprocess_output,
               t_shift, layer_penalty_factor, position_temperature, class_temperature,
-              stream=False, normalize_text=False, profile="exact", progress=gr.Progress()):
+              stream=False, normalize_text=False, profile="exact", request: gr.Request = None,
+              progress=gr.Progress()):
         kwargs = _checked_settings(language, num_step, guidance_scale, speed, duration, seed,
                                    denoise, postprocess_output, t_shift, layer_penalty_factor,
                                    position_temperature, class_temperature, profile)
         if voice_prompt_file:
             if ref_audio:
-                gr.Info("Using the voice prompt file; the reference clip is ignored.")
+                gr.Info("Using the voice file; the voice clip is not used.")
             try:
                 kwargs["voice_clone_prompt"] = VoiceClonePrompt.load(voice_prompt_file)
-                _warn_pace(kwargs["voice_clone_prompt"])
             except Exception as exc:  # noqa: BLE001
                 raise _fail(exc) from None
+            _warn_pace(kwargs["voice_clone_prompt"])
         elif ref_audio:
-            progress(0.0, desc="Encoding the reference clip")
-            kwargs.update(ref_audio=ref_audio, ref_text=ref_text or None,
+            if not (ref_text or "").strip():
+                raise gr.Error("Type what the clip says.", title="Check the transcript",
+                               print_exception=False)
+            _warn(visitor.clip_notes(visitor.clip_seconds(ref_audio), ref_text,
+                                     visitor.spoken_seconds(model, ref_audio, preprocess_prompt)))
+            progress(0.0, desc="Encoding the voice clip")
+            kwargs.update(ref_audio=ref_audio, ref_text=ref_text,
                           preprocess_prompt=bool(preprocess_prompt))
         else:
-            raise gr.Error("Upload or record a reference clip (and type its transcript), or "
-                           "load a voice prompt file.", title="No voice to clone",
-                           print_exception=False)
-        yield from dispatch(stream, progress, text, normalize_text=bool(normalize_text), **kwargs)
+            raise gr.Error("Add a voice clip (3-10 s of speech) or a voice file.",
+                           title="Check the clip", print_exception=False)
+        yield from dispatch(stream, progress, request, text,
+                            normalize_text=normalize_flag(normalize_text), **kwargs)
 
     def design(text, instruct, language, num_step, guidance_scale, speed, duration, seed,
                denoise, postprocess_output, t_shift, layer_penalty_factor,
                position_temperature, class_temperature, stream=False, normalize_text=False,
-               profile="exact", progress=gr.Progress()):
+               profile="exact", request: gr.Request = None, progress=gr.Progress()):
         kwargs = _checked_settings(language, num_step, guidance_scale, speed, duration, seed,
                                    denoise, postprocess_output, t_shift, layer_penalty_factor,
                                    position_temperature, class_temperature, profile)
-        yield from dispatch(stream, progress, text, instruct=instruct or None,
-                            normalize_text=bool(normalize_text), **kwargs)
+        read, _, problem = visitor.read_instruct(instruct, text)
+        if problem:
+            raise gr.Error(problem, title="Check the description", print_exception=False)
+        yield from dispatch(stream, progress, request, text, instruct=read,
+                            normalize_text=normalize_flag(normalize_text), **kwargs)
 
     def auto(text, language, num_step, guidance_scale, speed, duration, seed, denoise,
              postprocess_output, t_shift, layer_penalty_factor, position_temperature,
              class_temperature, stream=False, normalize_text=False, profile="exact",
-             progress=gr.Progress()):
+             request: gr.Request = None, progress=gr.Progress()):
         kwargs = _checked_settings(language, num_step, guidance_scale, speed, duration, seed,
                                    denoise, postprocess_output, t_shift, layer_penalty_factor,
                                    position_temperature, class_temperature, profile)
-        yield from dispatch(stream, progress, text, normalize_text=bool(normalize_text), **kwargs)
+        yield from dispatch(stream, progress, request, text,
+                            normalize_text=normalize_flag(normalize_text), **kwargs)
 
     def save_prompt(prompt, stem: str) -> str:
         """A voice prompt as a new .npz in this demo's folder (offered for download)."""
@@ -532,8 +532,8 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         *values, stream, normalize_text, profile = settings
         try:
             kwargs = _settings(*values, profile)
-        except OmniCoreError as exc:
-            return (presets.describe(None, None, 0, str(exc)),) * 3
+        except OmniCoreError:  # the run says what is wrong, on its field: not here again
+            return ("",) * 3
         kwargs["normalize_text"] = bool(normalize_text)
         steps, rate, load = kwargs["num_step"], tracker.rate, presets.machine_load()
 
@@ -541,21 +541,21 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
             try:
                 work = presets.planned_work(model, text, streamed=bool(stream), rule=STREAM_RULE,
                                             **voice, **kwargs)
-            except OmniCoreError as exc:
-                return presets.describe(rate, None, steps, str(exc))
+            except OmniCoreError:
+                return ""
             return presets.describe(rate, work, steps, load=load)
 
         if voice_file:
             try:
                 clone = line(clone_text, voice_clone_prompt=VoiceClonePrompt.load(voice_file))
-            except OmniCoreError as exc:
-                clone = presets.describe(rate, None, steps, str(exc))
+            except OmniCoreError:
+                clone = ""
         elif ref_audio:
             clone = line(clone_text, ref_audio=ref_audio, ref_text=ref_text or None)
         else:
-            clone = presets.describe(rate, None, steps, "upload a reference clip (or a voice "
-                                     "prompt file).")
-        return clone, line(design_text, instruct=instruct or None), line(auto_text)
+            clone = ""
+        described = visitor.read_instruct(instruct, design_text)[0]
+        return clone, line(design_text, instruct=described), line(auto_text)
 
     def example_outputs(text, **voice):
         """An example as the page makes it with its defaults, in one piece (so that the
@@ -576,52 +576,47 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         return example_outputs(text, ref_audio=ref_audio, ref_text=ref_text)
 
     is_random = "random" in str(model_name).lower()
+    text_label = f"Text to speak (up to {text_cap:,} characters)"
+
+    def text_box(elem_id: str, value: str) -> gr.Textbox:
+        return gr.Textbox(value=value, label=text_label, lines=3, elem_id=elem_id,
+                          max_length=text_cap)
+
+    def go_and_stop(kind: str) -> tuple[gr.Button, gr.Button]:
+        with gr.Row():
+            go = gr.Button("Generate", variant="primary", elem_id=f"{kind}-go", scale=3)
+            halt = gr.Button("Stop", variant="stop", elem_id=f"{kind}-stop", scale=1,
+                             min_width=80)
+        return go, halt
+
     with gr.Blocks(title="omnicore · OmniVoice TTS", analytics_enabled=False,
                    delete_cache=(3600, 7200)) as demo:
-        gr.Markdown(INTRO)
-        gr.Markdown(f"Model: `{model_name}` · {model.sampling_rate} Hz"
-                    + (" · ⚠️ **random smoke-test weights: the audio is noise**, the pictures "
-                       "still show how decoding works." if is_random else ""))
+        gr.Markdown(INTRO, elem_id="intro")
+        if is_random:
+            gr.Markdown("⚠️ **Random smoke-test weights: the audio is noise**; the pictures still "
+                        "show how decoding works.", elem_classes=["omni-note"])
+        with gr.Accordion("How it works", open=False, elem_id="how-it-works"):
+            gr.Markdown(HOW_IT_WORKS)
+            gr.Markdown(PAUSE_HELP)
+            gr.Markdown(f"Model: `{model_name}` · {model.sampling_rate} Hz")
         with gr.Row(equal_height=False):
             with gr.Column(scale=5):
-                with gr.Tabs():
-                    with gr.Tab("Voice clone", id="clone") as clone_tab:
-                        clone_text = gr.Textbox(label="Text to speak", lines=3, info=PAUSE_HELP,
-                                                elem_id="clone-text",
-                                                max_length=limits.MAX_TEXT_CHARS,
-                                                value="This is my voice, cloned from a short clip.")
-                        with gr.Row():
-                            # Short labels: gradio draws them over the upload area.
-                            ref_audio = gr.Audio(label="Reference clip",
-                                                 sources=["upload", "microphone"],
-                                                 type="filepath", elem_id="ref-audio")
-                            with gr.Column():
-                                ref_text = gr.Textbox("", label="Transcript of the reference clip",
-                                                      lines=3, elem_id="ref-text",
-                                                      max_length=limits.MAX_REF_TEXT_CHARS,
-                                                      info="Required: omnicore has no speech "
-                                                           "recogniser.")
-                                preprocess = gr.Checkbox(GEN.preprocess_prompt,
-                                                         label="Clean up the clip (trim "
-                                                               "silences, normalise loudness)")
-                        with gr.Row():
-                            voice_file = gr.File(label="Voice prompt file",
-                                                 file_types=[".npz", ".pt"], elem_id="voice-file")
-                            save_voice = gr.Button("Save the clip as a voice prompt",
-                                                   elem_id="save-voice")
-                        gr.Markdown(f"The clip: 3-10 s of clean speech (at most "
-                                    f"{limits.MAX_REF_S:g} s). A voice prompt file (.npz, or a "
-                                    ".pt saved by omnivoice) is used instead of the clip when set.",
-                                    elem_classes=["omni-note"])
-                        clone_wait = gr.Markdown(elem_id="clone-estimate")
-                        clone_btn = gr.Button("Generate", variant="primary", elem_id="clone-go")
+                with gr.Tabs(selected="auto"):
+                    with gr.Tab("Auto voice", id="auto") as auto_tab:
+                        auto_text = text_box("auto-text", "Hello! Nobody told me what to sound "
+                                             "like, so I picked a voice myself.")
+                        auto_wait = gr.Markdown(elem_id="auto-estimate")
+                        auto_btn, auto_stop = go_and_stop("auto")
                     with gr.Tab("Voice design", id="design") as design_tab:
-                        design_text = gr.Textbox(label="Text to speak", lines=3, info=PAUSE_HELP,
-                                                 elem_id="design-text",
-                                                 max_length=limits.MAX_TEXT_CHARS,
-                                                 value="Good evening. Here is tonight's forecast.")
+                        design_text = text_box("design-text",
+                                               "Good evening. Here is tonight's forecast.")
+                        instruct = gr.Textbox("", label="Voice (pick below, or describe it in "
+                                              "a few words)", elem_id="instruct",
+                                              placeholder="e.g. female, british accent; or: "
+                                                          "a calm old man with a deep voice")
+                        instruct_line = gr.Markdown("", elem_id="instruct-status")
                         pickers = []
-                        items = _voice_items()
+                        items = visitor.picker_items()
                         notes = {"accent": "English speech only", "dialect": "Chinese speech only"}
                         cats = list(items)
                         for row in (cats[:3], cats[3:]):
@@ -629,56 +624,68 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                 for cat in row:
                                     pickers.append(gr.Dropdown(
                                         items[cat], value="", label=cat.capitalize(),
-                                        info=notes.get(cat), elem_id=f"pick-{cat}"))
-                        instruct = gr.Textbox("", label="Instruct (composed from the pickers; "
-                                              "you may edit it)", elem_id="instruct",
-                                              placeholder="e.g. female, young adult, "
-                                                          "british accent")
-                        instruct_status = gr.Markdown(check_instruct(""), elem_id="instruct-status")
+                                        info=notes.get(cat), elem_id=f"pick-{cat}",
+                                        elem_classes=["omni-picker"], min_width=150))
                         design_wait = gr.Markdown(elem_id="design-estimate")
-                        design_btn = gr.Button("Generate", variant="primary", elem_id="design-go")
-                    with gr.Tab("Auto voice", id="auto") as auto_tab:
-                        auto_text = gr.Textbox(label="Text to speak", lines=3, elem_id="auto-text",
-                                               info=PAUSE_HELP,
-                                               max_length=limits.MAX_TEXT_CHARS,
-                                               value="Hello! Nobody told me what to sound like, "
-                                                     "so I picked a voice myself.")
-                        gr.Markdown("No reference and no instruct: the model invents a voice. "
-                                    "Fix the seed to get the same voice again.")
-                        auto_wait = gr.Markdown(elem_id="auto-estimate")
-                        auto_btn = gr.Button("Generate", variant="primary", elem_id="auto-go")
+                        design_btn, design_stop = go_and_stop("design")
+                    with gr.Tab("Voice clone", id="clone") as clone_tab:
+                        clone_text = text_box("clone-text",
+                                              "This is my voice, cloned from a short clip.")
+                        with gr.Row():
+                            # Short labels: gradio draws them over the upload area.
+                            ref_audio = gr.Audio(label="Voice clip",
+                                                 sources=["upload", "microphone"],
+                                                 type="filepath", elem_id="ref-audio")
+                            with gr.Column():
+                                ref_text = gr.Textbox("", label="What the clip says",
+                                                      lines=3, elem_id="ref-text",
+                                                      max_length=limits.MAX_REF_TEXT_CHARS)
+                                preprocess = gr.Checkbox(GEN.preprocess_prompt,
+                                                         label="Clean up the clip (trim "
+                                                               "silences, even out loudness)")
+                        gr.Markdown("The clip: 3-10 s of clean speech. A voice file (.npz, saved "
+                                    "here, or a .pt saved by omnivoice) is used instead when set.",
+                                    elem_classes=["omni-note"])
+                        with gr.Row():
+                            voice_file = gr.File(label="Voice file",
+                                                 file_types=[".npz", ".pt"], elem_id="voice-file")
+                            save_voice = gr.Button("Save the clip as a voice file",
+                                                   elem_id="save-voice")
+                        clone_wait = gr.Markdown(elem_id="clone-estimate")
+                        clone_btn, clone_stop = go_and_stop("clone")
 
-                with gr.Accordion("Settings", open=True):
-                    language = gr.Dropdown([("Auto (from the text)", AUTO_LANGUAGE)]
-                                           + language_choices(), value=AUTO_LANGUAGE,
-                                           label=f"Language ({len(language_choices())} "
-                                                 "supported; type to search)",
-                                           filterable=True, elem_id="language")
+                with gr.Accordion("Settings", open=False, elem_id="settings"):
+                    languages = visitor.language_choices()
+                    language = gr.Dropdown([("Auto (from the text)", AUTO_LANGUAGE)] + languages,
+                                           value=AUTO_LANGUAGE,
+                                           label=f"Language ({len(languages)}; type a name, "
+                                                 "native name or code)",
+                                           filterable=True, elem_id="language",
+                                           elem_classes=["omni-picker"])
                     steps_of = ", ".join(f"{name} {n}" for name, n in presets.PRESETS.items())
                     preset = gr.Radio(list(presets.PRESETS) + [presets.APPROXIMATE],
-                                      value=defaults.preset, label="Speed", elem_id="preset",
+                                      value=defaults.preset, label="Quality", elem_id="preset",
                                       info=f"Unmasking steps: {steps_of} (the reference's "
                                            "default). Fewer steps: sooner, a little rougher. "
-                                           f"{presets.APPROXIMATE}: 16 steps of the fast profile, "
-                                           "approximate.")
-                    profile = gr.Radio([("Exact", "exact"), ("Fast (approximate)", "fast")],
+                                           f"{presets.APPROXIMATE}: 16 steps of the fast "
+                                           "profile.")
+                    profile = gr.Radio([("Exact", "exact"), (presets.APPROXIMATE, "fast")],
                                        value="exact", label="Profile", elem_id="profile",
-                                       info="Fast reuses the prompt's keys and values and the "
-                                            "unconditional pass between refresh steps: faster, "
-                                            "and an approximation whose effect on speech has "
-                                            "not been measured here (docs/performance.md).")
+                                       info="The fast profile reuses the prompt's keys and "
+                                            "values and the unconditional pass between refresh "
+                                            "steps: faster, and an approximation.")
                     with gr.Row():
                         num_step = gr.Slider(1, 64, value=presets.PRESETS[defaults.preset],
                                              step=1, label="Unmasking steps", elem_id="steps")
                         guidance = gr.Slider(0.0, 5.0, value=GEN.guidance_scale, step=0.1,
-                                             label="Guidance scale (classifier-free)")
+                                             label="Guidance (classifier-free)")
                     with gr.Row():
-                        speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05,
-                                          label="Speed (when the duration is estimated)")
+                        speed = gr.Slider(0.5, 2.0, value=1.0, step=0.05, elem_id="speed",
+                                          label="Speed (speaking rate)")
                         # The API's limits: the whole output, and one unmasking pass (a
                         # sentence is never cut, so a short text is one pass).
-                        duration = gr.Number(0, label="Fixed duration in seconds (0 = estimate "
-                                             "from the text)", minimum=0,
+                        duration = gr.Number(0, label="Fixed duration in seconds (0 = from the "
+                                             "text; overrides Speed)", minimum=0,
                                              maximum=limits.MAX_DURATION_S,
                                              info=f"At most {limits.MAX_PASS_S:g} s per "
                                                   "sentence; longer text is cut at sentence "
@@ -686,23 +693,22 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                     with gr.Row():
                         seed = gr.Number(-1, precision=0, label="Seed (-1 = random)",
                                          elem_id="seed")
-                        denoise = gr.Checkbox(GEN.denoise, label="Denoise (clone mode)")
+                        denoise = gr.Checkbox(GEN.denoise, label="Denoise (voice clone)")
                         postprocess = gr.Checkbox(GEN.postprocess_output,
                                                   label="Post-process (trim, fades)")
-                    streamed = gr.Checkbox(defaults.streamed,
-                                           label="Stream the audio as it is generated",
+                    streamed = gr.Checkbox(defaults.streamed, label="Stream",
                                            elem_id="stream",
-                                           info="Plays in the streaming player while the rest "
-                                                "is made (text cut into chunks); no unmasking "
-                                                "view in this mode.")
-                    normalized = gr.Checkbox(False, label="Read numbers as words (text "
-                                             "normalisation)", elem_id="normalize-text",
+                                           info="Play the audio while the rest is made (the "
+                                                "text is cut into pieces); the unmasking view "
+                                                "needs a run in one piece.")
+                    normalized = gr.Checkbox(False, label="Read numbers as words",
+                                             elem_id="normalize-text", visible=can_normalize,
                                              info="'$45.50 on 5 Jan 2024' -> 'forty five point "
-                                                  "five dollars on ...'; needs the tn extra.")
+                                                  "five dollars on ...'")
                     with gr.Accordion("Unmasking knobs", open=False):
                         with gr.Row():
                             t_shift = gr.Slider(0.01, 1.0, value=GEN.t_shift, step=0.01,
-                                                label="t_shift (schedule: small = slow start)")
+                                                label="Schedule shift (small = slow start)")
                             layer_penalty = gr.Slider(0.0, 20.0, step=0.5,
                                                       value=GEN.layer_penalty_factor,
                                                       label="Layer penalty")
@@ -731,6 +737,9 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                       label="Timings", elem_id="timings")
 
         gr.Markdown("## Unmasking view")
+        gr.Markdown("Drawn for a run made in one piece: untick *Stream* in the settings and "
+                    "generate again to see it.", elem_id="unmasking-note",
+                    elem_classes=["omni-note"])
         unmask_img = gr.Image(label="Unmasking view", type="numpy",
                               format="png", interactive=False, show_label=False,
                               elem_id="unmasking-view",
@@ -738,6 +747,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         gr.Markdown(UNMASKING_CAPTION)
         gr.Markdown(f"Requests are queued: {concurrency} synthesis at a time, up to {max_queue} "
                     "waiting; your place in the queue shows on the output while you wait. "
+                    f"Texts up to {text_cap:,} characters here. "
                     "Model weights: OmniVoice (CC-BY-NC 4.0) and the Higgs Audio V2 codec "
                     "(Boson community licence), downloaded from the Hugging Face Hub.",
                     elem_classes=["omni-footer"])
@@ -748,51 +758,65 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         outputs = [audio_out, wave_img, unmask_img, timings, stream_out, last_voice]
         synth = dict(concurrency_limit=concurrency, concurrency_id=SYNTHESIS_GROUP)
         clone_btn.click(clone, [clone_text, ref_audio, ref_text, voice_file, preprocess, *settings],
-                        outputs, api_name="clone", **synth)
+                        outputs, api_name="clone", validator=validate_clone, **synth)
         design_btn.click(design, [design_text, instruct, *settings], outputs, api_name="design",
-                         **synth)
-        auto_btn.click(auto, [auto_text, *settings], outputs, api_name="auto", **synth)
+                         validator=validate_design, **synth)
+        auto_btn.click(auto, [auto_text, *settings], outputs, api_name="auto",
+                       validator=validate_auto, **synth)
         save_voice.click(make_voice_prompt, [ref_audio, ref_text, preprocess], voice_file,
                          api_name="make_voice_prompt", **synth)
 
         # Cheap UI helpers run outside the synthesis group, so they stay instant under load.
         quick = dict(concurrency_limit=None, show_progress="hidden")
         private = dict(api_visibility="private", **quick)
+        # Stop: outside the queue, so it never waits behind the run it stops, nor is refused
+        # when the queue is full.
+        for i, halt in enumerate((auto_stop, design_stop, clone_stop)):
+            halt.click(stop, None, timings, queue=False,
+                       **(dict(api_name="stop", **quick) if i == 0 else private))
+        for go in (auto_btn, design_btn, clone_btn):  # on a phone the output is below
+            go.click(None, js=SCROLL_TO_OUTPUT, **private)
         keep_btn.click(keep_voice, [last_voice], voice_file, api_name="keep_voice", **quick)
         for picker in pickers:
-            picker.change(compose_instruct, pickers, instruct, api_visibility="private", **quick)
-        instruct.change(check_instruct, [instruct, design_text], instruct_status,
-                        api_name="check_instruct", **quick)
-        design_text.change(check_instruct, [instruct, design_text], instruct_status,
-                           api_visibility="private", **quick)
+            picker.change(visitor.compose_instruct, pickers, instruct, **private)
+        # The description's line says what was understood; a problem shows on the field itself
+        # (the validator), live and again on Generate, in one place. API callers ask
+        # /check_instruct for either.
+        gr.api(visitor.check_instruct, api_name="check_instruct")
+        described = [instruct.change, design_text.change]
+        gr.on(described, visitor.instruct_status, [instruct, design_text], instruct_line,
+              **private)
+        gr.on(described, lambda i, t: None, [instruct, design_text], None, **private,
+              validator=lambda i, t: [_check(visitor.read_instruct(i, t)[2]), ok])
 
         streamed.change(lambda on: gr.update(visible=bool(on)), streamed, stream_out, **private)
-        # Speed presets set the steps and the profile; settings no preset has clear the preset.
+        # Quality presets set the steps and the profile; settings no preset has clear the preset.
         preset.input(presets.preset_settings, preset, [num_step, profile], **private)
         for knob in (num_step, profile):
             knob.input(presets.preset_of, [num_step, profile], preset, **private)
 
-        # The wait, estimated as the inputs change (tokenising the text: cheap, never queued).
+        # The wait, estimated as the inputs change (tokenising the text: cheap). Outside the
+        # queue: a keystroke each, they would fill it while a clip is read for every one.
         if measured:
             tab_inputs = [clone_text, ref_audio, ref_text, voice_file, design_text, instruct,
                           auto_text]
             gr.on([c.change for c in tab_inputs + settings] + [demo.load], waits,
                   tab_inputs + settings, [clone_wait, design_wait, auto_wait],
-                  trigger_mode="always_last", **private)
+                  trigger_mode="always_last", queue=False, **private)
 
         # Examples: made once at start-up with the page's defaults, then played from the cache.
         shown = [audio_out, wave_img, unmask_img, timings]
         cache = dict(cache_examples=measured, cache_mode="eager")
+        with auto_tab:
+            gr.Examples(AUTO_EXAMPLES, [auto_text], shown, example_auto, label="Examples",
+                        elem_id="auto-examples", **cache)
+        with design_tab:
+            gr.Examples(DESIGN_EXAMPLES, [design_text, instruct], shown, example_design,
+                        label="Examples", elem_id="design-examples", **cache)
         with clone_tab:
             gr.Examples(CLONE_EXAMPLES, [clone_text, ref_audio, ref_text], shown, example_clone,
                         label="Example (a synthetic espeak-ng voice)", elem_id="clone-examples",
                         **cache)
-        with design_tab:
-            gr.Examples(DESIGN_EXAMPLES, [design_text, instruct], shown, example_design,
-                        label="Examples", elem_id="design-examples", **cache)
-        with auto_tab:
-            gr.Examples(AUTO_EXAMPLES, [auto_text], shown, example_auto, label="Examples",
-                        elem_id="auto-examples", **cache)
 
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
     return demo
@@ -803,7 +827,7 @@ def launch_options() -> dict:
     theme = gr.themes.Soft(primary_hue="violet", secondary_hue="teal",
                            font=["ui-sans-serif", "system-ui", "sans-serif"],
                            font_mono=["ui-monospace", "monospace"])
-    return dict(theme=theme, css=CSS)
+    return dict(theme=theme, css=CSS, head=HEAD)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -821,9 +845,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-queue", type=int,
                    default=int(os.environ.get("OMNICORE_DEMO_MAX_QUEUE", DEFAULT_MAX_QUEUE)),
                    help="requests that may wait in the queue (default 16)")
+    p.add_argument("--max-chars", type=int,
+                   default=int(os.environ.get("OMNICORE_DEMO_MAX_CHARS", DEFAULT_MAX_CHARS)),
+                   help=f"longest text the page takes (default {DEFAULT_MAX_CHARS:,}, for a "
+                        f"public page; at most the library's {limits.MAX_TEXT_CHARS:,})")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip timing the model at start-up (it compiles the kernels, sets the "
-                        "speed preset and the estimates, and makes the examples): the page "
+                        "quality preset and the estimates, and makes the examples): the page "
                         "opens with the reference's settings")
     return p.parse_args(argv)
 
@@ -849,7 +877,8 @@ def main(argv=None) -> int:
     except OmniCoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    demo = build_demo(model, args.model, args.concurrency, args.max_queue, defaults)
+    demo = build_demo(model, args.model, args.concurrency, args.max_queue, defaults,
+                      args.max_chars)
     make_examples(demo)
     demo.launch(server_name=args.host, server_port=args.port, **launch_options())
     return 0

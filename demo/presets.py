@@ -1,4 +1,4 @@
-"""Speed presets, and how long a visitor will wait, said before anything runs.
+"""Quality presets (unmasking steps), and how long a visitor will wait, said before it runs.
 
     PRESETS                      "Fast" / "Balanced" / "Best": a step count each (`num_step`, the
                                  reference's own setting; Best = its default, 32)
@@ -51,7 +51,7 @@ from omnicore.text import limits, planner
 _BEST = GenerationConfig().num_step
 PRESETS = {"Fast": _BEST // 4, "Balanced": _BEST // 2, "Best": _BEST}
 # The fast profile at its own settings: approximate, and said so wherever it is offered.
-APPROXIMATE = "Approximate (fast profile)"
+APPROXIMATE = "Fast profile (approximate)"
 GOAL_S = 15.0  # a visitor should hear something within this long
 # The estimate is trusted to +-30 %; a preset is chosen when its estimate leaves that much room.
 HEADROOM = 1.3

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -75,8 +76,14 @@ def test_the_build_is_exactly_the_space(space):
     assert set(tree) == {"README.md", "requirements.txt"} | demo | examples | package
     for rel in package:
         assert tree[rel] == (ROOT / rel).read_bytes(), rel
-    for name in demo | examples | {"README.md"}:
+    for name in demo | examples:
         assert tree[name] == (ROOT / "demo" / name).read_bytes(), name
+    # the card, less the screenshots the repository keeps (they exist there; the Space has none)
+    card = (ROOT / "demo" / "README.md").read_text(encoding="utf-8")
+    shots = re.findall(r"\]\((screenshots/[^)]+)\)", card)
+    assert shots and all((ROOT / "demo" / shot).is_file() for shot in shots)
+    assert tree["README.md"].decode("utf-8") == build_space.without_screenshots(card)
+    assert "screenshots/" not in tree["README.md"].decode("utf-8")
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = project["dependencies"] + project["optional-dependencies"]["demo"]

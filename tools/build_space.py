@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -149,6 +150,15 @@ def gpu_card(readme: str) -> str:
     return "---\n" + "\n".join(head + [f"suggested_hardware: {GPU_HARDWARE}"]) + readme[meta_end:]
 
 
+SCREENSHOTS = re.compile(r"<!-- screenshots.*?<!-- /screenshots -->\n?", re.S)
+
+
+def without_screenshots(readme: str) -> str:
+    """The card less its screenshots block: the pictures stay in the repository (a Space
+    takes binary files only through LFS, and the build ships none)."""
+    return SCREENSHOTS.sub("", readme)
+
+
 def plan(root: Path = ROOT, gpu: str | None = None) -> dict[str, bytes]:
     """Every file of the Space: relative path -> contents (`gpu`: see `requirements`)."""
     demo = root / "demo"
@@ -157,7 +167,7 @@ def plan(root: Path = ROOT, gpu: str | None = None) -> dict[str, bytes]:
     check_card(readme, reqs, demo)
     if gpu is not None:
         readme = gpu_card(readme)
-    files = {"README.md": readme.encode("utf-8")}
+    files = {"README.md": without_screenshots(readme).encode("utf-8")}
     for module in sorted(demo.glob("*.py")):
         files[module.name] = module.read_bytes()
     for example in sorted((demo / "examples").glob("*")):
