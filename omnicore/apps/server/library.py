@@ -27,6 +27,7 @@ Dimensions: a prompt's codes are [C, T] (C codebooks, T frames).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -216,6 +217,10 @@ class VoiceLibrary:
         self._thread_lock = threading.Lock()
         self._cache_lock = threading.Lock()
         self._cache: dict[str, tuple[tuple, object]] = {}  # name -> (its file's stat, prompt)
+        # Voice prompts asked for (`get` of an existing voice) and parsed from their files, by
+        # name: what /metrics reports as the prompt cache's hit rate (once per process per file).
+        self.lookups: collections.Counter = collections.Counter()
+        self.loads: collections.Counter = collections.Counter()
         self._making: dict[str, threading.Lock] = {}
         with self._locked():
             self.removed_temporaries = writers.remove_stale_temporaries(
@@ -334,6 +339,7 @@ class VoiceLibrary:
             key = (ext, st.st_ino, st.st_mtime_ns, st.st_size)
             with self._cache_lock:
                 hit = self._cache.get(name)
+                self.lookups[name] += 1
             if hit is not None and hit[0] == key:
                 return hit[1]
             try:
@@ -343,6 +349,7 @@ class VoiceLibrary:
                 continue
             with self._cache_lock:
                 self._cache[name] = (key, prompt)
+                self.loads[name] += 1
             return prompt
         with self._cache_lock:
             self._cache.pop(name, None)

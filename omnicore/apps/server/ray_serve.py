@@ -1,0 +1,406 @@
+"""`omnicore serve --ray [ADDRESS]`: the same HTTP server as a Ray Serve application, its
+replicas each owning a model and its engine, requests for one voice sent to the replicas that
+hold it.
+
+    Serve's proxy (every node) -> Front (the ingress: reads the body, finds the voice)
+        -> Speaker replica (handle.options(multiplexed_model_id=voice, stream=True))
+           -> create_app(ServerState): the routes of `omnicore serve`, run on the request's
+              ASGI scope and body; its ASGI messages stream back through Front to the proxy
+
+Front is a relay of a few lines (num_cpus 0): every route is `omnicore serve`'s own, run by a
+Speaker. Clients (the OpenAI SDK) never send Serve's `serve_multiplexed_model_id` header, so
+Front reads the speech body's `voice` and routes on it with `serve.multiplexed`: a Speaker keeps
+the voices it served (Speaker.prompt, the library's prompt cache underneath), and Serve sends a
+voice to a replica that holds it. The voices folder stays the one library, written atomically
+under its lock (library.py): on several nodes it must be a folder every node sees.
+
+Faults: a Speaker lost before the response started is a 503 the client can retry (Serve sends
+new requests to live replicas); one lost mid-stream aborts the connection, so the client's read
+fails (a raw or SSE stream is never closed as if it were complete). A Speaker that cannot load
+the model fails the deployment, reported by the command at start-up.
+
+Not through Serve: the WebSocket (a Serve handle streams one way only; Front refuses it with
+1013 "try again later" and a reason), the connections' clocks of runtime.py (Serve's proxy has
+its own), the demo at /ui.
+
+Ray is imported only here, when `--ray` is given (the `ray` extra, which includes Serve).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import threading
+
+from ...errors import ConfigError, InputError
+
+APP = "omnicore"
+TALLY = "omnicore-voice-tally"
+INSTALL = "pip install 'omnicore[ray]'"
+# Conversations one replica carries at once, as the autoscaler's target (Serve's
+# target_ongoing_requests): a GPU's measured batch (docs/performance.md, NVIDIA H200: 8 at
+# once), else the replica's cores over the cores one conversation needs to play without gaps
+# (docs/performance.md, "Sizing"), at least 1.
+GPU_CONVERSATIONS = 8
+CORES_PER_CONVERSATION = {"exact": 46, "fast": 10, "live": 10}
+# ASGI messages a Speaker runs ahead of its relay: a stream is paced by its reader.
+AHEAD = 8
+OBJECT_STORE_BYTES = 256 * 1024 ** 2
+VOICE_SLOTS = 64  # voices a Speaker keeps for routing (serve.multiplexed's LRU)
+log = logging.getLogger("omnicore.serve")
+
+
+def import_serve():
+    """(ray, ray.serve), or ConfigError naming the extra, in one line."""
+    try:
+        import ray
+        from ray import serve
+    except ImportError as exc:
+        raise ConfigError(f"--ray needs Ray Serve, which is not installed ({exc}); install the "
+                          f"extra: {INSTALL}") from None
+    return ray, serve
+
+
+def parse_autoscale(spec: str | None) -> tuple[int, int] | None:
+    """'MIN:MAX' -> (MIN, MAX), 1 <= MIN <= MAX (MIN 0 would make the first request wait for a
+    model to load)."""
+    if spec is None:
+        return None
+    lo, sep, hi = spec.partition(":")
+    if not (sep and lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi)):
+        raise InputError(f"--autoscale wants MIN:MAX replicas with 1 <= MIN <= MAX, got {spec!r}")
+    return int(lo), int(hi)
+
+
+def target_ongoing(profile: str, cpus: float, gpus: float) -> int:
+    """Requests per replica the autoscaler aims at (see GPU_CONVERSATIONS)."""
+    if gpus > 0:
+        return GPU_CONVERSATIONS
+    return max(1, int(cpus // CORES_PER_CONVERSATION[profile]))
+
+
+def wire_scope(scope: dict) -> dict:
+    """An HTTP request's ASGI scope, with what a Speaker's app reads, for the handle call."""
+    keep = ("type", "asgi", "http_version", "method", "scheme", "path", "raw_path",
+            "query_string", "headers", "client", "server")
+    out = {k: scope[k] for k in keep if k in scope}
+    out["root_path"] = ""  # the routes are at /, whatever prefix Serve mounted
+    out["headers"] = [(bytes(k), bytes(v)) for k, v in scope.get("headers", ())]
+    return out
+
+
+def voice_of(scope: dict, body: bytes) -> str:
+    """The voice a speech request names ("" for any other request, or a body that is not
+    JSON: the route answers it)."""
+    if scope.get("method") != "POST" or scope.get("path") != "/v1/audio/speech":
+        return ""
+    try:
+        voice = json.loads(body).get("voice")
+    except (ValueError, AttributeError):
+        return ""
+    if isinstance(voice, dict):
+        voice = voice.get("id")
+    return voice if isinstance(voice, str) and 0 < len(voice) <= 128 else ""
+
+
+def json_response(status: int, message: str, code: str) -> list[dict]:
+    from .protocol import error_body
+
+    body = json.dumps(error_body(status, message, None, code)).encode()
+    return [{"type": "http.response.start", "status": status,
+             "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")]},
+            {"type": "http.response.body", "body": body}]
+
+
+class VoiceTally:
+    """The cluster's voice affinity (a named Ray actor, no CPU): each Speaker reports, per
+    voice, the requests it served and how often its library parsed that voice's file."""
+
+    def __init__(self):
+        self.rows: dict[tuple[str, str], tuple[int, int]] = {}  # (replica, voice) -> (req, loads)
+        self.replicas: dict[str, tuple[str, int]] = {}  # replica -> (node, pid)
+
+    def hello(self, replica: str, node: str, pid: int) -> None:
+        self.replicas[replica] = (node, pid)
+
+    def served(self, replica: str, voice: str, requests: int, loads: int) -> None:
+        self.rows[(replica, voice)] = (requests, loads)
+
+    def text(self) -> str:
+        """Prometheus text: per replica and voice, requests and loads, and the hit rate."""
+        out = ["# HELP omnicore_cluster_voice_requests speech requests with a voice, by the "
+               "replica that served them", "# TYPE omnicore_cluster_voice_requests gauge"]
+        out += [f'omnicore_cluster_voice_requests{{replica="{r}",voice="{v}"}} {n}'
+                for (r, v), (n, _) in sorted(self.rows.items())]
+        out += ["# HELP omnicore_cluster_voice_prompt_loads a voice's prompt parsed from its "
+                "file, by replica (at most once per replica while the file is unchanged)",
+                "# TYPE omnicore_cluster_voice_prompt_loads gauge"]
+        out += [f'omnicore_cluster_voice_prompt_loads{{replica="{r}",voice="{v}"}} {n}'
+                for (r, v), (_, n) in sorted(self.rows.items())]
+        requests = sum(n for n, _ in self.rows.values())
+        loads = sum(n for _, n in self.rows.values())
+        out += ["# HELP omnicore_cluster_voice_hit_rate requests whose replica held the voice's "
+                "prompt already: 1 - loads / requests", "# TYPE omnicore_cluster_voice_hit_rate "
+                "gauge", f"omnicore_cluster_voice_hit_rate {1 - loads / requests if requests else 0}"]
+        out += ["# HELP omnicore_cluster_replica a Speaker replica that started (node, pid)",
+                "# TYPE omnicore_cluster_replica gauge"]
+        out += [f'omnicore_cluster_replica{{replica="{r}",node="{n}",pid="{p}"}} 1'
+                for r, (n, p) in sorted(self.replicas.items())]
+        return "\n".join(out) + "\n"
+
+
+class Speaker:
+    """One replica: the model, its engine and `omnicore serve`'s app over them. Built by Serve
+    (serve.deployment(Speaker)); its thread count is in its environment (cluster.actor_env)."""
+
+    def __init__(self, model: str, state: dict, precision: str, profile: str):
+        import ray
+        from ray import serve
+
+        from . import log_model, server_state
+        from .app import create_app
+
+        self.server = server_state(model, precision, profile, **state)
+        self.app = create_app(self.server)
+        self.server.warm_up(log)  # compiled before the replica takes a request
+        ctx = serve.get_replica_context()
+        self.replica = getattr(ctx, "replica_id", None)
+        self.replica = getattr(self.replica, "unique_id", None) or str(ctx.replica_tag)
+        self.served: dict[str, int] = {}
+        try:
+            self.tally = ray.get_actor(TALLY, namespace=APP)
+            self.tally.hello.remote(self.replica, ray.util.get_node_ip_address(), os.getpid())
+        except ValueError:  # no tally (deployed by hand): the replica serves without it
+            self.tally = None
+        else:
+            self.server.metrics_extra = lambda: ray.get(self.tally.text.remote(), timeout=10)
+        log_model(log, self.server, model)
+
+    async def voice_prompt(self, voice: str):
+        """The voice's prompt, loaded into this replica (build() wraps it in serve.multiplexed,
+        under the same name: the voices this replica holds are what Serve routes on)."""
+        return await self.server.in_thread(self.server.voice, voice)
+
+    async def http(self, scope: dict, body: bytes):
+        """Run the app on one HTTP request; yields its ASGI messages (a stream paced by its
+        reader). A cancelled call is the client gone: the app sees http.disconnect."""
+        from ray import serve
+
+        voice = serve.get_multiplexed_model_id()
+        if voice:
+            try:
+                await self.voice_prompt(voice)
+            except Exception:  # noqa: BLE001 - the route itself answers a bad or unknown voice
+                pass
+            else:
+                self.report(voice)
+        out: asyncio.Queue = asyncio.Queue(AHEAD)
+        gone = asyncio.Event()
+        end = object()
+        pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            if pending:
+                return pending.pop()
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            if message["type"] == "http.response.start":  # Serve's proxy adds x-request-id
+                headers = [(k, v) for k, v in message.get("headers", ()) if k != b"x-request-id"]
+                message = {**message, "headers": [*headers, (b"x-omnicore-replica",
+                                                             self.replica.encode())]}
+            await out.put(message)
+
+        async def run():
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                if not gone.is_set():
+                    await out.put(end)
+        task = asyncio.ensure_future(run())
+        try:
+            while (message := await out.get()) is not end:
+                yield message
+            await task  # an error the app let out ends the stream with it
+        finally:
+            gone.set()
+            while not task.done():  # let the app's stream see the disconnect and close
+                while not out.empty():
+                    out.get_nowait()
+                await asyncio.wait({task}, timeout=0.05)
+
+    def report(self, voice: str) -> None:
+        self.served[voice] = self.served.get(voice, 0) + 1
+        if self.tally is not None:
+            self.tally.served.remote(self.replica, voice, self.served[voice],
+                                     self.server.voices.loads.get(voice, 0))
+
+
+class Front:
+    """The ingress's ASGI app: each HTTP request's body read (bounded), its voice found, and
+    the request run by a Speaker chosen for that voice; its messages relayed as they come."""
+
+    def __init__(self, max_body: int):
+        self.max_body = max_body
+        self._speaker = None
+
+    def speaker(self):
+        if self._speaker is None:
+            from ray import serve
+
+            self._speaker = serve.get_deployment_handle("Speaker", APP)
+        return self._speaker
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            while (message := await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            return await send({"type": "lifespan.shutdown.complete"})
+        if scope["type"] == "websocket":
+            await receive()  # websocket.connect
+            await send({"type": "websocket.accept"})
+            return await send({"type": "websocket.close", "code": 1013, "reason":
+                               "the WebSocket is not served through Ray Serve: use a node's "
+                               "own `omnicore serve`"})
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > self.max_body:
+                for m in json_response(413, f"request body over {self.max_body:,} bytes",
+                                       "upload_too_large"):
+                    await send(m)
+                return
+            if not message.get("more_body"):
+                break
+        await self.relay(scope, bytes(body), receive, send)
+
+    async def relay(self, scope, body: bytes, receive, send):
+        import ray
+
+        voice = voice_of(scope, body)
+        call = self.speaker().options(stream=True, multiplexed_model_id=voice).http.remote(
+            wire_scope(scope), body)
+
+        async def disconnected():
+            while (await receive())["type"] != "http.disconnect":
+                pass
+        gone = asyncio.ensure_future(disconnected())
+        started = False
+        try:
+            while True:
+                step = asyncio.ensure_future(call.__anext__())
+                await asyncio.wait({step, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():  # the client left: the Speaker's app sees a disconnect
+                    step.cancel()
+                    call.cancel()
+                    return
+                message = step.result()
+                started = started or message["type"] == "http.response.start"
+                await send(message)
+        except StopAsyncIteration:
+            return
+        except (ray.exceptions.RayError, asyncio.CancelledError) as exc:
+            if started:  # mid-stream: abort the connection, never end it as if it were whole
+                raise ConnectionAbortedError(f"the replica serving this stream was lost: {exc}")
+            for m in json_response(503, "the replica serving this request was lost; retry",
+                                   "replica_lost"):
+                await send(m)
+        finally:
+            gone.cancel()
+
+
+def build(serve, model: str, state: dict, *, precision: str, profile: str, replicas: int,
+          autoscale: tuple[int, int] | None, cpus: float, gpus: float, max_queue: int):
+    """The Serve application: Front (ingress) and the Speaker deployment."""
+    from ..cluster import actor_env
+    from .protocol import MAX_UPLOAD_BYTES
+
+    # threads as the batch's actors set them; a GPU replica runs the CuPy backend
+    env = {**actor_env(max(1, int(cpus))), **({"OMNICORE_BACKEND": "cupy"} if gpus else {})}
+    options = {"max_constructor_retry_count": 2, "ray_actor_options": {"num_cpus": cpus, "num_gpus": gpus,
+                                     "runtime_env": {"env_vars": env}},
+               "max_ongoing_requests": max_queue, "health_check_period_s": 2,
+               "health_check_timeout_s": 30, "graceful_shutdown_timeout_s": 30}
+    if autoscale is None:
+        options["num_replicas"] = replicas
+    else:
+        options["autoscaling_config"] = {
+            "min_replicas": autoscale[0], "max_replicas": autoscale[1],
+            "target_ongoing_requests": target_ongoing(profile, cpus, gpus),
+            "upscale_delay_s": 2, "downscale_delay_s": 20, "metrics_interval_s": 1,
+            "look_back_period_s": 4}
+    speaker_cls = type("Speaker", (Speaker,), {
+        "voice_prompt": serve.multiplexed(max_num_models_per_replica=VOICE_SLOTS)(
+            Speaker.voice_prompt)})
+    speaker = serve.deployment(name="Speaker", **options)(speaker_cls)
+
+    front_app = Front(MAX_UPLOAD_BYTES + 64 * 1024)  # a form's fields beside its largest upload
+
+    @serve.ingress(front_app)
+    class FrontDeployment:
+        def __init__(self, speaker_app):
+            self.speaker_app = speaker_app  # binds the Speaker deployment into the application
+
+    front = serve.deployment(name="Front", num_replicas=1, max_ongoing_requests=1000,
+                             ray_actor_options={"num_cpus": 0})(FrontDeployment)
+    return front.bind(speaker.bind(model, state, precision, profile))
+
+
+def run(model: str, address: str | None, host: str, port: int, state: dict, *, precision: str,
+        profile: str, replicas: int, autoscale: tuple[int, int] | None, cpus: float,
+        gpus: float, max_queue: int) -> None:
+    """Deploy on Ray (a local instance without `address`; "auto"; "ray://HOST:10001") and
+    serve until SIGINT or SIGTERM, then delete the application (and stop the Ray this
+    started). A deployment whose replicas cannot load the model is a ConfigError now."""
+    ray, serve = import_serve()
+    started = False
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        else:  # this machine's cores, a small object store (requests and audio pieces only)
+            ray.init(num_cpus=os.cpu_count(), object_store_memory=OBJECT_STORE_BYTES,
+                     include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+            started = True
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    tally = None
+    try:
+        tally = ray.remote(num_cpus=0)(VoiceTally).options(
+            name=TALLY, namespace=APP, get_if_exists=True).remote()
+        serve.start(http_options={"host": host, "port": port})
+        app = build(serve, model, state, precision=precision, profile=profile,
+                    replicas=replicas, autoscale=autoscale, cpus=cpus, gpus=gpus,
+                    max_queue=max_queue)
+        try:
+            serve.run(app, name=APP, route_prefix="/", blocking=False)
+        except RuntimeError as exc:
+            raise ConfigError(f"the Speaker replicas did not start (the model {model!r} must "
+                              f"load on every node): {str(exc).strip().splitlines()[-1]}") from None
+        base = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+        log.info("Serving %s on Ray Serve at http://%s: %s, %s CPU%s per replica", model, base,
+                 f"{replicas} replicas" if autoscale is None
+                 else f"{autoscale[0]}-{autoscale[1]} replicas (target "
+                      f"{target_ongoing(profile, cpus, gpus)} requests each)",
+                 f"{cpus:g}", f" + {gpus:g} GPU" if gpus else "")
+        while not stop.wait(0.5):
+            pass
+        log.info("Stopping: deleting the application")
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        try:
+            serve.delete(APP)
+        except Exception:  # noqa: BLE001 - nothing was deployed, or Ray is already gone
+            pass
+        if tally is not None:
+            ray.kill(tally)
+        if started:
+            serve.shutdown()
+            ray.shutdown()
