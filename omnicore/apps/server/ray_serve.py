@@ -126,6 +126,9 @@ class VoiceTally:
     def hello(self, replica: str, node: str, pid: int) -> None:
         self.replicas[replica] = (node, pid)
 
+    def bye(self, replica: str) -> None:
+        self.replicas.pop(replica, None)
+
     def served(self, replica: str, voice: str, requests: int, loads: int) -> None:
         self.rows[(replica, voice)] = (requests, loads)
 
@@ -145,7 +148,8 @@ class VoiceTally:
         out += ["# HELP omnicore_cluster_voice_hit_rate requests whose replica held the voice's "
                 "prompt already: 1 - loads / requests", "# TYPE omnicore_cluster_voice_hit_rate "
                 "gauge", f"omnicore_cluster_voice_hit_rate {1 - loads / requests if requests else 0}"]
-        out += ["# HELP omnicore_cluster_replica a Speaker replica that started (node, pid)",
+        out += ["# HELP omnicore_cluster_replica a Speaker replica up (node, pid): started, and "
+                "not stopped by Serve (a killed one, which could not say so, stays listed)",
                 "# TYPE omnicore_cluster_replica gauge"]
         out += [f'omnicore_cluster_replica{{replica="{r}",node="{n}",pid="{p}"}} 1'
                 for r, (n, p) in sorted(self.replicas.items())]
@@ -232,6 +236,10 @@ class Speaker:
                 while not out.empty():
                     out.get_nowait()
                 await asyncio.wait({task}, timeout=0.05)
+
+    def __del__(self):  # Serve stops the replica (scaled down, deleted)
+        if getattr(self, "tally", None) is not None:
+            self.tally.bye.remote(self.replica)
 
     def report(self, voice: str) -> None:
         self.served[voice] = self.served.get(voice, 0) + 1
