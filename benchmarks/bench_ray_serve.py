@@ -50,7 +50,8 @@ def start(model: str, voices: Path, port: int, *flags, log: Path):
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "omnicore", "serve", "--model", model,
                                  "--profile", "exact", "--port", str(port), "--voices-dir",
-                                 str(voices), *flags], env=env, stdout=out, stderr=subprocess.STDOUT)
+                                 str(voices), *flags], env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     import httpx
 
@@ -125,7 +126,8 @@ def metric_replicas(url: str) -> dict:
     out = {}
     for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
         if line.startswith("omnicore_cluster_replica{"):
-            fields = dict(kv.split("=") for kv in line[line.index("{") + 1:line.index("}")].split(","))
+            labels = line[line.index("{") + 1:line.index("}")]
+            fields = dict(kv.split("=") for kv in labels.split(","))
             out[fields["replica"].strip('"')] = int(fields["pid"].strip('"'))
     return out
 

@@ -9,10 +9,10 @@ hold it.
 
 Front is a relay of a few lines (num_cpus 0): every route is `omnicore serve`'s own, run by a
 Speaker. Clients (the OpenAI SDK) never send Serve's `serve_multiplexed_model_id` header, so
-Front reads the speech body's `voice` and routes on it with `serve.multiplexed`: a Speaker keeps
-the voices it served (Speaker.prompt, the library's prompt cache underneath), and Serve sends a
-voice to a replica that holds it. The voices folder stays the one library, written atomically
-under its lock (library.py): on several nodes it must be a folder every node sees.
+Front reads the speech body's `voice` and routes on it with `ray.serve.multiplexed`: a Speaker
+keeps the voices it served (`Speaker.voice_prompt`, the library's prompt cache underneath), and
+Serve sends a voice to a replica that holds it. The voices folder stays the one library,
+written atomically under its lock (library.py): on several nodes a folder every node sees.
 
 Faults: a Speaker lost before the response started is a 503 the client can retry (Serve sends
 new requests to live replicas); one lost mid-stream aborts the connection, so the client's read
@@ -145,9 +145,10 @@ class VoiceTally:
                 for (r, v), (_, n) in sorted(self.rows.items())]
         requests = sum(n for n, _ in self.rows.values())
         loads = sum(n for _, n in self.rows.values())
+        rate = 1 - loads / requests if requests else 0
         out += ["# HELP omnicore_cluster_voice_hit_rate requests whose replica held the voice's "
                 "prompt already: 1 - loads / requests", "# TYPE omnicore_cluster_voice_hit_rate "
-                "gauge", f"omnicore_cluster_voice_hit_rate {1 - loads / requests if requests else 0}"]
+                "gauge", f"omnicore_cluster_voice_hit_rate {rate}"]
         out += ["# HELP omnicore_cluster_replica a Speaker replica up (node, pid): started, and "
                 "not stopped by Serve (a killed one, which could not say so, stays listed)",
                 "# TYPE omnicore_cluster_replica gauge"]
@@ -157,8 +158,8 @@ class VoiceTally:
 
 
 class Speaker:
-    """One replica: the model, its engine and `omnicore serve`'s app over them. Built by Serve
-    (serve.deployment(Speaker)); its thread count is in its environment (cluster.actor_env)."""
+    """One replica: the model, its engine and `omnicore serve`'s app over them, built by Serve
+    (a ray.serve.deployment); its thread count is in its environment (cluster.actor_env)."""
 
     def __init__(self, model: str, state: dict, precision: str, profile: str):
         import ray
@@ -184,8 +185,9 @@ class Speaker:
         log_model(log, self.server, model)
 
     async def voice_prompt(self, voice: str):
-        """The voice's prompt, loaded into this replica (build() wraps it in serve.multiplexed,
-        under the same name: the voices this replica holds are what Serve routes on)."""
+        """The voice's prompt, loaded into this replica (build() wraps it in
+        ray.serve.multiplexed under the same name: the voices a replica holds are what Serve
+        routes on)."""
         return await self.server.in_thread(self.server.voice, voice)
 
     async def http(self, scope: dict, body: bytes):
@@ -332,7 +334,8 @@ def build(serve, model: str, state: dict, *, precision: str, profile: str, repli
 
     # threads as the batch's actors set them; a GPU replica runs the CuPy backend
     env = {**actor_env(max(1, int(cpus))), **({"OMNICORE_BACKEND": "cupy"} if gpus else {})}
-    options = {"max_constructor_retry_count": 2, "ray_actor_options": {"num_cpus": cpus, "num_gpus": gpus,
+    options = {"max_constructor_retry_count": 2,
+               "ray_actor_options": {"num_cpus": cpus, "num_gpus": gpus,
                                      "runtime_env": {"env_vars": env}},
                "max_ongoing_requests": max_queue, "health_check_period_s": 2,
                "health_check_timeout_s": 30, "graceful_shutdown_timeout_s": 30}
@@ -370,12 +373,17 @@ def run(model: str, address: str | None, host: str, port: int, state: dict, *, p
     ray, serve = import_serve()
     started = False
     if not ray.is_initialized():
-        if address:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        else:  # this machine's cores, a small object store (requests and audio pieces only)
-            ray.init(num_cpus=os.cpu_count(), object_store_memory=OBJECT_STORE_BYTES,
-                     include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-            started = True
+        # no address: this machine's cores, a small object store (requests, audio pieces)
+        local = {"address": "local", "num_cpus": os.cpu_count(),
+                 "object_store_memory": OBJECT_STORE_BYTES, "include_dashboard": False}
+        try:
+            ray.init(**({"address": address} if address else local), logging_level="ERROR",
+                     log_to_driver=False)
+        except Exception as exc:  # noqa: BLE001 - Ray's own start or join failed: one line
+            ray.shutdown()  # what a half-started local Ray left
+            raise ConfigError(f"Ray did not start at {address!r}: {exc}" if address else
+                              f"a local Ray did not start: {exc}") from None
+        started = not address
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     tally = None
