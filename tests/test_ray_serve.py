@@ -227,6 +227,54 @@ def test_voice_affinity_loads_each_prompt_at_most_once_per_replica(ray_server):
 
 @pytest.mark.slow
 @pytest.mark.subprocess
+def test_the_websocket_through_the_proxy_speaks_and_barges_in(ray_server):
+    """The voice agents' socket, run by a replica: an utterance's frames are the bytes of a
+    streamed POST of its text (through the proxy too), and a cancel cuts the next one short."""
+    import asyncio
+
+    import httpx
+    import websockets
+
+    url, _ = ray_server
+    text = "Hello from the socket."
+    long = " ".join(["This sentence is here to make the stream long."] * 8)
+
+    async def until_event(ws):
+        audio = b""
+        while True:
+            m = await asyncio.wait_for(ws.recv(), 120)
+            if isinstance(m, bytes):
+                audio += m
+            else:
+                return audio, json.loads(m)
+
+    async def talk():
+        async with websockets.connect(url.replace("http", "ws", 1)
+                                      + "/v1/audio/speech/stream-input") as ws:
+            assert ws.response.headers["x-omnicore-replica"]
+            await ws.send(json.dumps({"voice": HOUSE, "response_format": "pcm", **FAST}))
+            for i in range(0, len(text), 5):  # as an LLM writes it
+                await ws.send(json.dumps({"text": text[i:i + 5]}))
+            await ws.send(json.dumps({"flush": True}))
+            first = await until_event(ws)
+            await ws.send(json.dumps({"text": long, "flush": True}))
+            m = await asyncio.wait_for(ws.recv(), 120)  # its first audio: now barge in
+            await ws.send(json.dumps({"cancel": True}))
+            _, cut = await until_event(ws)
+            await ws.send(json.dumps({"close": True}))
+            return first, m, cut
+
+    (audio, done), m, cut = asyncio.run(talk())
+    assert done["type"] == "audio.done" and not done["cancelled"], done
+    r = httpx.post(url + "/v1/audio/speech", timeout=120, json={
+        "model": "tts-1", "voice": HOUSE, "input": text, "response_format": "pcm", **FAST})
+    assert r.status_code == 200 and audio == r.content
+    assert isinstance(m, bytes), m  # audio came before the cancel
+    assert cut["type"] == "audio.done" and cut["utterance"] == 1 and cut["cancelled"], cut
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_replica_killed_mid_stream_is_an_error_the_client_sees(ray_server):
     """Last in the module: one replica is SIGKILLed while it streams; the client's read fails
     (never a clean end), and the next requests are answered by a live replica."""

@@ -19,9 +19,12 @@ new requests to live replicas); one lost mid-stream aborts the connection, so th
 fails (a raw or SSE stream is never closed as if it were complete). A Speaker that cannot load
 the model fails the deployment, reported by the command at start-up.
 
-Not through Serve: the WebSocket (a Serve handle streams one way only; Front refuses it with
-1013 "try again later" and a reason), the connections' clocks of runtime.py (Serve's proxy has
-its own), the demo at /ui.
+The WebSocket: Front accepts the connection's messages into a queue, a Speaker runs the route
+and takes them one handle call each (`next_message`: Front is one replica, so the call finds
+the queue); what the route sends streams back as for HTTP. A replica lost closes it with 1011.
+
+Not through Serve: the connections' clocks of runtime.py (Serve's proxy has its own), the demo
+at /ui.
 
 Ray is imported only here, when `--ray` is given (the `ray` extra, which includes Serve).
 """
@@ -32,6 +35,7 @@ import asyncio
 import json
 import logging
 import os
+import secrets
 import signal
 import threading
 
@@ -83,9 +87,10 @@ def target_ongoing(profile: str, cpus: float, gpus: float) -> int:
 
 
 def wire_scope(scope: dict) -> dict:
-    """An HTTP request's ASGI scope, with what a Speaker's app reads, for the handle call."""
+    """An HTTP request's or a WebSocket's ASGI scope, what a Speaker's app reads of it, for
+    the handle call."""
     keep = ("type", "asgi", "http_version", "method", "scheme", "path", "raw_path",
-            "query_string", "headers", "client", "server")
+            "query_string", "headers", "client", "server", "subprotocols")
     out = {k: scope[k] for k in keep if k in scope}
     out["root_path"] = ""  # the routes are at /, whatever prefix Serve mounted
     out["headers"] = [(bytes(k), bytes(v)) for k, v in scope.get("headers", ())]
@@ -203,9 +208,7 @@ class Speaker:
                 pass
             else:
                 self.report(voice)
-        out: asyncio.Queue = asyncio.Queue(AHEAD)
         gone = asyncio.Event()
-        end = object()
         pending = [{"type": "http.request", "body": body, "more_body": False}]
 
         async def receive():
@@ -213,9 +216,38 @@ class Speaker:
                 return pending.pop()
             await gone.wait()
             return {"type": "http.disconnect"}
+        async for message in self._run(scope, receive, gone):
+            yield message
+
+    async def socket(self, scope: dict, conn: str):
+        """Run the app on one WebSocket; yields what it sends, and takes what the client sends
+        from the Front replica holding the connection (`next_message`), one call each."""
+        from ray import serve
+
+        front = serve.get_deployment_handle("Front", APP)
+        gone = asyncio.Event()
+
+        async def receive():
+            got = asyncio.ensure_future(front.next_message.remote(conn))
+            left = asyncio.ensure_future(gone.wait())
+            await asyncio.wait({got, left}, return_when=asyncio.FIRST_COMPLETED)
+            left.cancel()
+            if got.done():
+                return got.result()
+            got.cancel()
+            return {"type": "websocket.disconnect", "code": 1006}
+        async for message in self._run(scope, receive, gone):
+            yield message
+
+    async def _run(self, scope: dict, receive, gone: asyncio.Event):
+        """The app on `scope`: its ASGI messages as it sends them (at most AHEAD ahead of
+        their reader); `gone` is set when the reader stops (the call ended or cancelled)."""
+        out: asyncio.Queue = asyncio.Queue(AHEAD)
+        end = object()
 
         async def send(message):
-            if message["type"] == "http.response.start":  # Serve's proxy adds x-request-id
+            if message["type"] in ("http.response.start", "websocket.accept"):
+                # Serve's proxy adds x-request-id; the replica's name for the operator
                 headers = [(k, v) for k, v in message.get("headers", ()) if k != b"x-request-id"]
                 message = {**message, "headers": [*headers, (b"x-omnicore-replica",
                                                              self.replica.encode())]}
@@ -234,7 +266,7 @@ class Speaker:
             await task  # an error the app let out ends the stream with it
         finally:
             gone.set()
-            while not task.done():  # let the app's stream see the disconnect and close
+            while not task.done():  # let the app see the disconnect and end
                 while not out.empty():
                     out.get_nowait()
                 await asyncio.wait({task}, timeout=0.05)
@@ -271,11 +303,7 @@ class Front:
                 await send({"type": "lifespan.startup.complete"})
             return await send({"type": "lifespan.shutdown.complete"})
         if scope["type"] == "websocket":
-            await receive()  # websocket.connect
-            await send({"type": "websocket.accept"})
-            return await send({"type": "websocket.close", "code": 1013, "reason":
-                               "the WebSocket is not served through Ray Serve: use a node's "
-                               "own `omnicore serve`"})
+            return await self.relay_socket(scope, receive, send)
         body = bytearray()
         while True:
             message = await receive()
@@ -326,6 +354,48 @@ class Front:
             gone.cancel()
 
 
+    async def relay_socket(self, scope, receive, send):
+        """A WebSocket run by a Speaker: what it sends relayed to the client; what the client
+        sends queued here (INBOXES) for the Speaker to take (`next_message`)."""
+        import ray
+
+        conn = secrets.token_hex(12)
+        inbox: asyncio.Queue = asyncio.Queue()
+        INBOXES[conn] = inbox
+
+        async def pump():
+            while (message := await receive())["type"] != "websocket.disconnect":
+                await inbox.put(message)
+            await inbox.put(message)
+        pumping = asyncio.ensure_future(pump())
+        call = self.speaker().options(stream=True).socket.remote(wire_scope(scope), conn)
+        accepted = False
+        try:
+            async for message in call:
+                accepted = accepted or message["type"] == "websocket.accept"
+                await send(message)
+        except ray.exceptions.RayError:  # the replica was lost: a close the client can tell
+            await send({"type": "websocket.close", "code": 1011 if accepted else 1013,
+                        "reason": "the replica serving this socket was lost"})
+        finally:
+            pumping.cancel()
+            INBOXES.pop(conn, None)
+            inbox.put_nowait({"type": "websocket.disconnect", "code": 1006})
+
+
+# WebSocket connections open on this Front replica: id -> what their clients sent, not yet
+# taken by the Speaker running them.
+INBOXES: dict[str, asyncio.Queue] = {}
+
+
+async def next_message(conn: str) -> dict:
+    """The next message a client sent on WebSocket `conn` (a disconnect once it is gone)."""
+    inbox = INBOXES.get(conn)
+    if inbox is None:
+        return {"type": "websocket.disconnect", "code": 1006}
+    return await inbox.get()
+
+
 def build(serve, model: str, state: dict, *, precision: str, profile: str, replicas: int,
           autoscale: tuple[int, int] | None, cpus: float, gpus: float, max_queue: int):
     """The Serve application: Front (ingress) and the Speaker deployment."""
@@ -359,6 +429,9 @@ def build(serve, model: str, state: dict, *, precision: str, profile: str, repli
         def __init__(self, speaker_app):
             self.speaker_app = speaker_app  # binds the Speaker deployment into the application
 
+        async def next_message(self, conn: str) -> dict:
+            return await next_message(conn)
+
     front = serve.deployment(name="Front", num_replicas=1, max_ongoing_requests=1000,
                              ray_actor_options={"num_cpus": 0})(FrontDeployment)
     return front.bind(speaker.bind(model, state, precision, profile))
@@ -376,13 +449,19 @@ def run(model: str, address: str | None, host: str, port: int, state: dict, *, p
         # no address: this machine's cores, a small object store (requests, audio pieces)
         local = {"address": "local", "num_cpus": os.cpu_count(),
                  "object_store_memory": OBJECT_STORE_BYTES, "include_dashboard": False}
-        try:
-            ray.init(**({"address": address} if address else local), logging_level="ERROR",
-                     log_to_driver=False)
-        except Exception as exc:  # noqa: BLE001 - Ray's own start or join failed: one line
-            ray.shutdown()  # what a half-started local Ray left
-            raise ConfigError(f"Ray did not start at {address!r}: {exc}" if address else
-                              f"a local Ray did not start: {exc}") from None
+        # A local raylet has 30 s to register (Ray's fixed limit), which a loaded machine can
+        # miss: a local start is tried twice.
+        for attempt in range(1 if address else 2):
+            try:
+                ray.init(**({"address": address} if address else local),
+                         logging_level="ERROR", log_to_driver=False)
+                break
+            except Exception as exc:  # noqa: BLE001 - Ray's start or join failed: one line
+                ray.shutdown()  # what a half-started local Ray left
+                if address or attempt:
+                    raise ConfigError(f"Ray did not start at {address!r}: {exc}" if address
+                                      else f"a local Ray did not start: {exc}") from None
+                log.info("A local Ray did not start (%s); trying again", exc)
         started = not address
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
