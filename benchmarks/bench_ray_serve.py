@@ -9,9 +9,10 @@ under a burst, and replicas SIGKILLed mid-stream.
 hardly). Needs the `server` and `ray` extras. Each part starts its own server as a child
 process on a fresh voices folder, and stops it (and the local Ray it started) after.
 
-  first byte   `omnicore serve` and `omnicore serve --ray --replicas 2`, the same pcm stream
-               request (voice: a designed library voice, exact, 8 steps, seeded) --runs times
-               each, after one warm-up request: the median time to the first audio byte
+  first byte   `omnicore serve` (its threads: all cores, then 1 as a replica's) and `omnicore
+               serve --ray --replicas 2` (1 CPU each), the same pcm stream request (voice: a
+               designed library voice, exact, 8 steps, seeded) --runs times each, after one
+               warm-up request: the median time to the first audio byte
   autoscale    `--autoscale 1:2`: 8 concurrent streams, then quiet; the replicas Serve runs,
                sampled each second from /metrics (omnicore_cluster_replica), and Serve's own
                controller log lines of the scaling decisions
@@ -45,8 +46,12 @@ sys.path.insert(0, str(ROOT))
 LONG = " ".join(["This sentence is here to make the stream long."] * 8)
 
 
-def start(model: str, voices: Path, port: int, *flags, log: Path):
+def start(model: str, voices: Path, port: int, *flags, log: Path, threads: int | None = None):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if threads:  # as a replica of --cpus-per-replica K sets them (omnicore.apps.cluster)
+        from omnicore.apps.cluster import actor_env
+
+        env.update(actor_env(threads))
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "omnicore", "serve", "--model", model,
                                  "--profile", "exact", "--port", str(port), "--voices-dir",
@@ -146,9 +151,13 @@ def live_replicas(url: str) -> dict:
 
 def first_byte(model: str, tmp: Path, runs: int) -> dict:
     out = {}
-    for name, flags in (("omnicore serve", ()),
-                        ("omnicore serve --ray --replicas 2", ("--ray", "--replicas", "2"))):
-        proc, url = start(model, tmp, free_port(), *flags, log=tmp / f"{len(flags)}.log")
+    for name, flags, threads in (
+            ("omnicore serve (threads: all cores)", (), None),
+            ("omnicore serve, 1 thread (as one replica)", (), 1),
+            ("omnicore serve --ray --replicas 2 --cpus-per-replica 1",
+             ("--ray", "--replicas", "2"), None)):
+        proc, url = start(model, tmp, free_port(), *flags, log=tmp / f"{len(out)}.log",
+                          threads=threads)
         try:
             stream(url, "Warm up.", 0)
             ttfb = [stream(url, "Hello, how can I help you today?", 1)["ttfb"]
