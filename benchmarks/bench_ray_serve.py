@@ -300,12 +300,15 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--kills", type=int, default=10)
     ap.add_argument("--parts", default="first_byte,autoscale,faults")
+    ap.add_argument("--work", help="keep the servers' logs and voices in this folder "
+                                   "(default: a temporary one)")
     ap.add_argument("--markdown")
     ap.add_argument("--json")
     args = ap.parse_args()
     res = {"load": os.getloadavg(), "model": args.model}
     with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
+        tmp = Path(args.work or d)
+        tmp.mkdir(parents=True, exist_ok=True)
         house(args.model, tmp)
         parts = args.parts.split(",")
         if "first_byte" in parts:

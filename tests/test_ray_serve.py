@@ -4,6 +4,7 @@ streams, the same bytes as `omnicore serve`, voice affinity counted in /metrics,
 killed mid-stream, a model that does not load, and Ray or Serve missing. The parts that need
 no Ray (the relay's helpers) first."""
 
+import contextlib
 import json
 import os
 import signal
@@ -124,7 +125,8 @@ def ray_server(tmp_path_factory, house_voices):
     try:
         wait_until_serving(proc, url + "/health", 300, "omnicore serve --ray", log.read_text)
         yield url, seen
-        seen.update(_replica_pids(url).values())
+        with contextlib.suppress(Exception):  # a server already gone lists none
+            seen.update(_replica_pids(url).values())
     finally:
         stop_process(proc, 60)
     assert proc.returncode == 0, log.read_text()[-4000:]
