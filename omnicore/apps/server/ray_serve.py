@@ -32,6 +32,7 @@ Ray is imported only here, when `--ray` is given (the `ray` extra, which include
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -52,6 +53,7 @@ GPU_CONVERSATIONS = 8
 CORES_PER_CONVERSATION = {"exact": 46, "fast": 10, "live": 10}
 # ASGI messages a Speaker runs ahead of its relay: a stream is paced by its reader.
 AHEAD = 8
+INBOX = 64  # a WebSocket's messages Front holds for its Speaker
 OBJECT_STORE_BYTES = 256 * 1024 ** 2
 VOICE_SLOTS = 64  # voices a Speaker keeps for routing (serve.multiplexed's LRU)
 log = logging.getLogger("omnicore.serve")
@@ -320,8 +322,6 @@ class Front:
         await self.relay(scope, bytes(body), receive, send)
 
     async def relay(self, scope, body: bytes, receive, send):
-        import ray
-
         voice = voice_of(scope, body)
         call = self.speaker().options(stream=True, multiplexed_model_id=voice).http.remote(
             wire_scope(scope), body)
@@ -339,28 +339,30 @@ class Front:
                     step.cancel()
                     call.cancel()
                     return
-                message = step.result()
+                try:
+                    message = step.result()
+                except StopAsyncIteration:
+                    return
+                except Exception as exc:  # noqa: BLE001 - the replica was lost (RayActorError)
+                    if started:  # mid-stream: abort the connection, never end it as if whole
+                        raise ConnectionAbortedError(
+                            f"the replica serving this stream was lost: {exc}") from None
+                    for m in json_response(503, "the replica serving this request was lost; "
+                                                "retry", "replica_lost"):
+                        await send(m)
+                    return
                 started = started or message["type"] == "http.response.start"
                 await send(message)
-        except StopAsyncIteration:
-            return
-        except (ray.exceptions.RayError, asyncio.CancelledError) as exc:
-            if started:  # mid-stream: abort the connection, never end it as if it were whole
-                raise ConnectionAbortedError(f"the replica serving this stream was lost: {exc}")
-            for m in json_response(503, "the replica serving this request was lost; retry",
-                                   "replica_lost"):
-                await send(m)
         finally:
             gone.cancel()
 
 
     async def relay_socket(self, scope, receive, send):
         """A WebSocket run by a Speaker: what it sends relayed to the client; what the client
-        sends queued here (INBOXES) for the Speaker to take (`next_message`)."""
-        import ray
-
+        sends queued here (INBOXES, a few messages: a client that floods waits) for the
+        Speaker to take (`next_message`)."""
         conn = secrets.token_hex(12)
-        inbox: asyncio.Queue = asyncio.Queue()
+        inbox: asyncio.Queue = asyncio.Queue(INBOX)
         INBOXES[conn] = inbox
 
         async def pump():
@@ -374,13 +376,14 @@ class Front:
             async for message in call:
                 accepted = accepted or message["type"] == "websocket.accept"
                 await send(message)
-        except ray.exceptions.RayError:  # the replica was lost: a close the client can tell
+        except Exception:  # noqa: BLE001 - the replica was lost: a close the client can tell
             await send({"type": "websocket.close", "code": 1011 if accepted else 1013,
                         "reason": "the replica serving this socket was lost"})
         finally:
             pumping.cancel()
             INBOXES.pop(conn, None)
-            inbox.put_nowait({"type": "websocket.disconnect", "code": 1006})
+            with contextlib.suppress(asyncio.QueueFull):  # a Speaker still waiting: it ends
+                inbox.put_nowait({"type": "websocket.disconnect", "code": 1006})
 
 
 # WebSocket connections open on this Front replica: id -> what their clients sent, not yet
