@@ -54,6 +54,18 @@ def test_the_voice_routed_on_is_the_speech_bodys():
     assert "state" not in wire and "extensions" not in wire
 
 
+def test_replica_flags_need_ray_and_one_way_to_count(capsys, tmp_path):
+    from omnicore.apps.cli import main
+
+    base = ["serve", "--model", str(TINY), "--voices-dir", str(tmp_path)]
+    assert main([*base, "--replicas", "2"]) == 2
+    assert "--replicas sets the replicas on Ray Serve; it needs --ray" in capsys.readouterr().err
+    assert main([*base, "--ray", "--replicas", "2", "--autoscale", "1:2"]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main([*base, "--ray", "--autoscale", "2:1"]) == 2
+    assert "1 <= MIN <= MAX" in capsys.readouterr().err
+
+
 @pytest.mark.subprocess
 @pytest.mark.parametrize("blocked", ["ray", "ray.serve"])
 def test_without_ray_or_serve_one_line_names_the_extra(blocked, tmp_path):

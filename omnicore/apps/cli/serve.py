@@ -59,6 +59,12 @@ def cmd_serve(args) -> int:
     aliases = dict(parse_alias(spec) for spec in args.voice_alias)
     if args.ray is not None:
         return serve_on_ray(args, aliases)
+    for flag, value, default in (("--replicas", args.replicas, 1),
+                                 ("--autoscale", args.autoscale, None),
+                                 ("--cpus-per-replica", args.cpus_per_replica, 1.0),
+                                 ("--gpus-per-replica", args.gpus_per_replica, 0.0)):
+        if value != default:
+            raise InputError(f"{flag} sets the replicas on Ray Serve; it needs --ray")
     server.serve(args.model, args.host, args.port, args.voices_dir, args.api_key, args.max_queue,
                  log_level="warning" if args.quiet else "info",
                  max_concurrency=args.max_concurrency, ui=args.ui, send_timeout=args.send_timeout,
@@ -78,6 +84,8 @@ def serve_on_ray(args, aliases: dict) -> int:
         raise InputError("--ui is not served through Ray Serve: run it on a node's own "
                          "`omnicore serve --ui`")
     autoscale = ray_serve.parse_autoscale(args.autoscale)
+    if autoscale is not None and args.replicas != 1:
+        raise InputError("give --replicas N or --autoscale MIN:MAX, not both")
     if args.replicas < 1 or args.cpus_per_replica <= 0 or args.gpus_per_replica < 0:
         raise InputError("--replicas must be at least 1, --cpus-per-replica > 0 and "
                          "--gpus-per-replica >= 0")
