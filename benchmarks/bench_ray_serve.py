@@ -16,6 +16,8 @@ process on a fresh voices folder, and stops it (and the local Ray it started) af
   autoscale    `--autoscale 1:2`: 8 concurrent streams, then quiet; the replicas Serve runs,
                sampled each second from /metrics (omnicore_cluster_replica), and Serve's own
                controller log lines of the scaling decisions
+  affinity     `--replicas 2`: 20 requests alternating two cloned voices; the replica each
+               went to, and the cluster's voice lines of /metrics after
   faults       `--replicas 2`: --kills rounds of: a stream started, the replica serving it
                SIGKILLed at its first byte while a voice is cloned through the proxy; then,
                once the replacement replica is up, one more request. Per round: what the
@@ -274,6 +276,34 @@ def faults(model: str, tmp: Path, kills: int) -> dict:
     return {"rows": rows, "made": made, "listed": sorted(listed & set(made)), "loads": loads}
 
 
+def affinity(model: str, tmp: Path) -> dict:
+    """20 requests alternating two cloned voices on 2 replicas: where each went, and the
+    cluster's voice lines of /metrics after."""
+    import httpx
+
+    proc, url = start(model, tmp, free_port(), "--ray", "--replicas", "2",
+                      log=tmp / "affinity.log")
+    try:
+        for name, pitch in (("ann", 150.0), ("bob", 220.0)):
+            r = httpx.post(url + "/v1/voices", timeout=120, data={
+                "name": name, "ref_text": "A short test clip."},
+                files={"audio": ("c.wav", clip(pitch), "audio/wav")})
+            assert r.status_code in (200, 201), r.text
+        served = []
+        for i in range(20):
+            voice = ("ann", "bob")[i % 2]
+            r = httpx.post(url + "/v1/audio/speech", timeout=300, json={
+                "model": "tts-1", "voice": voice, "input": f"Number {i}.",
+                "response_format": "pcm", "num_step": 2, "seed": i})
+            served.append((voice, r.headers.get("x-omnicore-replica"), r.status_code))
+        lines = [line for line in httpx.get(url + "/metrics", timeout=30).text.splitlines()
+                 if line.startswith(("omnicore_cluster_voice", "omnicore_voice_prompts"))]
+    finally:
+        stop(proc)
+    print("\n".join(map(str, served)), "\n".join(lines), sep="\n", flush=True)
+    return {"served": served, "metrics": lines}
+
+
 def markdown(res: dict) -> str:
     out = [f"Load average at the start: {res['load']}", ""]
     fb = res["first_byte"]
@@ -299,7 +329,7 @@ def main() -> int:
     ap.add_argument("--model", default=str(ROOT / "weights" / "tiny-random"))
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--kills", type=int, default=10)
-    ap.add_argument("--parts", default="first_byte,autoscale,faults")
+    ap.add_argument("--parts", default="first_byte,autoscale,affinity,faults")
     ap.add_argument("--work", help="keep the servers' logs and voices in this folder "
                                    "(default: a temporary one)")
     ap.add_argument("--markdown")
@@ -315,6 +345,8 @@ def main() -> int:
             res["first_byte"] = first_byte(args.model, tmp, args.runs)
         if "autoscale" in parts:
             res["autoscale"] = autoscale(args.model, tmp)
+        if "affinity" in parts:
+            res["affinity"] = affinity(args.model, tmp)
         if "faults" in parts:
             res["faults"] = faults(args.model, tmp, args.kills)
     res["load_end"] = os.getloadavg()
