@@ -524,6 +524,9 @@ def test_models_health_metrics(server, client, clip_voice):
     assert got[("omnicore_engine_tokens_per_iteration_count", ())] == health["engine"]["iterations"]
     # Every speech request, streamed or not, counts once in TTFB and once in RTF.
     assert got[("omnicore_rtf_count", ())] == got[("omnicore_ttfb_seconds_count", ())] > 0
+    # The prompt cache: the voice spoken with was parsed from its file, and not on every lookup.
+    loads = got[("omnicore_voice_prompts", (("event", "loads"),))]
+    assert 1 <= loads <= got[("omnicore_voice_prompts", (("event", "lookups"),))]
 
 
 def _raw_post(url: str, body: dict, headers: dict) -> socket.socket:

@@ -502,6 +502,24 @@ def test_the_consent_policy_is_the_folders(tmp_path):
     assert lib.names() == ["clone", "designed", "free"]
 
 
+def test_a_prompt_loads_once_per_process_until_its_file_changes(tmp_path):
+    """What /metrics reports as the prompt cache (omnicore_voice_prompts, and the cluster's
+    loads per replica under `serve --ray`): a voice asked for again is not parsed again, one
+    whose file was replaced is; a missing name is no lookup."""
+    from omnicore.apps.server import VoiceLibrary
+
+    lib = VoiceLibrary(tmp_path)
+    lib.add("ann", VoiceClonePrompt(np.zeros((8, 5), np.int64), "A voice.", 0.05))
+    other = VoiceLibrary(tmp_path)  # another process on the folder: its own cache
+    for _ in range(3):
+        assert other.get("ann") is not None
+    assert other.get("nobody") is None
+    assert (other.lookups["ann"], other.loads["ann"], other.lookups["nobody"]) == (3, 1, 0)
+    lib.delete("ann")
+    lib.add("ann", VoiceClonePrompt(np.ones((8, 7), np.int64), "Another.", 0.07))
+    assert other.get("ann").ref_text == "Another." and other.loads["ann"] == 2
+
+
 def test_without_a_folder_the_voices_outlive_the_server(tmp_path, monkeypatch):
     """`omnicore serve` without --voices-dir keeps its voices in the user's data folder
     ($XDG_DATA_HOME/omnicore/voices), named in its start-up lines: a voice made before a

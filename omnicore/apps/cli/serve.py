@@ -57,6 +57,14 @@ def cmd_serve(args) -> int:
         raise InputError(f"--body-timeout must be a finite number of seconds > 0, got "
                          f"{args.body_timeout}")
     aliases = dict(parse_alias(spec) for spec in args.voice_alias)
+    if args.ray is not None:
+        return serve_on_ray(args, aliases)
+    for flag, value, default in (("--replicas", args.replicas, 1),
+                                 ("--autoscale", args.autoscale, None),
+                                 ("--cpus-per-replica", args.cpus_per_replica, 1.0),
+                                 ("--gpus-per-replica", args.gpus_per_replica, 0.0)):
+        if value != default:
+            raise InputError(f"{flag} sets the replicas on Ray Serve; it needs --ray")
     server.serve(args.model, args.host, args.port, args.voices_dir, args.api_key, args.max_queue,
                  log_level="warning" if args.quiet else "info",
                  max_concurrency=args.max_concurrency, ui=args.ui, send_timeout=args.send_timeout,
@@ -64,6 +72,35 @@ def cmd_serve(args) -> int:
                  metrics_public=args.metrics_public, require_consent=args.require_consent,
                  precision=args.precision, voice_aliases=aliases, profile=args.profile,
                  body_timeout=args.body_timeout)
+    return 0
+
+
+def serve_on_ray(args, aliases: dict) -> int:
+    """`serve --ray [ADDRESS]`: the same app on Ray Serve (omnicore.apps.server.ray_serve)."""
+    from ..server import log_to_stderr, ray_serve
+    from ..server.voices import check_aliases
+
+    if args.ui:
+        raise InputError("--ui is not served through Ray Serve: run it on a node's own "
+                         "`omnicore serve --ui`")
+    autoscale = ray_serve.parse_autoscale(args.autoscale)
+    if autoscale is not None and args.replicas != 1:
+        raise InputError("give --replicas N or --autoscale MIN:MAX, not both")
+    if args.replicas < 1 or args.cpus_per_replica <= 0 or args.gpus_per_replica < 0:
+        raise InputError("--replicas must be at least 1, --cpus-per-replica > 0 and "
+                         "--gpus-per-replica >= 0")
+    if args.voices_dir is None:
+        from ..server.library import default_folder
+        args.voices_dir = str(default_folder())  # every replica on the one library
+    check_aliases(args.voices_dir, aliases)
+    log_to_stderr(ray_serve.log, args.quiet)
+    state = {"voices_dir": args.voices_dir, "api_key": args.api_key, "max_queue": args.max_queue,
+             "max_concurrency": args.max_concurrency, "metrics_public": args.metrics_public,
+             "require_consent": args.require_consent, "voice_aliases": aliases}
+    ray_serve.run(args.model, args.ray or None, args.host, args.port, state,
+                  precision=args.precision, profile=args.profile, replicas=args.replicas,
+                  autoscale=autoscale, cpus=args.cpus_per_replica, gpus=args.gpus_per_replica,
+                  max_queue=args.max_queue)
     return 0
 
 
@@ -160,6 +197,22 @@ def add_parser(sub) -> None:
     sv.add_argument("--ui", action="store_true",
                     help="also serve the Gradio demo at /ui, on the same model (needs a source "
                          "checkout and the demo extra)")
+    rg = sv.add_argument_group("on a Ray cluster (the ray extra; docs/cluster.md, Online)")
+    rg.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                    help="serve the same API as a Ray Serve application, each replica with its "
+                         "own model and engine, requests for a voice sent to replicas holding "
+                         "it: no ADDRESS starts a local Ray, 'auto' joins this node's cluster, "
+                         "ray://HOST:10001 one through Ray Client")
+    rg.add_argument("--replicas", type=int, default=1, help="replicas (default: %(default)s)")
+    rg.add_argument("--autoscale", metavar="MIN:MAX",
+                    help="scale between MIN and MAX replicas on their requests in flight "
+                         "(instead of --replicas)")
+    rg.add_argument("--cpus-per-replica", type=float, default=1.0, metavar="K",
+                    help="CPUs each replica reserves, and its BLAS/Numba threads (default: "
+                         "%(default)g)")
+    rg.add_argument("--gpus-per-replica", type=float, default=0.0, metavar="G",
+                    help="GPUs each replica reserves (with CuPy: the cupy backend; default: "
+                         "%(default)g)")
     sv.set_defaults(func=cmd_serve, compile_notice=False)  # the server logs it
 
     wy = sub.add_parser("wyoming", help="a Wyoming TTS server, for Home Assistant (pip install "

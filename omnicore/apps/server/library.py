@@ -32,6 +32,7 @@ Dimensions: a prompt's codes are [C, T] (C codebooks, T frames).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -229,6 +230,10 @@ class VoiceLibrary:
         # A prompt file that failed to load -> its stat then: not parsed again until it changes
         # (a hostile file would cost its parse on every list).
         self._failed: dict[Path, tuple] = {}
+        # Voice prompts asked for (`get` of an existing voice) and parsed from their files, by
+        # name: what /metrics reports as the prompt cache's hit rate (once per process per file).
+        self.lookups: collections.Counter = collections.Counter()
+        self.loads: collections.Counter = collections.Counter()
         self._making: dict[str, threading.Lock] = {}
         with self._locked():
             self.removed_temporaries = writers.remove_stale_temporaries(
@@ -358,6 +363,7 @@ class VoiceLibrary:
             with self._cache_lock:
                 hit = self._cache.get(name)
                 failed = self._failed.get(path) == key
+                self.lookups[name] += 1
             if hit is not None and hit[0] == key:
                 return hit[1]
             if failed:
@@ -375,6 +381,7 @@ class VoiceLibrary:
                 continue
             with self._cache_lock:
                 self._cache[name] = (key, prompt)
+                self.loads[name] += 1
             return prompt
         with self._cache_lock:
             self._cache.pop(name, None)

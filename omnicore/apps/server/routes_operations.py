@@ -60,5 +60,10 @@ async def metrics(request: Request):
     server.m_queue.set(ld["queued"])
     server.m_passes.labels("active").set(ld["engine"]["active_passes"])
     server.m_passes.labels("waiting").set(ld["engine"]["waiting_passes"])
-    return Response(generate_latest(server.registry), media_type=CONTENT_TYPE_LATEST)
+    server.m_prompts.labels("lookups").set(sum(server.voices.lookups.values()))
+    server.m_prompts.labels("loads").set(sum(server.voices.loads.values()))
+    text = generate_latest(server.registry)
+    if server.metrics_extra is not None:
+        text += (await server.in_thread(server.metrics_extra)).encode("utf-8")
+    return Response(text, media_type=CONTENT_TYPE_LATEST)
 

@@ -175,6 +175,13 @@ class ServerState:
                                   registry=self.registry)
         for kind in ("send", "idle"):
             self.m_timeouts.labels(kind)
+        self.m_prompts = Gauge("omnicore_voice_prompts", "library voice prompts asked for "
+                               "(lookups) and parsed from their files (loads) since start: each "
+                               "file loads once per process, so 1 - loads/lookups is the prompt "
+                               "cache's hit rate", ["event"], registry=self.registry)
+        # More Prometheus text after this process's own (a Ray Serve replica's: the cluster's
+        # voice affinity, ray_serve.py), or None.
+        self.metrics_extra = None
         # Every iteration is observed on the engine thread, right after it ran (a scrape-time
         # sample would miss most of them).
         previous = self.engine.trace

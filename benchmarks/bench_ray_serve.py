@@ -1,0 +1,361 @@
+#!/usr/bin/env python3
+"""`omnicore serve --ray` on one machine: first audio against the single server, autoscaling
+under a burst, and replicas SIGKILLed mid-stream.
+
+    python3 benchmarks/bench_ray_serve.py [--model DIR] [--runs 5] [--kills 10]
+                                          [--markdown FILE] [--json FILE]
+
+--model defaults to weights/tiny-random (the tiny checkpoint: Ray's own costs show, the model's
+hardly). Needs the `server` and `ray` extras. Each part starts its own server as a child
+process on a fresh voices folder, and stops it (and the local Ray it started) after.
+
+  first byte   `omnicore serve` (its threads: all cores, then 1 as a replica's) and `omnicore
+               serve --ray --replicas 2` (1 CPU each), the same pcm stream request (voice: a
+               designed library voice, exact, 8 steps, seeded) --runs times each, after one
+               warm-up request: the median time to the first audio byte
+  autoscale    `--autoscale 1:2`: 8 concurrent streams, then quiet; the replicas Serve runs,
+               sampled each second from /metrics (omnicore_cluster_replica), and Serve's own
+               controller log lines of the scaling decisions
+  affinity     `--replicas 2`: 20 requests alternating two cloned voices; the replica each
+               went to, and the cluster's voice lines of /metrics after
+  faults       `--replicas 2`: --kills rounds of: a stream started, the replica serving it
+               SIGKILLed at its first byte while a voice is cloned through the proxy; then,
+               once the replacement replica is up, one more request. Per round: what the
+               streaming client saw (whole audio, or an error it can tell), the clone's status,
+               the request after the replacement's status. At the end every voice that got a
+               2xx is listed through the proxy and loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+LONG = " ".join(["This sentence is here to make the stream long."] * 8)
+
+
+def start(model: str, voices: Path, port: int, *flags, log: Path, threads: int | None = None):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if threads:  # as a replica of --cpus-per-replica K sets them (omnicore.apps.cluster)
+        from omnicore.apps.cluster import actor_env
+
+        env.update(actor_env(threads))
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "omnicore", "serve", "--model", model,
+                                 "--profile", "exact", "--port", str(port), "--voices-dir",
+                                 str(voices), *flags], env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    import httpx
+
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"the server is not up:\n{log.read_text()[-3000:]}")
+
+
+def stop(proc) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def house(model: str, folder: Path) -> None:
+    """A designed library voice, "house", as the tests make it."""
+    from omnicore import OmniVoice
+
+    m = OmniVoice.from_pretrained(model)
+    m.synthesize("This is how the house sounds.", instruct="female, low pitch", seed=3,
+                 num_step=4)[0].as_voice().save(folder / "house.npz")
+
+
+def stream(url: str, text: str, seed: int, on_first=None) -> dict:
+    """One pcm stream: ttfb, bytes, the replica (header) and how it ended."""
+    import httpx
+
+    t0 = time.perf_counter()
+    got, ttfb, replica = 0, None, None
+    try:
+        with httpx.stream("POST", url + "/v1/audio/speech", timeout=300, json={
+                "model": "tts-1", "voice": "house", "input": text, "response_format": "pcm",
+                "num_step": 8, "seed": seed}) as r:
+            replica = r.headers.get("x-omnicore-replica")
+            if r.status_code != 200:
+                return {"status": r.status_code, "ended": "refused", "bytes": 0}
+            for piece in r.iter_bytes():
+                if ttfb is None:
+                    ttfb = time.perf_counter() - t0
+                    if on_first is not None:
+                        on_first(replica)
+                got += len(piece)
+        ended = "whole"
+    except httpx.HTTPError as exc:
+        ended = f"error ({type(exc).__name__})"
+    return {"status": 200, "ended": ended, "bytes": got, "ttfb": ttfb, "replica": replica,
+            "total": time.perf_counter() - t0}
+
+
+def metric_replicas(url: str) -> dict:
+    import httpx
+
+    out = {}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("omnicore_cluster_replica{"):
+            labels = line[line.index("{") + 1:line.index("}")]
+            fields = dict(kv.split("=") for kv in labels.split(","))
+            out[fields["replica"].strip('"')] = int(fields["pid"].strip('"'))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def live_replicas(url: str) -> dict:
+    return {r: p for r, p in metric_replicas(url).items() if alive(p)}
+
+
+def first_byte(model: str, tmp: Path, runs: int) -> dict:
+    out = {}
+    for name, flags, threads in (
+            ("omnicore serve (threads: all cores)", (), None),
+            ("omnicore serve, 1 thread (as one replica)", (), 1),
+            ("omnicore serve --ray --replicas 2 --cpus-per-replica 1",
+             ("--ray", "--replicas", "2"), None)):
+        proc, url = start(model, tmp, free_port(), *flags, log=tmp / f"{len(out)}.log",
+                          threads=threads)
+        try:
+            stream(url, "Warm up.", 0)
+            ttfb = [stream(url, "Hello, how can I help you today?", 1)["ttfb"]
+                    for _ in range(runs)]
+        finally:
+            stop(proc)
+        out[name] = {"median_s": statistics.median(ttfb), "runs": ttfb}
+        print(f"{name}: first byte median {out[name]['median_s']:.3f} s {ttfb}", flush=True)
+    return out
+
+
+def autoscale(model: str, tmp: Path) -> dict:
+    proc, url = start(model, tmp, free_port(), "--ray", "--autoscale", "1:2",
+                      log=tmp / "autoscale.log")
+    samples, t0 = [], time.monotonic()
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            try:
+                samples.append((round(time.monotonic() - t0, 1), len(live_replicas(url))))
+            except Exception:  # noqa: BLE001 - a sample missed
+                pass
+            time.sleep(1)
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        time.sleep(3)
+        burst = [None] * 8
+
+        def one(i):
+            burst[i] = stream(url, LONG, i)
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        burst_end = round(time.monotonic() - t0, 1)
+        while time.monotonic() - t0 < burst_end + 120:
+            if samples and samples[-1][1] == 1 and samples[-1][0] > burst_end + 5:
+                break
+            time.sleep(2)
+        time.sleep(2)
+    finally:
+        done.set()
+        sampler.join()
+        session = Path("/tmp/ray/session_latest/logs/serve")
+        decisions = []
+        for log in sorted(session.glob("controller_*.log")):
+            decisions += [line.strip() for line in log.read_text(errors="replace").splitlines()
+                          if "scaling" in line.lower() and "Speaker" in line]
+        stop(proc)
+    peak = max(n for _, n in samples)
+    print(f"autoscale: peak {peak} replicas, samples {samples}", flush=True)
+    print("\n".join(decisions), flush=True)
+    return {"samples": samples, "burst_end_s": burst_end, "peak": peak,
+            "final": samples[-1][1], "burst": burst, "serve_log": decisions}
+
+
+def clip(pitch: float) -> bytes:
+    import soundfile as sf
+
+    t = np.arange(24000 * 2) / 24000
+    rng = np.random.default_rng(int(pitch))
+    wav = 0.2 * np.sin(2 * np.pi * pitch * t) * (1 + 0.5 * rng.standard_normal(t.size))
+    buf = io.BytesIO()
+    sf.write(buf, wav.astype(np.float32), 24000, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+def faults(model: str, tmp: Path, kills: int) -> dict:
+    import httpx
+
+    proc, url = start(model, tmp, free_port(), "--ray", "--replicas", "2",
+                      log=tmp / "faults.log")
+    rows, made = [], []
+    try:
+        for k in range(kills):
+            pids = live_replicas(url)
+            clone = {}
+
+            def kill(replica):
+                def post():
+                    try:
+                        r = httpx.post(url + "/v1/voices", timeout=120, data={
+                            "name": f"v{k}", "ref_text": "A short test clip."},
+                            files={"audio": ("c.wav", clip(150 + 10 * k), "audio/wav")})
+                        clone["status"] = r.status_code
+                    except httpx.HTTPError as exc:
+                        clone["status"] = type(exc).__name__
+                poster = threading.Thread(target=post)
+                poster.start()
+                time.sleep(0.2)  # the clone in flight when the replica dies (if it landed there)
+                os.kill(pids[replica], signal.SIGKILL)
+                clone["thread"] = poster
+            t_kill = time.monotonic()
+            got = stream(url, LONG, k, on_first=kill)
+            clone["thread"].join()
+            if clone["status"] in (200, 201):
+                made.append(f"v{k}")
+            while len(live_replicas(url)) < 2 and time.monotonic() - t_kill < 180:
+                time.sleep(1)
+            back = round(time.monotonic() - t_kill, 1)
+            after = httpx.post(url + "/v1/audio/speech", timeout=300, json={
+                "model": "tts-1", "voice": "house", "input": "Still here.",
+                "response_format": "pcm", "num_step": 4, "seed": 1}).status_code
+            rows.append({"round": k + 1, "stream": got["ended"], "stream_bytes": got["bytes"],
+                         "clone": clone["status"], "replacement_up_s": back, "after": after})
+            print(rows[-1], flush=True)
+        listed = {v["id"] for v in httpx.get(url + "/v1/voices", timeout=60).json()["data"]}
+        loads = {v: httpx.get(f"{url}/v1/voices/{v}", timeout=60).status_code for v in made}
+    finally:
+        stop(proc)
+    return {"rows": rows, "made": made, "listed": sorted(listed & set(made)), "loads": loads}
+
+
+def affinity(model: str, tmp: Path) -> dict:
+    """20 requests alternating two cloned voices on 2 replicas: where each went, and the
+    cluster's voice lines of /metrics after."""
+    import httpx
+
+    proc, url = start(model, tmp, free_port(), "--ray", "--replicas", "2",
+                      log=tmp / "affinity.log")
+    try:
+        for name, pitch in (("ann", 150.0), ("bob", 220.0)):
+            r = httpx.post(url + "/v1/voices", timeout=120, data={
+                "name": name, "ref_text": "A short test clip."},
+                files={"audio": ("c.wav", clip(pitch), "audio/wav")})
+            assert r.status_code in (200, 201), r.text
+        served = []
+        for i in range(20):
+            voice = ("ann", "bob")[i % 2]
+            r = httpx.post(url + "/v1/audio/speech", timeout=300, json={
+                "model": "tts-1", "voice": voice, "input": f"Number {i}.",
+                "response_format": "pcm", "num_step": 2, "seed": i})
+            served.append((voice, r.headers.get("x-omnicore-replica"), r.status_code))
+        lines = [line for line in httpx.get(url + "/metrics", timeout=30).text.splitlines()
+                 if line.startswith(("omnicore_cluster_voice", "omnicore_voice_prompts"))]
+    finally:
+        stop(proc)
+    print("\n".join(map(str, served)), "\n".join(lines), sep="\n", flush=True)
+    return {"served": served, "metrics": lines}
+
+
+def markdown(res: dict) -> str:
+    out = [f"Load average at the start: {res['load']}", ""]
+    fb = res["first_byte"]
+    out += ["| server | first byte, median (s) | runs (s) |", "|---|---:|---|"]
+    out += [f"| {k} | {v['median_s']:.3f} | {', '.join(f'{x:.3f}' for x in v['runs'])} |"
+            for k, v in fb.items()]
+    a = res["autoscale"]
+    out += ["", f"Autoscale 1:2: peak {a['peak']} replicas, {a['final']} at the end; burst "
+                f"ended at {a['burst_end_s']} s; samples (s, replicas): {a['samples']}", ""]
+    out += ["    " + line for line in a["serve_log"]]
+    f = res["faults"]
+    out += ["", "| round | stream | bytes | clone | replacement up (s) | request after |",
+            "|---:|---|---:|---|---:|---:|"]
+    out += [f"| {r['round']} | {r['stream']} | {r['stream_bytes']} | {r['clone']} | "
+            f"{r['replacement_up_s']} | {r['after']} |" for r in f["rows"]]
+    out += ["", f"Voices cloned with a 2xx: {len(f['made'])}; listed afterwards: "
+                f"{len(f['listed'])}; each loads: {sorted(set(f['loads'].values()))}"]
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(ROOT / "weights" / "tiny-random"))
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--kills", type=int, default=10)
+    ap.add_argument("--parts", default="first_byte,autoscale,affinity,faults")
+    ap.add_argument("--work", help="keep the servers' logs and voices in this folder "
+                                   "(default: a temporary one)")
+    ap.add_argument("--markdown")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    res = {"load": os.getloadavg(), "model": args.model}
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(args.work or d)
+        tmp.mkdir(parents=True, exist_ok=True)
+        house(args.model, tmp)
+        parts = args.parts.split(",")
+        if "first_byte" in parts:
+            res["first_byte"] = first_byte(args.model, tmp, args.runs)
+        if "autoscale" in parts:
+            res["autoscale"] = autoscale(args.model, tmp)
+        if "affinity" in parts:
+            res["affinity"] = affinity(args.model, tmp)
+        if "faults" in parts:
+            res["faults"] = faults(args.model, tmp, args.kills)
+    res["load_end"] = os.getloadavg()
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+    if args.markdown and {"first_byte", "autoscale", "faults"} <= set(res):
+        Path(args.markdown).write_text(markdown(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
