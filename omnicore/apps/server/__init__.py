@@ -137,7 +137,7 @@ def log_startup(server, model_path, host: str, port: int) -> None:
 def log_model(log, server, model_path) -> None:
     """The start-up lines every front door shares: which model, where voices live."""
     from ... import __version__
-    from .protocol import PROFILE_LABELS
+    from .protocol import PRECISION_LABELS, PROFILE_LABELS
 
     voices = server.voices
     log.info("omnicore %s: model %s (%s)", __version__, server.model_name, model_path)
@@ -145,6 +145,11 @@ def log_model(log, server, model_path) -> None:
     log.info("Profile: %s for requests that name none%s", PROFILE_LABELS[profile],
              "" if profile == "exact" else " (early first audio on a CPU; --profile exact "
                                            "for the reference's algorithm)")
+    precision = getattr(server.model, "precision", "fp32")
+    log.info("Precision: %s%s", PRECISION_LABELS[precision],
+             " (float32 GEMMs; --precision int8 is faster on a CPU, approximate: "
+             "docs/configuration.md)" if precision == "fp32" else
+             " (the model's products are not the float32 ones; --precision fp32 runs them)")
     if not voices.persistent:
         log.info("Voices: not kept (a private temporary folder): voices made now are gone "
                  "after a restart")
