@@ -416,8 +416,8 @@ def _load(cfg, precision):
 
 
 class _Int8Product:
-    """A projection for the spec whose `x @ W.T` is int8_linear(x, quantize_weight(W)): the
-    spec's own code then runs the int8 profile's algorithm, nothing else changed."""
+    """A projection for the spec whose `x @ W.T` is int8_linear_plain(x, quantize_weight(W)):
+    the spec's own code then runs the int8 profile's plain algorithm, nothing else changed."""
 
     __array_ufunc__ = None  # numpy hands `x @ this` to __rmatmul__
 
@@ -431,9 +431,9 @@ class _Int8Product:
         return self
 
     def __rmatmul__(self, x):  # x [L, in] -> [L, out]
-        from omnicore.model.int8_kernels import int8_linear
+        from omnicore.model.int8_kernels import int8_linear_plain
 
-        return int8_linear(x, self.w8)
+        return int8_linear_plain(x, self.w8)
 
 
 # The seven projections of every layer go int8; the audio heads, norms and embeddings do not.
@@ -442,7 +442,8 @@ _PROJECTIONS = ("q_proj.", "k_proj.", "v_proj.", "o_proj.", "gate_proj.", "up_pr
 
 def test_the_int8_backbone_is_the_spec_with_int8_products(cfg):
     """The int8 profile's logits are spec.logits' with every projection's x @ W.T replaced by
-    int8_kernels.int8_linear (weights per channel, activations per token) and everything else
+    int8_kernels.int8_linear_plain (weights per channel, activations per token; the backbone
+    runs the fast kernels, equal to it bit for bit) and everything else
     (attention's products, softmax, norms, RoPE, the audio heads) as the float32 spec has it.
     Bound: 1e-5 of the largest logit, the float32 bound of the fp32 backbone against the spec
     (the fused kernels round differently in the last bits; an activation on a quantisation
@@ -467,9 +468,9 @@ def test_the_int8_backbone_is_the_spec_with_int8_products(cfg):
 
 
 def test_the_int8_loader_keeps_no_float32_copy_of_a_quantised_matrix(cfg):
-    """Under int8 each projection is an Int8Weight: int8 codes [N, K] in C order, float32
-    scales [N], int32 column sums [N], nothing else (a quarter of the float32 bytes, plus 8 per
-    channel). The float32 matrix is dropped as soon as it is quantised: the load's traced peak
+    """Under int8 each projection is an Int8Weight: int8 codes (packed in panels of 32
+    channels and groups of 4 inputs, zero-padded), float32 scales [N], int32 column sums [N],
+    nothing else (a quarter of the float32 bytes, plus padding and 8 per channel). The float32 matrix is dropped as soon as it is quantised: the load's traced peak
     stays below the int8 parameters plus a few float32 matrices, far below the float32 layers.
     The audio heads, norms and embeddings are float32 as stored."""
     import dataclasses
@@ -496,8 +497,10 @@ def test_the_int8_loader_keeps_no_float32_copy_of_a_quantised_matrix(cfg):
             assert isinstance(w, Int8Weight) and vars(w).keys() == {"q", "scale", "colsum",
                                                                     "n_out", "n_in"}
             assert w.q.dtype == np.int8 and w.scale.dtype == np.float32 and w.colsum.dtype == np.int32
-            assert (w.n_out, w.n_in) == w32.shape and w.q.size == w32.size
-            assert w.nbytes == w32.nbytes // 4 + 8 * w32.shape[0]
+            N, K = w32.shape
+            assert (w.n_out, w.n_in) == (N, K) and w.codes().shape == (N, K)
+            assert w.q.size == -(-N // 32) * 32 * -(-K // 4) * 4
+            assert w.nbytes == w.q.size + 8 * N
             want = quantize_weight(w32)  # quantised from the checkpoint's float32, once
             np.testing.assert_array_equal(w.q, want.q)
             np.testing.assert_array_equal(w.scale, want.scale)
