@@ -15,11 +15,13 @@ step       the backbone step of a 5 s generate (a conditional row of the text an
            min and median of --reps; the seven projections of one layer alone (the GEMMs the
            profile changes); then generate() at the fast profile for 5 s, greedy, alternating,
            median of --gen-reps after a warm-up each. Goals: step <= 0.4x, generate <= 0.5x.
-accuracy   the logits of that step (all-MASK targets: a first step) against a float64 forward of
-           the same checkpoint on the host (gpu/bench_gpu.py's `forward_f64`, the oracle of the
-           tf32 / bf16 / fp16 rows): max |diff| / max |float64| and the share of cells whose
-           argmax agrees with float64's, for fp32, bf16, int8 and int8 with the audio heads
-           quantised too (the choice the profile does not make: docs/correctness.md).
+accuracy   that step (all-MASK targets: a first step) against a float64 forward of the same
+           checkpoint on the host (gpu/bench_gpu.py's `forward_f64`, the oracle of the tf32 /
+           bf16 / fp16 rows): each layer's output (every layer fed the profile's own previous
+           one, as accuracy_table.py does) as ||diff|| / ||float64||, the logits so and as
+           max |diff| / max |float64|, and the share of cells whose argmax agrees with
+           float64's; for fp32, bf16, int8 and int8 with the audio heads quantised too (the
+           choice the profile does not make: docs/correctness.md). A markdown table last.
 agreement  greedy codes (exact profile, --steps steps, --seconds of audio) of int8, and of int8
            with int8 heads, against fp32's, in auto, design and clone mode: the share of cells
            equal (cells are chosen by confidence, so one early flip moves later choices; this
@@ -174,25 +176,48 @@ def cmd_accuracy(args):
 
     from omnicore.model import backbone
 
-    say(f"# logits of a first step against float64 ({args.model}, {args.seconds:g} s); "
+    say(f"# a first step against float64 ({args.model}, {args.seconds:g} s; cond + uncond rows); "
         f"{load_line()}")
-    want = None
-    for label, precision, heads in (("fp32", "fp32", False), ("bf16", "bf16", False),
-                                    ("int8", "int8", False),
-                                    ("int8, heads int8 too", "int8", True)):
+    sides = (("fp32", "fp32", False), ("bf16", "bf16", False), ("int8", "int8", False),
+             ("int8, heads int8 too", "int8", True))
+    want = states = None
+    table = {}
+    for label, precision, heads in sides:
         m = load(args.model, precision, heads)
         rows, ids, mask, pack, T = step_rows(m, args.seconds)
-        if want is None:
-            want = [forward_f64(Path(args.model) / "model.safetensors", m.config, r[0], r[1], T)
-                    for r in rows]  # [C, T, V] per row
+        if want is None:  # the float64 forward of each row, its layers kept
+            per_row = [[] for _ in rows]
+            want = [forward_f64(Path(args.model) / "model.safetensors", m.config, r[0], r[1], T,
+                                states=s) for r, s in zip(rows, per_row)]  # [C, T, V] per row
+            states = [np.concatenate(layer) for layer in zip(*per_row)]  # [N, D] per stage
+        col = table[label] = {}
+        x = backbone.embed(m.params, m.config, ids, mask)  # [N, D]
+        for i, lp in enumerate(m.params.layers):  # one layer at a time, on its own input
+            one = dataclasses.replace(m.params, layers=(lp,))
+            x = backbone.hidden_states(one, m.config, x, pack).copy()
+            col[f"layer {i + 1}"] = rel_rms(x, states[i + 1])
         got = backbone.forward_rows(m.params, m.config, ids, mask, pack, [T, T])
-        err = max(float(np.abs(g - w).max() / np.abs(w).max()) for g, w in zip(got, want))
-        rms = max(float(np.sqrt(((g - w) ** 2).mean() / (w ** 2).mean())) for g, w in zip(got, want))
+        col["logits (rms)"] = rel_rms(np.stack(got), np.stack(want))
+        col["logits (max)"] = max(float(np.abs(g - w).max() / np.abs(w).max())
+                                  for g, w in zip(got, want))
         agree = float(np.mean([np.mean(g.argmax(-1) == w.argmax(-1)) for g, w in zip(got, want)]))
-        say(f"{label}: logits max |diff| / max |f64| {err:.2e}, rms relative {rms:.2e}, argmax "
-            f"agrees with float64 in {agree:.2%} of {2 * m.config.num_audio_codebook * T} cells; "
-            f"{load_line()}")
+        col["argmax = float64's"] = f"{agree:.2%}"
+        say(f"{label}: last layer {col[f'layer {len(m.params.layers)}']:.2e}, logits rms "
+            f"{col['logits (rms)']:.2e}, max {col['logits (max)']:.2e}, argmax agrees with "
+            f"float64 in {agree:.2%} of {2 * m.config.num_audio_codebook * T} cells; {load_line()}")
         del m, got
+    names = list(table)
+    say("\n| stage (relative error against float64) | " + " | ".join(names) + " |")
+    say("|---|" + "---|" * len(names))
+    for stage in table[names[0]]:
+        cells = [v if isinstance(v, str) else f"{v:.2e}" for v in (table[n][stage] for n in names)]
+        say(f"| {stage} | " + " | ".join(cells) + " |")
+
+
+def rel_rms(got, want) -> float:
+    """||got - want|| / ||want|| over every element (accuracy_table.py's pooled error)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.sqrt(((got - want) ** 2).sum() / (want ** 2).sum()))
 
 
 # -- agreement --------------------------------------------------------------------------------
