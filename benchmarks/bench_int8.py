@@ -4,7 +4,8 @@ command whose ratios come from one process (the sides alternate, so a busy machi
 
     python3 benchmarks/bench_int8.py step      [--model DIR] [--reps 9] [--gen-reps 3]
     python3 benchmarks/bench_int8.py accuracy  [--model DIR] [--seconds 5]
-    python3 benchmarks/bench_int8.py agreement [--model DIR] [--steps 16] [--seconds 4]
+    python3 benchmarks/bench_int8.py heads     [--model DIR] [--seconds 5]
+    python3 benchmarks/bench_int8.py agreement [--model DIR] [--steps 16] [--seconds 4] [--heads]
     python3 benchmarks/bench_int8.py timeline  [--model DIR] --precision fp32|int8 [--reps 2]
 
 --model defaults to $OMNICORE_BENCH_MODEL, else checkpoints/full. Every line prints the load
@@ -22,8 +23,12 @@ accuracy   that step (all-MASK targets: a first step) against a float64 forward 
            max |diff| / max |float64|, and the share of cells whose argmax agrees with
            float64's; for fp32, bf16, int8 and int8 with the audio heads quantised too (the
            choice the profile does not make: docs/correctness.md). A markdown table last.
-agreement  greedy codes (exact profile, --steps steps, --seconds of audio) of int8, and of int8
-           with int8 heads, against fp32's, in auto, design and clone mode: the share of cells
+heads      the audio heads alone: fp32's final hidden states through float32 and through int8
+           heads, against float64 heads on the same states (the heads' own error, apart from the
+           layers' which swamps it above on random weights).
+agreement  greedy codes (exact profile, --steps steps, --seconds of audio) of bf16 (the
+           yardstick: a precision the real model runs in on GPUs), int8 (and with --heads of int8
+           with int8 heads) against fp32's, in auto, design and clone mode: the share of cells
            equal (cells are chosen by confidence, so one early flip moves later choices; this
            is what the listener's codes see, not a per-step error).
 timeline   `omnicore wyoming --precision P` at its default profile (live), a three-sentence
@@ -157,8 +162,8 @@ def cmd_step(args):
     def gen(p):
         return lambda: models[p].generate(TEXT, language="en", duration=5.0, profile="fast",
                                           **GREEDY)
-    for p in models:
-        gen(p)()
+    for p in models:  # warm: the generate path's kernels compiled (a short pass)
+        models[p].generate(TEXT, language="en", duration=1.0, num_step=2, **GREEDY)
     got = {p: [] for p in models}
     for _ in range(args.gen_reps):
         for p in models:
@@ -220,6 +225,30 @@ def rel_rms(got, want) -> float:
     return float(np.sqrt(((got - want) ** 2).sum() / (want ** 2).sum()))
 
 
+def cmd_heads(args):
+    """The audio heads alone: the same final hidden states (fp32's) through float32 heads and
+    through int8 heads, against those states through float64 heads."""
+    from omnicore.model import backbone
+    from omnicore.model.int8_kernels import quantize_weight
+
+    say(f"# the audio heads alone ({args.model}, a first step of {args.seconds:g} s); {load_line()}")
+    m = load(args.model, "fp32")
+    _, ids, mask, pack, T = step_rows(m, args.seconds)
+    cfg, params = m.config, m.params
+    x = backbone.embed(params, cfg, ids, mask)
+    h = backbone.hidden_states(params, cfg, x, pack)[pack.tail_index([T, T])].copy()  # [2T, D]
+    hn = backbone.kernels.rms_norm(h, params.norm, cfg.llm_config.rms_norm_eps)  # [2T, D]
+    want = hn.astype(np.float64) @ params.audio_heads.T.astype(np.float64)  # [2T, C*V]
+    for label, heads in (("float32 heads", params.audio_heads),
+                         ("int8 heads", quantize_weight(params.audio_heads))):
+        got = backbone.linear(hn.copy(), heads, precision="int8")  # [2T, C*V]
+        C, V = cfg.num_audio_codebook, cfg.audio_vocab_size
+        agree = float(np.mean(got.reshape(-1, C, V).argmax(-1) == want.reshape(-1, C, V).argmax(-1)))
+        say(f"{label}: logits ||diff|| / ||float64|| {rel_rms(got, want):.2e}, max |diff| / max "
+            f"{float(np.abs(got - want).max() / np.abs(want).max()):.2e}, argmax agrees with the "
+            f"float64 heads' in {agree:.2%} of {2 * C * T} cells; {load_line()}")
+
+
 # -- agreement --------------------------------------------------------------------------------
 
 def cmd_agreement(args):
@@ -233,8 +262,10 @@ def cmd_agreement(args):
     ref = OmniVoice.from_pretrained(args.model)
     want = {mode: ref.generate_codes(TEXT, **kw, **extra)[0] for mode, extra in modes.items()}
     del ref
-    for label, heads in (("int8", False), ("int8, heads int8 too", True)):
-        m = load(args.model, "int8", heads)
+    sides = (("bf16 (the yardstick)", "bf16", False), ("int8", "int8", False))
+    for label, precision, heads in sides + ((("int8, heads int8 too", "int8", True),)
+                                            if args.heads else ()):
+        m = load(args.model, precision, heads)
         cells = []
         for mode, extra in modes.items():
             got = m.generate_codes(TEXT, **kw, **extra)[0]
@@ -313,7 +344,7 @@ def cmd_timeline(args):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("step", "accuracy", "agreement", "timeline"))
+    p.add_argument("what", choices=("step", "accuracy", "heads", "agreement", "timeline"))
     p.add_argument("--model", default=os.environ.get("OMNICORE_BENCH_MODEL",
                                                      str(ROOT / "checkpoints" / "full")))
     p.add_argument("--reps", type=int, default=None)
@@ -321,12 +352,14 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=None)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--precision", default="int8", choices=("fp32", "int8"))
+    p.add_argument("--heads", action="store_true",
+                   help="agreement: also int8 with the audio heads quantised")
     args = p.parse_args()
     if args.reps is None:
         args.reps = {"step": 9, "timeline": 2}.get(args.what, 1)
     if args.seconds is None:
         args.seconds = {"agreement": 4.0}.get(args.what, 5.0)
-    {"step": cmd_step, "accuracy": cmd_accuracy, "agreement": cmd_agreement,
+    {"step": cmd_step, "accuracy": cmd_accuracy, "heads": cmd_heads, "agreement": cmd_agreement,
      "timeline": cmd_timeline}[args.what](args)
 
 
