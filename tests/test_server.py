@@ -865,3 +865,23 @@ def test_an_int8_server_says_its_precision_where_the_profile_is_said(tmp_path):
         stop_process(proc, 10)
     log = log_path.read_text()
     assert "Precision: int8 (approximate)" in log, log
+
+
+def test_the_precision_start_up_line_says_what_the_cpu_offers():
+    """fp32 names --precision int8 only where the int8 kernels have dot-product units to run on;
+    int8 is labelled approximate, and says so when it would run the plain loops."""
+    from omnicore.apps.server import precision_line
+    from omnicore.model import int8_kernels
+
+    try:
+        int8_kernels.force_path("plain")
+        assert precision_line("fp32") == "fp32"
+        assert precision_line("int8").startswith("int8 (approximate)")
+        assert "plain loops" in precision_line("int8")
+        int8_kernels.force_path(None)
+        if int8_kernels.path() != "plain":
+            assert "--precision int8" in precision_line("fp32")
+            assert "plain loops" not in precision_line("int8")
+        assert precision_line("bf16").startswith("bf16 (approximate)")
+    finally:
+        int8_kernels.force_path(None)
