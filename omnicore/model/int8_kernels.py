@@ -289,24 +289,25 @@ def _quantize_pack_impl(x, shift, ap, sx):
     """Rows of x [M, K] -> sx [M] and their codes + shift, packed [Mp/8, Kp/4, 8, 4] in ap."""
     m, k = x.shape
     groups = ap.size // (_A_STRIDE * ((m + _MB - 1) // _MB))  # Kp/4
+    words = ap.view(np.uint32)  # [Mp/8, Kp/4, 8]: a row's 4 bytes of a group are one word
     for i in prange((m + _MB - 1) // _MB * _MB):
-        base = (i // _MB) * groups * _A_STRIDE + (i % _MB) * _KG
-        if i >= m:  # the last row block's padding rows: zero codes
-            for g in range(groups):
-                for t in range(_KG):
-                    ap[base + g * _A_STRIDE + t] = np.uint8(shift)
-            continue
-        row = x[i]
-        amax = _abs_max(row, k)
-        # The plain algorithm's float32 division and rint (no fastmath here: a division must not
-        # become a reciprocal multiply).
-        s = amax / _QMAX if amax > 0 else np.float32(1.0)
-        sx[i] = s
-        for j in range(k):
-            qv = min(max(np.rint(row[j] / s), np.float32(-127.0)), np.float32(127.0))
-            ap[base + (j // _KG) * _A_STRIDE + j % _KG] = np.uint8(np.int32(qv) + shift)
-        for j in range(k, groups * _KG):  # the K padding: zero codes (the weights' are zero too)
-            ap[base + (j // _KG) * _A_STRIDE + j % _KG] = np.uint8(shift)
+        codes = np.full(groups * _KG, np.uint8(shift))  # [Kp]; the K padding: zero codes
+        if i < m:  # past M: the last row block's padding rows, zero codes
+            row = x[i]
+            amax = _abs_max(row, k)
+            # The plain algorithm's float32 division and rint (no fastmath here: a division
+            # must not become a reciprocal multiply).
+            s = amax / _QMAX if amax > 0 else np.float32(1.0)
+            sx[i] = s
+            for j in range(k):  # contiguous, so it vectorises
+                qv = np.rint(row[j] / s)
+                qv = np.float32(-127.0) if qv < np.float32(-127.0) else qv
+                qv = np.float32(127.0) if qv > np.float32(127.0) else qv
+                codes[j] = np.uint8(np.int32(qv) + shift)
+        cw = codes.view(np.uint32)  # [Kp/4]
+        base = (i // _MB) * groups * _MB + i % _MB
+        for g in range(groups):
+            words[base + g * _MB] = cw[g]
 
 
 def _pack_codes_impl(xq, shift, ap):
@@ -326,15 +327,20 @@ _pack_codes_nb, _pack_codes_nb_par = jit.twice(_pack_codes_impl)
 
 @jit.njit(inline="always", error_model="numpy")
 def _epilogue(c, mr, nr, m0, n0, m, n, shift, colsum, sx, sw, out, acc):
-    """A tile's int32 sums c [MR, NR] -> out (float32, the plain algorithm's scaling) or, for
-    the bare product, acc (int32); the shift undone; rows and columns past M, N dropped."""
+    """A tile's int32 sums c [MR, NR] -> out (float32, the plain algorithm's scaling) or, when
+    out is empty (the bare product), acc (int32); the shift undone (exact: the true sum fits
+    in int32); rows and columns past M, N dropped."""
+    cols = min(nr, n - n0)
+    if out.shape[0] == 0:
+        for r in range(min(mr, m - m0)):
+            arow, cr = acc[m0 + r], c[r * nr:(r + 1) * nr]
+            for j in range(cols):
+                arow[n0 + j] = cr[j] - shift * colsum[n0 + j]
+        return
     for r in range(min(mr, m - m0)):
-        for j in range(min(nr, n - n0)):
-            v = c[r * nr + j] - shift * colsum[n0 + j]  # exact: the true sum fits in int32
-            if out.shape[0] == 0:
-                acc[m0 + r, n0 + j] = v
-            else:
-                out[m0 + r, n0 + j] = np.float32(v) * sx[m0 + r] * sw[n0 + j]
+        orow, cr, s = out[m0 + r], c[r * nr:(r + 1) * nr], sx[m0 + r]
+        for j in range(cols):
+            orow[n0 + j] = np.float32(cr[j] - shift * colsum[n0 + j]) * s * sw[n0 + j]
 
 
 @jit.njit(inline="always", error_model="numpy")
