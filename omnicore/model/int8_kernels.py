@@ -166,14 +166,20 @@ _TILES = {
 }
 
 
-def emit_tile(builder, tile: _Tile, a_ptr, b_ptr, kq, c_ptr) -> None:
+def emit_tile(builder, tile: _Tile, a_ptr, b_ptr, kq, c_ptr, epilogue=None) -> None:
     """Emit, at `builder`, c[r, j] = sum over kq byte groups of dot(a's 4 bytes of row r,
     b's 4 bytes of column j), for a tile.rows x tile.cols tile.
 
     a_ptr: i8* at the tile's first row in a row block (a group every 32 bytes, a row every 4);
     b_ptr: i8* at the tile's first column in a panel (a group every 128 bytes, a column every
     4); kq: i64 byte groups; c_ptr: i8* at MR x NR int32, row-major. The accumulators are phi
-    nodes of one loop, so they stay in registers across the whole K."""
+    nodes of one loop, so they stay in registers across the whole K.
+
+    With `epilogue` (bias, sx, sw, out, stride, scaled), the sums go from the registers to a
+    full tile of the output instead of c: out[r, j] = float32(c[r, j] - bias[j]) * sx[r] * sw[j]
+    (scaled, float32 out) or c[r, j] - bias[j] (int32 out); bias, sw: i8* at the tile's first
+    column's int32 / float32, sx: i8* at its first row's float32, out: i8* at out[first row,
+    first column], stride: i64 bytes between output rows."""
     from llvmlite import ir
 
     i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -224,100 +230,152 @@ def emit_tile(builder, tile: _Tile, a_ptr, b_ptr, kq, c_ptr) -> None:
         for v in range(nv):
             outs[r][v].add_incoming(zero, entry)
             outs[r][v].add_incoming(new[r][v], loop)
-            p = builder.gep(c_ptr, [ir.Constant(i64, 4 * (r * tile.cols + v * tile.lanes))],
-                            source_etype=i8)
-            builder.store(outs[r][v], builder.bitcast(p, vec.as_pointer()), align=4)
+    if epilogue is None:
+        for r in range(tile.rows):
+            for v in range(nv):
+                p = builder.gep(c_ptr, [ir.Constant(i64, 4 * (r * tile.cols + v * tile.lanes))],
+                                source_etype=i8)
+                builder.store(outs[r][v], builder.bitcast(p, vec.as_pointer()), align=4)
+        return
+    bias, sx, sw, out, stride, scaled = epilogue
+    f32 = ir.FloatType()
+    fvec = ir.VectorType(f32, tile.lanes)
+
+    def at(ptr, offset, ty):
+        p = builder.gep(ptr, [offset if isinstance(offset, ir.Value) else ir.Constant(i64, offset)],
+                        source_etype=i8)
+        return builder.bitcast(p, ty.as_pointer())
+    col_bias = [builder.load(at(bias, 4 * tile.lanes * v, vec), align=4, typ=vec) for v in range(nv)]
+    col_sw = [builder.load(at(sw, 4 * tile.lanes * v, fvec), align=4, typ=fvec) for v in range(nv)]
+    for r in range(tile.rows):
+        row = builder.mul(stride, ir.Constant(i64, r))
+        if scaled:
+            s = builder.load(at(sx, 4 * r, f32), align=4, typ=f32)
+            one = builder.insert_element(ir.Constant(fvec, ir.Undefined), s, ir.Constant(i32, 0))
+            s_all = builder.shuffle_vector(one, ir.Constant(fvec, ir.Undefined), ir.Constant(vec, None))
+        for v in range(nv):
+            val = builder.sub(outs[r][v], col_bias[v])  # exact: the true sum fits in int32
+            if scaled:  # float32(acc) * sx[m] * sw[n], left to right, IEEE (no fast-math flags)
+                val = builder.fmul(builder.fmul(builder.sitofp(val, fvec), s_all), col_sw[v])
+            p = builder.gep(out, [builder.add(row, ir.Constant(i64, 4 * tile.lanes * v))], source_etype=i8)
+            builder.store(val, builder.bitcast(p, val.type.as_pointer()), align=4)
 
 
-def _tile_intrinsic(name: str):
-    """A Numba intrinsic tile(a, a_off, b, b_off, kq, c) running `emit_tile` for the path:
-    a, b the packed operands (1-D byte arrays), offsets in bytes, c the MR x NR int32 result."""
+def _tile_intrinsic(name: str, epilogue: bool = False):
+    """A Numba intrinsic running `emit_tile` for the path: tile(a, a_off, b, b_off, kq, c) (a, b
+    the packed operands as 1-D byte arrays, offsets in bytes, c the MR x NR int32 sums) or, with
+    `epilogue`, tile(a, a_off, b, b_off, kq, bias, sx, sw, out, m0, n0) writing a full tile of
+    out [M, N] (float32: scaled; int32: the bare sums) at row m0, column n0."""
     tile = _TILES[name]
 
-    def intrinsic(typingctx, a, a_off, b, b_off, kq, c):
+    def typer(a, a_off, b, b_off, kq, *rest):
         from llvmlite import ir
         from numba.core import types
 
         def codegen(context, builder, sig, args):
-            i8p = ir.IntType(8).as_pointer()
+            i8, i8p = ir.IntType(8), ir.IntType(8).as_pointer()
+
+            def arr(k):
+                return context.make_array(sig.args[k])(context, builder, args[k])
+
+            def i64(k):
+                return context.cast(builder, args[k], sig.args[k], types.int64)
 
             def ptr(k, off=None):
-                data = builder.bitcast(context.make_array(sig.args[k])(context, builder, args[k]).data, i8p)
-                if off is None:
-                    return data
-                return builder.gep(data, [context.cast(builder, args[off], sig.args[off], types.int64)],
-                                   source_etype=ir.IntType(8))
-            kq_ = context.cast(builder, args[4], sig.args[4], types.int64)
-            emit_tile(builder, tile, ptr(0, 1), ptr(2, 3), kq_, ptr(5))
+                data = builder.bitcast(arr(k).data, i8p)
+                return data if off is None else builder.gep(data, [off], source_etype=i8)
+            four = ir.Constant(ir.IntType(64), 4)
+            a_ptr, b_ptr, kq_ = ptr(0, i64(1)), ptr(2, i64(3)), i64(4)
+            if not epilogue:
+                emit_tile(builder, tile, a_ptr, b_ptr, kq_, ptr(5))
+                return context.get_dummy_value()
+            m0, n0 = i64(9), i64(10)
+            stride = builder.extract_value(arr(8).strides, 0)
+            out = ptr(8, builder.add(builder.mul(m0, stride), builder.mul(n0, four)))
+            col = builder.mul(n0, four)
+            emit_tile(builder, tile, a_ptr, b_ptr, kq_, None,
+                      (ptr(5, col), ptr(6, builder.mul(m0, four)), ptr(7, col), out, stride,
+                       sig.args[8].dtype == types.float32))
             return context.get_dummy_value()
-        return types.void(a, a_off, b, b_off, kq, c), codegen
-    intrinsic.__name__ = intrinsic.__qualname__ = f"_tile_{name}"
+        return types.void(a, a_off, b, b_off, kq, *rest), codegen
+
+    if epilogue:
+        def intrinsic(typingctx, a, a_off, b, b_off, kq, bias, sx, sw, out, m0, n0):
+            return typer(a, a_off, b, b_off, kq, bias, sx, sw, out, m0, n0)
+    else:
+        def intrinsic(typingctx, a, a_off, b, b_off, kq, c):
+            return typer(a, a_off, b, b_off, kq, c)
+    intrinsic.__name__ = intrinsic.__qualname__ = f"_tile_{name}{'_epilogue' if epilogue else ''}"
     return jit.intrinsic(intrinsic)
 
 
 _tile_vnni512 = _tile_intrinsic("vnni512")
 _tile_vnni256 = _tile_intrinsic("vnni256")
 _tile_sdot = _tile_intrinsic("sdot")
+_tile_vnni512_epilogue = _tile_intrinsic("vnni512", epilogue=True)
+_tile_vnni256_epilogue = _tile_intrinsic("vnni256", epilogue=True)
+_tile_sdot_epilogue = _tile_intrinsic("sdot", epilogue=True)
 
 
 # ---------------------------------------------------------------------------------------------
 # Numba loops: activation quantisation and packing, the tiles' driver and epilogue
 # ---------------------------------------------------------------------------------------------
 
-_LANES = 16
+_ABS_BITS = np.int32(0x7FFFFFFF)  # a float32's bits without its sign
+_TINY = np.finfo(np.float32).tiny  # the smallest normal float32
 
 
-@jit.njit(inline="always", fastmath=jit.FAST, error_model="numpy")
-def _abs_max(row, n):
-    """max |row[:n]| in 16 lanes, so that it vectorises (finite rows; max is exact in any order)."""
-    acc = np.zeros(_LANES, dtype=np.float32)
-    n16 = n - n % _LANES
-    for j in range(0, n16, _LANES):
-        for lane in range(_LANES):
-            v = abs(row[j + lane])
-            acc[lane] = v if v > acc[lane] else acc[lane]
-    mx = acc[0]
-    for lane in range(1, _LANES):
-        mx = acc[lane] if acc[lane] > mx else mx
-    for j in range(n16, n):
-        v = abs(row[j])
-        mx = v if v > mx else mx
-    return mx
-
-
-def _quantize_pack_impl(x, shift, ap, sx):
-    """Rows of x [M, K] -> sx [M] and their codes + shift, packed [Mp/8, Kp/4, 8, 4] in ap."""
+def _quantize_pack_impl(x, xbits, shift, ap, sx):
+    """Rows of x [M, K] (xbits: the same memory as int32) -> sx [M] and their codes + shift,
+    packed [Mp/8, Kp/4, 8, 4] in ap."""
     m, k = x.shape
     groups = ap.size // (_A_STRIDE * ((m + _MB - 1) // _MB))  # Kp/4
+    words = ap.view(np.uint32)  # [Mp/8, Kp/4, 8]: a row's 4 bytes of a group are one word
     for i in prange((m + _MB - 1) // _MB * _MB):
-        base = (i // _MB) * groups * _A_STRIDE + (i % _MB) * _KG
-        if i >= m:  # the last row block's padding rows: zero codes
-            for g in range(groups):
-                for t in range(_KG):
-                    ap[base + g * _A_STRIDE + t] = np.uint8(shift)
-            continue
-        row = x[i]
-        amax = _abs_max(row, k)
-        # The plain algorithm's float32 division and rint (no fastmath here: a division must not
-        # become a reciprocal multiply).
-        s = amax / _QMAX if amax > 0 else np.float32(1.0)
-        sx[i] = s
-        for j in range(k):
-            qv = min(max(np.rint(row[j] / s), np.float32(-127.0)), np.float32(127.0))
-            ap[base + (j // _KG) * _A_STRIDE + j % _KG] = np.uint8(np.int32(qv) + shift)
-        for j in range(k, groups * _KG):  # the K padding: zero codes (the weights' are zero too)
-            ap[base + (j // _KG) * _A_STRIDE + j % _KG] = np.uint8(shift)
+        codes = np.full(groups * _KG, np.uint8(shift))  # [Kp]; the K padding: zero codes
+        if i < m:  # past M: the last row block's padding rows, zero codes
+            row, bits = x[i], xbits[i]
+            # max |x| on the bit patterns: for finite floats, ordered as the values (and an
+            # integer max vectorises, where a float one waits on NaN rules).
+            top = np.int32(0)
+            for j in range(k):
+                v = bits[j] & _ABS_BITS
+                top = v if v > top else top
+            amax = jit.f32_from_bits(top)
+            # The plain algorithm's float32 division and rint (no fastmath here: a division
+            # must not become a reciprocal multiply).
+            s = amax / _QMAX if amax > 0 else np.float32(1.0)
+            sx[i] = s
+            if s >= _TINY:  # |x / s| <= 127 (1 + 2^-23) < 127.5: rint is within [-127, 127]
+                for j in range(k):
+                    codes[j] = np.uint8(np.int32(np.rint(row[j] / s)) + shift)
+            else:  # a subnormal scale: its rounding can push x / s past 127, so clip
+                for j in range(k):
+                    qv = np.rint(row[j] / s)
+                    qv = np.float32(-127.0) if qv < np.float32(-127.0) else qv
+                    qv = np.float32(127.0) if qv > np.float32(127.0) else qv
+                    codes[j] = np.uint8(np.int32(qv) + shift)
+        cw = codes.view(np.uint32)  # [Kp/4]
+        base = (i // _MB) * groups * _MB + i % _MB
+        for g in range(groups):
+            words[base + g * _MB] = cw[g]
 
 
 def _pack_codes_impl(xq, shift, ap):
     """Int8 codes xq [M, K] + shift -> packed [Mp/8, Kp/4, 8, 4] in ap (the bare product's A)."""
     m, k = xq.shape
     groups = ap.size // (_A_STRIDE * ((m + _MB - 1) // _MB))
+    words = ap.view(np.uint32)
     for i in prange((m + _MB - 1) // _MB * _MB):
-        base = (i // _MB) * groups * _A_STRIDE + (i % _MB) * _KG
-        for j in range(groups * _KG):
-            v = np.int32(xq[i, j]) if i < m and j < k else np.int32(0)
-            ap[base + (j // _KG) * _A_STRIDE + j % _KG] = np.uint8(v + shift)
+        codes = np.full(groups * _KG, np.uint8(shift))  # [Kp]
+        if i < m:
+            row = xq[i]
+            for j in range(k):
+                codes[j] = np.uint8(np.int32(row[j]) + shift)
+        cw = codes.view(np.uint32)
+        base = (i // _MB) * groups * _MB + i % _MB
+        for g in range(groups):
+            words[base + g * _MB] = cw[g]
 
 
 _quantize_pack_nb, _quantize_pack_nb_par = jit.twice(_quantize_pack_impl)
@@ -325,24 +383,41 @@ _pack_codes_nb, _pack_codes_nb_par = jit.twice(_pack_codes_impl)
 
 
 @jit.njit(inline="always", error_model="numpy")
-def _epilogue(c, mr, nr, m0, n0, m, n, shift, colsum, sx, sw, out, acc):
-    """A tile's int32 sums c [MR, NR] -> out (float32, the plain algorithm's scaling) or, for
-    the bare product, acc (int32); the shift undone; rows and columns past M, N dropped."""
+def _epilogue(c, mr, nr, m0, n0, m, n, bias, sx, sw, out, acc):
+    """A tile's int32 sums c [MR, NR] -> out (float32, the plain algorithm's scaling) or, when
+    out is empty (the bare product), acc (int32); the shift undone (bias [N]: shift x the
+    code sums; exact, the true sum fits in int32); rows and columns past M, N dropped. The
+    full tiles do this in the microkernel's IR (`emit_tile`); this is the tails' form."""
+    cols = min(nr, n - n0)
+    bs, ws = bias[n0:n0 + cols], sw[n0:n0 + cols]
     for r in range(min(mr, m - m0)):
-        for j in range(min(nr, n - n0)):
-            v = c[r * nr + j] - shift * colsum[n0 + j]  # exact: the true sum fits in int32
-            if out.shape[0] == 0:
-                acc[m0 + r, n0 + j] = v
-            else:
-                out[m0 + r, n0 + j] = np.float32(v) * sx[m0 + r] * sw[n0 + j]
+        cr = c[r * nr:r * nr + cols]
+        if out.shape[0] == 0:
+            arow = acc[m0 + r, n0:n0 + cols]
+            for j in range(cols):
+                arow[j] = cr[j] - bs[j]
+        else:
+            orow, s = out[m0 + r, n0:n0 + cols], sx[m0 + r]
+            for j in range(cols):
+                orow[j] = np.float32(np.int32(cr[j] - bs[j])) * s * ws[j]
+
+
+_CHUNK = 16  # row tiles one task runs, one after another, against the same column tile
 
 
 @jit.njit(inline="always", error_model="numpy")
-def _tile_origin(t, m, n, kq, mr, nr):
-    """Task t -> (byte offset in A, in B, first row, first column): column panels outermost,
-    then the column tiles within a panel, then row tiles (fastest)."""
+def _task(t, m, n, mr, nr):
+    """Task t -> (column tile, its first and end row tile): column tiles outermost (a task
+    keeps its weight panel in cache across its row tiles), then chunks of row tiles."""
     n_rt = (m + mr - 1) // mr
-    col, rt = t // n_rt, t % n_rt
+    chunks = (n_rt + _CHUNK - 1) // _CHUNK
+    col, ch = t // chunks, t % chunks
+    return col, ch * _CHUNK, min(n_rt, (ch + 1) * _CHUNK)
+
+
+@jit.njit(inline="always", error_model="numpy")
+def _tile_origin(col, rt, kq, mr, nr):
+    """(column tile, row tile) -> (byte offset in A, in B, first row, first column)."""
     per_panel = _NP // nr
     panel, ct = col // per_panel, col % per_panel
     m0, n0 = rt * mr, panel * _NP + ct * nr
@@ -351,48 +426,92 @@ def _tile_origin(t, m, n, kq, mr, nr):
     return a_off, b_off, m0, n0
 
 
-def _tasks(m, n, mr, nr):
-    return ((m + mr - 1) // mr) * ((n + _NP - 1) // _NP) * (_NP // nr)
+@jit.njit(inline="always", error_model="numpy")
+def _n_tasks(m, n, mr, nr):
+    n_rt = (m + mr - 1) // mr
+    return (n_rt + _CHUNK - 1) // _CHUNK * ((n + _NP - 1) // _NP) * (_NP // nr)
 
 
-def _gemm_vnni512_impl(ap, bp, kq, m, n, shift, colsum, sx, sw, out, acc):
-    for t in prange(((m + 7) // 8) * ((n + 31) // 32)):
-        a_off, b_off, m0, n0 = _tile_origin(t, m, n, kq, 8, 32)
-        c = np.empty(8 * 32, np.int32)
-        _tile_vnni512(ap, a_off, bp, b_off, kq, c)
-        _epilogue(c, 8, 32, m0, n0, m, n, shift, colsum, sx, sw, out, acc)
+def _gemm_vnni512_impl(ap, bp, kq, m, n, bias, sx, sw, out, acc):
+    raw = out.shape[0] == 0
+    for t in prange(_n_tasks(m, n, 8, 32)):
+        col, rt0, rt1 = _task(t, m, n, 8, 32)
+        c = np.empty(8 * 32, np.int32)  # [MR, NR], for a tile in the tails
+        for rt in range(rt0, rt1):
+            a_off, b_off, m0, n0 = _tile_origin(col, rt, kq, 8, 32)
+            if m0 + 8 <= m and n0 + 32 <= n:  # a full tile: the epilogue in registers
+                if raw:
+                    _tile_vnni512_epilogue(ap, a_off, bp, b_off, kq, bias, sx, sw, acc, m0, n0)
+                else:
+                    _tile_vnni512_epilogue(ap, a_off, bp, b_off, kq, bias, sx, sw, out, m0, n0)
+            else:
+                _tile_vnni512(ap, a_off, bp, b_off, kq, c)
+                _epilogue(c, 8, 32, m0, n0, m, n, bias, sx, sw, out, acc)
 
 
-def _gemm_vnni256_impl(ap, bp, kq, m, n, shift, colsum, sx, sw, out, acc):
-    for t in prange(((m + 3) // 4) * ((n + 31) // 32) * 2):
-        a_off, b_off, m0, n0 = _tile_origin(t, m, n, kq, 4, 16)
-        c = np.empty(4 * 16, np.int32)
-        _tile_vnni256(ap, a_off, bp, b_off, kq, c)
-        _epilogue(c, 4, 16, m0, n0, m, n, shift, colsum, sx, sw, out, acc)
+def _gemm_vnni256_impl(ap, bp, kq, m, n, bias, sx, sw, out, acc):
+    raw = out.shape[0] == 0
+    for t in prange(_n_tasks(m, n, 4, 16)):
+        col, rt0, rt1 = _task(t, m, n, 4, 16)
+        c = np.empty(4 * 16, np.int32)  # [MR, NR], for a tile in the tails
+        for rt in range(rt0, rt1):
+            a_off, b_off, m0, n0 = _tile_origin(col, rt, kq, 4, 16)
+            if m0 + 4 <= m and n0 + 16 <= n:  # a full tile: the epilogue in registers
+                if raw:
+                    _tile_vnni256_epilogue(ap, a_off, bp, b_off, kq, bias, sx, sw, acc, m0, n0)
+                else:
+                    _tile_vnni256_epilogue(ap, a_off, bp, b_off, kq, bias, sx, sw, out, m0, n0)
+            else:
+                _tile_vnni256(ap, a_off, bp, b_off, kq, c)
+                _epilogue(c, 4, 16, m0, n0, m, n, bias, sx, sw, out, acc)
 
 
-def _gemm_sdot_impl(ap, bp, kq, m, n, shift, colsum, sx, sw, out, acc):
-    for t in prange(((m + 3) // 4) * ((n + 31) // 32) * 2):
-        a_off, b_off, m0, n0 = _tile_origin(t, m, n, kq, 4, 16)
-        c = np.empty(4 * 16, np.int32)
-        _tile_sdot(ap, a_off, bp, b_off, kq, c)
-        _epilogue(c, 4, 16, m0, n0, m, n, shift, colsum, sx, sw, out, acc)
+def _gemm_sdot_impl(ap, bp, kq, m, n, bias, sx, sw, out, acc):
+    raw = out.shape[0] == 0
+    for t in prange(_n_tasks(m, n, 4, 16)):
+        col, rt0, rt1 = _task(t, m, n, 4, 16)
+        c = np.empty(4 * 16, np.int32)  # [MR, NR], for a tile in the tails
+        for rt in range(rt0, rt1):
+            a_off, b_off, m0, n0 = _tile_origin(col, rt, kq, 4, 16)
+            if m0 + 4 <= m and n0 + 16 <= n:  # a full tile: the epilogue in registers
+                if raw:
+                    _tile_sdot_epilogue(ap, a_off, bp, b_off, kq, bias, sx, sw, acc, m0, n0)
+                else:
+                    _tile_sdot_epilogue(ap, a_off, bp, b_off, kq, bias, sx, sw, out, m0, n0)
+            else:
+                _tile_sdot(ap, a_off, bp, b_off, kq, c)
+                _epilogue(c, 4, 16, m0, n0, m, n, bias, sx, sw, out, acc)
 
 
-def _gemm_plain_impl(ap, bp, kq, m, n, shift, colsum, sx, sw, out, acc):
-    # Plain loops over the same packed operands (signed codes, no shift): one row x 32 columns
-    # a task, the 32 sums in a small array LLVM may keep in vector registers.
-    for t in prange(m * ((n + 31) // 32)):
-        a_off, b_off, m0, n0 = _tile_origin(t, m, n, kq, 1, 32)
-        c = np.zeros(32, np.int32)
-        for g in range(kq):
-            pa, pb = a_off + g * _A_STRIDE, b_off + g * _B_STRIDE
-            for j in range(32):
-                s = np.int32(0)
-                for u in range(_KG):
-                    s += np.int32(ap[pa + u]) * np.int32(bp[pb + j * _KG + u])
-                c[j] += s
-        _epilogue(c, 1, 32, m0, n0, m, n, shift, colsum, sx, sw, out, acc)
+def _gemm_plain_impl(ap, bp, kq, m, n, bias, sx, sw, out, acc):
+    # Plain loops over the same packed operands (signed codes, no shift), 4 rows x 32 columns
+    # a tile. Written so that LLVM vectorises every loop: a group's 128 weight bytes widened
+    # once, each row's 4 codes repeated across 128 lanes, lane-wise products summed per lane,
+    # and each column's 4 lanes added at the end.
+    for t in prange(_n_tasks(m, n, 4, 32)):
+        col, rt0, rt1 = _task(t, m, n, 4, 32)
+        lanes = np.empty(4 * _B_STRIDE, np.int32)  # [4 rows, 32 columns x 4 bytes]
+        bw = np.empty(_B_STRIDE, np.int32)
+        pat = np.empty(_B_STRIDE, np.int32)
+        c = np.empty(4 * 32, np.int32)
+        for rt in range(rt0, rt1):
+            a_off, b_off, m0, n0 = _tile_origin(col, rt, kq, 4, 32)
+            lanes[:] = 0
+            for g in range(kq):
+                pa, pb = a_off + g * _A_STRIDE, b_off + g * _B_STRIDE
+                for e in range(_B_STRIDE):
+                    bw[e] = bp[pb + e]
+                for r in range(4):
+                    for e in range(_B_STRIDE):
+                        pat[e] = ap[pa + _KG * r + (e & 3)]
+                    lr = lanes[r * _B_STRIDE:(r + 1) * _B_STRIDE]
+                    for e in range(_B_STRIDE):
+                        lr[e] += pat[e] * bw[e]
+            for r in range(4):
+                for j in range(32):
+                    q = r * _B_STRIDE + j * _KG
+                    c[r * 32 + j] = lanes[q] + lanes[q + 1] + lanes[q + 2] + lanes[q + 3]
+            _epilogue(c, 4, 32, m0, n0, m, n, bias, sx, sw, out, acc)
 
 
 _GEMMS = {
@@ -472,7 +591,8 @@ def _run(name: str, ap, w: Int8Weight, m: int, sx, out, acc) -> None:
     serial, par = _GEMMS[name]
     ap_ = ap if _SHIFT[name] else ap.view(np.int8)
     kern = jit.serial_or_parallel(serial, par, m * w.n_out)
-    kern(ap_, w.q.reshape(-1), w.q.shape[1], m, w.n_out, _SHIFT[name], w.colsum, sx, w.scale, out, acc)
+    bias = w.colsum * np.int32(_SHIFT[name])  # [N] int32: what the shift added to each sum
+    kern(ap_, w.q.reshape(-1), w.q.shape[1], m, w.n_out, bias, sx, w.scale, out, acc)
 
 
 def int8_linear(x: np.ndarray, w: Int8Weight, out: np.ndarray | None = None) -> np.ndarray:
@@ -485,7 +605,7 @@ def int8_linear(x: np.ndarray, w: Int8Weight, out: np.ndarray | None = None) -> 
     name = path()
     ap, sx = _packed_a(m, k), np.empty(m, np.float32)
     quant = jit.serial_or_parallel(_quantize_pack_nb, _quantize_pack_nb_par, x.size)
-    quant(x, np.int32(_SHIFT[name]), ap, sx)
+    quant(x, x.view(np.int32), np.int32(_SHIFT[name]), ap, sx)
     direct = out is not None and out.dtype == np.float32 and out.flags.c_contiguous
     y = out if direct else np.empty((m, w.n_out), np.float32)  # [M, N]
     if m:
@@ -519,7 +639,7 @@ def quantize_rows_fast(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     x = np.ascontiguousarray(x, dtype=np.float32)
     m, k = x.shape
     ap, sx = _packed_a(m, k), np.empty(m, np.float32)
-    _quantize_pack_nb(x, np.int32(0), ap, sx)
+    _quantize_pack_nb(x, x.view(np.int32), np.int32(0), ap, sx)
     blocks = ap.reshape(-1, _up(k, _KG) // _KG, _MB, _KG)  # [Mp/8, Kp/4, 8, 4]
     codes = blocks.transpose(0, 2, 1, 3).reshape(_up(m, _MB), -1)  # -> [Mp, Kp]
     return codes[:m, :k].view(np.int8).copy(), sx
