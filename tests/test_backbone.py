@@ -470,8 +470,8 @@ def test_the_int8_backbone_is_the_spec_with_int8_products(cfg):
 def test_the_int8_loader_keeps_no_float32_copy_of_a_quantised_matrix(cfg):
     """Under int8 each projection is an Int8Weight: int8 codes (packed in panels of 32
     channels and groups of 4 inputs, zero-padded), float32 scales [N], int32 column sums [N],
-    nothing else (a quarter of the float32 bytes, plus padding and 8 per channel). The float32 matrix is dropped as soon as it is quantised: the load's traced peak
-    stays below the int8 parameters plus a few float32 matrices, far below the float32 layers.
+    nothing else (a quarter of the float32 bytes, plus padding and 8 per channel). The float32
+    matrix is dropped as soon as it is quantised: the load's traced peak stays below the int8 parameters plus a few float32 matrices, far below the float32 layers.
     The audio heads, norms and embeddings are float32 as stored."""
     import dataclasses
     import gc

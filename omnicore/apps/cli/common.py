@@ -163,7 +163,8 @@ def load_model(args):
     t0 = time.perf_counter()
     precision = getattr(args, "precision", "fp32")
     model = OmniVoice.from_pretrained(args.model, precision=precision)
-    log(args, f"loaded {args.model}{'' if precision == 'fp32' else f' (precision {precision}, approximate)'} in "
+    label = "" if precision == "fp32" else f" (precision {precision}, approximate)"
+    log(args, f"loaded {args.model}{label} in "
               f"{time.perf_counter() - t0:.1f} s")
     return model
 
