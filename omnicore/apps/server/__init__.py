@@ -144,8 +144,9 @@ def precision_line(precision: str) -> str:
     label = PRECISION_LABELS[precision]
     units = path() != "plain"
     if precision == "fp32":
-        return label + (" (this CPU has int8 dot-product units: --precision int8 makes each step "
-                        "cheaper, approximate; docs/configuration.md)" if units else "")
+        return label + (" (this CPU has int8 dot-product units: --precision int8 runs the "
+                        "layers' products on them, approximate; docs/configuration.md)"
+                        if units else "")
     note = " (the model's products are not the float32 ones; --precision fp32 runs them)"
     if precision == "int8" and not units:
         note += "; no int8 dot-product units here: the int8 products run as plain loops, slowly"
