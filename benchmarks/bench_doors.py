@@ -8,14 +8,15 @@ them, get).
 
     python3 benchmarks/bench_doors.py [--model DIR] [--profile exact|fast|live] [--reps 3]
                                       [--steps N] [--no-stretch] [--rtf-profiles LIST]
-                                      [--markdown FILE]
+                                      [--precision P] [--markdown FILE]
 
 The text is a voice assistant's answer. One-shot doors get it whole; the text-in doors
 (WebSocket, the adapters, Wyoming streamed) and `model.stream` get it as an LLM writes it:
 LLM_CHARS characters every LLM_EVERY_S seconds, the clock starting at the first fragment.
 --model defaults to $OMNICORE_BENCH_MODEL, else weights/tiny-random; --profile is every
 server's default profile (`--profile` of serve, wyoming and mcp; left out, each door's own
-default, DOOR_PROFILE) and the in-process stream's;
+default, DOOR_PROFILE) and the in-process stream's; --precision every server's and the
+in-process model's precision profile (default fp32; int8 is the CPU's W8A8 approximation);
 --steps sets num_step for every door (default: the profile's; the stock classes then cannot
 follow, and are left out). One server process at a time (a full-size model is 3-6 GB):
 `omnicore serve` for HTTP streaming pcm, the WebSocket, LiveKit's and Pipecat's stock OpenAI
@@ -350,7 +351,7 @@ def floor(model_dir, settings) -> tuple[list, list]:
     from omnicore import OmniVoice
     from omnicore.apps.server.voices import PRESET_VOICES, designed_voice
 
-    model = OmniVoice.from_pretrained(model_dir, profile=ARGS.profile)
+    model = OmniVoice.from_pretrained(model_dir, profile=ARGS.profile, precision=ARGS.precision)
     prompt = designed_voice(model, *PRESET_VOICES[VOICE])  # the preset, as the servers make it
 
     def runs(text, kw, voice=prompt):
@@ -468,7 +469,7 @@ def table(rows, rtf) -> list[str]:
     http = next((statistics.median(f for f, _ in r) for name, r, _ in rows
                  if name.startswith("HTTP") and not isinstance(r, str)), None)
     steps = ARGS.steps or "the profile's"
-    lines = [f"model {ARGS.model}, profile {ARGS.profile}, {steps} steps, "
+    lines = [f"model {ARGS.model}, profile {ARGS.profile}, precision {ARGS.precision}, {steps} steps, "
              f"voice {VOICE}, text streamed in {LLM_CHARS} characters every {LLM_EVERY_S * 1000:.0f} "
              f"ms where a door takes text in; median of {ARGS.reps} after a warm-up; load average "
              f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", "",
@@ -499,6 +500,7 @@ def table(rows, rtf) -> list[str]:
 def main() -> None:
     global ARGS
     from omnicore.apps.cli.serve import DOOR_PROFILE
+    from omnicore.model.backend import PRECISIONS
     from omnicore.model.config import PROFILES
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -515,6 +517,9 @@ def main() -> None:
     p.add_argument("--rtf-profiles", default=",".join(PROFILES),
                    help="profiles whose steady-state RTF after chunk 0 is measured, comma-"
                         "separated, or 'none' (default %(default)s)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="every server's --precision and the in-process model's (default fp32; "
+                        "int8 and the rounded profiles are approximations)")
     p.add_argument("--markdown", help="also write the table here")
     p.add_argument("--first-reply", action="store_true",
                    help="only a new install's first reply through Wyoming: start-up on a fresh "
@@ -528,7 +533,8 @@ def main() -> None:
     if bad:
         p.error(f"--rtf-profiles: unknown profile(s) {', '.join(bad)}")
     settings = {"num_step": ARGS.steps} if ARGS.steps else {}
-    flags = (("--steps", ARGS.steps) if ARGS.steps else ()) + ("--profile", ARGS.profile)
+    flags = ((("--steps", ARGS.steps) if ARGS.steps else ()) + ("--profile", ARGS.profile)
+             + ("--precision", ARGS.precision))
     if ARGS.first_reply:
         lines = first_reply(flags)
         print("\n".join(lines))
@@ -541,7 +547,7 @@ def main() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = spawn("serve", "--model", ARGS.model, "--port", port, "--voices-dir", voices,
-                 "--profile", ARGS.profile)
+                 "--profile", ARGS.profile, "--precision", ARGS.precision)
     try:
         wait(proc, lambda: httpx.get(url + "/health", timeout=2).status_code == 200, "serve")
         doors = [("HTTP POST, pcm streamed (one-shot)", http_pcm, GOAL_S),

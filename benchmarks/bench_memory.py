@@ -2,6 +2,7 @@
 
     python3 benchmarks/bench_memory.py --model checkpoints/full
     python3 benchmarks/bench_memory.py --model weights/tiny-random --cases load say   # a smoke run
+    python3 benchmarks/bench_memory.py --cases load say --precision fp32 int8    # per precision
 
 Each case runs in its own fresh process (so one case's peak cannot hide another's) and reports
 `ru_maxrss`, the process's peak resident memory: weights, the BLAS and Numba runtimes and the
@@ -41,11 +42,11 @@ LONG = " ".join([TEXT] * 6)
 CLIP = ROOT / "tests" / "fixtures" / "audio" / "speech_24k.wav"
 
 
-def _child(model_dir: str, case: str, steps: int) -> dict:
+def _child(model_dir: str, case: str, steps: int, precision: str) -> dict:
     from omnicore import OmniVoice
 
     t0 = time.perf_counter()
-    model = OmniVoice.from_pretrained(model_dir)
+    model = OmniVoice.from_pretrained(model_dir, precision=precision)
     kw = dict(language="en", num_step=steps, seed=0)
     if case in ("say", "say-cold"):
         model.generate(TEXT, duration=10, **kw)
@@ -68,33 +69,38 @@ def _child(model_dir: str, case: str, steps: int) -> dict:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        print(json.dumps(_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
+        print(json.dumps(_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])))
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=str(ROOT / "checkpoints" / "full"))
     ap.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     ap.add_argument("--steps", type=int, default=4, help="unmasking steps (default: %(default)s)")
+    ap.add_argument("--precision", nargs="+", default=["fp32"],
+                    help="precision profiles, each case in each (default: fp32)")
     args = ap.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    print("| case | peak RSS | time |\n|---|---:|---:|", flush=True)
+    print("| case | precision | peak RSS | time |\n|---|---|---:|---:|", flush=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
-    def child(case: str, extra_env=None) -> dict:
+    def child(case: str, precision: str, extra_env=None) -> dict:
         done = subprocess.run([sys.executable, __file__, "--child", args.model, case,
-                               str(args.steps)], capture_output=True, text=True,
+                               str(args.steps), precision], capture_output=True, text=True,
                               env={**env, **(extra_env or {})}, cwd=ROOT)
         if done.returncode != 0:
             raise SystemExit(f"{case} failed:\n{done.stderr[-3000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    child("warm-up")
+    for precision in args.precision:
+        child("warm-up", precision)
     for case in args.cases:
-        if case == "say-cold":
-            with tempfile.TemporaryDirectory(prefix="numba-cold-") as cache:
-                res = child(case, {"NUMBA_CACHE_DIR": cache})
-        else:
-            res = child(case)
-        print(f"| {case} | {res['rss_mb']:,.0f} MB | {res['seconds']:.0f} s |", flush=True)
+        for precision in args.precision:
+            if case == "say-cold":
+                with tempfile.TemporaryDirectory(prefix="numba-cold-") as cache:
+                    res = child(case, precision, {"NUMBA_CACHE_DIR": cache})
+            else:
+                res = child(case, precision)
+            print(f"| {case} | {precision} | {res['rss_mb']:,.0f} MB | {res['seconds']:.0f} s |",
+                  flush=True)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""How far an approximate profile's speech (`fast`, or `live`) is from `exact`'s, on your own
-weights.
+"""How far an approximate profile's speech (`fast`, or `live`, or a precision such as `int8`)
+is from `exact`'s, on your own weights.
 
     python3 benchmarks/compare_profiles.py --model k2-fsa/OmniVoice [--profile fast|live]
         [--texts FILE] [--voice CLIP=TRANSCRIPT ...] [--instruct TEXT ...] [--seeds N]
         [--exact-steps N] [--fast-steps N] [--prefix-refresh N] [--uncond-every N]
-        [--first-chunk-steps N] [--first-chunk-seconds S] [--save DIR] [--json FILE]
+        [--first-chunk-steps N] [--first-chunk-seconds S] [--precision P] [--save DIR]
+        [--json FILE]
+    python3 benchmarks/compare_profiles.py --model k2-fsa/OmniVoice --profile exact --precision int8
 
 omnicore cannot measure what `fast` or `live` does to speech: no real weights can be had where
 it is built and tested (docs/performance.md). This script lets anyone who has them check. For
@@ -29,6 +31,8 @@ taken over the shorter take, so it also counts the different cut.
 Codes agreement and mel distance say how much the output moved, not whether it got worse:
 for that, listen, or run an ASR / speaker-similarity judge on the files `--save DIR` writes
 (exact_*.wav, fast_*.wav or live_*.wav).
+--precision P loads the model a second time at that precision profile (`int8`, `bf16`, ...) for
+the compared side only; exact stays fp32. With --profile exact that compares the precision alone.
 
 Dimension legend: C codebooks (8), T frames, L samples, F STFT frames, M mel bands.
 """
@@ -106,7 +110,7 @@ def parse_args(argv=None):
     ap.add_argument("--instruct", action="append", default=[],
                     help="a designed voice, e.g. 'female, low pitch' (repeatable)")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per case (default %(default)s)")
-    ap.add_argument("--profile", choices=("fast", "live"), default="fast",
+    ap.add_argument("--profile", choices=("exact", "fast", "live"), default="fast",
                     help="the approximate profile compared with exact (default %(default)s)")
     ap.add_argument("--exact-steps", type=int, help="num_step of exact (default: its own, 32)")
     ap.add_argument("--fast-steps", type=int, help="num_step of the profile (default: its own)")
@@ -115,6 +119,8 @@ def parse_args(argv=None):
     ap.add_argument("--first-chunk-steps", type=int, help="live: chunk 0's steps")
     ap.add_argument("--first-chunk-seconds", type=float, help="live: where chunk 0 is cut")
     ap.add_argument("--max-texts", type=int, help="use only the first N texts")
+    ap.add_argument("--precision", default="fp32",
+                    help="the compared side's precision profile (default fp32; exact stays fp32)")
     ap.add_argument("--save", type=Path, help="write every take as WAV here, to listen or judge")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
     return ap.parse_args(argv)
@@ -148,13 +154,15 @@ def take(model, text, voice_kw, seed, streamed=False, **profile_kw):
 
 
 def compare(model, texts, voice_list, seeds: int, fast_kw: dict, exact_kw: dict,
-            save: Path | None = None, profile: str = "fast") -> list[dict]:
+            save: Path | None = None, profile: str = "fast", other=None) -> list[dict]:
+    """`other`: the model of the compared side (another precision), else `model`."""
     sr, rows, streamed = model.sampling_rate, [], profile == "live"
+    other = other or model
     for ti, text in enumerate(texts):
         for vname, vkw in voice_list:
             for seed in range(seeds):
                 ce, we, te, fe = take(model, text, vkw, seed, streamed, profile="exact", **exact_kw)
-                cf, wf, tf, ff = take(model, text, vkw, seed, streamed, profile=profile, **fast_kw)
+                cf, wf, tf, ff = take(other, text, vkw, seed, streamed, profile=profile, **fast_kw)
                 c2, w2, _, _ = take(model, text, vkw, seed + SEED_OFFSET, streamed, profile="exact",
                                     **exact_kw)
                 rows.append({
@@ -209,6 +217,8 @@ def main(argv=None) -> dict:
     from omnicore import OmniVoice
 
     model = OmniVoice.from_pretrained(args.model)
+    other = (None if args.precision == "fp32"
+             else OmniVoice.from_pretrained(args.model, precision=args.precision))
     texts = (args.texts.read_text(encoding="utf-8").splitlines() if args.texts else list(TEXTS))
     texts = [t.strip() for t in texts if t.strip()][:args.max_texts]
     fast_kw = {k: v for k, v in (("num_step", args.fast_steps), ("prefix_refresh", args.prefix_refresh),
@@ -218,8 +228,9 @@ def main(argv=None) -> dict:
     print(header(args.profile), flush=True)
     exact_kw = {} if args.exact_steps is None else {"num_step": args.exact_steps}
     rows = compare(model, texts, voices(model, args), args.seeds, fast_kw, exact_kw, args.save,
-                   args.profile)
+                   args.profile, other)
     result = {"summary": summary(rows), "rows": rows, "profile": args.profile,
+              "precision": args.precision,
               args.profile: fast_kw, "exact": exact_kw}
     s, p = result["summary"], args.profile
     equal = "-" if s["codes_equal"] is None else f"{100 * s['codes_equal']:.1f} %"

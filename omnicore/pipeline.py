@@ -77,8 +77,11 @@ class OmniVoice:
         """Load from a local checkpoint directory or a hub repo id (downloaded once, then cached).
 
         precision: what the backbone's GEMMs take as inputs: "fp32" (exact, the default),
-        "tf32", "bf16" or "fp16" (inputs rounded to that format, float32 accumulation, norms,
-        softmax and scoring in float32; docs/configuration.md). ConfigError for another value.
+        "tf32", "bf16" or "fp16" (approximate: inputs rounded to that format, float32
+        accumulation, norms, softmax and scoring in float32), or "int8" (approximate, the CPU's
+        W8A8 profile: the layers' projections multiply int8 activations by int8 weights
+        quantised here, once; the numpy backend only; docs/configuration.md). ConfigError for
+        another value.
         profile: the generation profile of calls that name none: "exact" (the default),
         "fast" or "live" (approximate: GenerationConfig.for_profile; docs/performance.md).
         ConfigError for another value. The process's runtime settings (backend, threads) are

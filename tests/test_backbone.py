@@ -182,7 +182,7 @@ def test_batched_device_attention_equals_the_row_loop(params, cfg, batch, monkey
         assert rel_err(batched[1], batch["item1_cond_logits"]) <= RTOL
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 def test_the_fused_layer_is_the_readable_layer_bit_for_bit(cfg, batch, precision):
     """hidden_states runs `_layer_fused` (each residual add fused with the next norm, in the
     workspace's buffers); `decoder_layer` is the layer as written to be read. The same
@@ -401,3 +401,140 @@ def test_precision_profiles_round_the_gemm_weights_and_keep_the_rest(cfg):
         assert got.dtype == np.float32
         err = rel_err(got, want)
         assert 0 < err < tol, (name, err)  # rounded, and by about the format's precision
+
+
+# ---------------------------------------------------------------------------------------------
+# The int8 profile (W8A8): the spec with int8 products, its weights, its prompt cache
+# ---------------------------------------------------------------------------------------------
+
+
+def _load(cfg, precision):
+    reader = checkpoint.open_params(CKPT / "model.safetensors")
+    p = bb.load_params(reader, cfg, precision)
+    reader.finish()
+    return p
+
+
+class _Int8Product:
+    """A projection for the spec whose `x @ W.T` is int8_linear_plain(x, quantize_weight(W)):
+    the spec's own code then runs the int8 profile's plain algorithm, nothing else changed."""
+
+    __array_ufunc__ = None  # numpy hands `x @ this` to __rmatmul__
+
+    def __init__(self, w):
+        from omnicore.model.int8_kernels import quantize_weight
+
+        self.w8 = quantize_weight(w)
+
+    @property
+    def T(self):
+        return self
+
+    def __rmatmul__(self, x):  # x [L, in] -> [L, out]
+        from omnicore.model.int8_kernels import int8_linear_plain
+
+        return int8_linear_plain(x, self.w8)
+
+
+# The seven projections of every layer go int8; the audio heads, norms and embeddings do not.
+_PROJECTIONS = ("q_proj.", "k_proj.", "v_proj.", "o_proj.", "gate_proj.", "up_proj.", "down_proj.")
+
+
+def test_the_int8_backbone_is_the_spec_with_int8_products(cfg):
+    """The int8 profile's logits are spec.logits' with every projection's x @ W.T replaced by
+    int8_kernels.int8_linear_plain (weights per channel, activations per token; the backbone
+    runs the fast kernels, equal to it bit for bit) and everything else
+    (attention's products, softmax, norms, RoPE, the audio heads) as the float32 spec has it.
+    Bound: 1e-5 of the largest logit, the float32 bound of the fp32 backbone against the spec
+    (the fused kernels round differently in the last bits; an activation on a quantisation
+    boundary could move one code, which stays inside it here; measured 2.6e-7 to 4.1e-7 over
+    five draws). And the profile is a real change: the fp32 spec's logits are far further
+    away (measured 3 % to 9 % of the largest on this checkpoint's sharp random weights)."""
+    from omnicore.model import spec
+
+    scfg, W = spec.load(CKPT)[:2]
+    W8 = {k: (_Int8Product(v) if k.startswith("llm.layers.") and any(p in k for p in _PROJECTIONS)
+              else v) for k, v in W.items()}
+    rng = np.random.default_rng(3)
+    C, T = cfg.num_audio_codebook, 12
+    ids = np.concatenate([rng.integers(0, 1000, (C, 9)), rng.integers(0, 1025, (C, T))], axis=1)
+    mask = np.arange(ids.shape[1]) >= 9
+    plain = spec.logits(scfg, W8, ids, mask, T)  # [C, T, V]
+    got = bb.forward_rows(_load(cfg, "int8"), cfg, ids, mask, bb.make_packing([ids.shape[1]], cfg), [T])[0]
+    assert got.dtype == np.float32
+    err = rel_err(got, plain)
+    assert err <= 1e-5, err
+    assert rel_err(spec.logits(scfg, W, ids, mask, T), plain) > 100 * max(err, 1e-7)
+
+
+def test_the_int8_loader_keeps_no_float32_copy_of_a_quantised_matrix(cfg):
+    """Under int8 each projection is an Int8Weight: int8 codes (packed in panels of 32
+    channels and groups of 4 inputs, zero-padded), float32 scales [N], int32 column sums [N],
+    nothing else (a quarter of the float32 bytes, plus padding and 8 per channel). The float32
+    matrix is dropped as soon as it is quantised: the load's traced peak stays below the int8 parameters plus a few float32 matrices, far below the float32 layers.
+    The audio heads, norms and embeddings are float32 as stored."""
+    import dataclasses
+    import gc
+    import tracemalloc
+
+    from omnicore.model.int8_kernels import Int8Weight, quantize_weight
+
+    fp32 = _load(cfg, "fp32")
+    gc.collect()
+    tracemalloc.start()
+    try:
+        p = _load(cfg, "int8")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert p.precision == "int8"
+    names = [f.name for f in dataclasses.fields(bb.LayerParams) if f.name.endswith("_proj")]
+    assert len(names) == 7
+    f32_layers = int8_bytes = biggest = 0
+    for lp, ref in zip(p.layers, fp32.layers):
+        for name in names:
+            w, w32 = getattr(lp, name), getattr(ref, name)
+            assert isinstance(w, Int8Weight) and vars(w).keys() == {"q", "scale", "colsum",
+                                                                    "n_out", "n_in"}
+            assert w.q.dtype == np.int8 and w.scale.dtype == np.float32 and w.colsum.dtype == np.int32
+            N, K = w32.shape
+            assert (w.n_out, w.n_in) == (N, K) and w.codes().shape == (N, K)
+            assert w.q.size == -(-N // 32) * 32 * -(-K // 4) * 4
+            assert w.nbytes == w.q.size + 8 * N
+            want = quantize_weight(w32)  # quantised from the checkpoint's float32, once
+            np.testing.assert_array_equal(w.q, want.q)
+            np.testing.assert_array_equal(w.scale, want.scale)
+            f32_layers += w32.nbytes
+            int8_bytes += w.nbytes
+            biggest = max(biggest, w32.nbytes)
+        np.testing.assert_array_equal(lp.input_layernorm, ref.input_layernorm)
+    for a, b in ((p.audio_heads, fp32.audio_heads), (p.audio_embeddings, fp32.audio_embeddings),
+                 (p.norm, fp32.norm)):
+        assert a.dtype == np.float32
+        np.testing.assert_array_equal(a, b)
+    heads_and_tables = p.audio_heads.nbytes + p.audio_embeddings.nbytes
+    assert peak < int8_bytes + heads_and_tables + 4 * biggest, (peak, int8_bytes, f32_layers)
+    assert peak < heads_and_tables + f32_layers / 2
+
+
+def test_the_int8_profile_keeps_the_prompt_cache_exact(cfg, batch):
+    """The fast and live profiles' prompt cache under int8: activation scales are per token,
+    so a row's targets alone, reading its cached prompt, get the whole row's logits again (as
+    at fp32), and a row writing its cache computes what it computes without one, bit for bit."""
+    params = _load(cfg, "int8")
+    ids, mask, lengths, T, caches = _cached_rows(cfg, batch)
+    whole = bb.forward_rows(params, cfg, ids, mask, bb.make_packing(lengths, cfg), T * 2)
+    writing = bb.forward_rows(params, cfg, ids, mask, bb.make_packing(lengths, cfg, caches=caches),
+                              T * 2)
+    for a, b in zip(writing, whole):
+        np.testing.assert_array_equal(a, b)
+    B = len(T)
+    starts = np.cumsum([0] + lengths[:-1])
+    cols = np.concatenate([np.arange(s + lengths[b] - T[b], s + lengths[b]) for b, s in
+                           enumerate(starts[:B])] + [np.arange(s, s + L) for s, L in
+                                                     zip(starts[B:], lengths[B:])])
+    offsets = [lengths[b] - T[b] for b in range(B)] + [0] * B
+    pack = bb.make_packing(T + lengths[B:], cfg, offsets, caches)
+    reading = bb.forward_rows(params, cfg, ids[:, cols], mask[cols], pack, T * 2)
+    for r, (a, b) in enumerate(zip(reading, whole)):
+        assert rel_err(a, b) <= 5e-6, r

@@ -626,6 +626,15 @@ def test_precision_option_loads_the_profile(tmp_path, monkeypatch):
     assert common.PRECISIONS == backend.PRECISIONS
     p = build_parser()
     assert p.parse_args(["serve", "--precision", "bf16"]).precision == "bf16"
+    assert p.parse_args(["wyoming", "--precision", "int8"]).precision == "int8"
+    commands = next(a for a in p._actions if a.dest == "command" or hasattr(a, "choices")
+                    and isinstance(a.choices, dict)).choices
+    offered = {name: next(a.help for a in sp._actions if a.dest == "precision")
+               for name, sp in commands.items() if any(a.dest == "precision" for a in sp._actions)}
+    assert {"say", "serve", "wyoming", "mcp", "batch", "warmup"} <= set(offered)
+    for name, text in offered.items():  # every approximation labelled where it is offered
+        assert "fp32 (exact, default)" in text and "int8 (approximate" in text, name
+        assert "tf32 / bf16 / fp16 (approximate" in text, name
     assert p.parse_args(["say", "x", "-o", "x.wav"]).precision == "fp32"
     seen = []
     real = OmniVoice.from_pretrained.__func__

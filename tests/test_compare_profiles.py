@@ -77,3 +77,14 @@ def test_the_log_mel_of_a_tone_peaks_in_its_band():
     band = int(np.argmax(fb[:, int(round(1000 * 1024 / sr))]))
     assert abs(int(np.argmax(mel.mean(axis=0))) - band) <= 1
     assert compare_profiles.mel_distance(t, t, sr) == 0.0
+
+
+def test_the_script_compares_a_precision_with_fp32(tmp_path):
+    """--profile exact --precision int8: the compared side is the int8 model, exact stays fp32;
+    the codes then differ (the test can fail) and the mel distance is measured."""
+    result = compare_profiles.main(["--model", TINY, "--max-texts", "1", "--seeds", "1",
+                                    "--exact-steps", "4", "--fast-steps", "4",
+                                    "--profile", "exact", "--precision", "int8"])
+    (row,) = result["rows"]
+    assert result["precision"] == "int8" and row["codes_equal"] < 1.0
+    assert np.isfinite(row["mel_distance"]) and row["mel_distance"] > 0

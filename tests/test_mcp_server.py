@@ -517,6 +517,10 @@ def test_speak_names_its_profile(tiny_model, tmp_path):
     assert "Spoken with the live (approximate) profile" in asyncio.run(description(live))
     assert "--profile exact" in asyncio.run(description(live))
     assert "Spoken with the exact profile" in asyncio.run(description(tiny_model))
+    assert "precision" not in asyncio.run(description(tiny_model))  # fp32 goes unsaid
+    int8 = OmniVoice.from_pretrained(TINY, precision="int8", profile="live")
+    said = asyncio.run(description(int8))
+    assert "Its precision is int8 (approximate)" in said and "--precision fp32" in said
 
 
 def test_same_text_voice_and_seed_same_audio_through_every_door(mcp, tiny_model, house_voices,

@@ -627,3 +627,26 @@ def test_at_its_exact_setting_the_budget_changes_no_code(model, clone_prompt, ra
     assert packed[2] == before[2]
     for a, b in zip(packed[1], before[1], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+def test_the_step_profiles_combine_with_the_int8_precision(model):
+    """Precision is chosen at load, the step profile per call: at int8 the profiles keep their
+    identities (fast with both knobs at 1 is exact bit for bit; live at exact's chunking streams
+    what fast streams), since activation scales are per token and a row's targets alone
+    quantise as in the whole row. And int8 changes the numbers (the test can fail)."""
+    m8 = OmniVoice.from_pretrained(CKPT, precision="int8", profile="live")
+    assert (m8.precision, m8.profile) == ("int8", "live")
+    kw = dict(num_step=6, seed=5)
+    exact = m8.synthesize(TEXT, profile="exact", **kw)[0]
+    ones = m8.synthesize(TEXT, profile="fast", prefix_refresh=1, uncond_every=1, **kw)[0]
+    np.testing.assert_array_equal(ones.codes, exact.codes)
+    np.testing.assert_array_equal(ones.audio, exact.audio)
+    assert not np.array_equal(m8.synthesize(TEXT, profile="fast", **kw)[0].codes, exact.codes)
+    assert not np.array_equal(model.synthesize(TEXT, **kw)[0].codes, exact.codes)
+    fast = _streamed(m8, STREAM_TEXT, profile="fast", num_step=4, seed=5)
+    live = _streamed(m8, STREAM_TEXT, **LIVE_AT_EXACT, num_step=4, seed=5)  # the model's default
+    assert live[2] == fast[2]
+    for a, b in zip(live[1], fast[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(live[0], fast[0])

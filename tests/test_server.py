@@ -868,3 +868,51 @@ def test_failures_and_disconnects_give_the_slot_back(failing_server):
         _leaves_within_steps(url, r.close)
     given_back()
     assert state.registry.get_sample_value("omnicore_streams_cancelled_total") == cancelled + 3
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_an_int8_server_says_its_precision_where_the_profile_is_said(tmp_path):
+    """`serve --precision int8`: the start-up lines name the precision, labelled approximate;
+    every speech response's X-Omnicore-Profile adds it to the profile's label; GET / gives it
+    with the labels of all precisions. At fp32 (the other tests' servers) the header is the
+    profile's label alone."""
+    from conftest import start_server
+
+    log_path = tmp_path / "server.log"
+    proc, url = start_server(tmp_path / "voices", "--precision", "int8", "--profile", "live",
+                             log_path=log_path)
+    try:
+        r = httpx.post(url + "/v1/audio/speech", json={"input": "Small and quick.", "voice": "alloy",
+                                                       "response_format": "pcm", **GREEDY},
+                       timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.headers["X-Omnicore-Profile"] == "live (approximate); precision int8 (approximate)"
+        root = httpx.get(url + "/", timeout=30).json()
+        assert root["precision"] == "int8" and root["default_profile"] == "live"
+        assert root["precisions"]["int8"] == "int8 (approximate)"
+        assert root["precisions"]["fp32"] == "fp32"
+    finally:
+        stop_process(proc, 10)
+    log = log_path.read_text()
+    assert "Precision: int8 (approximate)" in log, log
+
+
+def test_the_precision_start_up_line_says_what_the_cpu_offers():
+    """fp32 names --precision int8 only where the int8 kernels have dot-product units to run on;
+    int8 is labelled approximate, and says so when it would run the plain loops."""
+    from omnicore.apps.server import precision_line
+    from omnicore.model import int8_kernels
+
+    try:
+        int8_kernels.force_path("plain")
+        assert precision_line("fp32") == "fp32"
+        assert precision_line("int8").startswith("int8 (approximate)")
+        assert "plain loops" in precision_line("int8")
+        int8_kernels.force_path(None)
+        if int8_kernels.path() != "plain":
+            assert "--precision int8" in precision_line("fp32")
+            assert "plain loops" not in precision_line("int8")
+        assert precision_line("bf16").startswith("bf16 (approximate)")
+    finally:
+        int8_kernels.force_path(None)

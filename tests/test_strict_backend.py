@@ -301,6 +301,7 @@ _PROFILE_CHILD = r"""
 import json, sys
 import numpy as np
 from omnicore import OmniVoice
+from omnicore.errors import ConfigError
 from omnicore.model import backend
 from omnicore_testing import strictxp
 gemms, real = [], backend.matmul_half
@@ -316,13 +317,19 @@ backend.matmul_half = spy
 out = {}
 for precision in backend.PRECISIONS:
     gemms.clear()
-    m = OmniVoice.from_pretrained(sys.argv[1], precision=precision)
+    try:
+        m = OmniVoice.from_pretrained(sys.argv[1], precision=precision)
+    except ConfigError as exc:  # int8 on a device backend
+        out[precision] = {"refused": str(exc)}
+        continue
     strict = backend.name() == "strict"
     codes = m.generate_codes("Rounded on the way in.", duration=1.5, num_step=6,
                              position_temperature=0.0, class_temperature=0.0)[0]
     out[precision] = {"codes": np.asarray(codes).tolist(),
                       "dtypes": sorted(strictxp.seen_dtypes()) if strict else [],
-                      "half_gemms": gemms[:], "weights": m.params.layers[0].q_proj.dtype.name,
+                      "half_gemms": gemms[:],
+                      "weights": getattr(m.params.layers[0].q_proj, "q",
+                                         m.params.layers[0].q_proj).dtype.name,
                       "layers": len(m.params.layers)}
 print("RESULT " + json.dumps(out))
 """
@@ -337,7 +344,9 @@ def test_precision_profiles_run_their_dtype_flow_on_the_device_path():
     and no half array exists. fp32's greedy codes are the numpy backend's token for token; a
     rounded profile's nearly so: the device path's float32 twins differ from the Numba kernels
     in the last bits, and a value that straddles a rounding boundary of the format moves by a
-    whole unit of it (measured: 1 cell of 296)."""
+    whole unit of it (measured: 1 cell of 296). int8 is the CPU's profile (its kernels are
+    Numba's, on the CPU's int8 units): a device backend refuses it with a ConfigError that
+    says what to use instead, and the numpy backend runs it (int8 weights)."""
     if DEVICE_BACKEND != "strict":
         pytest.skip("the dtype census is kept by the strict backend")
     runs = {}
@@ -362,3 +371,7 @@ def test_precision_profiles_run_their_dtype_flow_on_the_device_path():
     for precision in ("fp32", "tf32"):
         assert not strict[precision]["half_gemms"] and strict[precision]["weights"] == "float32"
     assert host["bf16"]["codes"] != host["fp32"]["codes"]  # the profile changes the numbers
+    assert set(strict["int8"]) == {"refused"} and "CPU profile" in strict["int8"]["refused"]
+    assert "bf16 or fp16" in strict["int8"]["refused"]
+    assert host["int8"]["weights"] == "int8" and not host["int8"]["half_gemms"]
+    assert host["int8"]["codes"] != host["fp32"]["codes"]

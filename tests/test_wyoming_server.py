@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import HOUSE, doc_examples, require_module, start_wyoming, stop_process  # noqa: E402
+from conftest import HOUSE, TINY, doc_examples, require_module, start_wyoming, stop_process  # noqa: E402
 
 require_module("wyoming", "wyoming")
 from wyoming.audio import AudioChunk, AudioStart  # noqa: E402
@@ -137,6 +137,20 @@ def test_describe_languages_and_profile_label(tiny_model, house_voices):
         assert "approximate" not in program().description
         assert "live (approximate)" in program({"profile": "live"}).description
         assert "fast (approximate)" in program({"profile": "fast"}).description
+        assert "precision" not in program({"profile": "live"}).description  # fp32 goes unsaid
+    finally:
+        server.pool.shutdown()
+
+
+def test_describe_labels_the_int8_precision(house_voices):
+    """A model loaded at --precision int8: the program's description says so, approximate."""
+    from omnicore import OmniVoice
+
+    server = ServerState(OmniVoice.from_pretrained(TINY, precision="int8", profile="live"),
+                         voices_dir=house_voices)
+    try:
+        desc = Info.from_event(WyomingServer(server, {}, None, 5.0, 5.0).info()).tts[0].description
+        assert desc.endswith("; profile live (approximate); precision int8 (approximate)"), desc
     finally:
         server.pool.shutdown()
 

@@ -263,10 +263,11 @@ class OmnicoreSide(Side):
         return {"logits_rel_err": err, "argmax_agree": agree, "cells": 2 * m.config.num_audio_codebook * T}
 
 
-def forward_f64(path, cfg, ids, audio_mask, T):
+def forward_f64(path, cfg, ids, audio_mask, T, states=None):
     """Float64 oracle of one row on the host, straight from the checkpoint file: [C, T, V]
     logits of its last T positions (the model's definition, nothing shared with omnicore's
-    float32 code but the file reader)."""
+    float32 code but the file reader). `states`: a list that gets the embeddings and the
+    residual stream after each layer ([L, D] float64 each), when given."""
     from omnicore.machinery.checkpoint import SafetensorsFile
 
     q = cfg.llm_config
@@ -285,6 +286,8 @@ def forward_f64(path, cfg, ids, audio_mask, T):
         inv = 1.0 / q.rope_theta ** (np.arange(0, E, 2) / E)
         ang = np.arange(L)[:, None] * inv[None, :]
         cos, sin = (f(np.concatenate([ang, ang], 1))[:, None, :] for f in (np.cos, np.sin))  # [L, 1, E]
+        if states is not None:
+            states.append(x.copy())
 
         def rms(v, g):
             return v / np.sqrt((v * v).mean(-1, keepdims=True) + eps) * g
@@ -307,6 +310,8 @@ def forward_f64(path, cfg, ids, audio_mask, T):
             h = rms(x, w(p + "post_attention_layernorm.weight"))
             g, u = h @ w(p + "mlp.gate_proj.weight").T, h @ w(p + "mlp.up_proj.weight").T
             x = x + (g / (1 + np.exp(-g)) * u) @ w(p + "mlp.down_proj.weight").T
+            if states is not None:
+                states.append(x.copy())
         h = rms(x[-T:], w("llm.norm.weight"))
         return (h @ w("audio_heads.weight").T).reshape(T, C, V).transpose(1, 0, 2)  # [C, T, V]
 

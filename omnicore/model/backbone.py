@@ -51,6 +51,7 @@ from .backend import to_device, to_numpy, xp
 from ..errors import WeightsError
 from .config import OmniVoiceConfig
 from .fast_profile import PromptCache
+from .int8_kernels import Int8Weight, int8_linear, quantize_weight
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -67,6 +68,7 @@ class LayerParams:
     """
 
     input_layernorm: np.ndarray  # [D]
+    # (under the int8 profile each projection is an int8_kernels.Int8Weight of that matrix)
     q_proj: np.ndarray  # [H*E, D]
     k_proj: np.ndarray  # [K*E, D]
     v_proj: np.ndarray  # [K*E, D]
@@ -207,9 +209,13 @@ def linear(x, w, out=None, precision: str = "fp32"):
     `out` when given. x is first rounded, in place, to what `precision` feeds a GEMM
     (backend.PRECISIONS; w was rounded once, at load; "fp32" leaves both as they are). On a
     device, bf16 and fp16 multiply half-precision arrays instead (w stored so; x converted),
-    accumulating in float32: the same products.
+    accumulating in float32: the same products. A weight quantised at load (the int8 profile's
+    projections, an Int8Weight) multiplies x [M, in] as int8_kernels.int8_linear defines; a
+    float32 weight under "int8" (the audio heads) is a float32 GEMM.
     The fast form of the projections of `spec.layer` (`h @ W.T`)."""
-    if precision != "fp32":
+    if isinstance(w, Int8Weight):
+        return int8_linear(x, w, out)  # [M, in] -> [M, out]: x quantised per row, exact int sums
+    if precision in backend.ROUNDED:
         if w.dtype != xp.float32:  # a half-precision weight (backend.half_gemm)
             return backend.matmul_half(backend.to_half(x, precision), w.T, precision, out)
         backend.round_gemm_input(x, precision)
@@ -219,8 +225,9 @@ def linear(x, w, out=None, precision: str = "fp32"):
 def bmm(a, b, out=None, precision: str = "fp32"):
     """a @ b for attention's batched products of activations ([..., M, K] @ [..., K, N]), both
     rounded in place to `precision` first, into `out` when given (as half-precision arrays on
-    a device, like `linear`). The fast form of the two einsums of `spec.layer`'s attention."""
-    if precision != "fp32":
+    a device, like `linear`; int8 leaves them float32). The fast form of the two einsums of
+    `spec.layer`'s attention."""
+    if precision in backend.ROUNDED:
         if backend.half_gemm(precision):
             return backend.matmul_half(backend.to_half(a, precision), backend.to_half(b, precision),
                                        precision, out)
@@ -508,7 +515,11 @@ def load_params(reader, cfg: OmniVoiceConfig, precision: str = "fp32") -> Backbo
     memory (never memory-mapped: a mapped file truncated under a running model is a SIGBUS).
     The 151676-row text table is the exception: a prompt uses a few hundred of its rows, so it
     stays on disk (reader.take_rows) and `embed` reads just those rows.
-    `precision` (backend.PRECISIONS): the GEMMs' matrices are rounded to it here, once.
+    `precision` (backend.PRECISIONS): the GEMMs' matrices are rounded to it here, once. Under
+    "int8" the seven projections of every layer are quantised here instead (Int8Weight), one
+    tensor at a time, and each float32 matrix is dropped as soon as it is quantised, so the
+    process never holds the float32 layers (peak memory: benchmarks/README.md). The audio heads
+    stay float32 under int8 (docs/correctness.md says why).
     """
     backend.check_precision(precision)
     q = cfg.llm_config
@@ -521,6 +532,8 @@ def load_params(reader, cfg: OmniVoiceConfig, precision: str = "fp32") -> Backbo
 
     def matrix(key, n_out, n_in):  # kept [out, in]; used as x @ W.T, rounded once, here
         w = to_device(reader.take(key, (n_out, n_in), np.float32))
+        if precision == backend.INT8:  # [out, in] float32 -> int8 codes and scales; w dropped
+            return quantize_weight(w)
         if backend.half_gemm(precision):  # a device's half-precision GEMMs: stored as such
             return backend.to_half(w, precision)
         return w if precision == "fp32" else backend.round_gemm_input(w.copy(), precision)
@@ -555,6 +568,7 @@ def load_params(reader, cfg: OmniVoiceConfig, precision: str = "fp32") -> Backbo
         audio_embeddings=to_device(reader.take("audio_embeddings.weight", (CV, D), np.float32)),
         layers=tuple(layers),
         norm=vec("llm.norm.weight", D),
-        audio_heads=matrix("audio_heads.weight", CV, D),
+        audio_heads=to_device(reader.take("audio_heads.weight", (CV, D), np.float32))
+        if precision == backend.INT8 else matrix("audio_heads.weight", CV, D),
         precision=precision,
     )

@@ -162,14 +162,28 @@ def f32(a) -> np.ndarray:
 # between the GEMMs (norms, softmax, scoring) kept in float32. Here the rounding is written
 # out on float32 arrays (round to nearest even), so every backend runs the same numbers.
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+#
+# "int8" is the CPU's W8A8 profile (model/int8_kernels.py): the backbone's projections are
+# quantised once at load, per output channel, and multiply activations quantised per token,
+# with exact integer accumulation; the rest stays float32. Its kernels are the CPU's (Numba),
+# so it is a numpy-backend profile: `check_precision` refuses it on a device backend, where
+# bf16 / fp16 run the tensor cores instead.
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "int8")
+ROUNDED = ("tf32", "bf16", "fp16")  # the profiles that round a float32 GEMM's inputs
+INT8 = "int8"
 _DROP_BITS = {"tf32": 13, "bf16": 16}  # float32 mantissa bits the format does not keep
 
 
 def check_precision(precision) -> str:
-    """The profile's name, or ConfigError for an unknown one."""
+    """The profile's name, or ConfigError for an unknown one, or for "int8" on a device
+    backend (it runs on the CPU's int8 units; asking fixes the backend, as a first use does)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"precision={precision!r} is not one of {', '.join(map(repr, PRECISIONS))}")
+    if precision == INT8 and name() != "numpy":
+        raise ConfigError(f"precision='int8' is a CPU profile (the CPU's int8 units) and the array "
+                          f"backend is {name()}: use bf16 or fp16 there (the tensor cores), or "
+                          "the numpy backend (unset OMNICORE_BACKEND) for int8")
     return precision
 
 

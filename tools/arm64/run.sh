@@ -28,7 +28,7 @@ MIRROR=""
 PURGE=0
 TESTS=(tests/test_tokenizer.py tests/test_backbone.py tests/test_unmasking.py
        tests/test_packed_unmasking.py tests/test_higgs_codec.py tests/test_pipeline.py
-       tests/test_streaming.py)
+       tests/test_streaming.py tests/test_int8_kernels.py)
 # The Python packages the tests need, at the versions the host runs (when it has them), so the
 # two runs differ only in the CPU.
 PACKAGES=(numpy numba llvmlite safetensors tokenizers soundfile huggingface-hub pytest hypothesis

@@ -31,8 +31,11 @@ def add_model_options(sp) -> None:
     sp.add_argument("--model", default=DEFAULT_MODEL, type=model_name,
                     help="checkpoint directory or hub repo id (default: %(default)s; env OMNICORE_MODEL)")
     sp.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                    help="the backbone's GEMM inputs: fp32 (exact, default) or tf32 / bf16 / fp16 "
-                         "(rounded to that format, float32 accumulation; docs/configuration.md)")
+                    help="the backbone's GEMMs: fp32 (exact, default); tf32 / bf16 / fp16 "
+                         "(approximate: inputs rounded to that format, float32 accumulation); "
+                         "int8 (approximate: int8 weights and activations in the layers' "
+                         "projections, on the CPU's int8 units; numpy backend only). "
+                         "docs/configuration.md")
     sp.add_argument("-q", "--quiet", action="store_true", help="no progress or summary on stderr")
 
 
@@ -167,7 +170,8 @@ def load_model(args):
     # a command that acts for the doors loads the model with their default profile (warmup)
     profile = {"profile": args.model_profile} if getattr(args, "model_profile", None) else {}
     model = OmniVoice.from_pretrained(args.model, precision=precision, **profile)
-    log(args, f"loaded {args.model}{'' if precision == 'fp32' else f' ({precision})'} in "
+    label = "" if precision == "fp32" else f" (precision {precision}, approximate)"
+    log(args, f"loaded {args.model}{label} in "
               f"{time.perf_counter() - t0:.1f} s")
     return model
 

@@ -136,6 +136,25 @@ def log_startup(server, model_path, host: str, port: int) -> None:
     log.info("Voice agents: ws://%s/v1/audio/speech/stream-input", base)
 
 
+def precision_line(precision: str) -> str:
+    """The start-up line's precision, labelled, and what the CPU's int8 units offer: where the
+    int8 kernels have dot-product instructions to run on, fp32 servers say that --precision
+    int8 exists; where they have none, an int8 server says it runs the plain loops."""
+    from ...model.int8_kernels import path
+    from .protocol import PRECISION_LABELS
+
+    label = PRECISION_LABELS[precision]
+    units = path() != "plain"
+    if precision == "fp32":
+        return label + (" (this CPU has int8 dot-product units: --precision int8 runs the "
+                        "layers' products on them, approximate; docs/configuration.md)"
+                        if units else "")
+    note = " (the model's products are not the float32 ones; --precision fp32 runs them)"
+    if precision == "int8" and not units:
+        note += "; no int8 dot-product units here: the int8 products run as plain loops, slowly"
+    return label + note
+
+
 def log_model(log, server, model_path) -> None:
     """The start-up lines every front door shares: which model, where voices live."""
     from ... import __version__
@@ -147,6 +166,7 @@ def log_model(log, server, model_path) -> None:
     log.info("Profile: %s for requests that name none%s", PROFILE_LABELS[profile],
              "" if profile == "exact" else " (early first audio on a CPU; --profile exact "
                                            "for the reference's algorithm)")
+    log.info("Precision: %s", precision_line(getattr(server.model, "precision", "fp32")))
     if not voices.persistent:
         log.info("Voices: not kept (a private temporary folder): voices made now are gone "
                  "after a restart")

@@ -69,7 +69,7 @@ from ...text import frontend, limits
 from . import speaking
 from .formats import FORMATS, encode_audio, encoder_missing
 from .library import VoiceLibrary
-from .protocol import MAX_UPLOAD_BYTES, PROFILE_LABELS, HTTPError, as_http
+from .protocol import MAX_UPLOAD_BYTES, PRECISION_LABELS, PROFILE_LABELS, HTTPError, as_http
 from .state import ServerState
 from .voice_making import check_consent, clip_voice_work, designed_voice_work, make_voice
 from .voices import describe_voice, list_voices, new_voice_name, nothing_to_delete
@@ -521,10 +521,14 @@ class McpDoor:
         deletes = ToolAnnotations(read_only_hint=False, destructive_hint=True,
                                   idempotent_hint=True, open_world_hint=False)
         profile = getattr(self.server.model, "profile", "exact")
+        precision = getattr(self.server.model, "precision", "fp32")
         spoken = (f"\nSpoken with the {PROFILE_LABELS[profile]} profile (the server's "
                   "--profile)" + ("." if profile == "exact" else ", chosen so that a call "
                                   "answers in time on a CPU; `omnicore mcp --profile exact` "
-                                  "runs the reference's algorithm."))
+                                  "runs the reference's algorithm.")
+                  + ("" if precision == "fp32" else f" Its precision is {PRECISION_LABELS[precision]}"
+                     " (the server's --precision): the model's products are not the float32 "
+                     "ones; --precision fp32 runs them."))
         tools = [self.tool(self.speak, self.speak_call, annotations=writes,
                            structured_output=False, description=SPEAK + spoken),
                  self.tool(self.list_voices, annotations=reads),

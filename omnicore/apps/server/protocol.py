@@ -17,6 +17,7 @@ import unicodedata
 from dataclasses import fields
 
 from ...errors import (AudioError, CancelledError, ConfigError, InputError, OmniCoreError, VoicePromptError)
+from ...model.backend import PRECISIONS
 from ...model.config import (FAST_PROFILE, PROFILES, GenerationConfig, resolve_generation_config, validate_seed)
 from ...text import frontend, limits, prose as prose_text
 from .formats import FORMATS, PIECEWISE, encoder_missing
@@ -45,6 +46,15 @@ CUT = "omnicore.cut"
 SPEED_RANGE = (0.25, 4.0)
 # What a client is told of each generation profile (GET /, and the X-Omnicore-Profile header).
 PROFILE_LABELS = {p: p if p == "exact" else f"{p} (approximate)" for p in PROFILES}
+# And of the model's precision profile (fixed when it loads): every one but fp32 approximates
+# the float32 GEMMs (int8: int8 weights and activations in the layers' projections).
+PRECISION_LABELS = {p: p if p == "fp32" else f"{p} (approximate)" for p in PRECISIONS}
+
+
+def precision_note(model) -> str:
+    """"" at fp32; else "; precision int8 (approximate)": what a door adds to a profile's label."""
+    precision = getattr(model, "precision", "fp32")
+    return "" if precision == "fp32" else f"; precision {PRECISION_LABELS[precision]}"
 
 
 # What a client can do about a refusal, in the HTTP door's words (its routes); each other door
@@ -358,9 +368,10 @@ def synth_kwargs(req: dict, prompt) -> dict:
 
 def profile_header(req: dict, model) -> dict:
     """The X-Omnicore-Profile header of a speech response: which profile made the audio, said
-    "approximate" when it is the fast one."""
+    "approximate" when it is fast or live, and the model's precision when it is not fp32
+    ("live (approximate); precision int8 (approximate)")."""
     profile = req["gen"].get("profile", getattr(model, "profile", "exact"))
-    return {"X-Omnicore-Profile": PROFILE_LABELS[profile]}
+    return {"X-Omnicore-Profile": PROFILE_LABELS[profile] + precision_note(model)}
 
 
 def timings_header(timings: dict) -> str:

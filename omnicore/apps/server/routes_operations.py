@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from .protocol import PROFILE_LABELS
+from .protocol import PRECISION_LABELS, PROFILE_LABELS
 from .routes import route
 from .state import ServerState
 
@@ -47,7 +47,9 @@ async def index(request: Request):
                          "description": "OpenAI-compatible text-to-speech (OmniVoice)",
                          "model": server.model_name, "links": links,
                          "profiles": PROFILE_LABELS,
-                         "default_profile": getattr(server.model, "profile", "exact")})
+                         "default_profile": getattr(server.model, "profile", "exact"),
+                         "precisions": PRECISION_LABELS,
+                         "precision": getattr(server.model, "precision", "fp32")})
 
 
 @route("metrics", needs_auth=lambda server: not server.metrics_public, probe=True)

@@ -54,7 +54,7 @@ from ...errors import CancelledError, ConfigError, InputError, OmniCoreError
 from ...model.config import SAMPLE_RATE
 from ...text import frontend
 from . import speaking
-from .protocol import (MAX_BODY_BYTES, PROFILE_LABELS, HTTPError, as_http, check_input_length,
+from .protocol import (MAX_BODY_BYTES, PROFILE_LABELS, precision_note, HTTPError, as_http, check_input_length,
                        forget, has_words, shutting_down)
 from .runtime import KernelSendClock, limit_send_buffer
 from .speaking import MAX_UTTERANCES, Utterance
@@ -160,7 +160,8 @@ class WyomingServer:
             name="omnicore", attribution=PROGRAM, installed=True, version=__version__,
             description=f"OmniVoice text-to-speech ({self.server.model_name}) on numpy, 600+ "
                         "languages, voice cloning and design; the weights are CC-BY-NC 4.0"
-                        + ("" if profile == "exact" else f"; profile {PROFILE_LABELS[profile]}"),
+                        + ("" if profile == "exact" else f"; profile {PROFILE_LABELS[profile]}")
+                        + precision_note(self.server.model),
             voices=made + presets, supports_synthesize_streaming=True)
         return Info(tts=[program]).event()
 

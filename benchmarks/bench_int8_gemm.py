@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""int8 GEMM rates at the backbone's shapes: omnicore's kernels beside MLAS and numpy.
+
+    python3 benchmarks/bench_int8_gemm.py [--rounds 3] [--threads 1,2] [--path vnni512]
+
+One table, GOP/s (2·M·K·N operations per product) at M = 300 rows and the full-size backbone's
+projections: q (1024 -> 2048), k/v (1024 -> 1024), o (2048 -> 1024), gate/up (1024 -> 3072),
+down (3072 -> 1024), and their sum over one layer's seven products. Columns:
+  numpy fp32      x @ W.T in float32 (numpy's BLAS)
+  MLAS int8       ONNX Runtime's MatMulInteger, u8 activations x s8 weights -> int32, the
+                  weights a constant initializer (prepacked by ORT), the activations already
+                  quantised: the bare product. Where the CPU has AMX-int8 (Sapphire Rapids
+                  and later) MLAS takes its AMX kernel, a unit omnicore does not use; so it runs
+                  twice: "MLAS AMX" as it comes, and "MLAS VNNI" with the AMX permission request
+                  refused (a seccomp filter makes arch_prctl(ARCH_REQ_XCOMP_PERM) fail, and MLAS
+                  falls back to its AVX512-VNNI kernel): the like-for-like yardstick
+  omnicore int8   int8_kernels.int8_linear: float32 in, float32 out, with the activations'
+                  quantisation, the scales and the tails
+  omnicore bare   int8_kernels.int8_matmul: int8 codes in, int32 out (packing of A included)
+Each (column, thread count) runs in a child process of its own, so no library's spinning
+workers take cores from the next; the children are started round after round (--rounds), and
+each cell keeps its best round (the machine may be shared). onnxruntime is imported here only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+M = 300
+SHAPES = [("q", 1024, 2048), ("k/v", 1024, 1024), ("o", 2048, 1024), ("gate/up", 1024, 3072),
+          ("down", 3072, 1024)]
+LAYER = {"q": 1, "k/v": 2, "o": 1, "gate/up": 2, "down": 1}  # products per layer of each shape
+COLUMNS = ("numpy", "mlas_amx", "mlas", "omnicore", "bare")
+HEAD = {"numpy": "numpy fp32", "mlas_amx": "MLAS AMX", "mlas": "MLAS VNNI", "omnicore": "omnicore int8",
+        "bare": "omnicore bare"}
+
+
+# --- a one-node ONNX model, encoded by hand (the `onnx` package is not needed) ----------------
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(num: int, value) -> bytes:
+    if isinstance(value, int):
+        return _varint(num << 3) + _varint(value)
+    value = value.encode() if isinstance(value, str) else value
+    return _varint(num << 3 | 2) + _varint(len(value)) + value
+
+
+def _value_info(name: str, elem: int, shape) -> bytes:
+    dims = b"".join(_field(1, _field(1, d)) for d in shape)  # TensorShapeProto.dim.dim_value
+    tensor_type = _field(1, elem) + _field(2, dims)
+    return _field(1, name) + _field(2, _field(1, tensor_type))
+
+
+def matmul_integer_model(wt) -> bytes:
+    """ModelProto: Y int32 [M, N] = MatMulInteger(A uint8 [M, K], B int8 [K, N] constant,
+    A's zero point 128): the product of the signed codes A - 128 and B, exact."""
+    k, n = wt.shape
+    UINT8, INT8, INT32 = 2, 3, 6
+    b = _field(1, k) + _field(1, n) + _field(2, INT8) + _field(8, "B") + _field(9, wt.tobytes())
+    za = _field(2, UINT8) + _field(8, "za") + _field(9, bytes([128]))  # a scalar
+    node = (_field(1, "A") + _field(1, "B") + _field(1, "za") + _field(2, "Y") + _field(3, "mm")
+            + _field(4, "MatMulInteger"))
+    graph = (_field(1, node) + _field(2, "g") + _field(5, b) + _field(5, za)
+             + _field(11, _value_info("A", UINT8, (M, k))) + _field(12, _value_info("Y", INT32, (M, n))))
+    return _field(1, 8) + _field(7, graph) + _field(8, _field(1, "") + _field(2, 13))
+
+
+def refuse_amx() -> None:
+    """Make this process's request for the AMX tile state fail (EPERM), for it and its threads:
+    a seccomp filter on arch_prctl(ARCH_REQ_XCOMP_PERM, ...). Linux x86-64 only."""
+    import ctypes
+    import struct
+
+    allow, eperm = 0x7FFF0000, 0x00050000 | 1
+    prog = [(0x20, 0, 0, 4), (0x15, 0, 5, 0xC000003E),  # arch == x86-64, else allow
+            (0x20, 0, 0, 0), (0x15, 0, 3, 158),  # nr == arch_prctl
+            (0x20, 0, 0, 16), (0x15, 0, 1, 0x1023),  # args[0] == ARCH_REQ_XCOMP_PERM
+            (0x06, 0, 0, eperm), (0x06, 0, 0, allow)]
+    filt = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *ins) for ins in prog))
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    libc = ctypes.CDLL(None, use_errno=True)
+    fprog = Prog(len(prog), ctypes.cast(filt, ctypes.c_void_p))
+    if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(22, 2, ctypes.byref(fprog), 0, 0):  # NO_NEW_PRIVS, SECCOMP
+        raise OSError(ctypes.get_errno(), "seccomp filter refused")
+
+
+# --- one child: one column at one thread count --------------------------------------------
+
+
+def _best_rate(fn, ops: float, budget: float = 0.6) -> float:
+    fn()
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    per = max(time.perf_counter() - t0, 1e-6)
+    reps = max(1, int(budget / 5 / per))
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return ops / best / 1e9
+
+
+def child(column: str, threads: int, path: str | None) -> dict:
+    import numpy as np
+
+    from omnicore.machinery import settings
+    from omnicore.model import int8_kernels as I
+
+    settings.configure(threads=threads, parallel_kernels=threads > 1)
+    if path:
+        I.force_path(path)
+    rng = np.random.default_rng(0)
+    rates = {}
+    amx_refused = False
+    for name, k, n in SHAPES:
+        x = rng.standard_normal((M, k)).astype(np.float32)
+        w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+        ops = 2.0 * M * k * n
+        if column == "numpy":
+            wt, out = np.ascontiguousarray(w.T), np.empty((M, n), np.float32)
+            rates[name] = _best_rate(lambda: np.matmul(x, wt, out=out), ops)
+        elif column in ("mlas", "mlas_amx"):
+            if column == "mlas" and not amx_refused:
+                refuse_amx()  # before onnxruntime loads: MLAS asks for AMX once, at its start
+                amx_refused = True
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+            sess = ort.InferenceSession(matmul_integer_model(I.quantize_rows(w)[0].T.copy()), opts,
+                                        providers=["CPUExecutionProvider"])
+            a = (I.quantize_rows(x)[0].astype(np.int16) + 128).astype(np.uint8)
+            rates[name] = _best_rate(lambda: sess.run(None, {"A": a}), ops)
+        else:
+            w8 = I.quantize_weight(w)
+            if column == "omnicore":
+                out = np.empty((M, n), np.float32)
+                rates[name] = _best_rate(lambda: I.int8_linear(x, w8, out), ops)
+            else:
+                xq = I.quantize_rows(x)[0]
+                rates[name] = _best_rate(lambda: I.int8_matmul(xq, w8), ops)
+    return {"rates": rates, "path": I.path()}
+
+
+def _layer_rate(rates: dict) -> float:
+    ops = sum(LAYER[name] * 2.0 * M * k * n for name, k, n in SHAPES)
+    secs = sum(LAYER[name] * 2.0 * M * k * n / (rates[name] * 1e9) for name, k, n in SHAPES)
+    return ops / secs / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--path", default=None, help="force omnicore's path (int8_kernels.force_path)")
+    ap.add_argument("--child", nargs=2, metavar=("COLUMN", "THREADS"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child[0], int(args.child[1]), args.path)))
+        return
+    repo = str(Path(__file__).resolve().parent.parent)
+    best: dict = {}
+    path = "?"
+    for _ in range(args.rounds):
+        for threads in (int(t) for t in args.threads.split(",")):
+            for column in COLUMNS:
+                env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]),
+                           NUMBA_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
+                           OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+                cmd = [sys.executable, __file__, "--child", column, str(threads)] + (["--path", args.path] if args.path else [])
+                res = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
+                path = res["path"] if column in ("omnicore", "bare") else path
+                cell = best.setdefault((threads, column), {})
+                for name, r in res["rates"].items():
+                    cell[name] = max(cell.get(name, 0.0), r)
+    print(f"int8 GEMMs, M = {M} rows, GOP/s (best of {args.rounds} rounds); omnicore's path: {path}; "
+          f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print("| threads | shape (K -> N) | " + " | ".join(HEAD[c] for c in COLUMNS) + " | omnicore / MLAS VNNI | / MLAS AMX | omnicore / numpy |")
+    print("|---:|---|" + "---:|" * (len(COLUMNS) + 3))
+    for threads in (int(t) for t in args.threads.split(",")):
+        rows = [(f"{name} ({k} -> {n})", {c: best[threads, c][name] for c in COLUMNS}) for name, k, n in SHAPES]
+        rows.append(("**one layer's 7 products**", {c: _layer_rate(best[threads, c]) for c in COLUMNS}))
+        for label, r in rows:
+            print(f"| {threads} | {label} | " + " | ".join(f"{r[c]:.0f}" for c in COLUMNS)
+                  + f" | {r['omnicore'] / r['mlas']:.2f}x | {r['omnicore'] / r['mlas_amx']:.2f}x | {r['omnicore'] / r['numpy']:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()
