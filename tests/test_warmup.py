@@ -146,7 +146,9 @@ def test_a_measured_rate_is_kept_and_read_back(model, tmp_path):
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     assert warmup.measured_rate(model, fresh) is None
-    got = warmup.measure_rate(model, tmp_path)
+    from omnicore.audio.writers import write_bytes_atomic
+
+    got = warmup.measure_rate(model, tmp_path, keep=write_bytes_atomic)
     kept = json.loads((tmp_path / warmup.RATES_FILE).read_text())
     assert kept == {warmup.rate_key(model): got} and got > 0
     assert warmup.measured_rate(model, tmp_path) == got

@@ -228,6 +228,11 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None],
             raise out.failed(exc) from None
 
 
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """`data` written to `path` through `write_atomic` (an OmniCoreError where it cannot be)."""
+    write_atomic(path, lambda fh: fh.write(data), OmniCoreError)
+
+
 def audio_format(path: str | os.PathLike) -> tuple[str, str]:
     """(format, subtype) soundfile writes for `path`'s extension: WAV, FLAC and the like as
     16-bit PCM, others (.ogg, ...) at libsndfile's default. AudioError for an extension no

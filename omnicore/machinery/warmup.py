@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import RefTextMismatchWarning
-from ..model import jit
+from ..model import int8_kernels, jit
 
 PATHS = ("generate", "stream", "clone", "decode")
 _TEXT = "Hello there."
@@ -156,7 +156,8 @@ def warm_up(model, paths=None, on_path=None, say=None, force: bool = False) -> W
     if unknown:
         raise ValueError(f"unknown warm-up path(s) {unknown}; the paths are {', '.join(PATHS)}")
     done = Warmup()
-    if not force and not jit.uncached():
+    idle = int8_kernels.idle_kernels(getattr(model, "precision", "fp32") == "int8")
+    if not force and not jit.uncached(idle):
         return done
     with CompileWatch(say) as watch:
         for path in paths:
@@ -219,11 +220,11 @@ def rate(model, folder=None) -> float:
     return measured_rate(model, folder) or ASSUMED_RATE
 
 
-def measure_rate(model, folder=None) -> float:
+def measure_rate(model, folder=None, keep=None) -> float:
     """Time RATE_TEXT unmasked in RATE_STEPS steps (after a first run, so that no compile is
-    timed), keep its FLOP/s in RATES_FILE (atomically; in memory only where no folder can be
-    written) and return it."""
-    from ..audio.writers import write_atomic
+    timed), keep its FLOP/s in RATES_FILE and return it. `keep(path, data)` writes the file
+    (the callers pass the one atomic writer: the machinery imports nothing of the core); without
+    it, or where it fails (a read-only cache), the rate holds for this process only."""
     from ..errors import OmniCoreError
 
     kw = dict(num_step=RATE_STEPS, seed=0)
@@ -232,11 +233,11 @@ def measure_rate(model, folder=None) -> float:
     value = model.unmask_flops(RATE_TEXT, **kw) / max(seconds, 1e-9)
     path, key = _rates_path(folder), rate_key(model)
     _rates[str(path), key] = value
-    if path is not None:
+    if path is not None and keep is not None:
         rates = {**_read_rates(path), key: value}
         try:
-            write_atomic(path, lambda fh: fh.write(json.dumps(rates, indent=1).encode()))
-        except OmniCoreError:  # a read-only cache: the rate holds for this process
+            keep(path, json.dumps(rates, indent=1).encode())
+        except OmniCoreError:
             pass
     return value
 

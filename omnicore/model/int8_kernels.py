@@ -583,6 +583,19 @@ _EMPTY_F32 = np.empty((0, 0), np.float32)
 _EMPTY_I32 = np.empty((0, 0), np.int32)
 
 
+def idle_kernels(in_use: bool) -> set[str]:
+    """The compiled kernels of this module a process will not call (by qualified name), so that
+    a warm-up does not wait for them: all of them where the int8 profile is not in use, else the
+    GEMMs of the paths other than `path()` and the bare product's packing (int8_matmul)."""
+    impls = {name: fn.__qualname__ for name, fn in (
+        ("vnni512", _gemm_vnni512_impl), ("vnni256", _gemm_vnni256_impl),
+        ("sdot", _gemm_sdot_impl), ("plain", _gemm_plain_impl))}
+    every = {*impls.values(), _quantize_pack_impl.__qualname__, _pack_codes_impl.__qualname__}
+    if not in_use:
+        return every
+    return {q for name, q in impls.items() if name != path()} | {_pack_codes_impl.__qualname__}
+
+
 def _packed_a(m: int, k: int) -> np.ndarray:
     return np.empty(_up(m, _MB) * _up(k, _KG), np.uint8)  # [Mp/8 * Kp/4 * 8 * 4]
 

@@ -187,12 +187,14 @@ def _ready(kernel) -> bool:
         return False
 
 
-def uncached() -> list[str]:
+def uncached(skip=frozenset()) -> list[str]:
     """The kernels whose first call would compile them (parallel twins only when parallel
-    kernels are on): what a first run on this machine still has to compile. Starts Numba."""
+    kernels are on; none named in `skip`, kernels this run will not call): what a first run on
+    this machine still has to compile. Starts Numba."""
     start()
     return [k.py_func.__qualname__ for k in _kernels
-            if (PARALLEL_KERNELS or not k.targetoptions.get("parallel")) and not _ready(k)]
+            if (PARALLEL_KERNELS or not k.targetoptions.get("parallel"))
+            and k.py_func.__qualname__ not in skip and not _ready(k)]
 
 
 def watch_compiles(fn):

@@ -9,7 +9,9 @@ image, as the user and with the NUMBA_CACHE_DIR and voices folder the service wi
 
 from __future__ import annotations
 
+from ...audio.writers import write_bytes_atomic
 from . import common
+from .options import PROFILE_TRADE_OFF
 
 
 def cmd_warmup(args) -> int:
@@ -31,7 +33,7 @@ def cmd_warmup(args) -> int:
         common.log(args, f"warm: {', '.join(done.seconds)} of {args.model} in "
                          f"{done.total_s:.1f} s, {done.compiled} kernels compiled in "
                          f"{done.compile_s:.1f} s into {where}")
-    common.log(args, f"rate: {measure_rate(model) / 1e9:.1f} GFLOP/s on this machine "
+    common.log(args, f"rate: {measure_rate(model, keep=write_bytes_atomic) / 1e9:.1f} GFLOP/s on this machine "
                      "(the estimates of voice making and of a stream's chunk 0 use it)")
     if args.voices:
         voices = VoiceLibrary(args.voices_dir or default_folder())
@@ -69,6 +71,7 @@ def add_parser(sub) -> None:
     w.add_argument("--voices-dir", help="the voices folder the doors will use (default: "
                                         "OMNICORE_VOICES_DIR, else the user's data folder)")
     w.add_argument("--profile", choices=PROFILES, default=DOOR_PROFILE,
-                   help="the profile the voices are made with: the doors' (default: "
-                        "%(default)s), so that a voice made here is the one a door would make")
+                   help="the profile whose kernels are warmed: the doors' (default: "
+                        "%(default)s; exact: the reference's steps). Voices are always made at "
+                        "exact, so a voice made here is the one a door makes. " + PROFILE_TRADE_OFF)
     w.set_defaults(func=cmd_warmup)

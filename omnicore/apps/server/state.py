@@ -26,6 +26,7 @@ from dataclasses import asdict
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from ...audio.writers import write_bytes_atomic
 from ...errors import CancelledError
 from .library import VoiceLibrary
 from .protocol import MODEL_ALIASES, HTTPError, shutting_down, warming_up
@@ -314,7 +315,7 @@ class ServerState:
                          done.compile_s, done.total_s)
             if measured_rate(self.model) is None:
                 log.info("Rate: %.0f GFLOP/s measured (kept beside the kernel cache)",
-                         measure_rate(self.model) / 1e9)
+                         measure_rate(self.model, keep=write_bytes_atomic) / 1e9)
         except Exception:  # serve anyway: each request then reports what is wrong
             log.exception("Warm-up failed; serving without it")
         try:
