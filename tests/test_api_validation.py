@@ -343,38 +343,39 @@ def demo_client(tmp_path_factory):
 
 
 def _demo_error(client, **kwargs) -> str:
-    from gradio_client.exceptions import AppError
+    """The page's refusal of a call: its visitor's line (AppError, or ValidationError for a
+    field), or gradio's own 400 for a value outside a control's range (no line of ours)."""
+    import httpx
+    from gradio_client.exceptions import AppError, ValidationError
 
-    with pytest.raises(AppError) as err:
+    with pytest.raises((AppError, ValidationError, httpx.HTTPStatusError)) as err:
         client.predict(**kwargs)
+    if isinstance(err.value, httpx.HTTPStatusError):
+        assert err.value.response.status_code == 400
+        return ""
     msg = str(err.value)
     assert "Traceback" not in msg and "Internal error" not in msg and "bug" not in msg, msg
+    assert "/tmp" not in msg and "omnicore " not in msg, msg  # no server path, no command
     return msg
 
 
 @pytest.mark.subprocess
 def test_demo_refuses_what_the_api_refuses(demo_client, tmp_path):
+    """What the API refuses the page refuses too, in a visitor's words (test_demo holds the
+    wording; the API's own messages keep their detail: the tests above)."""
     from gradio_client import handle_file
 
     msg = _demo_error(demo_client, text="Hi.", duration=600, num_step=2, api_name="/auto")
-    assert f"{limits.MAX_PASS_S:g} s per pass" in msg
-    msg = _demo_error(demo_client, text="Hi.", duration=limits.MAX_DURATION_S + 1, num_step=2,
-                      api_name="/auto")
-    assert "maximum" in msg
-    msg = _demo_error(demo_client, text="Hi.", seed=2**70, num_step=2, api_name="/auto")
-    assert "seed" in msg
-    bad = _write_prompt(tmp_path / "bad.npz", GOOD_CODES, {"ref_rms": -1.0})
-    msg = _demo_error(demo_client, text="Hi.", ref_audio=None, voice_prompt_file=handle_file(
-        str(bad)), num_step=2, api_name="/clone")
-    assert "ref_rms" in msg
-    bad = _write_prompt(tmp_path / "bad2.npz", GOOD_CODES, {"ref_text": "a\ud800b"})
-    msg = _demo_error(demo_client, text="Hi.", ref_audio=None, voice_prompt_file=handle_file(
-        str(bad)), num_step=2, api_name="/clone")
-    assert "surrogate" in msg
-    msg = _demo_error(demo_client, text="Hi.", ref_audio=handle_file(str(CLIP)),
-                      ref_text="word " * 1000, voice_prompt_file=None, num_step=2,
-                      api_name="/clone")
-    assert "ref_text" in msg
+    assert "too long" in msg
+    _demo_error(demo_client, text="Hi.", duration=limits.MAX_DURATION_S + 1, num_step=2,
+                api_name="/auto")
+    _demo_error(demo_client, text="Hi.", seed=2**70, num_step=2, api_name="/auto")
+    for meta in ({"ref_rms": -1.0}, {"ref_text": "a\ud800b"}):
+        bad = _write_prompt(tmp_path / "bad.npz", GOOD_CODES, meta)
+        _demo_error(demo_client, text="Hi.", ref_audio=None,
+                    voice_prompt_file=handle_file(str(bad)), num_step=2, api_name="/clone")
+    _demo_error(demo_client, text="Hi.", ref_audio=handle_file(str(CLIP)),
+                ref_text="word " * 1000, voice_prompt_file=None, num_step=2, api_name="/clone")
 
 
 

@@ -122,12 +122,24 @@ def test_a_record_without_its_maker_is_read_and_logged_once(models, tmp_path, ca
     prompt = tiny.synthesize("How I sound.", instruct="male", seed=1, num_step=2)[0].as_voice()
     lib.add("old", prompt, {"type": "audio_sample"})
     prompt.save(tmp_path / "dropped.npz")
-    with caplog.at_level(logging.INFO, logger="uvicorn.error"):
+    seen = []  # the logger's own records (a server run before may have stopped propagation)
+    handler = logging.Handler(logging.INFO)
+    handler.emit = seen.append
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    level, disabled = logger.level, logger.disabled
+    logger.setLevel(logging.INFO)
+    logger.disabled = False  # (as a logging config may have left it)
+    try:
         for _ in range(3):
             for name in ("old", "dropped"):
                 assert resolve_voice(models["codec"], lib, name) is not None
                 check_voice(lib, name, model=models["codec"])
-    lines = [r.getMessage() for r in caplog.records if "which model made it" in r.getMessage()]
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.disabled = disabled
+    lines = [r.getMessage() for r in seen if "which model made it" in r.getMessage()]
     assert len(lines) == 2 and "'old'" in lines[0] + lines[1], lines
 
 
