@@ -602,6 +602,8 @@ def int8_linear(x: np.ndarray, w: Int8Weight, out: np.ndarray | None = None) -> 
     m, k = x.shape
     if k != w.n_in:
         raise ValueError(f"int8_linear: x has {k} features, the weight takes {w.n_in}")
+    if out is not None and out.shape != (m, w.n_out):
+        raise ValueError(f"int8_linear: out is {out.shape}, the product is {(m, w.n_out)}")
     name = path()
     ap, sx = _packed_a(m, k), np.empty(m, np.float32)
     quant = jit.serial_or_parallel(_quantize_pack_nb, _quantize_pack_nb_par, x.size)
