@@ -17,9 +17,11 @@ down (3072 -> 1024), and their sum over one layer's seven products. Columns:
   omnicore int8   int8_kernels.int8_linear: float32 in, float32 out, with the activations'
                   quantisation, the scales and the tails
   omnicore bare   int8_kernels.int8_matmul: int8 codes in, int32 out (packing of A included)
-Each (column, thread count) runs in a child process of its own, so no library's spinning
-workers take cores from the next; the children are started round after round (--rounds), and
-each cell keeps its best round (the machine may be shared). onnxruntime is imported here only.
+One child process per thread count holds numpy, MLAS VNNI and omnicore side by side and times
+them in turn, shape by shape, --rounds times over, each cell keeping its fastest burst of 4
+calls: a busy spell of a shared machine falls on every column alike, so the ratios hold where
+the absolute rates do not. MLAS AMX runs in a second child (a process either may or may not
+use AMX). MLAS's product is checked equal to omnicore's. onnxruntime is imported here only.
 """
 
 from __future__ import annotations
@@ -104,23 +106,20 @@ def refuse_amx() -> None:
 # --- one child: one column at one thread count --------------------------------------------
 
 
-def _best_rate(fn, ops: float, budget: float = 0.6) -> float:
-    fn()
+def _burst(fn, calls: int) -> float:
+    """Seconds per call over `calls` calls, after one untimed call (which wakes the library's
+    threads and lets the previous library's spinning ones go idle)."""
     fn()
     t0 = time.perf_counter()
-    fn()
-    per = max(time.perf_counter() - t0, 1e-6)
-    reps = max(1, int(budget / 5 / per))
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / reps)
-    return ops / best / 1e9
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls
 
 
-def child(column: str, threads: int, path: str | None) -> dict:
+def child(group: str, threads: int, path: str | None, rounds: int) -> dict:
+    """One process, one thread count: the columns of `group` built for every shape, then timed
+    in turn, shape by shape and column by column, `rounds` times over (so a busy spell of
+    the machine falls on every column alike); each cell keeps its fastest burst."""
     import numpy as np
 
     from omnicore.machinery import settings
@@ -129,36 +128,40 @@ def child(column: str, threads: int, path: str | None) -> dict:
     settings.configure(threads=threads, parallel_kernels=threads > 1)
     if path:
         I.force_path(path)
+    if group == "side":
+        refuse_amx()  # before onnxruntime loads: MLAS asks for AMX once, at its start
+    import onnxruntime as ort
+
     rng = np.random.default_rng(0)
-    rates = {}
-    amx_refused = False
+    runs = {}  # (column, shape) -> callable
     for name, k, n in SHAPES:
         x = rng.standard_normal((M, k)).astype(np.float32)
         w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
-        ops = 2.0 * M * k * n
-        if column == "numpy":
-            wt, out = np.ascontiguousarray(w.T), np.empty((M, n), np.float32)
-            rates[name] = _best_rate(lambda: np.matmul(x, wt, out=out), ops)
-        elif column in ("mlas", "mlas_amx"):
-            if column == "mlas" and not amx_refused:
-                refuse_amx()  # before onnxruntime loads: MLAS asks for AMX once, at its start
-                amx_refused = True
-            import onnxruntime as ort
-
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-            sess = ort.InferenceSession(matmul_integer_model(I.quantize_rows(w)[0].T.copy()), opts,
-                                        providers=["CPUExecutionProvider"])
-            a = (I.quantize_rows(x)[0].astype(np.int16) + 128).astype(np.uint8)
-            rates[name] = _best_rate(lambda: sess.run(None, {"A": a}), ops)
-        else:
-            w8 = I.quantize_weight(w)
-            if column == "omnicore":
-                out = np.empty((M, n), np.float32)
-                rates[name] = _best_rate(lambda: I.int8_linear(x, w8, out), ops)
-            else:
-                xq = I.quantize_rows(x)[0]
-                rates[name] = _best_rate(lambda: I.int8_matmul(xq, w8), ops)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+        sess = ort.InferenceSession(matmul_integer_model(I.quantize_rows(w)[0].T.copy()), opts,
+                                    providers=["CPUExecutionProvider"])
+        a = (I.quantize_rows(x)[0].astype(np.int16) + 128).astype(np.uint8)
+        mlas = (lambda sess=sess, a=a: sess.run(None, {"A": a}))
+        if group == "amx":
+            runs["mlas_amx", name] = mlas
+            continue
+        w8, xq = I.quantize_weight(w), I.quantize_rows(x)[0]
+        wt, out, y = np.ascontiguousarray(w.T), np.empty((M, n), np.float32), np.empty((M, n), np.float32)
+        assert np.array_equal(mlas()[0], I.int8_matmul(xq, w8))  # the same exact product
+        runs["numpy", name] = lambda x=x, wt=wt, out=out: np.matmul(x, wt, out=out)
+        runs["mlas", name] = mlas
+        runs["omnicore", name] = lambda x=x, w8=w8, y=y: I.int8_linear(x, w8, y)
+        runs["bare", name] = lambda xq=xq, w8=w8: I.int8_matmul(xq, w8)
+    best = {key: float("inf") for key in runs}
+    for _ in range(rounds):
+        for key, fn in runs.items():
+            for _ in range(3):
+                best[key] = min(best[key], _burst(fn, 4))
+    rates: dict = {}
+    for (column, name), secs in best.items():
+        k, n = next((k, n) for s_, k, n in SHAPES if s_ == name)
+        rates.setdefault(column, {})[name] = 2.0 * M * k * n / secs / 1e9
     return {"rates": rates, "path": I.path()}
 
 
@@ -170,39 +173,40 @@ def _layer_rate(rates: dict) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--path", default=None, help="force omnicore's path (int8_kernels.force_path)")
-    ap.add_argument("--child", nargs=2, metavar=("COLUMN", "THREADS"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=2, metavar=("GROUP", "THREADS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child[0], int(args.child[1]), args.path)))
+        print(json.dumps(child(args.child[0], int(args.child[1]), args.path, args.rounds)))
         return
     repo = str(Path(__file__).resolve().parent.parent)
     best: dict = {}
     path = "?"
-    for _ in range(args.rounds):
-        for threads in (int(t) for t in args.threads.split(",")):
-            for column in COLUMNS:
-                env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]),
-                           NUMBA_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
-                           OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-                cmd = [sys.executable, __file__, "--child", column, str(threads)] + (["--path", args.path] if args.path else [])
-                res = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
-                path = res["path"] if column in ("omnicore", "bare") else path
-                cell = best.setdefault((threads, column), {})
-                for name, r in res["rates"].items():
-                    cell[name] = max(cell.get(name, 0.0), r)
-    print(f"int8 GEMMs, M = {M} rows, GOP/s (best of {args.rounds} rounds); omnicore's path: {path}; "
-          f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    print("| threads | shape (K -> N) | " + " | ".join(HEAD[c] for c in COLUMNS) + " | omnicore / MLAS VNNI | / MLAS AMX | omnicore / numpy |")
+    for threads in (int(t) for t in args.threads.split(",")):
+        for group in ("side", "amx"):
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]),
+                       NUMBA_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
+                       OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+            cmd = [sys.executable, __file__, "--child", group, str(threads), "--rounds", str(args.rounds)]
+            res = json.loads(subprocess.run(cmd + (["--path", args.path] if args.path else []), env=env,
+                                            check=True, capture_output=True, text=True).stdout)
+            path = res["path"] if group == "side" else path
+            for column, rates in res["rates"].items():
+                best[threads, column] = rates
+    print(f"int8 GEMMs, M = {M} rows, GOP/s (fastest burst of {args.rounds} rounds); omnicore's path: "
+          f"{path}; load average at the end {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print("| threads | shape (K -> N) | " + " | ".join(HEAD[c] for c in COLUMNS)
+          + " | omnicore / MLAS VNNI | / MLAS AMX | omnicore / numpy |")
     print("|---:|---|" + "---:|" * (len(COLUMNS) + 3))
     for threads in (int(t) for t in args.threads.split(",")):
         rows = [(f"{name} ({k} -> {n})", {c: best[threads, c][name] for c in COLUMNS}) for name, k, n in SHAPES]
         rows.append(("**one layer's 7 products**", {c: _layer_rate(best[threads, c]) for c in COLUMNS}))
         for label, r in rows:
             print(f"| {threads} | {label} | " + " | ".join(f"{r[c]:.0f}" for c in COLUMNS)
-                  + f" | {r['omnicore'] / r['mlas']:.2f}x | {r['omnicore'] / r['mlas_amx']:.2f}x | {r['omnicore'] / r['numpy']:.1f}x |")
+                  + f" | {r['omnicore'] / r['mlas']:.2f}x | {r['omnicore'] / r['mlas_amx']:.2f}x"
+                  + f" | {r['omnicore'] / r['numpy']:.1f}x |")
 
 
 if __name__ == "__main__":

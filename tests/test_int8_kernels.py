@@ -114,10 +114,14 @@ def test_int8_linear_writes_into_out(path):
     assert I.int8_linear(x[:0], w8).shape == (0, 37)
 
 
-def test_int8_linear_refuses_a_wrong_width():
+def test_int8_linear_refuses_a_wrong_width_or_out():
     w8 = I.quantize_weight(np.ones((4, 8), np.float32))
     with pytest.raises(ValueError, match="features"):
         I.int8_linear(np.ones((2, 9), np.float32), w8)
+    with pytest.raises(ValueError, match="out is"):  # the kernel writes rows by the array's stride
+        I.int8_linear(np.ones((2, 8), np.float32), w8, out=np.empty((1, 4), np.float32))
+    with pytest.raises(ValueError, match="features"):
+        I.int8_matmul(np.ones((2, 9), np.int8), w8)
 
 
 # --- quantisation --------------------------------------------------------------------------

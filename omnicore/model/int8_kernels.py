@@ -32,8 +32,8 @@ product equal to numpy's int64 one on every path this machine runs, `int8_linear
     128 x the channel's code sum is taken off after the K loop, which is exact in int32;
   - the product goes back to float32 in the tile's epilogue, as the plain algorithm says.
 Which path runs is chosen once, from the features LLVM compiles for (llvmlite's host CPU
-features, or Numba's NUMBA_CPU_FEATURES where that is set): the instruction must be one the
-compiler may emit, not only one the CPU has. `force_path` overrides it (tests, comparisons).
+features, or Numba's NUMBA_CPU_FEATURES where that is set; on Arm, the core LLVM names): the
+instruction must be one the compiler may emit, not only one the CPU has. `force_path` overrides it (tests, comparisons).
 Tiles run in parallel, column panels outermost (a panel stays in cache across row blocks),
 through the parallel twin when parallel kernels are on (`jit.serial_or_parallel`).
 
@@ -547,13 +547,35 @@ def _compiler_features() -> set[str]:
     return {f[1:] for f in feats.split(",") if f.startswith("+")}
 
 
+def _arm_dotprod(features: set[str]) -> bool:
+    """Whether LLVM compiles Arm's dot product for this core. Its host feature detection does not
+    map Linux's `asimddp` to `dotprod`, but the core it names (cortex-a76, neoverse-n1, apple-m1,
+    ...) brings the feature with it: so the named core, where the kernel reports the unit."""
+    if "dotprod" in features:
+        return True
+    from numba.core import config
+    import llvmlite.binding as ll
+
+    name = config.CPU_NAME or ll.get_host_cpu_name()
+    if name in ("", "generic"):
+        return False
+    if name.startswith("apple-"):  # every Apple core has it; macOS has no /proc/cpuinfo
+        return True
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            info = f.read()
+    except OSError:
+        return False
+    return any(line.startswith("Features") and "asimddp" in line.split() for line in info.splitlines())
+
+
 def paths() -> tuple[str, ...]:
     """The paths this machine can run (its compiler may emit their instructions), fastest first."""
     f = _compiler_features()
     arm = platform.machine().lower() in ("aarch64", "arm64")
     ok = {"vnni512": not arm and "avx512vnni" in f,
           "vnni256": not arm and ("avxvnni" in f or {"avx512vnni", "avx512vl"} <= f),
-          "sdot": arm and "dotprod" in f,
+          "sdot": arm and _arm_dotprod(f),
           "plain": True}
     return tuple(p for p in PATHS if ok[p])
 
@@ -615,6 +637,8 @@ def int8_linear(x: np.ndarray, w: Int8Weight, out: np.ndarray | None = None) -> 
     m, k = x.shape
     if k != w.n_in:
         raise ValueError(f"int8_linear: x has {k} features, the weight takes {w.n_in}")
+    if out is not None and out.shape != (m, w.n_out):
+        raise ValueError(f"int8_linear: out is {out.shape}, the product is {(m, w.n_out)}")
     name = path()
     ap, sx = _packed_a(m, k), np.empty(m, np.float32)
     quant = jit.serial_or_parallel(_quantize_pack_nb, _quantize_pack_nb_par, x.size)
