@@ -176,12 +176,13 @@ def require_server_extra() -> None:
         require_module(name, "server")
 
 
-def spawn_omnicore(*args, log_path=None) -> subprocess.Popen:
-    """`omnicore ARGS` as a child process, this checkout's package first on its path. Its
-    output goes to `log_path` (a file never fills up and blocks the server the way an unread
-    pipe does), else nowhere."""
+def spawn_omnicore(*args, log_path=None, env=None) -> subprocess.Popen:
+    """`omnicore ARGS` as a child process, this checkout's package first on its path, `env`
+    added to its environment. Its output goes to `log_path` (a file never fills up and blocks
+    the server the way an unread pipe does), else nowhere."""
     root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, **(env or {}),
+               PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("OMNICORE_API_KEY", None)
     out = open(log_path, "wb") if log_path else subprocess.DEVNULL
     try:

@@ -1,8 +1,12 @@
 """`omnicore serve --ray`: the same server as a Ray Serve application, through Serve's HTTP
-proxy, on a local Ray (the tiny checkpoint, 2 replicas of 1 CPU): the OpenAI SDK's requests and
-streams, the same bytes as `omnicore serve`, voice affinity counted in /metrics, a replica
-killed mid-stream, a model that does not load, and Ray or Serve missing. The parts that need
-no Ray (the relay's helpers) first."""
+proxy (the tiny checkpoint, 2 replicas of 1 CPU): the OpenAI SDK's requests and streams, the
+same bytes as `omnicore serve`, LiveKit's and Pipecat's stock OpenAI classes, voice affinity
+counted in /metrics, a replica killed mid-stream, a model that does not load, and Ray or Serve
+missing. The parts that need no Ray (the relay's helpers) first.
+
+One Ray for the module (started as `ray start --head` would, the servers join it by address, as
+on a cluster) and one Serve deployment shared by the tests that only send it requests; a model
+that does not load gets its own, on the same Ray, before the shared one is deployed."""
 
 import contextlib
 import json
@@ -120,19 +124,90 @@ def _alive(pid: int) -> bool:
     return True
 
 
+class RayHead:
+    """A local Ray head in a child process (2 CPUs, Serve's proxy at `port`), started in the
+    background: `address()` waits for it. Its output goes to `log`."""
+
+    CODE = ("import signal, sys, ray\n"
+            "ray.init(address='local', num_cpus=2, object_store_memory={store},"
+            " include_dashboard=False, logging_level='ERROR', log_to_driver=False)\n"
+            "print('gcs', ray.get_runtime_context().gcs_address, flush=True)\n"
+            "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # atexit: ray.shutdown()\n"
+            "signal.pause()\n")
+
+    def __init__(self, log: Path):
+        self.port = free_port()  # the first server on it starts Serve's proxy here; all use it
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", self.CODE.format(store=ray_serve.OBJECT_STORE_BYTES)],
+                stdout=out, stderr=subprocess.STDOUT)
+        self._address = None
+
+    def address(self) -> str:
+        deadline = time.monotonic() + 180  # Ray's start: half a minute on 2 busy cores
+        while self._address is None:
+            found = [line.split()[1] for line in self.log.read_text().splitlines()
+                     if line.startswith("gcs ")]
+            if found:
+                self._address = found[0]
+            elif self.proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"a local Ray did not start:\n{self.log.read_text()[-4000:]}")
+            else:
+                time.sleep(0.3)
+        return self._address
+
+
 @pytest.fixture(scope="module")
-def ray_server(tmp_path_factory, house_voices):
-    """`omnicore serve --ray` (2 replicas of 1 CPU, exact) on the house voices; every replica
+def ray_head(tmp_path_factory):
+    """One local Ray for the module; the tests that want it pass it before any slow fixture
+    they use, so that it starts meanwhile."""
+    require_serve()
+    head = RayHead(tmp_path_factory.mktemp("ray_head") / "ray.log")
+    yield head
+    stop_process(head.proc, 60)
+
+
+def serve_on(head: RayHead, *flags, log: Path) -> subprocess.Popen:
+    """`omnicore serve --ray ADDRESS` on `head`. A Ray that ray.init started takes token
+    authentication (~/.ray/auth_token); a process joining it by address says so (Ray's
+    `auto` would, but could find another user's Ray on this machine)."""
+    return spawn_omnicore("serve", "--port", head.port, "--ray", head.address(), *flags,
+                          log_path=log, env={"RAY_AUTH_MODE": "token"})
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_a_model_that_does_not_load_is_reported_at_start_up(ray_head, house_voices, tmp_path):
+    """First of the tests on Ray: its deployment fails and is deleted before the shared one."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    log = tmp_path / "serve.log"
+    proc = serve_on(ray_head, "--model", broken, "--voices-dir", house_voices, log=log)
+    try:
+        proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = log.read_text()
+    assert proc.returncode == 2, out[-4000:]
+    assert "the Speaker replicas did not start" in out, out[-4000:]
+
+
+@pytest.fixture(scope="module")
+def ray_server(ray_head, tmp_path_factory, house_voices):
+    """`omnicore serve --ray` (2 replicas of 1 CPU, exact) on the house voices, `cedar` an
+    alias of HOUSE (for Pipecat's stock class, which allows OpenAI's names only); every replica
     it started is gone after it stops."""
     require_server_extra()
-    require_serve()
     require_module("openai")
-    port = free_port()
     log = tmp_path_factory.mktemp("ray_serve") / "serve.log"
-    proc = spawn_omnicore("serve", "--model", TINY, "--profile", "exact", "--port", port,
-                          "--voices-dir", house_voices, "--ray", "--replicas", "2",
-                          "--cpus-per-replica", "1", log_path=log)
-    url = f"http://127.0.0.1:{port}"
+    proc = serve_on(ray_head, "--model", TINY, "--profile", "exact", "--voices-dir",
+                    house_voices, "--voice-alias", f"cedar={HOUSE}", "--replicas", "2",
+                    "--cpus-per-replica", "1", log=log)
+    url = f"http://127.0.0.1:{ray_head.port}"
     seen: set[int] = set()
     try:
         wait_until_serving(proc, url + "/health", 300, "omnicore serve --ray", log.read_text)
@@ -239,6 +314,27 @@ def test_voice_affinity_loads_each_prompt_at_most_once_per_replica(ray_server):
     assert _metric(text, "omnicore_cluster_voice_hit_rate")[""] >= 0.8
 
 
+# Serve's proxy's own request id (a client's X-Request-Id aside): a UUID
+SERVE_REQUEST_ID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+@pytest.mark.parametrize("check", ["livekit_openai_plugin", "livekit_cancel",
+                                   "pipecat_openai_service"])
+def test_the_stock_livekit_and_pipecat_classes_through_the_proxy(check, ray_server):
+    """LiveKit's and Pipecat's stock OpenAI TTS classes, unchanged, through Serve's proxy: the
+    checks test_voice_agents.py runs against `omnicore serve`, with the request id Serve's and
+    "the server is idle" holding on both replicas."""
+    import test_voice_agents as agents  # skips this test without the voice-agents extra
+
+    url, _ = ray_server
+    if check == "livekit_openai_plugin":
+        agents.check_livekit_openai_plugin(url, request_id=SERVE_REQUEST_ID)
+    else:
+        getattr(agents, f"check_{check}")(url, replicas=2)
+
+
 @pytest.mark.slow
 @pytest.mark.subprocess
 def test_the_websocket_through_the_proxy_speaks_and_barges_in(ray_server):
@@ -320,24 +416,3 @@ def test_a_replica_killed_mid_stream_is_an_error_the_client_sees(ray_server):
         time.sleep(1)
     assert r.status_code == 200, r.text
     seen.update(_replica_pids(url).values())  # the replacement too
-
-
-@pytest.mark.slow
-@pytest.mark.subprocess
-def test_a_model_that_does_not_load_is_reported_at_start_up(tmp_path):
-    require_serve()
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    (broken / "config.json").write_text("{not json")
-    log = tmp_path / "serve.log"
-    proc = spawn_omnicore("serve", "--model", broken, "--port", free_port(), "--voices-dir",
-                          tmp_path / "voices", "--ray", log_path=log)
-    try:
-        proc.wait(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    out = log.read_text()
-    assert proc.returncode == 2, out[-4000:]
-    assert "the Speaker replicas did not start" in out, out[-4000:]

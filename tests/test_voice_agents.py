@@ -3,10 +3,14 @@ each run directly, without a room or a transport server: their stock OpenAI TTS 
 /v1/audio/speech, and omnicore's own adapters (omnicore.apps.voice_agents) against the WebSocket for
 voice agents. Audio comes out in order at 24 kHz, a cancelled synthesis frees the server, and
 what unblocks the stock classes holds: OpenAI's `instructions` as prose, `x-request-id` on every
-response, mp3 frame by frame, voice aliases for clients that only allow OpenAI's names."""
+response, mp3 frame by frame, voice aliases for clients that only allow OpenAI's names.
+
+The stock classes' checks (`check_*`) take the server's URL: test_ray_serve.py runs the same
+ones against `omnicore serve --ray`, through Serve's proxy."""
 
 import asyncio
 import json
+import re
 import shutil
 import time
 
@@ -67,22 +71,38 @@ def speech(url, **body) -> httpx.Response:
         "response_format": "pcm", **body})
 
 
-def idle(url) -> bool:
+def idle(url, replicas: int = 1) -> bool:
     """Whether the server's engine and admission hold nothing, within a minute (a synthesis
-    that was not freed holds its place far longer: LONG is minutes of speech)."""
+    that was not freed holds its place far longer: LONG is minutes of speech). Through Ray
+    Serve any replica answers /health: each of the `replicas` (told apart by its
+    X-Omnicore-Replica header) must be seen idle."""
     deadline = time.monotonic() + 60
+    calm = set()
     while time.monotonic() < deadline:
-        load = httpx.get(url + "/health", timeout=10).json()
+        r = httpx.get(url + "/health", timeout=10)
+        load, who = r.json(), r.headers.get("x-omnicore-replica")
         if load["in_flight"] == 0 and load["engine_passes"] == 0:
-            return True
+            calm.add(who)
+            if len(calm) >= replicas:
+                return True
+        else:
+            calm.discard(who)
         time.sleep(0.2)
     return False
 
 
-def cancelled_streams(url) -> float:
-    text = httpx.get(url + "/metrics", timeout=10).text
-    return float(next(line.split()[-1] for line in text.splitlines()
-                      if line.startswith("omnicore_streams_cancelled_total")))
+def cancelled_streams(url, replicas: int = 1) -> float:
+    """omnicore_streams_cancelled_total, summed over the `replicas` answering /metrics (as
+    `idle`)."""
+    seen = {}
+    deadline = time.monotonic() + 60
+    while len(seen) < replicas and time.monotonic() < deadline:
+        r = httpx.get(url + "/metrics", timeout=10)
+        seen[r.headers.get("x-omnicore-replica")] = float(next(
+            line.split()[-1] for line in r.text.splitlines()
+            if line.startswith("omnicore_streams_cancelled_total")))
+    assert len(seen) == replicas, seen
+    return sum(seen.values())
 
 
 # -- what unblocks the stock classes ------------------------------------------------------------
@@ -136,10 +156,23 @@ def test_a_voice_alias_speaks_as_its_library_voice(server):
 # -- the stock classes --------------------------------------------------------------------------
 
 def test_livekit_openai_plugin_default_mp3_streams_frames(server):
+    check_livekit_openai_plugin(server)
+
+
+def test_livekit_cancel_frees_the_server(server):
+    check_livekit_cancel(server)
+
+
+def test_pipecat_openai_service_with_an_aliased_voice(server):
+    check_pipecat_openai_service(server)
+
+
+def check_livekit_openai_plugin(url, request_id=r"req_\w+"):
     """LiveKit's OpenAI TTS as a user configures it (mp3 over SSE by default, prose
-    instructions): 24 kHz mono frames of the text's length, carrying the server's request id."""
+    instructions): 24 kHz mono frames of the text's length, carrying the server's request id
+    (`request_id`: its form)."""
     async def synthesize():
-        tts = livekit_openai.TTS(base_url=server + "/v1", api_key="-", voice="ash",
+        tts = livekit_openai.TTS(base_url=url + "/v1", api_key="-", voice="ash",
                                  instructions="Speak calmly, like an elderly man.")
         async with tts.synthesize(STORY) as stream:
             frames = [ev async for ev in stream]
@@ -148,16 +181,18 @@ def test_livekit_openai_plugin_default_mp3_streams_frames(server):
     frames = run(synthesize())
     assert {(f.frame.sample_rate, f.frame.num_channels) for f in frames} == {(24000, 1)}
     assert {f.request_id for f in frames} == {frames[0].request_id}
-    assert frames[0].request_id.startswith("req_")
+    assert re.fullmatch(request_id, frames[0].request_id), frames[0].request_id
     samples = sum(f.frame.samples_per_channel for f in frames)
-    assert abs(samples - len(speech(server, input=STORY, voice="ash").content) // 2) < 0.2 * 24000
+    assert abs(samples - len(speech(url, input=STORY, voice="ash").content) // 2) < 0.2 * 24000
 
 
-def test_livekit_cancel_frees_the_server(server):
-    before = cancelled_streams(server)
+def check_livekit_cancel(url, replicas: int = 1):
+    """LiveKit's OpenAI TTS closed after its first frame of a long text: the server counts the
+    stream cancelled and its engine and admission empty."""
+    before = cancelled_streams(url, replicas)
 
     async def cancel():
-        tts = livekit_openai.TTS(base_url=server + "/v1", api_key="-", voice=VOICE,
+        tts = livekit_openai.TTS(base_url=url + "/v1", api_key="-", voice=VOICE,
                                  response_format="pcm")
         stream = tts.synthesize(LONG)
         first = await stream.__anext__()
@@ -165,7 +200,7 @@ def test_livekit_cancel_frees_the_server(server):
         await tts.aclose()
         return first
     assert run(cancel()).frame.sample_rate == 24000
-    assert idle(server) and cancelled_streams(server) > before
+    assert idle(url, replicas) and cancelled_streams(url, replicas) > before
 
 
 def pipecat_service(cls, **kw):
@@ -179,12 +214,12 @@ def pipecat_service(cls, **kw):
     return make()
 
 
-def test_pipecat_openai_service_with_an_aliased_voice(server):
+def check_pipecat_openai_service(url, replicas: int = 1):
     """Pipecat's OpenAITTSService allows only OpenAI's voice names: `cedar`, aliased to a
     library voice, speaks as that voice; prose instructions pass; frames are 24 kHz pcm in
     order; leaving the stream early frees the server."""
     async def speak(text, stop_after=None):
-        svc = await pipecat_service(OpenAITTSService, api_key="-", base_url=server + "/v1",
+        svc = await pipecat_service(OpenAITTSService, api_key="-", base_url=url + "/v1",
                                     settings=OpenAITTSService.Settings(
                                         voice="cedar", instructions="Speak warmly."))
         frames = []
@@ -198,9 +233,9 @@ def test_pipecat_openai_service_with_an_aliased_voice(server):
     assert frames and all(isinstance(f, TTSAudioRawFrame) for f in frames)
     assert {(f.sample_rate, f.num_channels) for f in frames} == {(24000, 1)}
     pcm = b"".join(f.audio for f in frames)
-    assert abs(len(pcm) - len(speech(server, input="Hello there. This is Pipecat speaking.",
+    assert abs(len(pcm) - len(speech(url, input="Hello there. This is Pipecat speaking.",
                                      voice=VOICE).content)) < 0.2 * 48000
-    assert run(speak(LONG, stop_after=1)) and idle(server)
+    assert run(speak(LONG, stop_after=1)) and idle(url, replicas)
 
 
 # -- omnicore's adapters (text in as it is written) ---------------------------------------------
