@@ -2,17 +2,23 @@
 """`omnicore serve --ray` on one machine: first audio against the single server, autoscaling
 under a burst, and replicas SIGKILLed mid-stream.
 
-    python3 benchmarks/bench_ray_serve.py [--model DIR] [--runs 5] [--kills 10]
-                                          [--markdown FILE] [--json FILE]
+    python3 benchmarks/bench_ray_serve.py [--model DIR] [--parts P,...] [--runs 5] [--rounds 1]
+        [--replicas 1] [--cpus-per-replica K] [--steps 8] [--kills 10]
+        [--markdown FILE] [--json FILE]
 
 --model defaults to weights/tiny-random (the tiny checkpoint: Ray's own costs show, the model's
-hardly). Needs the `server` and `ray` extras. Each part starts its own server as a child
-process on a fresh voices folder, and stops it (and the local Ray it started) after.
+hardly). Needs the `server` and `ray` extras (and `openai`). Each part starts its own server as a
+child process on a fresh voices folder, and stops it (and the local Ray it started) after: one
+model in memory at a time (the bench itself loads none), so a full-size run holds one 2.4 GiB
+process at a time.
 
-  first byte   `omnicore serve` (its threads: all cores, then 1 as a replica's) and `omnicore
-               serve --ray --replicas 2` (1 CPU each), the same pcm stream request (voice: a
-               designed library voice, exact, 8 steps, seeded) --runs times each, after one
-               warm-up request: the median time to the first audio byte
+  first byte   `omnicore serve` with K threads (--cpus-per-replica; default all cores) against
+               `omnicore serve --ray --replicas R --cpus-per-replica K` (default 1 replica),
+               one after the other, --rounds times (the order alternating); each takes one
+               warm-up request, then --runs times the same streamed OpenAI request: the SDK's
+               `audio.speech.with_streaming_response.create` (pcm, a designed library voice,
+               --steps steps, seeded), timed to its first audio byte. Reported: the medians,
+               and Serve's over the single server's (the goal: within 10 %)
   autoscale    `--autoscale 1:2`: 8 concurrent streams, then quiet; the replicas Serve runs,
                sampled each second from /metrics (omnicore_cluster_replica), and Serve's own
                controller log lines of the scaling decisions
@@ -24,6 +30,11 @@ process on a fresh voices folder, and stops it (and the local Ray it started) af
                streaming client saw (whole audio, or an error it can tell), the clone's status,
                the request after the replacement's status. At the end every voice that got a
                2xx is listed through the proxy and loads.
+
+The first byte at full size, Serve on one replica of both cores against the single server:
+
+    python3 benchmarks/bench_ray_serve.py --model checkpoints/full --parts first_byte \
+        --replicas 1 --cpus-per-replica 2 --rounds 2 --markdown fb.md --json fb.json
 """
 
 from __future__ import annotations
@@ -93,12 +104,14 @@ def free_port() -> int:
 
 
 def house(model: str, folder: Path) -> None:
-    """A designed library voice, "house", as the tests make it."""
-    from omnicore import OmniVoice
-
-    m = OmniVoice.from_pretrained(model)
-    m.synthesize("This is how the house sounds.", instruct="female, low pitch", seed=3,
-                 num_step=4)[0].as_voice().save(folder / "house.npz")
+    """A designed library voice, "house", as the tests make it, in a child process (the model
+    leaves memory with it)."""
+    code = ("import sys\nfrom omnicore import OmniVoice\n"
+            "m = OmniVoice.from_pretrained(sys.argv[1])\n"
+            "m.synthesize('This is how the house sounds.', instruct='female, low pitch', seed=3,"
+            " num_step=4)[0].as_voice().save(sys.argv[2])\n")
+    subprocess.run([sys.executable, "-c", code, model, str(folder / "house.npz")], check=True,
+                   env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=1200)
 
 
 def stream(url: str, text: str, seed: int, on_first=None) -> dict:
@@ -151,23 +164,54 @@ def live_replicas(url: str) -> dict:
     return {r: p for r, p in metric_replicas(url).items() if alive(p)}
 
 
-def first_byte(model: str, tmp: Path, runs: int) -> dict:
-    out = {}
-    for name, flags, threads in (
-            ("omnicore serve (threads: all cores)", (), None),
-            ("omnicore serve, 1 thread (as one replica)", (), 1),
-            ("omnicore serve --ray --replicas 2 --cpus-per-replica 1",
-             ("--ray", "--replicas", "2"), None)):
-        proc, url = start(model, tmp, free_port(), *flags, log=tmp / f"{len(out)}.log",
-                          threads=threads)
-        try:
-            stream(url, "Warm up.", 0)
-            ttfb = [stream(url, "Hello, how can I help you today?", 1)["ttfb"]
-                    for _ in range(runs)]
-        finally:
-            stop(proc)
-        out[name] = {"median_s": statistics.median(ttfb), "runs": ttfb}
-        print(f"{name}: first byte median {out[name]['median_s']:.3f} s {ttfb}", flush=True)
+def sdk_first_byte(url: str, text: str, seed: int, steps: int) -> float:
+    """One streamed OpenAI speech request through the SDK, as a client makes it: seconds to
+    its first audio byte (the rest read, so the server is idle after)."""
+    import openai
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
+    t0 = time.perf_counter()
+    first = None
+    with client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="house", input=text, response_format="pcm",
+            extra_body={"num_step": steps, "seed": seed}) as r:
+        for piece in r.iter_bytes():
+            if piece and first is None:
+                first = time.perf_counter() - t0
+    client.close()
+    if first is None:
+        raise SystemExit(f"no audio from {url}")
+    return first
+
+
+def first_byte(model: str, tmp: Path, runs: int, rounds: int, replicas: int, cpus: int,
+               steps: int) -> dict:
+    """The single server with `cpus` threads against Serve with `replicas` of `cpus` each,
+    one after the other, `rounds` times (the order alternating against drift)."""
+    single = f"omnicore serve ({cpus} thread{'s' * (cpus > 1)})"
+    ray = f"omnicore serve --ray --replicas {replicas} --cpus-per-replica {cpus}"
+    layouts = {single: ((), cpus), ray: (("--ray", "--replicas", str(replicas),
+                                          "--cpus-per-replica", str(cpus)), None)}
+    times = {name: [] for name in layouts}
+    for k in range(rounds):
+        for name in (list(layouts) if k % 2 == 0 else list(layouts)[::-1]):
+            flags, threads = layouts[name]
+            proc, url = start(model, tmp, free_port(), *flags, log=tmp / f"fb{k}-{len(flags)}.log",
+                              threads=threads)
+            try:
+                sdk_first_byte(url, "Warm up.", 0, steps)
+                got = [sdk_first_byte(url, "Hello, how can I help you today?", 1, steps)
+                       for _ in range(runs)]
+            finally:
+                stop(proc)
+            times[name] += got
+            print(f"round {k + 1}, {name}: first byte {[round(t, 3) for t in got]}", flush=True)
+    out = {name: {"median_s": statistics.median(t), "runs": t} for name, t in times.items()}
+    ratio = out[ray]["median_s"] / out[single]["median_s"]
+    out["serve_over_single"] = ratio
+    print(f"first byte median: single {out[single]['median_s']:.3f} s, Serve "
+          f"{out[ray]['median_s']:.3f} s: Serve / single = {ratio:.3f} "
+          f"({'within' if ratio <= 1.10 else 'NOT within'} 10 %)", flush=True)
     return out
 
 
@@ -305,29 +349,45 @@ def affinity(model: str, tmp: Path) -> dict:
 
 
 def markdown(res: dict) -> str:
-    out = [f"Load average at the start: {res['load']}", ""]
-    fb = res["first_byte"]
-    out += ["| server | first byte, median (s) | runs (s) |", "|---|---:|---|"]
-    out += [f"| {k} | {v['median_s']:.3f} | {', '.join(f'{x:.3f}' for x in v['runs'])} |"
-            for k, v in fb.items()]
-    a = res["autoscale"]
-    out += ["", f"Autoscale 1:2: peak {a['peak']} replicas, {a['final']} at the end; burst "
-                f"ended at {a['burst_end_s']} s; samples (s, replicas): {a['samples']}", ""]
-    out += ["    " + line for line in a["serve_log"]]
-    f = res["faults"]
-    out += ["", "| round | stream | bytes | clone | replacement up (s) | request after |",
-            "|---:|---|---:|---|---:|---:|"]
-    out += [f"| {r['round']} | {r['stream']} | {r['stream_bytes']} | {r['clone']} | "
-            f"{r['replacement_up_s']} | {r['after']} |" for r in f["rows"]]
-    out += ["", f"Voices cloned with a 2xx: {len(f['made'])}; listed afterwards: "
-                f"{len(f['listed'])}; each loads: {sorted(set(f['loads'].values()))}"]
+    """The parts that ran, as the benchmarks README shows them."""
+    out = [f"Model {res['model']}; load average at the start {res['load']}, at the end "
+           f"{res['load_end']}", ""]
+    if "first_byte" in res:
+        fb = dict(res["first_byte"])
+        ratio = fb.pop("serve_over_single")
+        out += ["| server | first byte, median (s) | runs (s) |", "|---|---:|---|"]
+        out += [f"| {k} | {v['median_s']:.3f} | {', '.join(f'{x:.3f}' for x in v['runs'])} |"
+                for k, v in fb.items()]
+        out += ["", f"Serve / single server, medians: {ratio:.3f}"]
+    if "autoscale" in res:
+        a = res["autoscale"]
+        out += ["", f"Autoscale 1:2: peak {a['peak']} replicas, {a['final']} at the end; burst "
+                    f"ended at {a['burst_end_s']} s; samples (s, replicas): {a['samples']}", ""]
+        out += ["    " + line for line in a["serve_log"]]
+    if "affinity" in res:
+        out += ["", *map(str, res["affinity"]["served"]), ""]
+        out += ["    " + line for line in res["affinity"]["metrics"]]
+    if "faults" in res:
+        f = res["faults"]
+        out += ["", "| round | stream | bytes | clone | replacement up (s) | request after |",
+                "|---:|---|---:|---|---:|---:|"]
+        out += [f"| {r['round']} | {r['stream']} | {r['stream_bytes']} | {r['clone']} | "
+                f"{r['replacement_up_s']} | {r['after']} |" for r in f["rows"]]
+        out += ["", f"Voices cloned with a 2xx: {len(f['made'])}; listed afterwards: "
+                    f"{len(f['listed'])}; each loads: {sorted(set(f['loads'].values()))}"]
     return "\n".join(out) + "\n"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(ROOT / "weights" / "tiny-random"))
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=5, help="first byte: requests per server")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="first byte: each server started this many times, in turn")
+    ap.add_argument("--replicas", type=int, default=1, help="first byte: Serve's replicas")
+    ap.add_argument("--cpus-per-replica", type=int, default=os.cpu_count(),
+                    help="first byte: a replica's CPUs and the single server's threads")
+    ap.add_argument("--steps", type=int, default=8, help="first byte: the request's num_step")
     ap.add_argument("--kills", type=int, default=10)
     ap.add_argument("--parts", default="first_byte,autoscale,affinity,faults")
     ap.add_argument("--work", help="keep the servers' logs and voices in this folder "
@@ -342,7 +402,8 @@ def main() -> int:
         house(args.model, tmp)
         parts = args.parts.split(",")
         if "first_byte" in parts:
-            res["first_byte"] = first_byte(args.model, tmp, args.runs)
+            res["first_byte"] = first_byte(args.model, tmp, args.runs, args.rounds,
+                                           args.replicas, args.cpus_per_replica, args.steps)
         if "autoscale" in parts:
             res["autoscale"] = autoscale(args.model, tmp)
         if "affinity" in parts:
@@ -352,7 +413,7 @@ def main() -> int:
     res["load_end"] = os.getloadavg()
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=str))
-    if args.markdown and {"first_byte", "autoscale", "faults"} <= set(res):
+    if args.markdown:
         Path(args.markdown).write_text(markdown(res))
     return 0
 
