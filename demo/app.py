@@ -254,6 +254,21 @@ def measure_defaults(model) -> presets.PageDefaults:
 # ------------------------------------------------------------------------------------------------
 
 
+def picker_width(labels) -> int:
+    """A dropdown's least width in pixels that shows its longest label whole beside the arrow:
+    about 8 px per Latin character and 16 px per CJK one at the page's font size, plus the
+    box's padding and the arrow (tests/test_demo.py measures it in Chromium at both sizes)."""
+    def text_px(label: str) -> int:
+        return sum(16 if ord(ch) >= 0x2E80 else 8 for ch in label)
+
+    return max(map(text_px, labels), default=0) + 88
+
+
+def one_player(streamed) -> tuple:
+    """Which player is shown, (normal, streaming): the one the next run plays in."""
+    return gr.update(visible=not streamed), gr.update(visible=bool(streamed))
+
+
 def _warn(notes) -> None:
     for note in notes:
         gr.Warning(note, title="Check the clip")
@@ -618,14 +633,13 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                         pickers = []
                         items = visitor.picker_items()
                         notes = {"accent": "English speech only", "dialect": "Chinese speech only"}
-                        cats = list(items)
-                        for row in (cats[:3], cats[3:]):
-                            with gr.Row():
-                                for cat in row:
-                                    pickers.append(gr.Dropdown(
-                                        items[cat], value="", label=cat.capitalize(),
-                                        info=notes.get(cat), elem_id=f"pick-{cat}",
-                                        elem_classes=["omni-picker"], min_width=150))
+                        with gr.Row():  # a picker too narrow for its values wraps
+                            for cat, choices in items.items():
+                                pickers.append(gr.Dropdown(
+                                    choices, value="", label=cat.capitalize(),
+                                    info=notes.get(cat), elem_id=f"pick-{cat}",
+                                    elem_classes=["omni-picker"],
+                                    min_width=picker_width(label for label, _ in choices)))
                         design_wait = gr.Markdown(elem_id="design-estimate")
                         design_btn, design_stop = go_and_stop("design")
                     with gr.Tab("Voice clone", id="clone") as clone_tab:
@@ -721,14 +735,19 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                                    label="Class temperature (0 = argmax tokens)")
 
             with gr.Column(scale=6):
-                audio_out = gr.Audio(label="Generated speech", type="numpy", format="wav",
-                                     interactive=False, buttons=["download"], elem_id="audio-out",
-                                     # the browser's own player: the waveform is drawn below
-                                     waveform_options=gr.WaveformOptions(
-                                         show_recording_waveform=False))
-                stream_out = gr.Audio(label="Streaming playback", streaming=True, autoplay=True,
-                                      interactive=False, elem_id="stream-out",
-                                      visible=defaults.streamed)
+                # One player holds the result: the streaming one for a streamed run (it keeps
+                # the whole stream, to play again or download), the other one otherwise. The
+                # hidden one still gets its value (API callers read the WAV from it).
+                with gr.Column(elem_id="result"):
+                    audio_out = gr.Audio(label="Generated speech", type="numpy", format="wav",
+                                         interactive=False, buttons=["download"],
+                                         elem_id="audio-out", visible=not defaults.streamed,
+                                         # the browser's own player: the waveform is drawn below
+                                         waveform_options=gr.WaveformOptions(
+                                             show_recording_waveform=False))
+                    stream_out = gr.Audio(label="Streaming playback", streaming=True,
+                                          autoplay=True, interactive=False, buttons=["download"],
+                                          elem_id="stream-out", visible=defaults.streamed)
                 wave_img = gr.Image(label="Waveform and spectrogram", type="numpy", format="png",
                                     interactive=False, show_label=False, elem_id="waveform-view",
                                     buttons=["download", "fullscreen"])
@@ -774,8 +793,10 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         for i, halt in enumerate((auto_stop, design_stop, clone_stop)):
             halt.click(stop, None, timings, queue=False,
                        **(dict(api_name="stop", **quick) if i == 0 else private))
+        players = [audio_out, stream_out]
         for go in (auto_btn, design_btn, clone_btn):  # on a phone the output is below
             go.click(None, js=SCROLL_TO_OUTPUT, **private)
+            go.click(one_player, streamed, players, queue=False, **private)
         keep_btn.click(keep_voice, [last_voice], voice_file, api_name="keep_voice", **quick)
         for picker in pickers:
             picker.change(visitor.compose_instruct, pickers, instruct, **private)
@@ -789,7 +810,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         gr.on(described, lambda i, t: None, [instruct, design_text], None, **private,
               validator=lambda i, t: [_check(visitor.read_instruct(i, t)[2]), ok])
 
-        streamed.change(lambda on: gr.update(visible=bool(on)), streamed, stream_out, **private)
+        streamed.change(one_player, streamed, players, **private)
         # Quality presets set the steps and the profile; settings no preset has clear the preset.
         preset.input(presets.preset_settings, preset, [num_step, profile], **private)
         for knob in (num_step, profile):
@@ -808,15 +829,19 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         shown = [audio_out, wave_img, unmask_img, timings]
         cache = dict(cache_examples=measured, cache_mode="eager")
         with auto_tab:
-            gr.Examples(AUTO_EXAMPLES, [auto_text], shown, example_auto, label="Examples",
-                        elem_id="auto-examples", **cache)
+            examples = [gr.Examples(AUTO_EXAMPLES, [auto_text], shown, example_auto,
+                                    label="Examples", elem_id="auto-examples", **cache)]
         with design_tab:
-            gr.Examples(DESIGN_EXAMPLES, [design_text, instruct], shown, example_design,
-                        label="Examples", elem_id="design-examples", **cache)
+            examples.append(gr.Examples(DESIGN_EXAMPLES, [design_text, instruct], shown,
+                                        example_design, label="Examples",
+                                        elem_id="design-examples", **cache))
         with clone_tab:
-            gr.Examples(CLONE_EXAMPLES, [clone_text, ref_audio, ref_text], shown, example_clone,
-                        label="Example (a synthetic espeak-ng voice)", elem_id="clone-examples",
-                        **cache)
+            examples.append(gr.Examples(CLONE_EXAMPLES, [clone_text, ref_audio, ref_text], shown,
+                                        example_clone, elem_id="clone-examples", **cache,
+                                        label="Example (a synthetic espeak-ng voice)"))
+        for example in examples:  # an example plays in the normal player
+            example.dataset.click(lambda: one_player(False), None, players, queue=False,
+                                  **private)
 
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
     return demo

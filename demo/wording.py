@@ -58,7 +58,9 @@ CSS = """
   object-fit: contain; }
 #instruct-status { min-height: 1.5em; }
 #timings th, #timings td { white-space: nowrap; word-break: normal; }
-.omni-picker input { padding-right: 2em; text-overflow: ellipsis; }
+.omni-picker input { padding-right: 24px; text-overflow: ellipsis; }
+@media (max-width: 480px) { #settings, .omni-picker { padding-left: 4px;
+  padding-right: 4px; } }
 .omni-footer, .omni-note { font-size: 0.85em; opacity: 0.8; }
 """
 
@@ -77,7 +79,7 @@ HEAD = """<script>
 })();
 </script>"""
 SCROLL_TO_OUTPUT = """() => { if (window.innerWidth < 768)
-  document.querySelector('#audio-out')?.scrollIntoView({behavior: 'smooth', block: 'start'}); }"""
+  document.querySelector('#result')?.scrollIntoView({behavior: 'smooth', block: 'start'}); }"""
 
 
 def timings_table(result, sample_rate: int, seed: int, wall_s: float,
