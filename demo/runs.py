@@ -45,14 +45,14 @@ def fail(exc: Exception, text_cap: int = limits.MAX_TEXT_CHARS) -> gr.Error:
     return gr.Error(line, title=f"Check the {field}", duration=20, print_exception=False)
 
 
-def seed(seed) -> int:
+def pick_seed(seed) -> int:
     """-1 (or empty) = a random seed; other values go to the API, which checks them."""
     if seed is None or seed < 0:
         return secrets.randbelow(2**31)
     return seed
 
 
-def number(value, name: str, default=None, integer: bool = False):
+def as_number(value, name: str, default=None, integer: bool = False):
     """A panel value as a float (or int); an API client may send anything, so anything else
     is an InputError naming the field rather than a crash."""
     if value is None or value == "":
@@ -74,22 +74,23 @@ def api_kwargs(language, num_step, guidance_scale, speed, duration, seed, denois
               class_temperature, profile="exact") -> dict:
     """Shared-panel values -> keyword arguments of OmniVoice.synthesize; the API applies the
     limits (omnicore.text) and says what is wrong."""
-    duration = number(duration, "duration", 0.0)
-    speed = number(speed, "speed", 1.0)
+    duration = as_number(duration, "duration", 0.0)
+    speed = as_number(speed, "speed", 1.0)
     return dict(
         language=None if language in (None, "", AUTO_LANGUAGE) else language,
-        num_step=number(num_step, "steps", GEN.num_step, integer=True),
-        guidance_scale=number(guidance_scale, "guidance scale", GEN.guidance_scale),
+        num_step=as_number(num_step, "steps", GEN.num_step, integer=True),
+        guidance_scale=as_number(guidance_scale, "guidance scale", GEN.guidance_scale),
         duration=duration if duration > 0 else None,  # a fixed duration overrides speed
         speed=speed if duration <= 0 and speed != 1.0 else None,
-        seed=seed(number(seed, "seed", None, integer=True)), denoise=bool(denoise),
+        seed=pick_seed(as_number(seed, "seed", None, integer=True)), denoise=bool(denoise),
         postprocess_output=bool(postprocess_output),
-        t_shift=number(t_shift, "t_shift", GEN.t_shift),
-        layer_penalty_factor=number(layer_penalty_factor, "layer penalty",
+        t_shift=as_number(t_shift, "t_shift", GEN.t_shift),
+        layer_penalty_factor=as_number(layer_penalty_factor, "layer penalty",
                                      GEN.layer_penalty_factor),
-        position_temperature=number(position_temperature, "position temperature",
+        position_temperature=as_number(position_temperature, "position temperature",
                                      GEN.position_temperature),
-        class_temperature=number(class_temperature, "class temperature", GEN.class_temperature),
+        class_temperature=as_number(class_temperature, "class temperature",
+                                    GEN.class_temperature),
         profile=profile or "exact",  # "fast": approximate (the API refuses another name)
     )
 
