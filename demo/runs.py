@@ -86,9 +86,9 @@ def api_kwargs(language, num_step, guidance_scale, speed, duration, seed, denois
         postprocess_output=bool(postprocess_output),
         t_shift=as_number(t_shift, "t_shift", GEN.t_shift),
         layer_penalty_factor=as_number(layer_penalty_factor, "layer penalty",
-                                     GEN.layer_penalty_factor),
+                                       GEN.layer_penalty_factor),
         position_temperature=as_number(position_temperature, "position temperature",
-                                     GEN.position_temperature),
+                                       GEN.position_temperature),
         class_temperature=as_number(class_temperature, "class temperature",
                                     GEN.class_temperature),
         profile=profile or "exact",  # "fast": approximate (the API refuses another name)
