@@ -52,7 +52,8 @@ PAUSE_HELP = ('Pauses: [pause:1.5s], [pause:500ms] or <break time="2s"/> give ex
               "much silence (at most 60 s each).")
 
 # Pictures at their own size (never scaled up; scaled down smoothly on a narrow screen); table
-# headers break between words only; picker values clear of the arrow.
+# headers break between words only; picker values end before the arrow (which gradio draws over
+# the input), with a little more room on a phone (app.picker_width sizes the voice pickers).
 CSS = """
 #unmasking-view img, #waveform-view img { width: auto; max-width: 100%; height: auto;
   object-fit: contain; }
