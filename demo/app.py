@@ -77,7 +77,7 @@ try:
 except ImportError:  # a source checkout without `pip install -e .`: use the package beside demo/
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from omnicore import GenerationConfig, OmniVoice, VoiceClonePrompt  # noqa: E402
+from omnicore import OmniVoice, VoiceClonePrompt  # noqa: E402
 from omnicore.machinery.checkpoint import HUB_REPO  # noqa: E402
 from omnicore.errors import OmniCoreError  # noqa: E402
 from omnicore.model import backend  # noqa: E402
@@ -90,8 +90,8 @@ import presets  # noqa: E402
 import visitor  # noqa: E402
 from wording import (CSS, HEAD, HOW_IT_WORKS, INTRO, PAUSE_HELP, SCROLL_TO_OUTPUT,  # noqa: E402
                      UNMASKING_CAPTION)
-from runs import (AUTO_LANGUAGE, STREAM_RULE, Runs, api_kwargs, checked_api_kwargs,  # noqa: E402
-                  fail)
+from runs import (AUTO_LANGUAGE, GEN, STREAM_RULE, Runs, api_kwargs,  # noqa: E402
+                  checked_api_kwargs, fail)
 
 DEFAULT_MODEL = HUB_REPO
 DEFAULT_CONCURRENCY = 1
@@ -100,7 +100,6 @@ DEFAULT_MAX_QUEUE = 16
 # long as it runs); --max-chars raises it up to the library's limit for a private server.
 DEFAULT_MAX_CHARS = 1_000
 SYNTHESIS_GROUP = "synthesis"  # one concurrency group for every endpoint that runs the model
-GEN = GenerationConfig()  # the panel's defaults are the API's
 DEMO_DIR = Path(__file__).resolve().parent
 # The clone tab's example voice: a synthetic espeak-ng clip shipped with the demo (the test
 # suite's reference clip), with its transcript.

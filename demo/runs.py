@@ -14,7 +14,6 @@ import traceback
 import gradio as gr
 import numpy as np
 
-from omnicore import GenerationConfig
 from omnicore.audio.writers import to_pcm16
 from omnicore.errors import InputError, OmniCoreError
 from omnicore.text import limits
@@ -24,9 +23,8 @@ import presets
 import visitor
 from stopping import Board, Stopped
 from visuals import render_unmasking, render_waveform
-from wording import STREAMED_NOT_KEPT, stream_timings, timings_table
+from wording import GEN, STREAMED_NOT_KEPT, stream_timings, timings_table  # GEN: the API's defaults
 
-GEN = GenerationConfig()  # the panel's defaults are the API's
 AUTO_LANGUAGE = "auto"  # the language picker's "Auto (from the text)"
 WAVE_WIDTH = 640  # the waveform picture's width: about what the output column shows
 # How the page's streams cut text: the library's rule (benchmarks/README.md, "Space", has the
