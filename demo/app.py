@@ -18,10 +18,12 @@ A voice description is read strictly when it is made of the pickers' items, else
 the mapping the HTTP server uses, and the page says what it understood. Texts are capped at
 `--max-chars` (1,000 by default, for a public page; the library's 20,000 at most).
 
-Stop (stopping.py) ends the session's run at the engine's next unmasking step. Streaming (on by
-default on a CPU): the endpoints call `OmniVoice.stream` and yield each piece to the streaming
-player ("Piece k of n" on the progress bar); the final audio, waveform and timings come from the
-same pieces. The unmasking view needs the fill steps of a run in one piece; the page says so.
+The runs themselves are runs.py's: the page's values as the API's arguments, a run in one piece
+or streamed, and Stop (stopping.py: the session's run ends at the engine's next unmasking step).
+Streaming (on by default on a CPU): the endpoints call `OmniVoice.stream` and yield each piece to
+the streaming player ("Piece k of n" on the progress bar), which then holds the result (one
+player is shown: the normal one for a run in one piece or an example). The unmasking view needs
+the fill steps of a run in one piece; the page says so.
 
 Queueing: synthesis is CPU-bound and one model serves everyone, so the synthesis endpoints share
 one concurrency group of `--concurrency` jobs (default 1); up to `--max-queue` more wait (default
@@ -46,12 +48,9 @@ import secrets
 import shutil
 import sys
 import tempfile
-import time
-import traceback
 from pathlib import Path
 
 import gradio as gr
-import numpy as np
 
 
 
@@ -78,23 +77,21 @@ try:
 except ImportError:  # a source checkout without `pip install -e .`: use the package beside demo/
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from omnicore import GenerationConfig, OmniVoice, VoiceClonePrompt  # noqa: E402
-from omnicore.audio.writers import to_pcm16  # noqa: E402
+from omnicore import OmniVoice, VoiceClonePrompt  # noqa: E402
 from omnicore.machinery.checkpoint import HUB_REPO  # noqa: E402
-from omnicore.errors import InputError, OmniCoreError  # noqa: E402
+from omnicore.errors import OmniCoreError  # noqa: E402
 from omnicore.model import backend  # noqa: E402
 from omnicore.text import limits  # noqa: E402
 from omnicore.model.config import FRAME_RATE  # noqa: E402
-from omnicore.text.planner import ChunkRule, split_text  # noqa: E402
 from omnicore.machinery.warmup import warm_up  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import presets  # noqa: E402
 import visitor  # noqa: E402
 from wording import (CSS, HEAD, HOW_IT_WORKS, INTRO, PAUSE_HELP, SCROLL_TO_OUTPUT,  # noqa: E402
-                     STREAMED_NOT_KEPT, UNMASKING_CAPTION, stream_timings, timings_table)
-from stopping import Board, Stopped  # noqa: E402
-from visuals import render_unmasking, render_waveform  # noqa: E402
+                     UNMASKING_CAPTION)
+from runs import (AUTO_LANGUAGE, GEN, STREAM_RULE, Runs, api_kwargs,  # noqa: E402
+                  checked_api_kwargs, fail)
 
 DEFAULT_MODEL = HUB_REPO
 DEFAULT_CONCURRENCY = 1
@@ -102,13 +99,7 @@ DEFAULT_MAX_QUEUE = 16
 # The public page's cap on the text (one visitor's request holds the queue's one slot for as
 # long as it runs); --max-chars raises it up to the library's limit for a private server.
 DEFAULT_MAX_CHARS = 1_000
-WAVE_WIDTH = 640  # the waveform picture's width: about what the output column shows
-AUTO_LANGUAGE = "auto"
 SYNTHESIS_GROUP = "synthesis"  # one concurrency group for every endpoint that runs the model
-GEN = GenerationConfig()  # the panel's defaults are the API's
-# How the page's streams cut text: the library's rule (benchmarks/README.md, "Space", has the
-# measurements that chose it).
-STREAM_RULE = ChunkRule()
 DEMO_DIR = Path(__file__).resolve().parent
 # The clone tab's example voice: a synthetic espeak-ng clip shipped with the demo (the test
 # suite's reference clip), with its transcript.
@@ -128,102 +119,6 @@ CLONE_EXAMPLES = [
     ["Please leave the parcel with the neighbour at number twelve.", str(VOICE_CLIP),
      VOICE_CLIP_TEXT],
 ]
-
-# ------------------------------------------------------------------------------------------------
-# Helpers: turning UI values into API arguments and results into displays
-# ------------------------------------------------------------------------------------------------
-
-
-def _fail(exc: Exception, text_cap: int = limits.MAX_TEXT_CHARS) -> gr.Error:
-    """A run's failure as one visitor-worded line (visitor.py: no parameter, command or path);
-    the library's own message goes to the server log, where a developer can read it."""
-    if not isinstance(exc, OmniCoreError):
-        traceback.print_exc()  # unexpected: keep the details in the server log for a bug report
-    else:
-        print(f"input refused: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-    field, line = visitor.visitor_line(exc, text_cap)
-    return gr.Error(line, title=f"Check the {field}", duration=20, print_exception=False)
-
-
-def _seed(seed) -> int:
-    """-1 (or empty) = a random seed; other values go to the API, which checks them."""
-    if seed is None or seed < 0:
-        return secrets.randbelow(2**31)
-    return seed
-
-
-def _number(value, name: str, default=None, integer: bool = False):
-    """A panel value as a float (or int); an API client may send anything, so anything else
-    is an InputError naming the field rather than a crash."""
-    if value is None or value == "":
-        return default
-    try:
-        number = float(value)
-        if integer:
-            if number != int(number):
-                raise ValueError
-            return int(number)
-    except (TypeError, ValueError, OverflowError):
-        raise InputError(f"{name} must be a {'whole ' if integer else ''}number, got "
-                         f"{value!r}") from None
-    return number
-
-
-def _settings(language, num_step, guidance_scale, speed, duration, seed, denoise,
-              postprocess_output, t_shift, layer_penalty_factor, position_temperature,
-              class_temperature, profile="exact") -> dict:
-    """Shared-panel values -> keyword arguments of OmniVoice.synthesize; the API applies the
-    limits (omnicore.text) and says what is wrong."""
-    duration = _number(duration, "duration", 0.0)
-    speed = _number(speed, "speed", 1.0)
-    return dict(
-        language=None if language in (None, "", AUTO_LANGUAGE) else language,
-        num_step=_number(num_step, "steps", GEN.num_step, integer=True),
-        guidance_scale=_number(guidance_scale, "guidance scale", GEN.guidance_scale),
-        duration=duration if duration > 0 else None,  # a fixed duration overrides speed
-        speed=speed if duration <= 0 and speed != 1.0 else None,
-        seed=_seed(_number(seed, "seed", None, integer=True)), denoise=bool(denoise),
-        postprocess_output=bool(postprocess_output),
-        t_shift=_number(t_shift, "t_shift", GEN.t_shift),
-        layer_penalty_factor=_number(layer_penalty_factor, "layer penalty",
-                                     GEN.layer_penalty_factor),
-        position_temperature=_number(position_temperature, "position temperature",
-                                     GEN.position_temperature),
-        class_temperature=_number(class_temperature, "class temperature", GEN.class_temperature),
-        profile=profile or "exact",  # "fast": approximate (the API refuses another name)
-    )
-
-
-def _checked_settings(*values) -> dict:
-    try:
-        return _settings(*values)
-    except OmniCoreError as exc:
-        raise _fail(exc) from None
-
-
-
-def _outputs(model, result, seed: int, wall_s: float, estimated_s: float | None = None):
-    sr = model.sampling_rate
-    return ((sr, to_pcm16(result.audio)), render_waveform(result.audio, sr, width=WAVE_WIDTH),
-            render_unmasking(result.fill_steps, result.num_steps),
-            timings_table(result, sr, seed, wall_s, estimated_s))
-
-
-
-def _keepable(result):
-    """What "Keep this voice" saves for a result: its voice prompt, or why there is none."""
-    try:
-        return result.as_voice()
-    except OmniCoreError as exc:  # e.g. longer than a voice prompt may be
-        return f"This result cannot be kept as a voice: {exc}"
-
-
-
-def _progress_hook(progress):
-    def on_step(step: int, num_steps: int) -> None:
-        progress((step, num_steps), desc="Unmasking", unit="steps")
-    return on_step
-
 
 # ------------------------------------------------------------------------------------------------
 # What the page opens with on this machine
@@ -252,6 +147,21 @@ def measure_defaults(model) -> presets.PageDefaults:
 # ------------------------------------------------------------------------------------------------
 # The page
 # ------------------------------------------------------------------------------------------------
+
+
+def picker_width(labels) -> int:
+    """A dropdown's least width in pixels that shows its longest label whole beside the arrow:
+    about 8 px per Latin character and 16 px per CJK one at the page's font size, plus the
+    box's padding and the arrow (tests/test_demo.py measures it in Chromium at both sizes)."""
+    def text_px(label: str) -> int:
+        return sum(16 if ord(ch) >= 0x2E80 else 8 for ch in label)
+
+    return max(map(text_px, labels), default=0) + 88
+
+
+def one_player(streamed) -> tuple:
+    """Which player is shown, (normal, streaming): the one the next run plays in."""
+    return gr.update(visible=not streamed), gr.update(visible=bool(streamed))
 
 
 def _warn(notes) -> None:
@@ -284,126 +194,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         # this process's examples go to its own folder
         os.environ["GRADIO_EXAMPLES_CACHE"] = str(workdir / "examples")
 
-    def planned(streamed: bool, text, kwargs):
-        """(the request's planned work, its (first audio, all of it) estimate), or Nones (not
-        measured, or bad input: the run itself says what is wrong)."""
-        if tracker is None:
-            return None, None
-        try:
-            work = presets.planned_work(model, text, streamed=streamed, rule=STREAM_RULE,
-                                        **kwargs)
-            return work, presets.estimate(tracker.rate, work)
-        except Exception:  # noqa: BLE001 - an estimate never stops a run
-            return None, None
-
-    board = Board()  # each session's running synthesis, for its Stop button
-
-    def run(progress, run_state=None, **kwargs):
-        """One piece: `synthesize`, its progress per unmasking step; a Stop ends it at the
-        next step (the outputs say so and nothing else changes)."""
-        seed = kwargs["seed"]
-        work, estimated = planned(False, kwargs["text"],
-                                  {k: v for k, v in kwargs.items() if k != "text"})
-        report = _progress_hook(progress) if progress is not None else None
-
-        def on_step(step, total):
-            if run_state is not None:
-                run_state.on_step(step, total)
-            if report is not None:
-                report(step, total)
-        t0 = time.perf_counter()
-        try:
-            result = model.synthesize(on_step=on_step, **kwargs)[0]
-        except Stopped:
-            return (gr.skip(), gr.skip(), gr.skip(), run_state.report()), gr.skip()
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a message, never a trace
-            raise _fail(exc, text_cap) from None
-        wall_s = time.perf_counter() - t0
-        if work is not None:
-            tracker.observe(work, result.timings["unmask"], result.timings["decode"])
-        return (_outputs(model, result, seed, wall_s, estimated[1] if estimated else None),
-                _keepable(result))
-
-    def run_streamed(progress, run_state, text, **kwargs):
-        """Yield every piece of `model.stream` to the streaming player ("Piece k of n" on the
-        progress bar), then the final outputs (audio and waveform from the concatenated pieces;
-        no unmasking view: see the notes). A Stop closes the stream: what was made is kept."""
-        seed, sr = kwargs["seed"], model.sampling_rate
-        work, estimated = planned(True, text, kwargs)
-        n = sum(isinstance(c, str) for c in split_text(text, STREAM_RULE)) or 1
-        t0 = time.perf_counter()
-        pieces = []
-        try:
-            progress((0, n), desc=f"Piece 1 of {n}", unit="pieces")
-            with model.stream(text, rule=STREAM_RULE, on_step=run_state.on_step,
-                              **kwargs) as stream:
-                run_state.on_close(stream.close)
-                for piece in stream:
-                    pieces.append(piece)
-                    k = max(len(stream.chunk_stats), 1)
-                    progress((k, n), desc=f"Piece {min(k + 1, n)} of {n}", unit="pieces")
-                    yield (gr.skip(), gr.skip(), gr.skip(), gr.skip(), (sr, to_pcm16(piece)),
-                           gr.skip())
-        except Stopped:
-            pass  # the stream's worker met the stop at a step: what was made is kept
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a message, never a trace
-            raise _fail(exc, text_cap) from None
-        wall_s = time.perf_counter() - t0
-        audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-        if run_state.asked:
-            yield (((sr, to_pcm16(audio)) if len(audio) else gr.skip()),
-                   render_waveform(audio, sr, width=WAVE_WIDTH) if len(audio) else gr.skip(),
-                   gr.skip(), run_state.report(), gr.skip(), STREAMED_NOT_KEPT)
-            return
-        if work is not None:
-            stats = stream.chunk_stats
-            tracker.observe(work, sum(st["unmask_s"] for st in stats),
-                            sum(st["decode_s"] for st in stats))
-        yield ((sr, to_pcm16(audio)), render_waveform(audio, sr, width=WAVE_WIDTH), None,
-               stream_timings(stream, len(audio) / float(sr), seed, wall_s, estimated),
-               gr.skip(), STREAMED_NOT_KEPT)
-
-    def dispatch(streamed: bool, progress, request, text, **kwargs):
-        """The endpoints are generators: one final yield without streaming (the same outputs
-        `run` returns, and nothing for the streaming player), one yield per piece with it. The
-        last output is the session's kept-voice state (what "Keep this voice" saves). The run
-        is on the board under the visitor's session while it goes, for their Stop button."""
-        problem = text_problem(text)
-        if problem:
-            raise gr.Error(problem, title="Check the text", print_exception=False)
-        session = getattr(request, "session_hash", None)
-        run_state = board.start(session)
-        try:
-            if streamed:
-                if shutil.which("ffmpeg") is None:  # gradio encodes the streamed pieces with it
-                    raise gr.Error("Streaming is not available on this server: untick Stream "
-                                   "in the settings.", title="Check the settings",
-                                   print_exception=False)
-                yield from run_streamed(progress, run_state, text, **kwargs)
-            else:  # the streaming player is left alone (given None it shows a paused stream)
-                outputs, kept = run(progress, run_state, text=text, **kwargs)
-                yield (*outputs, gr.skip(), kept)
-        finally:
-            board.end(session, run_state)
-
-    def stop(request: gr.Request):
-        """Stop this session's running synthesis at the engine's next step; say where."""
-        stopped = board.stop(getattr(request, "session_hash", None))
-        return stopped.report() if stopped is not None else "Nothing of yours is running."
-
-    def text_problem(text) -> str | None:
-        """The text's problem in the page's words (empty, or over this page's cap), or None."""
-        if not isinstance(text, str) or not text.strip():
-            return "Type some text to speak."
-        if len(text) > text_cap:
-            return f"The text is too long: at most {text_cap:,} characters here."
-        return None
-
-    def normalize_flag(value) -> bool:
-        if value and not can_normalize:
-            raise gr.Error("Reading numbers as words is not available on this server.",
-                           title="Check the settings", print_exception=False)
-        return bool(value)
+    runs = Runs(model, tracker, text_cap, can_normalize)
 
     # --- validators: a problem found before the run is shown on its field, once ---
 
@@ -423,15 +214,15 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                 clip = "This clip cannot be read: try a WAV, MP3 or FLAC recording."
             if not (ref_text or "").strip():
                 transcript = "Type what the clip says."
-        return [_check(text_problem(text)), _check(clip), _check(transcript), _check(voice)] + [
-            ok] * len(rest)
+        checks = [runs.text_problem(text), clip, transcript, voice]
+        return [_check(problem) for problem in checks] + [ok] * len(rest)
 
     def validate_design(text, instruct, *rest):
-        return [_check(text_problem(text)),
+        return [_check(runs.text_problem(text)),
                 _check(visitor.read_instruct(instruct, text)[2])] + [ok] * len(rest)
 
     def validate_auto(text, *rest):
-        return [_check(text_problem(text))] + [ok] * len(rest)
+        return [_check(runs.text_problem(text))] + [ok] * len(rest)
 
     # --- endpoints: parameter names are what gradio_client users see ---
 
@@ -440,7 +231,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
               t_shift, layer_penalty_factor, position_temperature, class_temperature,
               stream=False, normalize_text=False, profile="exact", request: gr.Request = None,
               progress=gr.Progress()):
-        kwargs = _checked_settings(language, num_step, guidance_scale, speed, duration, seed,
+        kwargs = checked_api_kwargs(language, num_step, guidance_scale, speed, duration, seed,
                                    denoise, postprocess_output, t_shift, layer_penalty_factor,
                                    position_temperature, class_temperature, profile)
         if voice_prompt_file:
@@ -449,7 +240,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
             try:
                 kwargs["voice_clone_prompt"] = VoiceClonePrompt.load(voice_prompt_file)
             except Exception as exc:  # noqa: BLE001
-                raise _fail(exc) from None
+                raise fail(exc) from None
             _warn_pace(kwargs["voice_clone_prompt"])
         elif ref_audio:
             if not (ref_text or "").strip():
@@ -463,31 +254,31 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         else:
             raise gr.Error("Add a voice clip (3-10 s of speech) or a voice file.",
                            title="Check the clip", print_exception=False)
-        yield from dispatch(stream, progress, request, text,
-                            normalize_text=normalize_flag(normalize_text), **kwargs)
+        yield from runs.dispatch(stream, progress, request, text,
+                            normalize_text=runs.normalize_flag(normalize_text), **kwargs)
 
     def design(text, instruct, language, num_step, guidance_scale, speed, duration, seed,
                denoise, postprocess_output, t_shift, layer_penalty_factor,
                position_temperature, class_temperature, stream=False, normalize_text=False,
                profile="exact", request: gr.Request = None, progress=gr.Progress()):
-        kwargs = _checked_settings(language, num_step, guidance_scale, speed, duration, seed,
+        kwargs = checked_api_kwargs(language, num_step, guidance_scale, speed, duration, seed,
                                    denoise, postprocess_output, t_shift, layer_penalty_factor,
                                    position_temperature, class_temperature, profile)
         read, _, problem = visitor.read_instruct(instruct, text)
         if problem:
             raise gr.Error(problem, title="Check the description", print_exception=False)
-        yield from dispatch(stream, progress, request, text, instruct=read,
-                            normalize_text=normalize_flag(normalize_text), **kwargs)
+        yield from runs.dispatch(stream, progress, request, text, instruct=read,
+                            normalize_text=runs.normalize_flag(normalize_text), **kwargs)
 
     def auto(text, language, num_step, guidance_scale, speed, duration, seed, denoise,
              postprocess_output, t_shift, layer_penalty_factor, position_temperature,
              class_temperature, stream=False, normalize_text=False, profile="exact",
              request: gr.Request = None, progress=gr.Progress()):
-        kwargs = _checked_settings(language, num_step, guidance_scale, speed, duration, seed,
+        kwargs = checked_api_kwargs(language, num_step, guidance_scale, speed, duration, seed,
                                    denoise, postprocess_output, t_shift, layer_penalty_factor,
                                    position_temperature, class_temperature, profile)
-        yield from dispatch(stream, progress, request, text,
-                            normalize_text=normalize_flag(normalize_text), **kwargs)
+        yield from runs.dispatch(stream, progress, request, text,
+                            normalize_text=runs.normalize_flag(normalize_text), **kwargs)
 
     def save_prompt(prompt, stem: str) -> str:
         """A voice prompt as a new .npz in this demo's folder (offered for download)."""
@@ -495,7 +286,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         try:
             prompt.save(path)
         except Exception as exc:  # noqa: BLE001
-            raise _fail(exc) from None
+            raise fail(exc) from None
         return str(path)
 
     def make_voice_prompt(ref_audio, ref_text, preprocess_prompt):
@@ -506,7 +297,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
             prompt = model.create_voice_clone_prompt(ref_audio, ref_text=ref_text or None,
                                                      preprocess_prompt=bool(preprocess_prompt))
         except Exception as exc:  # noqa: BLE001
-            raise _fail(exc) from None
+            raise fail(exc) from None
         path = save_prompt(prompt, "voice")
         gr.Info(f"Voice prompt saved ({prompt.ref_audio_tokens.shape[1]} frames): download it "
                 "to reuse this voice without re-encoding the clip.")
@@ -531,7 +322,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         """The estimate line of each tab (clone, design, auto) for the inputs as they are."""
         *values, stream, normalize_text, profile = settings
         try:
-            kwargs = _settings(*values, profile)
+            kwargs = api_kwargs(*values, profile)
         except OmniCoreError:  # the run says what is wrong, on its field: not here again
             return ("",) * 3
         kwargs["normalize_text"] = bool(normalize_text)
@@ -561,7 +352,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         """An example as the page makes it with its defaults, in one piece (so that the
         unmasking view is there too)."""
         kwargs = dict(num_step=presets.PRESETS[defaults.preset], seed=EXAMPLE_SEED)
-        outputs, _ = run(None, text=text, **voice, **kwargs)
+        outputs, _ = runs.run(None, text=text, **voice, **kwargs)
         *shown, timings_md = outputs
         return (*shown, f"Example made at start-up with the {defaults.preset} preset "
                         f"({kwargs['num_step']} steps, seed {EXAMPLE_SEED}).\n\n" + timings_md)
@@ -618,14 +409,13 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                         pickers = []
                         items = visitor.picker_items()
                         notes = {"accent": "English speech only", "dialect": "Chinese speech only"}
-                        cats = list(items)
-                        for row in (cats[:3], cats[3:]):
-                            with gr.Row():
-                                for cat in row:
-                                    pickers.append(gr.Dropdown(
-                                        items[cat], value="", label=cat.capitalize(),
-                                        info=notes.get(cat), elem_id=f"pick-{cat}",
-                                        elem_classes=["omni-picker"], min_width=150))
+                        with gr.Row():  # a picker too narrow for its values wraps
+                            for cat, choices in items.items():
+                                pickers.append(gr.Dropdown(
+                                    choices, value="", label=cat.capitalize(),
+                                    info=notes.get(cat), elem_id=f"pick-{cat}",
+                                    elem_classes=["omni-picker"],
+                                    min_width=picker_width(label for label, _ in choices)))
                         design_wait = gr.Markdown(elem_id="design-estimate")
                         design_btn, design_stop = go_and_stop("design")
                     with gr.Tab("Voice clone", id="clone") as clone_tab:
@@ -721,14 +511,19 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                                                    label="Class temperature (0 = argmax tokens)")
 
             with gr.Column(scale=6):
-                audio_out = gr.Audio(label="Generated speech", type="numpy", format="wav",
-                                     interactive=False, buttons=["download"], elem_id="audio-out",
-                                     # the browser's own player: the waveform is drawn below
-                                     waveform_options=gr.WaveformOptions(
-                                         show_recording_waveform=False))
-                stream_out = gr.Audio(label="Streaming playback", streaming=True, autoplay=True,
-                                      interactive=False, elem_id="stream-out",
-                                      visible=defaults.streamed)
+                # One player holds the result: the streaming one for a streamed run (it keeps
+                # the whole stream, to play again or download), the other one otherwise. The
+                # hidden one still gets its value (API callers read the WAV from it).
+                with gr.Column(elem_id="result"):
+                    audio_out = gr.Audio(label="Generated speech", type="numpy", format="wav",
+                                         interactive=False, buttons=["download"],
+                                         elem_id="audio-out", visible=not defaults.streamed,
+                                         # the browser's own player: the waveform is drawn below
+                                         waveform_options=gr.WaveformOptions(
+                                             show_recording_waveform=False))
+                    stream_out = gr.Audio(label="Streaming playback", streaming=True,
+                                          autoplay=True, interactive=False, buttons=["download"],
+                                          elem_id="stream-out", visible=defaults.streamed)
                 wave_img = gr.Image(label="Waveform and spectrogram", type="numpy", format="png",
                                     interactive=False, show_label=False, elem_id="waveform-view",
                                     buttons=["download", "fullscreen"])
@@ -772,10 +567,12 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         # Stop: outside the queue, so it never waits behind the run it stops, nor is refused
         # when the queue is full.
         for i, halt in enumerate((auto_stop, design_stop, clone_stop)):
-            halt.click(stop, None, timings, queue=False,
+            halt.click(runs.stop, None, timings, queue=False,
                        **(dict(api_name="stop", **quick) if i == 0 else private))
+        players = [audio_out, stream_out]
         for go in (auto_btn, design_btn, clone_btn):  # on a phone the output is below
             go.click(None, js=SCROLL_TO_OUTPUT, **private)
+            go.click(one_player, streamed, players, queue=False, **private)
         keep_btn.click(keep_voice, [last_voice], voice_file, api_name="keep_voice", **quick)
         for picker in pickers:
             picker.change(visitor.compose_instruct, pickers, instruct, **private)
@@ -789,7 +586,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         gr.on(described, lambda i, t: None, [instruct, design_text], None, **private,
               validator=lambda i, t: [_check(visitor.read_instruct(i, t)[2]), ok])
 
-        streamed.change(lambda on: gr.update(visible=bool(on)), streamed, stream_out, **private)
+        streamed.change(one_player, streamed, players, **private)
         # Quality presets set the steps and the profile; settings no preset has clear the preset.
         preset.input(presets.preset_settings, preset, [num_step, profile], **private)
         for knob in (num_step, profile):
@@ -808,15 +605,19 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
         shown = [audio_out, wave_img, unmask_img, timings]
         cache = dict(cache_examples=measured, cache_mode="eager")
         with auto_tab:
-            gr.Examples(AUTO_EXAMPLES, [auto_text], shown, example_auto, label="Examples",
-                        elem_id="auto-examples", **cache)
+            examples = [gr.Examples(AUTO_EXAMPLES, [auto_text], shown, example_auto,
+                                    label="Examples", elem_id="auto-examples", **cache)]
         with design_tab:
-            gr.Examples(DESIGN_EXAMPLES, [design_text, instruct], shown, example_design,
-                        label="Examples", elem_id="design-examples", **cache)
+            examples.append(gr.Examples(DESIGN_EXAMPLES, [design_text, instruct], shown,
+                                        example_design, label="Examples",
+                                        elem_id="design-examples", **cache))
         with clone_tab:
-            gr.Examples(CLONE_EXAMPLES, [clone_text, ref_audio, ref_text], shown, example_clone,
-                        label="Example (a synthetic espeak-ng voice)", elem_id="clone-examples",
-                        **cache)
+            examples.append(gr.Examples(CLONE_EXAMPLES, [clone_text, ref_audio, ref_text], shown,
+                                        example_clone, elem_id="clone-examples", **cache,
+                                        label="Example (a synthetic espeak-ng voice)"))
+        for example in examples:  # an example plays in the normal player
+            example.dataset.click(lambda: one_player(False), None, players, queue=False,
+                                  **private)
 
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
     return demo

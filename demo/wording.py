@@ -52,13 +52,16 @@ PAUSE_HELP = ('Pauses: [pause:1.5s], [pause:500ms] or <break time="2s"/> give ex
               "much silence (at most 60 s each).")
 
 # Pictures at their own size (never scaled up; scaled down smoothly on a narrow screen); table
-# headers break between words only; picker values clear of the arrow.
+# headers break between words only; picker values end before the arrow (which gradio draws over
+# the input), with a little more room on a phone (app.picker_width sizes the voice pickers).
 CSS = """
 #unmasking-view img, #waveform-view img { width: auto; max-width: 100%; height: auto;
   object-fit: contain; }
 #instruct-status { min-height: 1.5em; }
 #timings th, #timings td { white-space: nowrap; word-break: normal; }
-.omni-picker input { padding-right: 2em; text-overflow: ellipsis; }
+.omni-picker input { padding-right: 24px; text-overflow: ellipsis; }
+@media (max-width: 480px) { #settings, .omni-picker { padding-left: 4px;
+  padding-right: 4px; } }
 .omni-footer, .omni-note { font-size: 0.85em; opacity: 0.8; }
 """
 
@@ -77,7 +80,7 @@ HEAD = """<script>
 })();
 </script>"""
 SCROLL_TO_OUTPUT = """() => { if (window.innerWidth < 768)
-  document.querySelector('#audio-out')?.scrollIntoView({behavior: 'smooth', block: 'start'}); }"""
+  document.querySelector('#result')?.scrollIntoView({behavior: 'smooth', block: 'start'}); }"""
 
 
 def timings_table(result, sample_rate: int, seed: int, wall_s: float,

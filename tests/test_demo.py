@@ -724,9 +724,13 @@ class Page:
         box.send_keys(Keys.TAB)  # commit, as leaving the field does
 
     def pick(self, picker: str, label: str) -> None:
-        self.css(f"#{picker} input").click()
-        option = f"#{picker} li[role=option][aria-label='{label}']"
+        box = self.css(f"#{picker} input")
+        self.d.execute_script("arguments[0].scrollIntoView({block: 'center'})", box)
+        box.click()
+        option = f"#{picker} li[role=option][aria-label=\"{label}\"]"
         self.wait(10).until(lambda d: d.find_elements(self.By.CSS_SELECTOR, option))
+        self.d.execute_script("arguments[0].scrollIntoView({block: 'nearest'})",
+                              self.css(option))
         self.css(option).click()
 
     def value(self, selector: str) -> str:
@@ -745,6 +749,30 @@ class Page:
                           and self.image_src("#unmasking-view") not in ("", grid_before))
         with urllib.request.urlopen(self.audio_src(), timeout=30) as r:
             return r.read()
+
+    def players(self) -> list[str]:
+        """The ids of the audio players a visitor sees (shown, and holding audio)."""
+        return self.d.execute_script(
+            "return [...document.querySelectorAll('audio')].filter(a => a.offsetParent !== null"
+            " && a.getAttribute('src')).map(a => a.closest('[id]')?.id);")
+
+    def result_done(self) -> bool:
+        """Whether the timings show a finished run (in one piece, or streamed)."""
+        said = self.css("#timings").text
+        return "RTF" in said and "Example made" not in said
+
+    def result_audio(self) -> np.ndarray:
+        """The audio of the one player that shows the result, as its Download button gives
+        it: the WAV of a run in one piece, or the whole stream of a streamed run."""
+        shown = self.players()
+        assert len(shown) == 1, shown  # one player holds the result
+        link = self.css(f"#{shown[0]} a[data-testid=download-link]")
+        data = self.fetch(link.get_attribute("href"))
+        if shown[0] == "audio-out":
+            return _check_wav(data)
+        audio, sr = sf.read(io.BytesIO(data))  # the stream, combined (MP3)
+        assert sr == 24000 and len(audio) > 0.5 * sr and np.abs(audio).max() > 0.01
+        return audio
 
     def image_src(self, block: str) -> str:
         imgs = self.d.find_elements(self.By.CSS_SELECTOR, f"{block} img")
@@ -888,13 +916,19 @@ def test_browser_all_tabs(server, browser, artefacts, ref_wav, capsys):
         page.css("#stream input").click()
         page.wait(20).until(lambda d: page.visible("#stream-out"))
         page.type("#auto-text textarea", "Streaming in the browser. The first piece plays first.")
-        before = page.audio_src()
         page.css("#auto-go").click()
-        page.wait().until(lambda d: page.audio_src() not in ("", before)
-                          and "first audio after" in page.css("#timings").text)
-        _check_wav(page.fetch(page.audio_src()))
-        assert page.d.find_elements(page.By.CSS_SELECTOR, "#stream-out audio")
+        page.wait().until(lambda d: "first audio after" in page.css("#timings").text)
+        # one player holds the result: the streaming one, with the whole stream to download
+        # (the normal player has the same audio, for API callers, and is not shown)
+        page.wait(20).until(lambda d: page.players() == ["stream-out"])
+        assert page.visible("#stream-out [aria-label=Download], #stream-out [title=Download]")
+        page.result_audio()
         page.screenshot("6-streamed")
+        # an example plays in the normal player, which comes back alone
+        example = page.d.find_element(page.By.XPATH, "//*[@id='auto-examples']//button["
+                                      "contains(., 'The kettle clicked off')]")
+        example.click()
+        page.wait(30).until(lambda d: page.players() == ["audio-out"])
     for name in ("0-opened", "1-cached-example", "2-auto-voice", "3-voice-design",
                  "4-invalid-instruct", "5-voice-clone"):
         assert (artefacts / f"{name}.png").stat().st_size > 10_000
@@ -936,10 +970,9 @@ def test_browser_first_screen_speaks_in_one_click(server, browser, artefacts):
         assert "bidirectional" not in page.page_text()  # "How it works" is folded
         assert "1,000 characters" in page.css("#auto-text").text  # the cap, in the box
         page.screenshot("first-screen-desktop")
-        before = page.audio_src()
         page.css("#auto-go").click()
-        page.wait().until(lambda d: page.audio_src() not in ("", before))
-        _check_wav(page.fetch(page.audio_src()))
+        page.wait().until(lambda d: page.result_done())
+        page.result_audio()  # in the one player shown
         assert "Traceback" not in page.page_text()
 
 
@@ -953,15 +986,90 @@ def test_browser_phone_layout_puts_the_result_in_view(server, browser, artefacts
         page = Page(browser, server, artefacts)
         page.open()
         assert page.visible("#auto-text") and page.value("#auto-text textarea").strip()
-        go, out = page.rect("#auto-go"), page.rect("#audio-out")
+        go, out = page.rect("#auto-go"), page.rect("#result")
         assert go["view_bottom"] <= 844, go
         assert 0 < out["top"] - go["bottom"] < 1000, (go, out)
         page.screenshot("first-screen-phone")
-        before = page.audio_src()
         page.css("#auto-go").click()
-        page.wait(20).until(lambda d: 0 <= page.rect("#audio-out")["view_top"] < 844)
-        page.wait().until(lambda d: page.audio_src() not in ("", before))
-        assert 0 <= page.rect("#audio-out")["view_top"] < 844
+        page.wait(20).until(lambda d: -1 <= page.rect("#result")["view_top"] < 844)
+        page.wait().until(lambda d: page.result_done())
+        page.result_audio()
+        assert -1 <= page.rect("#result")["view_top"] < 844  # scrolled to it (to a pixel)
+
+
+# Each shown dropdown's value against its box: the text's width (measured in the input's own font)
+# must fit the input's content box, and that box must end before the arrow starts.
+CLIPPED_PICKERS = """
+const out = [];
+for (const p of document.querySelectorAll('.omni-picker')) {
+  if (p.offsetParent === null) continue;
+  const input = p.querySelector('input'), arrow = p.querySelector('.icon-wrap');
+  const cs = getComputedStyle(input), box = input.getBoundingClientRect();
+  const ctx = document.createElement('canvas').getContext('2d');
+  ctx.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+  const room = input.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+  const text = ctx.measureText(input.value).width;
+  const end = box.right - parseFloat(cs.paddingRight);
+  if (text > room + 0.5 || input.scrollWidth > input.clientWidth
+      || (arrow && end > arrow.getBoundingClientRect().left + 0.5))
+    out.push(`${p.id}: '${input.value}' needs ${text.toFixed(0)} px, has ${room.toFixed(0)};`
+             + ` the text ends at ${end.toFixed(0)}, the arrow starts at`
+             + ` ${arrow ? arrow.getBoundingClientRect().left.toFixed(0) : 'none'}`);
+}
+return out;"""
+
+# Words of the shown table headers that a line break cuts in two ("chun k"): a word laid out on
+# more than one line has client rectangles at more than one height.
+BROKEN_HEADER_WORDS = """
+const out = [];
+for (const th of document.querySelectorAll('th')) {
+  if (th.offsetParent === null) continue;
+  const walk = document.createTreeWalker(th, NodeFilter.SHOW_TEXT);
+  for (let n = walk.nextNode(); n; n = walk.nextNode())
+    for (const m of n.data.matchAll(/\\S+/g)) {
+      const r = document.createRange();
+      r.setStart(n, m.index); r.setEnd(n, m.index + m[0].length);
+      const lines = new Set([...r.getClientRects()].filter(x => x.width > 0)
+                            .map(x => Math.round(x.top)));
+      if (lines.size > 1) out.push(m[0]);
+    }
+}
+return out;"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.browser
+@pytest.mark.parametrize("size", [(1366, 900), (390, 844)], ids=["desktop", "phone"])
+def test_browser_pickers_and_table_headers_show_whole_values(server, browser, artefacts, size):
+    """At 1366x900 and on a phone, each voice picker shows its longest value whole and clear
+    of its arrow, and so does the language picker with the longest of the first languages it
+    lists (a rarer, longer name ends in an ellipsis before the arrow); the timings tables (a
+    run in one piece and a streamed one) break their headers between words only."""
+    width, height = size
+    with _Viewport(browser, width, height, mobile=width < 768):
+        page = Page(browser, server, artefacts)
+        page.open()
+        example = page.d.find_element(page.By.XPATH, "//*[@id='auto-examples']//button["
+                                      "contains(., 'This is OmniVoice running on numpy')]")
+        page.d.execute_script("arguments[0].scrollIntoView({block: 'center'})", example)
+        example.click()  # cached: its table at once
+        page.wait(30).until(lambda d: "seconds" in page.css("#timings").text)
+        assert page.d.execute_script(BROKEN_HEADER_WORDS) == []
+        if shutil.which("ffmpeg"):  # streamed: the table per chunk
+            page.type("#auto-text textarea", "Headers, measured. A second sentence.")
+            page.css("#auto-go").click()
+            page.wait().until(lambda d: "first audio after" in page.css("#timings").text)
+            assert "chunk" in page.css("#timings").text
+            assert page.d.execute_script(BROKEN_HEADER_WORDS) == []
+
+        page.open_settings()
+        labels = [label for label, _ in visitor.language_choices()[:40]]
+        page.pick("language", max(labels, key=len))
+        page.tab("Voice design")
+        for cat, choices in visitor.picker_items().items():
+            page.pick(f"pick-{cat}", max((label for label, _ in choices), key=len))
+        assert page.d.execute_script(CLIPPED_PICKERS) == []
+        page.screenshot(f"pickers-{width}x{height}")
 
 
 def _stop_report(text: str) -> tuple[int, int, int]:
