@@ -34,11 +34,16 @@ def path(request):
     I.force_path(None)
 
 
-@pytest.fixture(params=[False, True], ids=["serial", "parallel"])
+@pytest.fixture(params=["serial", "parallel", "pooled"])
 def parallel(request, monkeypatch):
-    monkeypatch.setattr(jit, "PARALLEL_KERNELS", request.param)
+    """The serial twins; the parallel ones (parallel kernels on); the parallel ones as the
+    int8 backbone runs them, inside jit.one_pool (BLAS on one thread)."""
+    if request.param == "pooled" and not jit.pool_available():
+        pytest.skip("numpy's OpenBLAS cannot be reached here: one_pool changes nothing")
+    monkeypatch.setattr(jit, "PARALLEL_KERNELS", request.param == "parallel")
     monkeypatch.setattr(jit, "PARALLEL_MIN", 0)
-    return request.param
+    with jit.one_pool(request.param == "pooled"):
+        yield request.param
 
 
 def _codes(rng, shape, extreme=False):
@@ -112,6 +117,35 @@ def test_int8_linear_writes_into_out(path):
     xs = np.asfortranarray(x)
     assert np.array_equal(I.int8_linear(xs, w8), want)
     assert I.int8_linear(x[:0], w8).shape == (0, 37)
+
+
+def test_rows_quantised_once_give_each_projection_the_plain_product(path, parallel):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((21, 40)).astype(np.float32)
+    ws = [I.quantize_weight(rng.standard_normal((n, 40)).astype(np.float32)) for n in (64, 32, 7)]
+    rows = I.quantize_activations(x)
+    for w8 in ws:
+        assert np.array_equal(I.int8_linear(rows, w8), I.int8_linear_plain(x, w8))
+
+
+def test_rows_packed_for_another_path_are_refused():
+    rows = I.quantize_activations(np.ones((2, 8), np.float32))
+    I.force_path("plain")
+    try:
+        if rows.path != "plain":
+            with pytest.raises(ValueError, match="packed for path"):
+                I.int8_linear(rows, I.quantize_weight(np.ones((4, 8), np.float32)))
+    finally:
+        I.force_path(None)
+
+
+def test_the_backbone_runs_the_pooled_twins_and_warm_up_waits_for_them_only():
+    idle = I.idle_kernels(in_use=True)
+    gemm, quant = I._GEMMS[I.path()][0].py_func.__qualname__, I._quantize_pack_impl.__qualname__
+    if jit.pool_available():
+        assert {gemm, quant} <= idle and not {gemm + "_par", quant + "_par"} & idle
+        assert {gemm + "_par", quant + "_par"} <= jit.POOLED
+    assert {gemm, quant, gemm + "_par", quant + "_par"} <= I.idle_kernels(in_use=False)
 
 
 def test_int8_linear_refuses_a_wrong_width_or_out():

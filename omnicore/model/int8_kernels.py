@@ -35,7 +35,10 @@ Which path runs is chosen once, from the features LLVM compiles for (llvmlite's 
 features, or Numba's NUMBA_CPU_FEATURES where that is set; on Arm, the core LLVM names): the
 instruction must be one the compiler may emit, not only one the CPU has. `force_path` overrides it (tests, comparisons).
 Tiles run in parallel, column panels outermost (a panel stays in cache across row blocks),
-through the parallel twin when parallel kernels are on (`jit.serial_or_parallel`).
+through the parallel twin: inside `jit.one_pool`, as the int8 backbone runs them (BLAS then
+keeps to one thread, so Numba's pool has the cores), or when parallel kernels are on.
+The rows of one input are quantised once for all its projections (`quantize_activations`:
+q/k/v, gate/up).
 
 Dimension legend:
     M  rows (tokens)   K  input features   N  output features (a projection's [N, K] weight)
@@ -378,7 +381,7 @@ def _pack_codes_impl(xq, shift, ap):
             words[base + g * _MB] = cw[g]
 
 
-_quantize_pack_nb, _quantize_pack_nb_par = jit.twice(_quantize_pack_impl)
+_quantize_pack_nb, _quantize_pack_nb_par = jit.twice(_quantize_pack_impl, pooled=True)
 _pack_codes_nb, _pack_codes_nb_par = jit.twice(_pack_codes_impl)
 
 
@@ -515,10 +518,10 @@ def _gemm_plain_impl(ap, bp, kq, m, n, bias, sx, sw, out, acc):
 
 
 _GEMMS = {
-    "vnni512": jit.twice(_gemm_vnni512_impl),
-    "vnni256": jit.twice(_gemm_vnni256_impl),
-    "sdot": jit.twice(_gemm_sdot_impl),
-    "plain": jit.twice(_gemm_plain_impl),
+    "vnni512": jit.twice(_gemm_vnni512_impl, pooled=True),
+    "vnni256": jit.twice(_gemm_vnni256_impl, pooled=True),
+    "sdot": jit.twice(_gemm_sdot_impl, pooled=True),
+    "plain": jit.twice(_gemm_plain_impl, pooled=True),
 }
 _SHIFT = {"vnni512": 128, "vnni256": 128, "sdot": 0, "plain": 0}  # u8 x s8 needs the +128
 
@@ -607,15 +610,24 @@ _EMPTY_I32 = np.empty((0, 0), np.int32)
 
 def idle_kernels(in_use: bool) -> set[str]:
     """The compiled kernels of this module a process will not call (by qualified name), so that
-    a warm-up does not wait for them: all of them where the int8 profile is not in use, else the
-    GEMMs of the paths other than `path()` and the bare product's packing (int8_matmul)."""
+    a warm-up does not wait for them: all of them where the int8 profile is not in use; else
+    the GEMMs of the paths other than `path()`, the bare product's packing (int8_matmul), and
+    of the quantisation and the path's GEMM the twin the backbone does not run (inside
+    `jit.one_pool`, where it can take BLAS's threads, the parallel one runs at every size)."""
     impls = {name: fn.__qualname__ for name, fn in (
         ("vnni512", _gemm_vnni512_impl), ("vnni256", _gemm_vnni256_impl),
         ("sdot", _gemm_sdot_impl), ("plain", _gemm_plain_impl))}
-    every = {*impls.values(), _quantize_pack_impl.__qualname__, _pack_codes_impl.__qualname__}
+    twins = lambda q: {q, q + "_par"}  # noqa: E731  (jit.twice names the parallel twin so)
+    every = set().union(*(twins(q) for q in impls.values()), twins(_quantize_pack_impl.__qualname__),
+                        twins(_pack_codes_impl.__qualname__))
     if not in_use:
         return every
-    return {q for name, q in impls.items() if name != path()} | {_pack_codes_impl.__qualname__}
+    used = {impls[path()], _quantize_pack_impl.__qualname__}
+    if jit.pool_available():  # the backbone runs them inside one_pool: parallel, any size
+        used = {q + "_par" for q in used}
+    elif jit.PARALLEL_KERNELS:  # parallel from PARALLEL_MIN up
+        used = used | {q + "_par" for q in used}
+    return every - used
 
 
 def _packed_a(m: int, k: int) -> np.ndarray:
@@ -625,28 +637,50 @@ def _packed_a(m: int, k: int) -> np.ndarray:
 def _run(name: str, ap, w: Int8Weight, m: int, sx, out, acc) -> None:
     serial, par = _GEMMS[name]
     ap_ = ap if _SHIFT[name] else ap.view(np.int8)
-    kern = jit.serial_or_parallel(serial, par, m * w.n_out)
+    kern = jit.serial_or_parallel(serial, par, m * w.n_out, pooled=True)
     bias = w.colsum * np.int32(_SHIFT[name])  # [N] int32: what the shift added to each sum
     kern(ap_, w.q.reshape(-1), w.q.shape[1], m, w.n_out, bias, sx, w.scale, out, acc)
 
 
-def int8_linear(x: np.ndarray, w: Int8Weight, out: np.ndarray | None = None) -> np.ndarray:
-    """x [M, K] float32 @ the quantised weight's transpose -> [M, N] float32, into `out` when
-    given: equal bit for bit to `int8_linear_plain`, on this machine's fastest path."""
+@dataclass(frozen=True, eq=False)
+class Int8Rows:
+    """Activations quantised and packed once (`quantize_activations`), for every projection
+    of the same input (q/k/v, gate/up): `int8_linear` takes them in the float rows' place."""
+
+    packed: np.ndarray  # [Mp/8 * Kp/4 * 8 * 4] uint8: the codes + the path's shift, packed
+    scale: np.ndarray  # [M] float32, sx
+    shape: tuple  # (M, K) of the float rows
+    path: str  # the path whose shift the codes carry
+
+
+def quantize_activations(x: np.ndarray) -> Int8Rows:
+    """Float32 rows x [M, K] -> their codes and scales as `quantize_rows` gives them, packed
+    for this machine's path (one fused Numba loop)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     m, k = x.shape
+    name = path()
+    ap, sx = _packed_a(m, k), np.empty(m, np.float32)
+    quant = jit.serial_or_parallel(_quantize_pack_nb, _quantize_pack_nb_par, x.size, pooled=True)
+    quant(x, x.view(np.int32), np.int32(_SHIFT[name]), ap, sx)
+    return Int8Rows(ap, sx, (m, k), name)
+
+
+def int8_linear(x, w: Int8Weight, out: np.ndarray | None = None) -> np.ndarray:
+    """x [M, K] float32 (or its Int8Rows) @ the quantised weight's transpose -> [M, N]
+    float32, into `out` when given: equal bit for bit to `int8_linear_plain`, on this
+    machine's fastest path."""
+    rows = x if isinstance(x, Int8Rows) else quantize_activations(x)
+    m, k = rows.shape
     if k != w.n_in:
         raise ValueError(f"int8_linear: x has {k} features, the weight takes {w.n_in}")
     if out is not None and out.shape != (m, w.n_out):
         raise ValueError(f"int8_linear: out is {out.shape}, the product is {(m, w.n_out)}")
-    name = path()
-    ap, sx = _packed_a(m, k), np.empty(m, np.float32)
-    quant = jit.serial_or_parallel(_quantize_pack_nb, _quantize_pack_nb_par, x.size)
-    quant(x, x.view(np.int32), np.int32(_SHIFT[name]), ap, sx)
+    if rows.path != path():
+        raise ValueError(f"int8_linear: rows packed for path {rows.path!r}, running {path()!r}")
     direct = out is not None and out.dtype == np.float32 and out.flags.c_contiguous
     y = out if direct else np.empty((m, w.n_out), np.float32)  # [M, N]
     if m:
-        _run(name, ap, w, m, sx, y, _EMPTY_I32)
+        _run(rows.path, rows.packed, w, m, rows.scale, y, _EMPTY_I32)
     if out is None or direct:
         return y
     out[...] = y
