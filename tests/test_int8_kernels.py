@@ -139,13 +139,21 @@ def test_rows_packed_for_another_path_are_refused():
         I.force_path(None)
 
 
-def test_the_backbone_runs_the_pooled_twins_and_warm_up_waits_for_them_only():
-    idle = I.idle_kernels(in_use=True)
+def test_warm_up_waits_for_the_twins_the_int8_backbone_calls_only():
+    from omnicore.model import kernels as K
+
     gemm, quant = I._GEMMS[I.path()][0].py_func.__qualname__, I._quantize_pack_impl.__qualname__
-    if jit.pool_available():
-        assert {gemm, quant} <= idle and not {gemm + "_par", quant + "_par"} & idle
-        assert {gemm + "_par", quant + "_par"} <= jit.POOLED
+    others = {q for p, (f, _) in I._GEMMS.items() if p != I.path() for q in (f.py_func.__qualname__,)}
+    assert not {gemm, quant, gemm + "_par", quant + "_par"} & I.idle_kernels(in_use=True)
+    assert others <= I.idle_kernels(in_use=True)
     assert {gemm, quant, gemm + "_par", quant + "_par"} <= I.idle_kernels(in_use=False)
+    # inside one_pool the backbone's kernels run their parallel twins, never the serial ones
+    for kern in (I._GEMMS[I.path()][0], I._quantize_pack_nb, K._softmax_unnormalized_nb,
+                 K._qk_norm_rope_nb, K._swiglu_nb, K._add_rms_norm_nb, K._scale_heads_into_nb):
+        name = kern.py_func.__qualname__
+        assert name + "_par" in jit.POOLED
+        assert jit.called(name + "_par", True, pooled=True) and not jit.called(name, False, pooled=True)
+        assert jit.called(name, False) and jit.called(name + "_par", True) == jit.PARALLEL_KERNELS
 
 
 def test_int8_linear_refuses_a_wrong_width_or_out():

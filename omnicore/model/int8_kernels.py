@@ -609,11 +609,10 @@ _EMPTY_I32 = np.empty((0, 0), np.int32)
 
 
 def idle_kernels(in_use: bool) -> set[str]:
-    """The compiled kernels of this module a process will not call (by qualified name), so that
-    a warm-up does not wait for them: all of them where the int8 profile is not in use; else
-    the GEMMs of the paths other than `path()`, the bare product's packing (int8_matmul), and
-    of the quantisation and the path's GEMM the twin the backbone does not run (inside
-    `jit.one_pool`, where it can take BLAS's threads, the parallel one runs at every size)."""
+    """The compiled kernels of this module a process will not call (by qualified name, both
+    twins), so that a warm-up does not wait for them: all of them where the int8 profile is
+    not in use, else the GEMMs of the paths other than `path()` and the bare product's packing
+    (int8_matmul). (Which twin of the others runs, `jit.uncached` knows.)"""
     impls = {name: fn.__qualname__ for name, fn in (
         ("vnni512", _gemm_vnni512_impl), ("vnni256", _gemm_vnni256_impl),
         ("sdot", _gemm_sdot_impl), ("plain", _gemm_plain_impl))}
@@ -622,12 +621,7 @@ def idle_kernels(in_use: bool) -> set[str]:
                         twins(_pack_codes_impl.__qualname__))
     if not in_use:
         return every
-    used = {impls[path()], _quantize_pack_impl.__qualname__}
-    if jit.pool_available():  # the backbone runs them inside one_pool: parallel, any size
-        used = {q + "_par" for q in used}
-    elif jit.PARALLEL_KERNELS:  # parallel from PARALLEL_MIN up
-        used = used | {q + "_par" for q in used}
-    return every - used
+    return every - twins(impls[path()]) - twins(_quantize_pack_impl.__qualname__)
 
 
 def _packed_a(m: int, k: int) -> np.ndarray:

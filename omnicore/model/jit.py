@@ -190,14 +190,24 @@ def _ready(kernel) -> bool:
         return False
 
 
-def uncached(skip=frozenset()) -> list[str]:
+def called(name: str, parallel: bool, pooled: bool = False) -> bool:
+    """Whether a run calls the twin `name` (a kernel's qualified name; `parallel`: a parallel
+    twin): serial twins, and parallel ones when parallel kernels are on; where the run's
+    backbone is inside `one_pool` (`pooled`), a pooled kernel's parallel twin and not its
+    serial one."""
+    if pooled and (name if parallel else name + "_par") in POOLED:
+        return parallel
+    return PARALLEL_KERNELS or not parallel
+
+
+def uncached(skip=frozenset(), pooled: bool = False) -> list[str]:
     """The kernels whose first call would compile them (parallel twins only when parallel
     kernels are on; none named in `skip`, kernels this run will not call): what a first run on
-    this machine still has to compile. Starts Numba."""
+    this machine still has to compile. pooled: the run's backbone runs inside `one_pool`, so
+    a pooled kernel's parallel twin is called and its serial one is not. Starts Numba."""
     start()
     return [k.py_func.__qualname__ for k in _kernels
-            if (PARALLEL_KERNELS or not k.targetoptions.get("parallel")
-                or k.py_func.__qualname__ in POOLED)
+            if called(k.py_func.__qualname__, bool(k.targetoptions.get("parallel")), pooled)
             and k.py_func.__qualname__ not in skip and not _ready(k)]
 
 
