@@ -330,19 +330,22 @@ _TINY = np.finfo(np.float32).tiny  # the smallest normal float32
 
 def _quantize_pack_impl(x, xbits, shift, ap, sx):
     """Rows of x [M, K] (xbits: the same memory as int32) -> sx [M] and their codes + shift,
-    packed [Mp/8, Kp/4, 8, 4] in ap."""
+    packed [Mp/8, Kp/4, 8, 4] in ap. A row block at a time: its 8 rows' codes side by side in
+    a small buffer, then written out in ap's order (sequential stores, not a 32-byte stride)."""
     m, k = x.shape
-    groups = ap.size // (_A_STRIDE * ((m + _MB - 1) // _MB))  # Kp/4
+    blocks = (m + _MB - 1) // _MB
+    groups = ap.size // (_A_STRIDE * blocks)  # Kp/4
     words = ap.view(np.uint32)  # [Mp/8, Kp/4, 8]: a row's 4 bytes of a group are one word
-    for i in prange((m + _MB - 1) // _MB * _MB):
-        codes = np.full(groups * _KG, np.uint8(shift))  # [Kp]; the K padding: zero codes
-        if i < m:  # past M: the last row block's padding rows, zero codes
-            row, bits = x[i], xbits[i]
+    for blk in prange(blocks):
+        codes = np.full((_MB, groups * _KG), np.uint8(shift))  # [8, Kp]; padding: zero codes
+        for r in range(min(_MB, m - blk * _MB)):  # past M: the last block's padding rows
+            i = blk * _MB + r
+            row, bits, out = x[i], xbits[i], codes[r]
             # max |x| on the bit patterns: for finite floats, ordered as the values (and an
-            # integer max vectorises, where a float one waits on NaN rules).
+            # int32 max vectorises, where a float one waits on NaN rules).
             top = np.int32(0)
             for j in range(k):
-                v = bits[j] & _ABS_BITS
+                v = np.int32(bits[j] & _ABS_BITS)
                 top = v if v > top else top
             amax = jit.f32_from_bits(top)
             # The plain algorithm's float32 division and rint (no fastmath here: a division
@@ -351,17 +354,18 @@ def _quantize_pack_impl(x, xbits, shift, ap, sx):
             sx[i] = s
             if s >= _TINY:  # |x / s| <= 127 (1 + 2^-23) < 127.5: rint is within [-127, 127]
                 for j in range(k):
-                    codes[j] = np.uint8(np.int32(np.rint(row[j] / s)) + shift)
+                    out[j] = np.uint8(np.int32(np.rint(row[j] / s)) + shift)
             else:  # a subnormal scale: its rounding can push x / s past 127, so clip
                 for j in range(k):
                     qv = np.rint(row[j] / s)
                     qv = np.float32(-127.0) if qv < np.float32(-127.0) else qv
                     qv = np.float32(127.0) if qv > np.float32(127.0) else qv
-                    codes[j] = np.uint8(np.int32(qv) + shift)
-        cw = codes.view(np.uint32)  # [Kp/4]
-        base = (i // _MB) * groups * _MB + i % _MB
+                    out[j] = np.uint8(np.int32(qv) + shift)
+        cw = codes.reshape(-1).view(np.uint32)  # [8 * Kp/4]: row r's group g at r * Kp/4 + g
+        base = blk * groups * _MB
         for g in range(groups):
-            words[base + g * _MB] = cw[g]
+            for r in range(_MB):
+                words[base + g * _MB + r] = cw[r * groups + g]
 
 
 def _pack_codes_impl(xq, shift, ap):
