@@ -12,7 +12,8 @@ command whose ratios come from one process (the sides alternate, so a busy machi
 average before and after it: on a shared machine the ratios hold better than the times.
 
 step       the backbone step of a 5 s generate (a conditional row of the text and 125 MASK
-           frames, the unconditional row of 125: 290 packed tokens), fp32 then int8, alternating,
+           frames, the unconditional row of 125: 290 packed tokens), fp32, int8, and int8 with
+           BLAS keeping its own threads (no `jit.one_pool`: two pools, as before it), in turn,
            min and median of --reps; the seven projections of one layer alone (the GEMMs the
            profile changes); then generate() at the fast profile for 5 s, greedy, alternating,
            median of --gen-reps after a warm-up each. Goals: step <= 0.4x, generate <= 0.5x.
@@ -119,15 +120,27 @@ def timed(fn, reps):
 def cmd_step(args):
     from omnicore.model import backbone
 
+    from omnicore.model import jit
+
     say(f"# backbone step and generate(), fp32 against int8 ({args.model}); {load_line()}")
     models = {p: load(args.model, p) for p in ("fp32", "int8")}
     _, ids, mask, pack, T = step_rows(models["fp32"])
     cfg = models["fp32"].config
     works = {p: backbone.make_workspace(cfg, pack) for p in models}
+    pooled = jit.one_pool
+
+    def two_pools(on=True):  # the int8 forward as it ran before one_pool: BLAS keeps its threads
+        return pooled(False)
 
     def forward(p):
-        return lambda: backbone.forward_rows(models[p].params, cfg, ids, mask, pack, [T, T],
-                                             work=works[p])
+        def run():
+            jit.one_pool = two_pools if p == "int8, two pools" else pooled
+            try:
+                backbone.forward_rows(models[p[:4]].params, cfg, ids, mask, pack, [T, T],
+                                      work=works[p[:4]])
+            finally:
+                jit.one_pool = pooled
+        return run
 
     def projections(p):
         lp = models[p].params.layers[0]
@@ -145,19 +158,19 @@ def cmd_step(args):
                 backbone.linear(x.copy(), getattr(lp, name), precision=p)
         return run
 
-    for label, make in (("backbone step", forward), ("7 projections of one layer", projections)):
-        for p in models:
+    for label, make, sides in (("backbone step", forward, ("fp32", "int8", "int8, two pools")),
+                               ("7 projections of one layer", projections, tuple(models))):
+        for p in sides:
             make(p)()  # warm: kernels compiled, pages touched
-        got = {p: [] for p in models}
+        got = {p: [] for p in sides}
         for _ in range(args.reps):
-            for p in models:
+            for p in sides:
                 got[p] += timed(make(p), 1)
         med = {p: statistics.median(v) for p, v in got.items()}
-        say(f"{label}, {pack.num_tokens} tokens: fp32 {med['fp32'] * 1e3:.0f} ms (min "
-            f"{min(got['fp32']) * 1e3:.0f}), int8 {med['int8'] * 1e3:.0f} ms (min "
-            f"{min(got['int8']) * 1e3:.0f}); int8 / fp32 = {med['int8'] / med['fp32']:.2f} "
-            f"(min/min {min(got['int8']) / min(got['fp32']):.2f}); median of {args.reps}; "
-            f"{load_line()}")
+        say(f"{label}, {pack.num_tokens} tokens, median of {args.reps} (min): " + ", ".join(
+            f"{p} {med[p] * 1e3:.0f} ms ({min(got[p]) * 1e3:.0f}), / fp32 "
+            f"{med[p] / med['fp32']:.2f} (min/min {min(got[p]) / min(got['fp32']):.2f})"
+            for p in sides) + f"; {load_line()}")
 
     def gen(p):
         return lambda: models[p].generate(TEXT, language="en", duration=5.0, profile="fast",

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from conftest import read_safetensors, require_file, require_module
 from omnicore.model import backbone as bb
-from omnicore.model import kernels
+from omnicore.model import jit, kernels
 from omnicore.model.fast_profile import make_prompt_cache
 from omnicore.errors import WeightsError
 from omnicore.machinery import checkpoint
@@ -460,7 +460,9 @@ def test_the_int8_backbone_is_the_spec_with_int8_products(cfg):
     ids = np.concatenate([rng.integers(0, 1000, (C, 9)), rng.integers(0, 1025, (C, T))], axis=1)
     mask = np.arange(ids.shape[1]) >= 9
     plain = spec.logits(scfg, W8, ids, mask, T)  # [C, T, V]
+    threads = jit.blas_threads()
     got = bb.forward_rows(_load(cfg, "int8"), cfg, ids, mask, bb.make_packing([ids.shape[1]], cfg), [T])[0]
+    assert jit.blas_threads() == threads  # BLAS kept to one thread inside, its threads given back
     assert got.dtype == np.float32
     err = rel_err(got, plain)
     assert err <= 1e-5, err

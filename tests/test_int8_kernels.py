@@ -34,11 +34,16 @@ def path(request):
     I.force_path(None)
 
 
-@pytest.fixture(params=[False, True], ids=["serial", "parallel"])
+@pytest.fixture(params=["serial", "parallel", "pooled"])
 def parallel(request, monkeypatch):
-    monkeypatch.setattr(jit, "PARALLEL_KERNELS", request.param)
+    """The serial twins; the parallel ones (parallel kernels on); the parallel ones as the
+    int8 backbone runs them, inside jit.one_pool (BLAS on one thread)."""
+    if request.param == "pooled" and not jit.pool_available():
+        pytest.skip("numpy's OpenBLAS cannot be reached here: one_pool changes nothing")
+    monkeypatch.setattr(jit, "PARALLEL_KERNELS", request.param == "parallel")
     monkeypatch.setattr(jit, "PARALLEL_MIN", 0)
-    return request.param
+    with jit.one_pool(request.param == "pooled"):
+        yield request.param
 
 
 def _codes(rng, shape, extreme=False):
@@ -112,6 +117,43 @@ def test_int8_linear_writes_into_out(path):
     xs = np.asfortranarray(x)
     assert np.array_equal(I.int8_linear(xs, w8), want)
     assert I.int8_linear(x[:0], w8).shape == (0, 37)
+
+
+def test_rows_quantised_once_give_each_projection_the_plain_product(path, parallel):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((21, 40)).astype(np.float32)
+    ws = [I.quantize_weight(rng.standard_normal((n, 40)).astype(np.float32)) for n in (64, 32, 7)]
+    rows = I.quantize_activations(x)
+    for w8 in ws:
+        assert np.array_equal(I.int8_linear(rows, w8), I.int8_linear_plain(x, w8))
+
+
+def test_rows_packed_for_another_path_are_refused():
+    rows = I.quantize_activations(np.ones((2, 8), np.float32))
+    I.force_path("plain")
+    try:
+        if rows.path != "plain":
+            with pytest.raises(ValueError, match="packed for path"):
+                I.int8_linear(rows, I.quantize_weight(np.ones((4, 8), np.float32)))
+    finally:
+        I.force_path(None)
+
+
+def test_warm_up_waits_for_the_twins_the_int8_backbone_calls_only():
+    from omnicore.model import kernels as K
+
+    gemm, quant = I._GEMMS[I.path()][0].py_func.__qualname__, I._quantize_pack_impl.__qualname__
+    others = {q for p, (f, _) in I._GEMMS.items() if p != I.path() for q in (f.py_func.__qualname__,)}
+    assert not {gemm, quant, gemm + "_par", quant + "_par"} & I.idle_kernels(in_use=True)
+    assert others <= I.idle_kernels(in_use=True)
+    assert {gemm, quant, gemm + "_par", quant + "_par"} <= I.idle_kernels(in_use=False)
+    # inside one_pool the backbone's kernels run their parallel twins, never the serial ones
+    for kern in (I._GEMMS[I.path()][0], I._quantize_pack_nb, K._softmax_unnormalized_nb,
+                 K._qk_norm_rope_nb, K._swiglu_nb, K._add_rms_norm_nb, K._scale_heads_into_nb):
+        name = kern.py_func.__qualname__
+        assert name + "_par" in jit.POOLED
+        assert jit.called(name + "_par", True, pooled=True) and not jit.called(name, False, pooled=True)
+        assert jit.called(name, False) and jit.called(name + "_par", True) == jit.PARALLEL_KERNELS
 
 
 def test_int8_linear_refuses_a_wrong_width_or_out():

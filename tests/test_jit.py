@@ -74,3 +74,38 @@ def test_importing_the_model_reads_no_setting_and_compiles_nothing():
     run = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+
+
+def test_one_pool_keeps_blas_on_one_thread_and_gives_its_threads_back():
+    import threading
+
+    if not jit.pool_available():
+        pytest.skip("numpy's OpenBLAS cannot be reached here: one_pool changes nothing")
+    before = jit.blas_threads()
+    serial, par = object(), object()
+    assert jit.serial_or_parallel(serial, par, 1, pooled=True) is serial  # outside: serial
+    entered, leave = threading.Event(), threading.Event()
+
+    def other():  # a second thread inside the pool while the first leaves
+        with jit.one_pool() as on:
+            assert on
+            entered.set()
+            leave.wait(10)
+
+    with jit.one_pool() as on:
+        assert on and jit.blas_threads() == 1
+        with jit.one_pool():  # nested
+            assert jit.blas_threads() == 1
+        assert jit.blas_threads() == 1
+        # inside: a pooled kernel runs its parallel twin at any size; others are unchanged
+        assert jit.serial_or_parallel(serial, par, 1, pooled=True).__wrapped__ is par
+        assert jit.serial_or_parallel(serial, par, 1) is serial
+        t = threading.Thread(target=other)
+        t.start()
+        assert entered.wait(10)
+    assert jit.blas_threads() == 1  # the other thread is still inside
+    leave.set()
+    t.join(10)
+    assert jit.blas_threads() == before
+    with jit.one_pool(False) as on:  # off: nothing changes
+        assert not on and jit.blas_threads() == before

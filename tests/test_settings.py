@@ -23,14 +23,17 @@ def _run(code, **env):
 _POOLS = ("from omnicore.machinery import settings; settings.configure(); import threading, numba; "
           "out = [numba.get_num_threads()]; "
           "t = threading.Thread(target=lambda: out.append(numba.get_num_threads())); t.start(); t.join(); "
-          "print(numba.config.NUMBA_NUM_THREADS, *out)")
+          "from omnicore.model import jit; "
+          "print(numba.config.NUMBA_NUM_THREADS, *out, jit.blas_threads())")
 
 
 @pytest.mark.subprocess
 def test_omnicore_num_threads_sizes_the_pools():
     out = _run(_POOLS, OMNICORE_NUM_THREADS="1")
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["1", "1", "1"]  # the pool, this thread and any other thread
+    # Numba's pool, this thread, any other thread; and numpy's OpenBLAS (None: not reachable)
+    assert out.stdout.split()[:3] == ["1", "1", "1"]
+    assert out.stdout.split()[3] in ("1", "None")
     bad = _run(_POOLS, OMNICORE_NUM_THREADS="two")
     assert bad.returncode != 0 and "OMNICORE_NUM_THREADS" in bad.stderr and "ConfigError" in bad.stderr
 

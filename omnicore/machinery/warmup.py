@@ -156,8 +156,9 @@ def warm_up(model, paths=None, on_path=None, say=None, force: bool = False) -> W
     if unknown:
         raise ValueError(f"unknown warm-up path(s) {unknown}; the paths are {', '.join(PATHS)}")
     done = Warmup()
-    idle = int8_kernels.idle_kernels(getattr(model, "precision", "fp32") == "int8")
-    if not force and not jit.uncached(idle):
+    int8 = getattr(model, "precision", "fp32") == "int8"
+    idle = int8_kernels.idle_kernels(int8)
+    if not force and not jit.uncached(idle, pooled=int8 and jit.pool_available()):
         return done
     with CompileWatch(say) as watch:
         for path in paths:

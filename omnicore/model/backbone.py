@@ -51,7 +51,7 @@ from .backend import to_device, to_numpy, xp
 from ..errors import WeightsError
 from .config import OmniVoiceConfig
 from .fast_profile import PromptCache
-from .int8_kernels import Int8Weight, int8_linear, quantize_weight
+from .int8_kernels import Int8Weight, int8_linear, quantize_activations, quantize_weight
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
@@ -222,6 +222,16 @@ def linear(x, w, out=None, precision: str = "fp32"):
     return backend.matmul(x, w.T, out=out)
 
 
+def linears(x, ws, outs, precision: str = "fp32"):
+    """`linear` of one input x [M, in] by each projection of ws into the matching buffer of
+    outs (q/k/v; gate/up): under int8 x is quantised once for all of them (the same codes and
+    scales each `linear` would make)."""
+    if isinstance(ws[0], Int8Weight):
+        x = quantize_activations(x)  # [M, in] -> its int8 codes and scales, packed
+    for w, out in zip(ws, outs):
+        linear(x, w, out, precision)  # [M, in] -> [M, out]
+
+
 def bmm(a, b, out=None, precision: str = "fp32"):
     """a @ b for attention's batched products of activations ([..., M, K] @ [..., K, N]), both
     rounded in place to `precision` first, into `out` when given (as half-precision arrays on
@@ -271,9 +281,8 @@ def attention(lp: LayerParams, cfg: OmniVoiceConfig, h, pack: Packing, work: Wor
     q_cfg = cfg.llm_config
     E, K = q_cfg.head_dim, q_cfg.num_key_value_heads
     G = q_cfg.num_attention_heads // K
-    linear(h, lp.q_proj, work.q, precision)  # [N, D] -> [N, H*E]
-    linear(h, lp.k_proj, work.k, precision)  # [N, D] -> [N, K*E]
-    linear(h, lp.v_proj, work.v, precision)  # [N, D] -> [N, K*E]
+    linears(h, (lp.q_proj, lp.k_proj, lp.v_proj), (work.q, work.k, work.v),
+            precision)  # [N, D] -> q [N, H*E], k and v [N, K*E]
     # Qwen3 normalises every query/key head before the rotation (keeps the logits bounded).
     kernels.qk_norm_rope(work.q, work.k, lp.q_norm, lp.k_norm, pack.cos, pack.sin,
                          q_cfg.rms_norm_eps, work.qg)  # q -> qg [K, N, G*E]; k in place
@@ -352,7 +361,9 @@ def forward_rows(params: BackboneParams, cfg: OmniVoiceConfig, ids, audio_mask, 
 
     caches = tuple((id(c.k), pack.reads(r)) if c is not None else None
                    for r, c in enumerate(pack.caches))  # recorded work writes / reads these
-    logits = backend.replay(work.replays, (id(params), tuple(num_out), caches), layers_and_heads)
+    # int8: the GEMMs are Numba kernels; BLAS keeps to this thread so that one pool runs them
+    with jit.one_pool(params.precision == backend.INT8):
+        logits = backend.replay(work.replays, (id(params), tuple(num_out), caches), layers_and_heads)
     if whole:
         return logits
     bounds = np.cumsum(num_out)[:-1].tolist()
@@ -428,8 +439,8 @@ def _layer_fused(lp: LayerParams, cfg: OmniVoiceConfig, pack: Packing, work: Wor
     attn = attention(lp, cfg, work.h, pack, work, precision, layer)  # [N, D] -> [N, H*E]
     linear(attn, lp.o_proj, work.d, precision)  # [N, H*E] -> [N, D]
     kernels.add_rms_norm(work.x, work.d, lp.post_attention_layernorm, eps, work.h)
-    linear(work.h, lp.gate_proj, work.gate, precision)  # [N, D] -> [N, F]
-    linear(work.h, lp.up_proj, work.up, precision)  # [N, D] -> [N, F]
+    linears(work.h, (lp.gate_proj, lp.up_proj), (work.gate, work.up),
+            precision)  # [N, D] -> [N, F] each
     mlp = kernels.swiglu(work.gate, work.up)  # silu(gate) * up, in place
     linear(mlp, lp.down_proj, work.d, precision)  # [N, F] -> [N, D]
     if next_norm is None:

@@ -35,7 +35,10 @@ Which path runs is chosen once, from the features LLVM compiles for (llvmlite's 
 features, or Numba's NUMBA_CPU_FEATURES where that is set; on Arm, the core LLVM names): the
 instruction must be one the compiler may emit, not only one the CPU has. `force_path` overrides it (tests, comparisons).
 Tiles run in parallel, column panels outermost (a panel stays in cache across row blocks),
-through the parallel twin when parallel kernels are on (`jit.serial_or_parallel`).
+through the parallel twin: inside `jit.one_pool`, as the int8 backbone runs them (BLAS then
+keeps to one thread, so Numba's pool has the cores), or when parallel kernels are on.
+The rows of one input are quantised once for all its projections (`quantize_activations`:
+q/k/v, gate/up).
 
 Dimension legend:
     M  rows (tokens)   K  input features   N  output features (a projection's [N, K] weight)
@@ -327,19 +330,22 @@ _TINY = np.finfo(np.float32).tiny  # the smallest normal float32
 
 def _quantize_pack_impl(x, xbits, shift, ap, sx):
     """Rows of x [M, K] (xbits: the same memory as int32) -> sx [M] and their codes + shift,
-    packed [Mp/8, Kp/4, 8, 4] in ap."""
+    packed [Mp/8, Kp/4, 8, 4] in ap. A row block at a time: its 8 rows' codes side by side in
+    a small buffer, then written out in ap's order (sequential stores, not a 32-byte stride)."""
     m, k = x.shape
-    groups = ap.size // (_A_STRIDE * ((m + _MB - 1) // _MB))  # Kp/4
+    blocks = (m + _MB - 1) // _MB
+    groups = ap.size // (_A_STRIDE * blocks)  # Kp/4
     words = ap.view(np.uint32)  # [Mp/8, Kp/4, 8]: a row's 4 bytes of a group are one word
-    for i in prange((m + _MB - 1) // _MB * _MB):
-        codes = np.full(groups * _KG, np.uint8(shift))  # [Kp]; the K padding: zero codes
-        if i < m:  # past M: the last row block's padding rows, zero codes
-            row, bits = x[i], xbits[i]
+    for blk in prange(blocks):
+        codes = np.full((_MB, groups * _KG), np.uint8(shift))  # [8, Kp]; padding: zero codes
+        for r in range(min(_MB, m - blk * _MB)):  # past M: the last block's padding rows
+            i = blk * _MB + r
+            row, bits, out = x[i], xbits[i], codes[r]
             # max |x| on the bit patterns: for finite floats, ordered as the values (and an
-            # integer max vectorises, where a float one waits on NaN rules).
+            # int32 max vectorises, where a float one waits on NaN rules).
             top = np.int32(0)
             for j in range(k):
-                v = bits[j] & _ABS_BITS
+                v = np.int32(bits[j] & _ABS_BITS)
                 top = v if v > top else top
             amax = jit.f32_from_bits(top)
             # The plain algorithm's float32 division and rint (no fastmath here: a division
@@ -348,17 +354,18 @@ def _quantize_pack_impl(x, xbits, shift, ap, sx):
             sx[i] = s
             if s >= _TINY:  # |x / s| <= 127 (1 + 2^-23) < 127.5: rint is within [-127, 127]
                 for j in range(k):
-                    codes[j] = np.uint8(np.int32(np.rint(row[j] / s)) + shift)
+                    out[j] = np.uint8(np.int32(np.rint(row[j] / s)) + shift)
             else:  # a subnormal scale: its rounding can push x / s past 127, so clip
                 for j in range(k):
                     qv = np.rint(row[j] / s)
                     qv = np.float32(-127.0) if qv < np.float32(-127.0) else qv
                     qv = np.float32(127.0) if qv > np.float32(127.0) else qv
-                    codes[j] = np.uint8(np.int32(qv) + shift)
-        cw = codes.view(np.uint32)  # [Kp/4]
-        base = (i // _MB) * groups * _MB + i % _MB
+                    out[j] = np.uint8(np.int32(qv) + shift)
+        cw = codes.reshape(-1).view(np.uint32)  # [8 * Kp/4]: row r's group g at r * Kp/4 + g
+        base = blk * groups * _MB
         for g in range(groups):
-            words[base + g * _MB] = cw[g]
+            for r in range(_MB):
+                words[base + g * _MB + r] = cw[r * groups + g]
 
 
 def _pack_codes_impl(xq, shift, ap):
@@ -378,7 +385,7 @@ def _pack_codes_impl(xq, shift, ap):
             words[base + g * _MB] = cw[g]
 
 
-_quantize_pack_nb, _quantize_pack_nb_par = jit.twice(_quantize_pack_impl)
+_quantize_pack_nb, _quantize_pack_nb_par = jit.twice(_quantize_pack_impl, pooled=True)
 _pack_codes_nb, _pack_codes_nb_par = jit.twice(_pack_codes_impl)
 
 
@@ -515,10 +522,10 @@ def _gemm_plain_impl(ap, bp, kq, m, n, bias, sx, sw, out, acc):
 
 
 _GEMMS = {
-    "vnni512": jit.twice(_gemm_vnni512_impl),
-    "vnni256": jit.twice(_gemm_vnni256_impl),
-    "sdot": jit.twice(_gemm_sdot_impl),
-    "plain": jit.twice(_gemm_plain_impl),
+    "vnni512": jit.twice(_gemm_vnni512_impl, pooled=True),
+    "vnni256": jit.twice(_gemm_vnni256_impl, pooled=True),
+    "sdot": jit.twice(_gemm_sdot_impl, pooled=True),
+    "plain": jit.twice(_gemm_plain_impl, pooled=True),
 }
 _SHIFT = {"vnni512": 128, "vnni256": 128, "sdot": 0, "plain": 0}  # u8 x s8 needs the +128
 
@@ -606,16 +613,19 @@ _EMPTY_I32 = np.empty((0, 0), np.int32)
 
 
 def idle_kernels(in_use: bool) -> set[str]:
-    """The compiled kernels of this module a process will not call (by qualified name), so that
-    a warm-up does not wait for them: all of them where the int8 profile is not in use, else the
-    GEMMs of the paths other than `path()` and the bare product's packing (int8_matmul)."""
+    """The compiled kernels of this module a process will not call (by qualified name, both
+    twins), so that a warm-up does not wait for them: all of them where the int8 profile is
+    not in use, else the GEMMs of the paths other than `path()` and the bare product's packing
+    (int8_matmul). (Which twin of the others runs, `jit.uncached` knows.)"""
     impls = {name: fn.__qualname__ for name, fn in (
         ("vnni512", _gemm_vnni512_impl), ("vnni256", _gemm_vnni256_impl),
         ("sdot", _gemm_sdot_impl), ("plain", _gemm_plain_impl))}
-    every = {*impls.values(), _quantize_pack_impl.__qualname__, _pack_codes_impl.__qualname__}
+    twins = lambda q: {q, q + "_par"}  # noqa: E731  (jit.twice names the parallel twin so)
+    every = set().union(*(twins(q) for q in impls.values()), twins(_quantize_pack_impl.__qualname__),
+                        twins(_pack_codes_impl.__qualname__))
     if not in_use:
         return every
-    return {q for name, q in impls.items() if name != path()} | {_pack_codes_impl.__qualname__}
+    return every - twins(impls[path()]) - twins(_quantize_pack_impl.__qualname__)
 
 
 def _packed_a(m: int, k: int) -> np.ndarray:
@@ -625,28 +635,50 @@ def _packed_a(m: int, k: int) -> np.ndarray:
 def _run(name: str, ap, w: Int8Weight, m: int, sx, out, acc) -> None:
     serial, par = _GEMMS[name]
     ap_ = ap if _SHIFT[name] else ap.view(np.int8)
-    kern = jit.serial_or_parallel(serial, par, m * w.n_out)
+    kern = jit.serial_or_parallel(serial, par, m * w.n_out, pooled=True)
     bias = w.colsum * np.int32(_SHIFT[name])  # [N] int32: what the shift added to each sum
     kern(ap_, w.q.reshape(-1), w.q.shape[1], m, w.n_out, bias, sx, w.scale, out, acc)
 
 
-def int8_linear(x: np.ndarray, w: Int8Weight, out: np.ndarray | None = None) -> np.ndarray:
-    """x [M, K] float32 @ the quantised weight's transpose -> [M, N] float32, into `out` when
-    given: equal bit for bit to `int8_linear_plain`, on this machine's fastest path."""
+@dataclass(frozen=True, eq=False)
+class Int8Rows:
+    """Activations quantised and packed once (`quantize_activations`), for every projection
+    of the same input (q/k/v, gate/up): `int8_linear` takes them in the float rows' place."""
+
+    packed: np.ndarray  # [Mp/8 * Kp/4 * 8 * 4] uint8: the codes + the path's shift, packed
+    scale: np.ndarray  # [M] float32, sx
+    shape: tuple  # (M, K) of the float rows
+    path: str  # the path whose shift the codes carry
+
+
+def quantize_activations(x: np.ndarray) -> Int8Rows:
+    """Float32 rows x [M, K] -> their codes and scales as `quantize_rows` gives them, packed
+    for this machine's path (one fused Numba loop)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     m, k = x.shape
+    name = path()
+    ap, sx = _packed_a(m, k), np.empty(m, np.float32)
+    quant = jit.serial_or_parallel(_quantize_pack_nb, _quantize_pack_nb_par, x.size, pooled=True)
+    quant(x, x.view(np.int32), np.int32(_SHIFT[name]), ap, sx)
+    return Int8Rows(ap, sx, (m, k), name)
+
+
+def int8_linear(x, w: Int8Weight, out: np.ndarray | None = None) -> np.ndarray:
+    """x [M, K] float32 (or its Int8Rows) @ the quantised weight's transpose -> [M, N]
+    float32, into `out` when given: equal bit for bit to `int8_linear_plain`, on this
+    machine's fastest path."""
+    rows = x if isinstance(x, Int8Rows) else quantize_activations(x)
+    m, k = rows.shape
     if k != w.n_in:
         raise ValueError(f"int8_linear: x has {k} features, the weight takes {w.n_in}")
     if out is not None and out.shape != (m, w.n_out):
         raise ValueError(f"int8_linear: out is {out.shape}, the product is {(m, w.n_out)}")
-    name = path()
-    ap, sx = _packed_a(m, k), np.empty(m, np.float32)
-    quant = jit.serial_or_parallel(_quantize_pack_nb, _quantize_pack_nb_par, x.size)
-    quant(x, x.view(np.int32), np.int32(_SHIFT[name]), ap, sx)
+    if rows.path != path():
+        raise ValueError(f"int8_linear: rows packed for path {rows.path!r}, running {path()!r}")
     direct = out is not None and out.dtype == np.float32 and out.flags.c_contiguous
     y = out if direct else np.empty((m, w.n_out), np.float32)  # [M, N]
     if m:
-        _run(name, ap, w, m, sx, y, _EMPTY_I32)
+        _run(rows.path, rows.packed, w, m, rows.scale, y, _EMPTY_I32)
     if out is None or direct:
         return y
     out[...] = y

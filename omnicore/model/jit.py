@@ -99,8 +99,9 @@ def _numba_extending():
     return extending
 
 
-def twice(fn, **opts):
+def twice(fn, pooled: bool = False, **opts):
     """`fn` (written with `prange`) compiled twice: serial and parallel, both cached on disk.
+    pooled: the parallel twin also runs inside `one_pool` (the int8 profile's kernels).
 
     error_model="numpy" (also on every helper): with Numba's default, Python's, every float
     division checks for zero to raise ZeroDivisionError, and that branch stops LLVM from
@@ -117,6 +118,8 @@ def twice(fn, **opts):
     # Without the GIL: caller threads (decoding, progress callbacks, a server's event loop)
     # run while the engine thread is inside a kernel, instead of queueing behind it.
     opts.setdefault("nogil", True)
+    if pooled:
+        POOLED.add(par.__qualname__)
     return njit(fn, cache=True, **opts), njit(par, cache=True, parallel=True, **opts)
 
 
@@ -187,13 +190,24 @@ def _ready(kernel) -> bool:
         return False
 
 
-def uncached(skip=frozenset()) -> list[str]:
+def called(name: str, parallel: bool, pooled: bool = False) -> bool:
+    """Whether a run calls the twin `name` (a kernel's qualified name; `parallel`: a parallel
+    twin): serial twins, and parallel ones when parallel kernels are on; where the run's
+    backbone is inside `one_pool` (`pooled`), a pooled kernel's parallel twin and not its
+    serial one."""
+    if pooled and (name if parallel else name + "_par") in POOLED:
+        return parallel
+    return PARALLEL_KERNELS or not parallel
+
+
+def uncached(skip=frozenset(), pooled: bool = False) -> list[str]:
     """The kernels whose first call would compile them (parallel twins only when parallel
     kernels are on; none named in `skip`, kernels this run will not call): what a first run on
-    this machine still has to compile. Starts Numba."""
+    this machine still has to compile. pooled: the run's backbone runs inside `one_pool`, so
+    a pooled kernel's parallel twin is called and its serial one is not. Starts Numba."""
     start()
     return [k.py_func.__qualname__ for k in _kernels
-            if (PARALLEL_KERNELS or not k.targetoptions.get("parallel"))
+            if called(k.py_func.__qualname__, bool(k.targetoptions.get("parallel")), pooled)
             and k.py_func.__qualname__ not in skip and not _ready(k)]
 
 
@@ -285,8 +299,112 @@ def set_num_threads(n: int) -> None:
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:
+        if _openblas():  # numpy's own OpenBLAS, reached directly
+            _openblas()[0](max(1, int(n)))
         return
     threadpool_limits(int(n), user_api="blas")
+
+
+# ---------------------------------------------------------------------------------------------
+# One pool of threads for the int8 profile
+#
+# The int8 profile's GEMMs are Numba kernels, on Numba's pool; attention's products and the
+# heads are BLAS's, on OpenBLAS's own pool. After each GEMM OpenBLAS's idle workers spin for
+# about 0.1 s before they sleep, and on a small machine Numba's workers then wait behind them
+# for a core: two pools on the same cores run slower than one serial kernel. So while the
+# int8 backbone runs (`one_pool`), BLAS keeps to the calling thread and the pooled kernels
+# (`twice(pooled=True)`) run their parallel twins on Numba's pool.
+# ---------------------------------------------------------------------------------------------
+
+POOLED: set[str] = set()  # parallel twins that run inside one_pool
+_blas_fns = None  # (set_num_threads, get_num_threads) of numpy's OpenBLAS; () where not found
+_pool_lock = threading.Lock()
+_pool_users = 0  # threads inside one_pool now
+_pool_saved = 0  # BLAS's threads before the first of them entered
+
+
+def _openblas_candidates() -> list[str]:
+    """Paths of the OpenBLAS libraries numpy may run on: those in numpy's own folders first
+    (its wheels bundle one), then any other loaded one (Linux's /proc/self/maps)."""
+    import glob
+    import os
+
+    here = os.path.dirname(np.__file__)
+    paths = []
+    for pattern in (os.path.join(os.path.dirname(here), "numpy.libs", "*openblas*"),
+                    os.path.join(here, ".dylibs", "*openblas*")):
+        paths += sorted(glob.glob(pattern))
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            loaded = {line.split()[-1] for line in f if "openblas" in line.rsplit("/", 1)[-1].lower()}
+    except OSError:
+        loaded = set()
+    return paths + sorted(p for p in loaded if p.startswith("/") and p not in paths)
+
+
+def _openblas():
+    """numpy's OpenBLAS thread setter and getter (ctypes), found once; () where there is none
+    (another BLAS, or none found: then `one_pool` changes nothing)."""
+    global _blas_fns
+    if _blas_fns is None:
+        import ctypes
+
+        _blas_fns = ()
+        for path in _openblas_candidates():
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError:
+                continue
+            for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""),
+                                   ("openblas", "64_"), ("openblas", "")):
+                setter = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+                getter = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+                if setter is not None and getter is not None:
+                    setter.argtypes, setter.restype = [ctypes.c_int], None
+                    getter.argtypes, getter.restype = [], ctypes.c_int
+                    _blas_fns = (setter, getter)
+                    return _blas_fns
+    return _blas_fns
+
+
+def blas_threads() -> int | None:
+    """The threads numpy's OpenBLAS uses now (None where it cannot be reached)."""
+    fns = _openblas()
+    return int(fns[1]()) if fns else None
+
+
+class one_pool:
+    """`with one_pool(on):` BLAS on the calling thread only, and the pooled kernels' parallel
+    twins on, while the block runs (when `on`, and where numpy's OpenBLAS can be reached;
+    elsewhere nothing changes). Nested and concurrent blocks are counted: the last to leave
+    gives BLAS its threads back. `as` gives whether the pool is in use."""
+
+    def __init__(self, on: bool = True):
+        self.on = bool(on) and bool(_openblas())
+
+    def __enter__(self) -> bool:
+        global _pool_users, _pool_saved
+        if self.on:
+            setter, getter = _openblas()
+            with _pool_lock:
+                if _pool_users == 0:
+                    _pool_saved = getter()
+                    setter(1)
+                _pool_users += 1
+        return self.on
+
+    def __exit__(self, *exc) -> None:
+        global _pool_users
+        if self.on:
+            with _pool_lock:
+                _pool_users -= 1
+                if _pool_users == 0:
+                    _openblas()[0](_pool_saved)
+
+
+def pool_available() -> bool:
+    """Whether `one_pool` can take BLAS's threads here (numpy's OpenBLAS was found)."""
+    return bool(_openblas())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,8 +432,11 @@ def _serialised(kernel):
     return run
 
 
-def serial_or_parallel(serial, parallel, size):
-    """The parallel twin for big enough work when parallel kernels are on, else the serial one."""
+def serial_or_parallel(serial, parallel, size, pooled: bool = False):
+    """The parallel twin for big enough work when parallel kernels are on, or for a pooled
+    kernel inside `one_pool`; else the serial one."""
+    if pooled and _pool_users > 0:  # one pool: no other threads to wait for, at any size
+        return _serialised(parallel)
     return _serialised(parallel) if PARALLEL_KERNELS and size >= PARALLEL_MIN else serial
 
 

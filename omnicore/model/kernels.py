@@ -113,8 +113,8 @@ def _add_rms_norm_impl(x, y, weight, eps, out):  # x += y; out = rms_norm(x)
             o[j] = (xr[j] * s) * weight[j]
 
 
-_rms_norm_nb, _rms_norm_nb_par = jit.twice(_rms_norm_impl, fastmath=FAST)
-_add_rms_norm_nb, _add_rms_norm_nb_par = jit.twice(_add_rms_norm_impl, fastmath=FAST)
+_rms_norm_nb, _rms_norm_nb_par = jit.twice(_rms_norm_impl, fastmath=FAST, pooled=True)
+_add_rms_norm_nb, _add_rms_norm_nb_par = jit.twice(_add_rms_norm_impl, fastmath=FAST, pooled=True)
 
 
 def rms_norm_np(x, weight, eps: float, out=None):
@@ -144,7 +144,7 @@ def rms_norm(x, weight, eps: float, out=None):
         return rms_norm_np(x, weight, eps, out)
     x2 = x.reshape(-1, x.shape[-1])  # [..., D] -> [N, D]
     res = np.empty_like(x2) if out is None else out.reshape(x2.shape)
-    jit.serial_or_parallel(_rms_norm_nb, _rms_norm_nb_par, x2.size)(x2, weight, _F32(eps), res)
+    jit.serial_or_parallel(_rms_norm_nb, _rms_norm_nb_par, x2.size, pooled=True)(x2, weight, _F32(eps), res)
     return res.reshape(x.shape)
 
 
@@ -164,7 +164,7 @@ def _add_rms_norm_cuda(x, y, weight, eps: float, out):
 def add_rms_norm(x, y, weight, eps: float, out):
     """Residual add fused with the next pre-norm: x += y (in place), out = rms_norm(x). [N, D].
     The fast form of `spec.layer`'s residual add and the next `spec.rms_norm`."""
-    jit.serial_or_parallel(_add_rms_norm_nb, _add_rms_norm_nb_par, x.size)(x, y, weight, _F32(eps), out)
+    jit.serial_or_parallel(_add_rms_norm_nb, _add_rms_norm_nb_par, x.size, pooled=True)(x, y, weight, _F32(eps), out)
     return out
 
 
@@ -204,7 +204,7 @@ def _qk_norm_rope_impl(q, k, q_weight, k_weight, cos, sin, eps, qg):
                 dst[j] = tmp[j]
 
 
-_qk_norm_rope_nb, _qk_norm_rope_nb_par = jit.twice(_qk_norm_rope_impl, fastmath=FAST)
+_qk_norm_rope_nb, _qk_norm_rope_nb_par = jit.twice(_qk_norm_rope_impl, fastmath=FAST, pooled=True)
 
 
 def _rotate_half_split(x, cos, sin):
@@ -243,7 +243,7 @@ def qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps: float, qg):
     k [N, K*E] is normalised and rotated in place. cos, sin [N, E].
     The fast form of the q/k `spec.rms_norm` and `spec.rotate` of `spec.layer`.
     """
-    kernel = jit.serial_or_parallel(_qk_norm_rope_nb, _qk_norm_rope_nb_par, q.size)
+    kernel = jit.serial_or_parallel(_qk_norm_rope_nb, _qk_norm_rope_nb_par, q.size, pooled=True)
     kernel(q, k, q_weight, k_weight, cos, sin, _F32(eps), qg)
     return qg
 
@@ -295,8 +295,8 @@ def _scale_heads_into_impl(o, inv, dst):
 
 
 _softmax_nb, _softmax_nb_par = jit.twice(_softmax_impl, fastmath=FAST)
-_softmax_unnormalized_nb, _softmax_unnormalized_nb_par = jit.twice(_softmax_unnormalized_impl, fastmath=FAST)
-_scale_heads_into_nb, _scale_heads_into_nb_par = jit.twice(_scale_heads_into_impl, fastmath=FAST)
+_softmax_unnormalized_nb, _softmax_unnormalized_nb_par = jit.twice(_softmax_unnormalized_impl, fastmath=FAST, pooled=True)
+_scale_heads_into_nb, _scale_heads_into_nb_par = jit.twice(_scale_heads_into_impl, fastmath=FAST, pooled=True)
 
 
 def softmax_rows_np(s, scale: float, inv=None):
@@ -330,7 +330,7 @@ def softmax_rows(s, scale: float, inv=None):
     if inv is None:
         jit.serial_or_parallel(_softmax_nb, _softmax_nb_par, s.size)(s, _F32(scale))
     else:
-        kernel = jit.serial_or_parallel(_softmax_unnormalized_nb, _softmax_unnormalized_nb_par, s.size)
+        kernel = jit.serial_or_parallel(_softmax_unnormalized_nb, _softmax_unnormalized_nb_par, s.size, pooled=True)
         kernel(s, _F32(scale), inv)
     return s
 
@@ -348,7 +348,7 @@ def scale_heads_into(o, inv, dst):
     """Attention output of one row, normalised and put in head order: o [K, L*G, E] (kv head
     kv's G query heads stacked position-major), inv [K*L*G] (1 / softmax row sums) ->
     dst [L, K*G*E] with query head h = kv*G + g at columns h*E .. h*E + E."""
-    jit.serial_or_parallel(_scale_heads_into_nb, _scale_heads_into_nb_par, o.size)(o, inv, dst)
+    jit.serial_or_parallel(_scale_heads_into_nb, _scale_heads_into_nb_par, o.size, pooled=True)(o, inv, dst)
     return dst
 
 
@@ -366,7 +366,7 @@ def _swiglu_impl(gate, up):  # gate [N, F] <- silu(gate) * up
             g_row[j] = (num / (_F32(1.0) + e)) * u_row[j]
 
 
-_swiglu_nb, _swiglu_nb_par = jit.twice(_swiglu_impl, fastmath=FAST)
+_swiglu_nb, _swiglu_nb_par = jit.twice(_swiglu_impl, fastmath=FAST, pooled=True)
 
 
 def swiglu_np(gate, up):
@@ -387,7 +387,7 @@ def _swiglu_cuda(gate, up):
 def swiglu(gate, up):
     """In place: gate [N, F] <- silu(gate) * up (Qwen3's gated MLP activation).
     The fast form of the SwiGLU of `spec.layer`."""
-    jit.serial_or_parallel(_swiglu_nb, _swiglu_nb_par, gate.size)(gate, up)
+    jit.serial_or_parallel(_swiglu_nb, _swiglu_nb_par, gate.size, pooled=True)(gate, up)
     return gate
 
 
