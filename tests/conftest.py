@@ -53,6 +53,32 @@ def pytest_addoption(parser):
                           + ", ".join(QUICK_LEAVES_OUT))
 
 
+def _module_left_out(path: Path) -> bool:
+    """Whether the test module's own `pytestmark` (a top-level assignment) names a marker the
+    quick loop leaves out: then every test in it carries that marker."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (OSError, SyntaxError, ValueError):  # collected as usual: pytest reports the error
+        return False
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark"
+                                                for t in node.targets):
+            marks = [n.attr for n in ast.walk(node.value) if isinstance(n, ast.Attribute)]
+            return any(m in QUICK_LEAVES_OUT for m in marks)
+    return False
+
+
+def pytest_ignore_collect(collection_path, config):
+    # With --quick a module whose every test is left out is not even imported: importing some
+    # (gradio, LiveKit, Ray) takes seconds, and the quick loop would pay them for nothing.
+    if (config.getoption("--quick") and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_") and _module_left_out(collection_path)):
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     if not config.getoption("--quick"):
         return

@@ -171,11 +171,16 @@ def test_fixture_is_meaningful():
     assert np.mean(agree) >= 0.8
 
 
+# A sweep (25 checkpoints built and run, about 15 s on a busy 2-core box): the full suite's,
+# not the quick loop's; the tiny checkpoint's equivalence tests (test_backbone, test_pipeline)
+# stay in the quick loop.
 if _SETTING == "all":
+    @pytest.mark.slow
     @pytest.mark.parametrize("i", range(_num_cases()))
     def test_case(i, workdir):
         check_case(i, workdir)
 else:
+    @pytest.mark.slow
     @settings(max_examples=int(_SETTING) if _SETTING.isdigit() else DEFAULT_EXAMPLES,
               deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(i=st.integers(0, _num_cases() - 1))

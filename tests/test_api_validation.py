@@ -238,8 +238,11 @@ def test_bad_seeds(model, seed):
 
 
 def test_seed_per_text_reaches_chunked_items(model):
-    long = "The quick brown fox jumps over the lazy dog. " * 20  # above the 30 s threshold
-    kw = dict(num_step=2, position_temperature=1.0, audio_chunk_duration=10.0)
+    # Chunked by a low threshold rather than by a text over the default 30 s: three chunks of
+    # 8 s of speech instead of seven of 53 s, and the same path (chunk 0, then the rest).
+    long = "The quick brown fox jumps over the lazy dog. " * 3
+    kw = dict(num_step=2, position_temperature=1.0, audio_chunk_duration=2.0,
+              audio_chunk_threshold=4.0)
     both = model.synthesize([long, "Short."], seed=[11, 12], **kw)
     assert len(both[0].text_chunks) > 1
     alone_long = model.synthesize(long, seed=11, **kw)[0]

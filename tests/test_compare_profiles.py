@@ -5,6 +5,8 @@ On the tiny random checkpoint its numbers mean nothing about speech (random weig
 noise either way); what is tested is that the script works end to end: it generates both
 profiles for a text and voice, reports codes agreement and mel distances in range, and finds
 no difference at all when the fast profile's knobs are set to compute exactly what exact does.
+The script's runs are end to end (both profiles generated, decoded and compared): slow, out of
+the quick loop; the profiles' own equivalence is test_profile's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -24,6 +27,7 @@ TINY = str(ROOT / "weights" / "tiny-random")
 CLIP = ROOT / "tests" / "fixtures" / "audio" / "speech_24k.wav"
 
 
+@pytest.mark.slow
 def test_the_script_compares_the_profiles(tmp_path, capsys):
     out = tmp_path / "cmp.json"
     text = (ROOT / "tests" / "fixtures" / "audio" / "speech.txt").read_text().strip()
@@ -42,6 +46,7 @@ def test_the_script_compares_the_profiles(tmp_path, capsys):
     assert "mel distance fast-exact" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_script_sees_no_difference_where_there_is_none():
     """fast with both knobs at 1 and exact's steps is exact: all codes agree, distance 0."""
     result = compare_profiles.main(["--model", TINY, "--max-texts", "1", "--seeds", "1",
@@ -51,6 +56,7 @@ def test_the_script_sees_no_difference_where_there_is_none():
     assert row["codes_equal"] == 1.0 and row["mel_distance"] == 0.0
 
 
+@pytest.mark.slow
 def test_the_script_compares_live_streams(capsys):
     """--profile live streams both sides; at its exact settings (fast's knobs at 1, chunk 0 in
     the profile's steps and cut at 2 s) it is exact's stream: all codes agree, distance 0; with
@@ -79,6 +85,7 @@ def test_the_log_mel_of_a_tone_peaks_in_its_band():
     assert compare_profiles.mel_distance(t, t, sr) == 0.0
 
 
+@pytest.mark.slow
 def test_the_script_compares_a_precision_with_fp32(tmp_path):
     """--profile exact --precision int8: the compared side is the int8 model, exact stays fp32;
     the codes then differ (the test can fail) and the mel distance is measured."""

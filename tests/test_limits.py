@@ -35,28 +35,88 @@ CHILD_SECONDS = 60  # model load is ~2 s; a refusal must come at once
 PARAGRAPH = "The quick brown fox jumps over the lazy dog, and the dog does not mind. " * 6
 
 
-def _in_child(body: str) -> dict:
-    """Run `body` (which sets `result`) in a fresh interpreter with the tiny model loaded as
-    `m`, under CHILD_MEMORY and CHILD_SECONDS; returns {"error": type, "message": str} or
-    {"ok": repr(result)}."""
-    script = textwrap.dedent("""
-        import json, resource, sys
-        resource.setrlimit(resource.RLIMIT_AS, ({mem}, {mem}))
-        import numpy as np
-        from omnicore import OmniVoice, VoiceClonePrompt
-        m = OmniVoice.from_pretrained({tiny!r})
+# The reproducers run one after another in one child interpreter (the tiny model loaded once,
+# under the same limits): a fresh interpreter per reproducer cost a Python, Numba and model
+# start each, eighteen times. A child that dies or runs past CHILD_SECONDS fails its test and
+# is replaced, so the next test starts in a fresh one, as before.
+_WORKER = textwrap.dedent("""
+    import gc, json, resource, sys
+    resource.setrlimit(resource.RLIMIT_AS, ({mem}, {mem}))
+    import numpy as np
+    from omnicore import OmniVoice, VoiceClonePrompt
+    m = OmniVoice.from_pretrained({tiny!r})
+    for line in sys.stdin:
+        scope = dict(np=np, m=m, OmniVoice=OmniVoice, VoiceClonePrompt=VoiceClonePrompt)
         try:
-        {body}
-            out = {{"ok": repr(result)[:200]}}
+            exec(json.loads(line), scope)
+            out = {{"ok": repr(scope["result"])[:200]}}
         except BaseException as exc:
             out = {{"error": type(exc).__name__, "message": str(exc)}}
-        print("RESULT " + json.dumps(out))
-    """).format(mem=CHILD_MEMORY, tiny=str(TINY), body=textwrap.indent(textwrap.dedent(body), "    "))
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                          text=True, timeout=CHILD_SECONDS)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert lines, f"child died (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
-    return json.loads(lines[-1][len("RESULT "):])
+        del scope
+        gc.collect()  # nothing one reproducer made is left to the next
+        print("RESULT " + json.dumps(out), flush=True)
+""").format(mem=CHILD_MEMORY, tiny=str(TINY))
+_child: list = []  # the running child: (process, its stdout lines, its stderr file)
+
+
+def _start_child():
+    import queue
+    import tempfile
+    import threading
+
+    err = tempfile.TemporaryFile()
+    proc = subprocess.Popen([sys.executable, "-c", _WORKER], cwd=ROOT, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1)
+    lines: queue.Queue = queue.Queue()
+
+    def read():  # a thread, so that a hung child is noticed by the timeout below
+        for ln in proc.stdout:
+            lines.put(ln)
+        lines.put(None)
+    threading.Thread(target=read, daemon=True).start()
+    _child[:] = [(proc, lines, err)]
+
+
+def _stop_child() -> str:
+    """Kill the child; what it wrote to stderr."""
+    proc, _, err = _child.pop()
+    proc.kill()
+    proc.wait()
+    err.seek(0)
+    return err.read().decode(errors="replace")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _child_ends_with_the_module():
+    yield
+    if _child:
+        _stop_child()
+
+
+def _in_child(body: str) -> dict:
+    """Run `body` (which sets `result`) in the child interpreter, where the tiny model is loaded
+    as `m`, under CHILD_MEMORY, within CHILD_SECONDS; returns {"error": type, "message": str}
+    or {"ok": repr(result)}."""
+    import queue
+    import time
+
+    if not _child:
+        _start_child()
+    proc, lines, _ = _child[0]
+    proc.stdin.write(json.dumps(textwrap.dedent(body)) + "\n")
+    proc.stdin.flush()
+    deadline = time.monotonic() + CHILD_SECONDS + 30  # + the child's start (model load)
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            line = None
+        if line is None:  # the child died, or ran past the time limit
+            code = proc.poll()
+            pytest.fail(f"child died (exit {code}) or ran past {CHILD_SECONDS} s:\n"
+                        f"{_stop_child()[-3000:]}")
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
 
 
 def _refused(out: dict, *words: str, error: str = "InputError") -> None:

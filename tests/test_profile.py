@@ -44,6 +44,12 @@ MODES = {"auto": {}, "design": {"instruct": "female, low pitch"},
          "clone": {"ref_audio": str(CLIP), "ref_text": CLIP_TEXT}}
 
 
+def _auto_quick(names):
+    """The modes of a stream test whose every mode runs several streams: auto in the quick
+    loop, the others slow (the full suite runs them all; each stays one parameter)."""
+    return [pytest.param(m, marks=() if m == "auto" else pytest.mark.slow) for m in names]
+
+
 @pytest.fixture(scope="module")
 def model():
     return OmniVoice.from_pretrained(CKPT)
@@ -338,7 +344,7 @@ def test_a_bad_live_knob_is_refused_when_the_stream_is_called(model):
     assert not [t for t in threading.enumerate() if t.name.startswith("omnicore-stream")]
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode", _auto_quick(MODES))
 def test_live_with_its_knobs_at_exact_settings_streams_what_fast_and_exact_stream(model, mode,
                                                                                  clone_prompt):
     """Bit for bit, every chunk's codes and the audio: live at (0, 2 s) is fast; live with
@@ -379,7 +385,7 @@ def _steps_per_request(model, run):
     return [counts[i] for i in sorted(counts)], seen, out
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode", _auto_quick(MODES))
 def test_chunk_0_runs_its_own_steps_and_the_others_the_profiles(model, mode, clone_prompt):
     kw = dict(profile="live", num_step=5, first_chunk_steps=2, seed=3, **_voice(mode, clone_prompt))
     progress = []
@@ -594,7 +600,7 @@ def test_a_live_stream_cuts_chunk_0_where_the_machine_rate_says(model, rate):
     assert st.text_chunks == split_text(NO_PUNCTUATION, ChunkRule.with_first(1.0))
 
 
-@pytest.mark.parametrize("mode", ["auto", "clone"])
+@pytest.mark.parametrize("mode", _auto_quick(["auto", "clone"]))
 def test_at_its_exact_setting_the_budget_changes_no_code(model, clone_prompt, rate, mode):
     """first_audio_seconds=0 on a machine slow enough for the budget to bind: the stream's
     chunks and codes are those of the rule without a budget (as before it existed), alone and

@@ -165,6 +165,38 @@ def test_a_measured_rate_is_kept_and_read_back(model, tmp_path):
     assert warmup.measured_rate(model, broken) is None
 
 
+def test_the_kept_rate_is_the_best_measured():
+    """A measurement replaces the kept rate only when it is higher: one taken while other work
+    held the cores (lower) leaves the quieter one kept; anything kept that is not a positive
+    number counts as none."""
+    from omnicore.machinery.warmup import best_rate
+
+    assert best_rate(None, 80e9) == 80e9
+    assert best_rate(150e9, 40e9) == 150e9  # measured on a busy machine: the kept one stays
+    assert best_rate(40e9, 150e9) == 150e9  # a quieter measurement replaces a busy one
+    for junk in (0, -5.0, "fast", True, [1e12]):
+        assert best_rate(junk, 80e9) == 80e9
+
+
+def test_measure_rate_keeps_the_best_of_the_measurements_in_its_file(model, tmp_path):
+    """measure_rate writes best_rate of the file's rate and its own: a kept rate no machine
+    reaches (1e30) survives a measurement, one every machine beats (1 FLOP/s) is replaced, and
+    other keys in the file are left as they were."""
+    from omnicore.audio.writers import write_bytes_atomic
+    from omnicore.machinery import warmup
+
+    path, key = tmp_path / warmup.RATES_FILE, warmup.rate_key(model)
+    path.write_text(json.dumps({key: 1e30, "other": 5.0}))
+    assert warmup.measure_rate(model, tmp_path, keep=write_bytes_atomic) == 1e30
+    assert json.loads(path.read_text()) == {key: 1e30, "other": 5.0}
+    assert warmup.measured_rate(model, tmp_path) == 1e30
+    low = tmp_path / "low"
+    low.mkdir()
+    (low / warmup.RATES_FILE).write_text(json.dumps({key: 1.0}))
+    got = warmup.measure_rate(model, low, keep=write_bytes_atomic)
+    assert got > 1.0 and json.loads((low / warmup.RATES_FILE).read_text()) == {key: got}
+
+
 # -- a door's default voice, made before it is ready ----------------------------------------------
 
 

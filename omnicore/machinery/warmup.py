@@ -23,7 +23,8 @@ compiling, which progress leaves out of its ETA.
 The machine's rate: `measure_rate(model)` times a short unmasking whose GEMM FLOPs are known
 (`OmniVoice.unmask_flops`) and keeps the FLOP/s it reached in `omnicore-rates.json` beside the
 kernel cache (the cache is this machine's, keyed to its CPU), one entry per backend, precision,
-thread count and model size. `rate(model)` reads it back, or ASSUMED_RATE where nobody measured.
+thread count and model size; a later measurement replaces it only when faster (`best_rate`: a
+busy machine measures low). `rate(model)` reads it back, or ASSUMED_RATE where nobody measured.
 `estimate_seconds(model, text, ...)` is FLOPs over that rate: the doors' "making voice alloy:
 about N s" and a stream's first-audio budget (streaming.py) rest on it.
 """
@@ -221,9 +222,20 @@ def rate(model, folder=None) -> float:
     return measured_rate(model, folder) or ASSUMED_RATE
 
 
+def best_rate(kept, measured: float) -> float:
+    """The rate to keep, given the one kept so far (None, or not a positive number: none) and a
+    new measurement: the higher. Other work on the cores only ever slows a measurement down, so
+    the fastest one seen is the machine's own; keeping the latest would let one measured while
+    the machine was busy size every later chunk 0 too small, until someone measured again."""
+    if isinstance(kept, (int, float)) and not isinstance(kept, bool) and kept > 0:
+        return max(float(kept), measured)
+    return measured
+
+
 def measure_rate(model, folder=None, keep=None) -> float:
     """Time RATE_TEXT unmasked in RATE_STEPS steps (after a first run, so that no compile is
-    timed), keep its FLOP/s in RATES_FILE and return it. `keep(path, data)` writes the file
+    timed), keep in RATES_FILE the better of its FLOP/s and the rate kept there already
+    (best_rate), and return the rate kept. `keep(path, data)` writes the file
     (the callers pass the one atomic writer: the machinery imports nothing of the core); without
     it, or where it fails (a read-only cache), the rate holds for this process only."""
     from ..errors import OmniCoreError
@@ -231,11 +243,13 @@ def measure_rate(model, folder=None, keep=None) -> float:
     kw = dict(num_step=RATE_STEPS, seed=0)
     model.synthesize(RATE_TEXT, _decode=False, **kw)  # any compile or first touch happens here
     seconds = model.synthesize(RATE_TEXT, _decode=False, **kw)[0].timings["unmask"]
-    value = model.unmask_flops(RATE_TEXT, **kw) / max(seconds, 1e-9)
+    measured = model.unmask_flops(RATE_TEXT, **kw) / max(seconds, 1e-9)
     path, key = _rates_path(folder), rate_key(model)
+    rates = _read_rates(path)
+    value = best_rate(rates.get(key), measured)
     _rates[str(path), key] = value
     if path is not None and keep is not None:
-        rates = {**_read_rates(path), key: value}
+        rates = {**rates, key: value}
         try:
             keep(path, json.dumps(rates, indent=1).encode())
         except OmniCoreError:
