@@ -6,6 +6,7 @@ the affected callers while the engine keeps serving."""
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -416,6 +417,10 @@ def test_load_counts_requests_passes_and_each_iterations_packed_tokens(model, sp
     finally:
         stop.set()
         poller.join(WAIT_S)
+    # The trace of an iteration runs after its results are handed out: wait for the last one.
+    deadline = time.monotonic() + WAIT_S
+    while len(seen) < eng.load().iterations and time.monotonic() < deadline:
+        time.sleep(0.01)
     index = {t.id: i for i, t in enumerate(tickets)}
     first_ids, first = seen[0]
     assert first.active_requests == first.active_passes == len(first_ids) < len(specs)
