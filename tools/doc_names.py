@@ -485,7 +485,7 @@ class Checker:
         root = self.index.root
         for m in _PATH.finditer(text):
             path = m.group(1) if not m.group(2) else m.group(1).rpartition("/")[0]  # a pattern
-            if not (root / path).exists():
+            if not (root / path).exists() and "__pycache__" not in path:  # made by running
                 self.found.append(f"{self.where(line_of(m.start()))}: {m.group(1)} does not exist")
         if self.path.relative_to(root).parts[0] != PACKAGE:
             return  # elsewhere `x.py` may be an example, or a file a script writes

@@ -224,7 +224,8 @@ def problems(md: Path, root: Path = ROOT, tolerance: float = TOLERANCE) -> list[
             continue
         for ticked in _TICKED.findall(line):
             for word in ticked.split():
-                if _REPO_PATH.match(word) and not (root / word).exists():
+                if (_REPO_PATH.match(word) and not (root / word).exists()
+                        and "__pycache__" not in word):  # a folder made by running the code
                     found.append(f"{name}:{n + 1}: `{word}` does not exist")
         for _, target in _LINK.findall(line):
             if re.match(r"^[a-z]+:", target):
