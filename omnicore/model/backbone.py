@@ -225,7 +225,8 @@ def linear(x, w, out=None, precision: str = "fp32"):
 def linears(x, ws, outs, precision: str = "fp32"):
     """`linear` of one input x [M, in] by each projection of ws into the matching buffer of
     outs (q/k/v; gate/up): under int8 x is quantised once for all of them (the same codes and
-    scales each `linear` would make)."""
+    scales each `linear` would make).
+    The fast form of the projections of `spec.layer` that read the same input."""
     if isinstance(ws[0], Int8Weight):
         x = quantize_activations(x)  # [M, in] -> its int8 codes and scales, packed
     for w, out in zip(ws, outs):
