@@ -117,7 +117,10 @@ def test_ray_batch_equals_the_local_batch(ray, tmp_path):
         assert diff.max() <= 1 and np.count_nonzero(diff) < a.size // 100, row["id"]
     _assert_complete(tmp_path / "ray", [r["id"] for r in rows])
     recs = _manifest(tmp_path / "ray")
-    assert len({r["worker"] for r in recs}) == 2  # both actors worked
+    # Jobs go to whichever actor is free: a slow-starting actor may get none of 12 short jobs,
+    # so "both worked" would hold by chance. Each job names one of the two actors.
+    workers = {r["worker"].split("@")[0] for r in recs}
+    assert workers and workers <= {"w0", "w1"}, workers
     for r in recs:
         assert r["error"] is None and r["compute_seconds"] > 0 and r["line"] >= 1
 
