@@ -7,6 +7,7 @@ command whose ratios come from one process (the sides alternate, so a busy machi
     python3 benchmarks/bench_int8.py heads     [--model DIR] [--seconds 5]
     python3 benchmarks/bench_int8.py agreement [--model DIR] [--steps 16] [--seconds 4] [--heads]
     python3 benchmarks/bench_int8.py timeline  [--model DIR] --precision fp32|int8 [--reps 2]
+    python3 benchmarks/bench_int8.py budget    [--model DIR] [--precision int8] [--budgets 3.5,2.0,1.5]
 
 --model defaults to $OMNICORE_BENCH_MODEL, else checkpoints/full. Every line prints the load
 average before and after it: on a shared machine the ratios hold better than the times.
@@ -36,6 +37,12 @@ timeline   `omnicore wyoming --precision P` at its default profile (live), a thr
            reply of about 12 s sent whole (`synthesize`, default voice): when each audio chunk
            arrives; playing them back to back from the first, the silences a listener hears
            between chunks (the gap time), first audio, the whole reply. Goal (int8): gaps <= 12 s.
+budget     the trade the live profile makes in chunk 0, in this process (`model.stream`, the
+           doors' default voice `alloy` made here, the timeline's reply): for each
+           first_audio_seconds in --budgets (chunk 0's unmasking budget; live's is 3.5), chunk
+           0's frames, first audio, the gaps and the whole reply, the budgets in turn, --reps
+           rounds. A smaller budget brings the first audio forward and leaves the later chunks
+           less speech to hide behind.
 """
 
 from __future__ import annotations
@@ -355,9 +362,45 @@ def cmd_timeline(args):
         stop(proc)
 
 
+def cmd_budget(args):
+    from omnicore.apps.server.voices import DOOR_VOICE, PRESET_VOICES, designed_voice
+    from omnicore.model.config import GenerationConfig
+
+    m = load(args.model, args.precision)
+    say(f"# chunk 0's budget against first audio and gaps ({args.model}, precision "
+        f"{args.precision}, live, `{DOOR_VOICE}`, in process); {load_line()}")
+    prompt = designed_voice(m, *PRESET_VOICES[DOOR_VOICE])
+    budgets = [float(b) for b in args.budgets.split(",")]
+
+    def reply(budget):
+        gen = GenerationConfig.for_profile("live", first_audio_seconds=budget)
+        s = m.stream(REPLY, voice_clone_prompt=prompt, generation_config=gen)
+        t0, pieces = time.perf_counter(), []
+        for piece in s:
+            pieces.append((time.perf_counter() - t0, len(piece) / m.sampling_rate))
+        return s.chunk_stats[0]["frames"], pieces, time.perf_counter() - t0
+
+    reply(budgets[0])  # warm-up: kernels compiled, pages touched
+    rows = {b: [] for b in budgets}
+    for rep in range(args.reps):
+        for b in budgets:
+            frames, pieces, end = reply(b)
+            gaps, count, audio = playback(pieces)
+            rows[b].append((pieces[0][0], gaps, end))
+            say(f"round {rep + 1}, budget {b:g} s: chunk 0 {frames} frames, first audio "
+                f"{pieces[0][0]:.2f} s, {gaps:.1f} s of silence in {count} gaps, whole reply "
+                f"{end:.1f} s ({audio:.1f} s of audio); {load_line()}")
+    say("\n| first_audio_seconds | first audio (median) | gaps (median) | whole reply |")
+    say("|---:|---:|---:|---:|")
+    for b, r in rows.items():
+        med = [statistics.median(x) for x in zip(*r)]
+        say(f"| {b:g} | {med[0]:.2f} s | {med[1]:.1f} s | {med[2]:.1f} s |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("step", "accuracy", "heads", "agreement", "timeline"))
+    p.add_argument("what", choices=("step", "accuracy", "heads", "agreement", "timeline",
+                                      "budget"))
     p.add_argument("--model", default=os.environ.get("OMNICORE_BENCH_MODEL",
                                                      str(ROOT / "checkpoints" / "full")))
     p.add_argument("--reps", type=int, default=None)
@@ -365,15 +408,17 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=None)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--precision", default="int8", choices=("fp32", "int8"))
+    p.add_argument("--budgets", default="3.5,2.0,1.5",
+                   help="budget: the first_audio_seconds values to compare")
     p.add_argument("--heads", action="store_true",
                    help="agreement: also int8 with the audio heads quantised")
     args = p.parse_args()
     if args.reps is None:
-        args.reps = {"step": 9, "timeline": 2}.get(args.what, 1)
+        args.reps = {"step": 9, "timeline": 2, "budget": 2}.get(args.what, 1)
     if args.seconds is None:
         args.seconds = {"agreement": 4.0}.get(args.what, 5.0)
     {"step": cmd_step, "accuracy": cmd_accuracy, "heads": cmd_heads, "agreement": cmd_agreement,
-     "timeline": cmd_timeline}[args.what](args)
+     "timeline": cmd_timeline, "budget": cmd_budget}[args.what](args)
 
 
 if __name__ == "__main__":
