@@ -314,6 +314,40 @@ def test_voice_affinity_loads_each_prompt_at_most_once_per_replica(ray_server):
     assert _metric(text, "omnicore_cluster_voice_hit_rate")[""] >= 0.8
 
 
+def _thread_nices(pid: int) -> set[int]:
+    """The niceness of each thread of process `pid` (/proc: a thread's priority is its own)."""
+    out = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            out.add(int((task / "stat").read_text().rpartition(")")[2].split()[16]))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads threads from /proc")
+def test_a_replica_runs_at_the_single_servers_priority_and_threads(ray_server):
+    """Ray starts its workers at nice 15: a replica's engine there gave its cores to any other
+    work, and its BLAS threads, which meet at every GEMM, stalled whenever one was put aside.
+    Every thread of each replica runs at the priority of a process started from here (as
+    `omnicore serve` would), with its pools sized as --cpus-per-replica says (1 here)."""
+    from omnicore.apps.cluster import actor_env
+
+    url, seen = ray_server
+    deadline = time.monotonic() + 60  # a replica says hello to the tally once it is up
+    while len(pids := _replica_pids(url)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    seen.update(pids.values())
+    assert len(pids) == 2, pids
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    pools = {k: v for k, v in actor_env(1).items() if k.endswith("_THREADS")}
+    for replica, pid in pids.items():
+        assert _thread_nices(pid) == {mine}, (replica, _thread_nices(pid))
+        env = dict(kv.split("=", 1) for kv in
+                   Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
+        assert {k: env.get(k) for k in pools} == pools, replica
+
+
 # Serve's proxy's own request id (a client's X-Request-Id aside): a UUID
 SERVE_REQUEST_ID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 

@@ -323,12 +323,21 @@ def job_line(done: int, total: int, what: str, outcome: str, audio_s: float, eta
     return f"[{done}/{total}] {what}: {outcome} | {audio_s:.1f} s of audio in all | ETA {eta}"
 
 
+# Ray starts its worker processes at nice 15 (its worker_niceness), below every ordinary
+# process: an engine there loses its cores to any other work, and its two BLAS threads, which
+# meet at every GEMM, stall whenever one is put aside. A worker with this variable in its
+# environment keeps the priority it was started with, as `omnicore serve` runs (Ray's own job
+# supervisor sets it so for the same reason).
+RAY_NICENESS = {"RAY_worker_niceness": "0"}
+
+
 def actor_env(threads: int) -> dict:
     """Environment of a worker process: every thread pool sized to its CPUs, set before numpy
-    and Numba load (only there: the driver's own process is left as it is)."""
+    and Numba load (only there: the driver's own process is left as it is), and the process's
+    priority an ordinary one's (RAY_NICENESS)."""
     n = str(threads)
     return {"OMNICORE_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n,
-            "MKL_NUM_THREADS": n, "NUMBA_NUM_THREADS": n}
+            "MKL_NUM_THREADS": n, "NUMBA_NUM_THREADS": n, **RAY_NICENESS}
 
 
 def check_sizes(workers: int | None, threads: int | None) -> None:
