@@ -686,12 +686,19 @@ class Page:
                             f"//button[@role='tab' and normalize-space()='{name}']").click()
 
     def type(self, selector: str, text: str) -> None:
+        """Replace the field's text as a person who pastes all but its last character and
+        types that one: the browser inserts the paste in one input event (typed key by key,
+        every keystroke is a change the page answers with several requests: seconds of a busy
+        page for one sentence), and the last key is a real keystroke (gradio's `input` event
+        follows keys)."""
         from selenium.webdriver.common.keys import Keys
 
         box = self.css(selector)
         box.send_keys(Keys.CONTROL, "a")
         box.send_keys(Keys.DELETE)
-        box.send_keys(text)
+        if len(text) > 1:
+            self.d.execute_cdp_cmd("Input.insertText", {"text": text[:-1]})  # the focused field
+        box.send_keys(text[-1:])
         box.send_keys(Keys.TAB)  # commit, as leaving the field does
 
     def pick(self, picker: str, label: str) -> None:
