@@ -1,7 +1,8 @@
 """Fixtures shared by several test modules: the tiny checkpoint's backbone config and params;
 the rule for test inputs that may be missing (`missing`, `require_file`, `require_module`);
 servers started as child processes (`free_port`, `start_server`, `start_wyoming`,
-`spawn_omnicore`, `wait_until_serving`, `stop_process`), a private user data folder for the
+`spawn_omnicore`, `wait_until_serving`, `stop_process`, and the demo for the session:
+`demo_server`), a private user data folder for the
 session (`private_data_home`); the Python examples of a page of
 docs/ (`doc_examples`); and a virtual environment that sees the running interpreter's
 packages (`make_venv`). It also chooses hypothesis's profile (below)."""
@@ -284,6 +285,48 @@ def stop_process(proc, seconds: float = 20) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def examples_made(cache: Path) -> int:
+    """Examples in gradio's cache folder: a line per example made, in each Examples' indices."""
+    return sum(len(p.read_text().split()) for p in cache.glob("*/indices.csv"))
+
+
+@pytest.fixture(scope="session")
+def demo_server(tmp_path_factory):
+    """The Gradio demo (demo/app.py) on the tiny checkpoint, started as a user starts it, with
+    two synthesis slots: one for the session (test_demo.py drives it; test_api_validation.py
+    asks it to refuse what the API refuses). (url, examples made when it first answered,
+    gradio's examples cache folder, its log); the log is shown if it ends badly."""
+    from types import SimpleNamespace
+
+    root = Path(__file__).resolve().parents[1]
+    assert (TINY / "config.json").is_file(), f"tiny checkpoint missing at {TINY}"
+    port = free_port()
+    folder = tmp_path_factory.mktemp("demo-server")
+    log_path = folder / "server.log"
+    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1",
+               PYTHONUNBUFFERED="1", OMNICORE_MODEL="k2-fsa/OmniVoice",  # --model must win
+               GRADIO_EXAMPLES_CACHE=str(folder / "examples"),
+               # its own upload folder: another gradio process on the machine that copied the
+               # same example file (same content, same folder) deletes it when it exits
+               GRADIO_TEMP_DIR=str(folder / "uploads"))
+    env.pop("GRADIO_SERVER_NAME", None)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(root / "demo" / "app.py"), "--model", str(TINY), "--host",
+             "127.0.0.1", "--port", str(port), "--concurrency", "2", "--max-queue", "8"],
+            cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        # model load + the start-up synthesis that compiles the kernels
+        wait_until_serving(proc, url + "/gradio_api/info", 300, "the demo", log_path.read_text)
+        yield SimpleNamespace(url=url, examples=examples_made(folder / "examples"),
+                              cache=folder / "examples", log=log_path)
+    finally:
+        stop_process(proc)
+    if proc.returncode not in (0, -15, 143):
+        print(log_path.read_text()[-4000:])
 
 
 HOUSE = "house"  # the library voice of `house_voices`

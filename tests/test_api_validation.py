@@ -8,8 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -17,7 +15,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from conftest import free_port, stop_process, wait_until_serving
 
 from omnicore import OmniVoice, VoiceClonePrompt
 from omnicore.text import limits
@@ -327,22 +324,10 @@ def test_long_codes_are_decoded_in_windows(model, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def demo_client(tmp_path_factory):
+def demo_client(demo_server):
+    """A client of the session's demo (conftest.demo_server, which test_demo.py drives)."""
     gradio_client = pytest.importorskip("gradio_client")
-    port = free_port()
-    log = tmp_path_factory.mktemp("demo") / "server.log"
-    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1")
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "demo" / "app.py"), "--model",
-                                 str(TINY), "--host", "127.0.0.1", "--port", str(port),
-                                 "--no-warmup"], cwd=ROOT, env=env, stdout=fh,
-                                stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_serving(proc, url + "/gradio_api/info", 180, "the demo", log.read_text)
-        yield gradio_client.Client(url, verbose=False)
-    finally:
-        stop_process(proc, 30)
+    return gradio_client.Client(demo_server.url, verbose=False)
 
 
 def _demo_error(client, **kwargs) -> str:

@@ -209,6 +209,18 @@ def _cached_rows(cfg, batch):
     return ids, mask, lengths, T, caches
 
 
+def _targets_alone(cfg, ids, mask, lengths, T, caches):
+    """The rows of `_cached_rows` as the prompt cache reads them: each conditional row's
+    targets alone (after its cached prompt), the unconditional rows whole; (ids, mask, packing)."""
+    B = len(T)
+    starts = np.cumsum([0] + lengths[:-1])
+    cols = np.concatenate([np.arange(s + lengths[b] - T[b], s + lengths[b]) for b, s in
+                           enumerate(starts[:B])] + [np.arange(s, s + L) for s, L in
+                                                     zip(starts[B:], lengths[B:])])
+    offsets = [lengths[b] - T[b] for b in range(B)] + [0] * B
+    return ids[:, cols], mask[cols], bb.make_packing(T + lengths[B:], cfg, offsets, caches)
+
+
 @pytest.mark.parametrize("device_attention", [False, True])
 def test_targets_alone_on_the_kept_prompt_equal_the_whole_row(params, cfg, batch, monkeypatch,
                                                               device_attention):
@@ -227,17 +239,12 @@ def test_targets_alone_on_the_kept_prompt_equal_the_whole_row(params, cfg, batch
     B = len(T)
     assert all((np.abs(c.k).max(axis=(1, 2)) > 0).all() for c in caches[:B])  # every layer's prompt kept
     # The conditional rows' targets alone (after their prompts), the unconditional rows whole
-    starts = np.cumsum([0] + lengths[:-1])
-    cols = np.concatenate([np.arange(s + lengths[b] - T[b], s + lengths[b]) for b, s in
-                           enumerate(starts[:B])] + [np.arange(s, s + L) for s, L in
-                                                     zip(starts[B:], lengths[B:])])
-    offsets = [lengths[b] - T[b] for b in range(B)] + [0] * B
-    pack = bb.make_packing(T + lengths[B:], cfg, offsets, caches)
-    reading = bb.forward_rows(params, cfg, ids[:, cols], mask[cols], pack, T * 2)
+    reading = bb.forward_rows(params, cfg, *_targets_alone(cfg, ids, mask, lengths, T, caches),
+                              T * 2)
     for r, (a, b) in enumerate(zip(reading, whole)):
         assert rel_err(a, b) <= 5e-6, r  # measured: equal here (BLAS may round other shapes otherwise)
     with pytest.raises(ValueError, match="without a prompt cache"):
-        bb.make_packing(T, cfg, offsets[:B])
+        bb.make_packing(T, cfg, [lengths[b] - T[b] for b in range(B)])
 
 
 def test_attention_is_bidirectional(params, cfg, batch):
@@ -530,13 +537,7 @@ def test_the_int8_profile_keeps_the_prompt_cache_exact(cfg, batch):
                               T * 2)
     for a, b in zip(writing, whole):
         np.testing.assert_array_equal(a, b)
-    B = len(T)
-    starts = np.cumsum([0] + lengths[:-1])
-    cols = np.concatenate([np.arange(s + lengths[b] - T[b], s + lengths[b]) for b, s in
-                           enumerate(starts[:B])] + [np.arange(s, s + L) for s, L in
-                                                     zip(starts[B:], lengths[B:])])
-    offsets = [lengths[b] - T[b] for b in range(B)] + [0] * B
-    pack = bb.make_packing(T + lengths[B:], cfg, offsets, caches)
-    reading = bb.forward_rows(params, cfg, ids[:, cols], mask[cols], pack, T * 2)
+    reading = bb.forward_rows(params, cfg, *_targets_alone(cfg, ids, mask, lengths, T, caches),
+                              T * 2)
     for r, (a, b) in enumerate(zip(reading, whole)):
         assert rel_err(a, b) <= 5e-6, r

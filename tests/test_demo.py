@@ -1,8 +1,8 @@
 """The Gradio demo (demo/app.py), run for real on the tiny random checkpoint.
 
-One app server is started per module, on 127.0.0.1 and a free port, exactly as a user would
-start it (`python demo/app.py --model weights/tiny-random`), with two synthesis slots
-(`--concurrency 2`) so that two requests really run at once. It is then driven two ways:
+One app server is started for the session (conftest.demo_server), on 127.0.0.1 and a free
+port, exactly as a user would start it (`python demo/app.py --model weights/tiny-random`), with
+two synthesis slots (`--concurrency 2`) so that two requests really run at once. It is then driven two ways:
   * through `gradio_client`, the API a Hugging Face Space exposes (every tab is an endpoint);
   * from a real headless Chromium (Debian's `chromium` + `chromium-driver`, through selenium):
     fill each tab, generate, check that the page shows a playable WAV and the unmasking view,
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import free_port, missing, stop_process, wait_until_serving
+from conftest import examples_made, missing
 import soundfile as sf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,6 @@ CKPT = ROOT / "weights" / "tiny-random"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 STEPS = 4  # few unmasking steps keep every request short; the picture still has 4 colours
-SERVER_START_S = 300  # model load + the start-up synthesis that compiles the kernels
 REQUEST_S = 120
 
 
@@ -66,43 +65,15 @@ ONE_PIECE = dict(stream=False)  # the unmasking view exists only for a run in on
 # ------------------------------------------------------------------------------------------------
 
 
-def _examples_made(cache: Path) -> int:
-    """Examples in gradio's cache folder: a line per example made, in each Examples' indices."""
-    return sum(len(p.read_text().split()) for p in cache.glob("*/indices.csv"))
-
-
-STARTED: dict = {}  # what the module's server had done when it first answered
+STARTED: dict = {}  # what the demo had done when it first answered
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """Base URL of a running demo on the tiny checkpoint; the server log is shown on failure."""
-    assert (CKPT / "config.json").is_file(), f"tiny checkpoint missing at {CKPT}"
-    port = free_port()
-    folder = tmp_path_factory.mktemp("demo-server")
-    log_path = folder / "server.log"
-    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1",
-               PYTHONUNBUFFERED="1", OMNICORE_MODEL="k2-fsa/OmniVoice",  # --model must win
-               GRADIO_EXAMPLES_CACHE=str(folder / "examples"),
-               # its own upload folder: another gradio process on the machine that copied the
-               # same example file (same content, same folder) deletes it when it exits
-               GRADIO_TEMP_DIR=str(folder / "uploads"))
-    env.pop("GRADIO_SERVER_NAME", None)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(APP), "--model", str(CKPT), "--host", "127.0.0.1",
-             "--port", str(port), "--concurrency", "2", "--max-queue", "8"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_serving(proc, url + "/gradio_api/info", SERVER_START_S, "the demo", log_path.read_text)
-        STARTED.update(examples=_examples_made(folder / "examples"), cache=folder / "examples",
-                       log=log_path)
-        yield url
-    finally:
-        stop_process(proc)
-    if proc.returncode not in (0, -15, 143):
-        print(log_path.read_text()[-4000:])
+def server(demo_server):
+    """Base URL of the running demo on the tiny checkpoint (conftest.demo_server: one for the
+    session, which test_api_validation's refusals share)."""
+    STARTED.update(examples=demo_server.examples, cache=demo_server.cache, log=demo_server.log)
+    return demo_server.url
 
 
 @pytest.fixture(scope="module")
@@ -585,7 +556,7 @@ def test_the_examples_are_made_before_the_page_is_served(server):
     """A visitor who comes as soon as the demo answers never shares the cores with the
     examples being made: they were all made before the server listened (a Space reports
     ready when its port answers), and gradio found them in its cache at launch."""
-    made = _examples_made(STARTED["cache"])
+    made = examples_made(STARTED["cache"])
     assert made >= 3 and STARTED["examples"] == made, (STARTED, made)
     log = STARTED["log"].read_text()
     assert log.rindex("Caching examples at") < log.index("Running on local URL") < log.index(
@@ -715,12 +686,19 @@ class Page:
                             f"//button[@role='tab' and normalize-space()='{name}']").click()
 
     def type(self, selector: str, text: str) -> None:
+        """Replace the field's text as a person who pastes all but its last character and
+        types that one: the browser inserts the paste in one input event (typed key by key,
+        every keystroke is a change the page answers with several requests: seconds of a busy
+        page for one sentence), and the last key is a real keystroke (gradio's `input` event
+        follows keys)."""
         from selenium.webdriver.common.keys import Keys
 
         box = self.css(selector)
         box.send_keys(Keys.CONTROL, "a")
         box.send_keys(Keys.DELETE)
-        box.send_keys(text)
+        if len(text) > 1:
+            self.d.execute_cdp_cmd("Input.insertText", {"text": text[:-1]})  # the focused field
+        box.send_keys(text[-1:])
         box.send_keys(Keys.TAB)  # commit, as leaving the field does
 
     def pick(self, picker: str, label: str) -> None:

@@ -329,7 +329,7 @@ def test_sigterm_drains_then_stops_and_exits(tmp_path):
     finishes within --grace gets its audio; what is still running after it is stopped with the
     error shape (a JSON 503, an SSE error event) or, a raw audio stream, cut without a
     traceback in the log; then the process exits, its worker threads done."""
-    grace = 20
+    grace = 10  # the short request (8 steps, beside four endless ones) ends in about 2 s
     log = tmp_path / "server.log"
     proc, url = start_server(tmp_path / "voices", "--grace", str(grace), "--metrics-public",
                              log_path=log)
@@ -363,7 +363,7 @@ def test_sigterm_drains_then_stops_and_exits(tmp_path):
         ("whole", {**endless, "response_format": "flac"}),  # a whole file, not a stream
         ("sse", {**endless, "response_format": "pcm", "stream_format": "sse"}),
         ("raw", {**endless, "response_format": "pcm", "stream_format": "audio"}),
-        ("short", {"input": "Hello there.", "response_format": "wav", "num_step": 32,
+        ("short", {"input": "Hello there.", "response_format": "wav", "num_step": 8,
                    "position_temperature": 0.0}))]
     threads.insert(2, threading.Thread(target=agent, daemon=True))
     try:
