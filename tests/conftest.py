@@ -300,7 +300,7 @@ def demo_server(tmp_path_factory):
     gradio's examples cache folder, its log); the log is shown if it ends badly."""
     from types import SimpleNamespace
 
-    root = Path(__file__).resolve().parents[1]
+    root = TINY.parents[1]
     assert (TINY / "config.json").is_file(), f"tiny checkpoint missing at {TINY}"
     port = free_port()
     folder = tmp_path_factory.mktemp("demo-server")

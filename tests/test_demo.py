@@ -65,14 +65,10 @@ ONE_PIECE = dict(stream=False)  # the unmasking view exists only for a run in on
 # ------------------------------------------------------------------------------------------------
 
 
-STARTED: dict = {}  # what the demo had done when it first answered
-
-
 @pytest.fixture(scope="module")
 def server(demo_server):
     """Base URL of the running demo on the tiny checkpoint (conftest.demo_server: one for the
     session, which test_api_validation's refusals share)."""
-    STARTED.update(examples=demo_server.examples, cache=demo_server.cache, log=demo_server.log)
     return demo_server.url
 
 
@@ -552,13 +548,13 @@ def test_each_run_shows_the_estimate_made_before_it(client, stream):
 
 
 @pytest.mark.subprocess
-def test_the_examples_are_made_before_the_page_is_served(server):
+def test_the_examples_are_made_before_the_page_is_served(demo_server):
     """A visitor who comes as soon as the demo answers never shares the cores with the
     examples being made: they were all made before the server listened (a Space reports
     ready when its port answers), and gradio found them in its cache at launch."""
-    made = examples_made(STARTED["cache"])
-    assert made >= 3 and STARTED["examples"] == made, (STARTED, made)
-    log = STARTED["log"].read_text()
+    made = examples_made(demo_server.cache)
+    assert made >= 3 and demo_server.examples == made, (demo_server, made)
+    log = demo_server.log.read_text()
     assert log.rindex("Caching examples at") < log.index("Running on local URL") < log.index(
         "Using cache from"), log
 
@@ -1110,7 +1106,8 @@ def test_browser_stop_ends_a_long_run_within_one_step(server, browser, artefacts
 
 @pytest.mark.subprocess
 @pytest.mark.browser
-def test_browser_error_lines_name_no_path_or_command(server, browser, artefacts, ref_wav):
+def test_browser_error_lines_name_no_path_or_command(server, browser, artefacts, ref_wav,
+                                                   demo_server):
     """A file that is no voice file is one line on its field, in the page's words, with no
     server path and no command; a 0.2 s clip and a transcript too long for a clip are warned
     about in the page's words, and the voice is still made."""
@@ -1152,5 +1149,5 @@ def test_browser_error_lines_name_no_path_or_command(server, browser, artefacts,
     said = toasts()
     assert "The clip is 0.2 s long" in said and "3-10 s" in said, said
     assert "The transcript looks too long" in said, said
-    assert "busy" not in said, STARTED["log"].read_text()[-3000:]
+    assert "busy" not in said, demo_server.log.read_text()[-3000:]
     page.screenshot("9-clip-warnings")
