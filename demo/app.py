@@ -578,13 +578,16 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
             picker.change(visitor.compose_instruct, pickers, instruct, **private)
         # The description's line says what was understood; a problem shows on the field itself
         # (the validator), live and again on Generate, in one place. API callers ask
-        # /check_instruct for either.
+        # /check_instruct for either. Gradio wipes a field's message when any answer to an
+        # event that reads the field arrives, so each such event is chained to the live check:
+        # the last answer is always a check's (else a slow estimate erases what it just said).
         gr.api(visitor.check_instruct, api_name="check_instruct")
+        live_check = dict(fn=lambda i, t: None, inputs=[instruct, design_text], outputs=None,
+                          validator=lambda i, t: [_check(visitor.read_instruct(i, t)[2]), ok],
+                          **private)
         described = [instruct.change, design_text.change]
         gr.on(described, visitor.instruct_status, [instruct, design_text], instruct_line,
-              **private)
-        gr.on(described, lambda i, t: None, [instruct, design_text], None, **private,
-              validator=lambda i, t: [_check(visitor.read_instruct(i, t)[2]), ok])
+              **private).then(**live_check)
 
         streamed.change(one_player, streamed, players, **private)
         # Quality presets set the steps and the profile; settings no preset has clear the preset.
@@ -599,7 +602,7 @@ def build_demo(model, model_name: str = DEFAULT_MODEL, concurrency: int = DEFAUL
                           auto_text]
             gr.on([c.change for c in tab_inputs + settings] + [demo.load], waits,
                   tab_inputs + settings, [clone_wait, design_wait, auto_wait],
-                  trigger_mode="always_last", queue=False, **private)
+                  trigger_mode="always_last", queue=False, **private).then(**live_check)
 
         # Examples: made once at start-up with the page's defaults, then played from the cache.
         shown = [audio_out, wave_img, unmask_img, timings]
