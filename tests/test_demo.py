@@ -1164,7 +1164,7 @@ def test_browser_error_lines_name_no_path_or_command(server, browser, artefacts,
     line = "This voice file cannot be read: use a .npz file saved by this page."
     page.wait(30).until(lambda d: line in page.css("#voice-file").text)
     body = page.page_text()
-    assert body.count(line) == 1
+    assert page.times_shown(line) == 1, body
     assert "/tmp" not in body and str(artefacts) not in body and "clone-prompt" not in body
     _visitor_worded(line)
     page.screenshot("8-error-line")
