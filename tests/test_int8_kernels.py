@@ -335,3 +335,32 @@ def test_an_avx_vnni_only_cpu_takes_the_256_bit_path(tmp_path):
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == "ok vnni256"
+
+
+_AMX_REFUSED = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+from bench_int8_gemm import refuse_amx  # a seccomp filter: arch_prctl's tile request -> EPERM
+refuse_amx()
+import numpy as np
+from omnicore.model import int8_kernels as I
+assert "amx" not in I.paths() and I.path() == I.paths()[0], I.paths()
+rng = np.random.default_rng(0)
+x = rng.standard_normal((40, 130)).astype(np.float32)
+w8 = I.quantize_weight(rng.standard_normal((45, 130)).astype(np.float32))
+assert np.array_equal(I.int8_linear(x, w8), I.int8_linear_plain(x, w8))
+print("ok", I.path())
+"""
+
+
+@pytest.mark.subprocess
+def test_a_process_linux_refuses_the_tile_state_takes_the_next_path():
+    # The CPU and the compiler have AMX, but the process may not use it (a seccomp filter, as
+    # some containers have): asking fails, and the path choice goes on to VNNI, not to a SIGILL.
+    if "amx" not in I.paths():
+        pytest.skip(f"this machine runs no AMX path ({I.paths()})")
+    bench = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks")
+    r = subprocess.run([sys.executable, "-c", _AMX_REFUSED, bench], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == f"ok {I.paths()[1]}"
