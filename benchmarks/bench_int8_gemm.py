@@ -10,18 +10,19 @@ down (3072 -> 1024), and their sum over one layer's seven products. Columns:
   MLAS int8       ONNX Runtime's MatMulInteger, u8 activations x s8 weights -> int32, the
                   weights a constant initializer (prepacked by ORT), the activations already
                   quantised: the bare product. Where the CPU has AMX-int8 (Sapphire Rapids
-                  and later) MLAS takes its AMX kernel, a unit omnicore does not use; so it runs
-                  twice: "MLAS AMX" as it comes, and "MLAS VNNI" with the AMX permission request
-                  refused (a seccomp filter makes arch_prctl(ARCH_REQ_XCOMP_PERM) fail, and MLAS
-                  falls back to its AVX512-VNNI kernel): the like-for-like yardstick
+                  and later) MLAS and omnicore take their AMX kernels; so each runs twice:
+                  "AMX" as it comes, and "VNNI" with the AMX permission request refused (a
+                  seccomp filter makes arch_prctl(ARCH_REQ_XCOMP_PERM) fail, and both fall back
+                  to their AVX512-VNNI kernels): the like-for-like yardstick of a CPU without AMX
   omnicore int8   int8_kernels.int8_linear: float32 in, float32 out, with the activations'
                   quantisation, the scales and the tails
   omnicore bare   int8_kernels.int8_matmul: int8 codes in, int32 out (packing of A included)
-One child process per thread count holds numpy, MLAS VNNI and omnicore side by side and times
-them in turn, shape by shape, --rounds times over, each cell keeping its fastest burst of 4
-calls: a busy spell of a shared machine falls on every column alike, so the ratios hold where
-the absolute rates do not. MLAS AMX runs in a second child (a process either may or may not
-use AMX). MLAS's product is checked equal to omnicore's. onnxruntime is imported here only.
+One child process per thread count holds numpy, MLAS VNNI and omnicore VNNI side by side and
+times them in turn, shape by shape, --rounds times over, each cell keeping its fastest burst of
+4 calls: a busy spell of a shared machine falls on every column alike, so the ratios hold where
+the absolute rates do not. MLAS AMX and omnicore AMX run in a second child (a process either
+may or may not use AMX). MLAS's product is checked equal to omnicore's. onnxruntime is
+imported here only.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ M = 300
 SHAPES = [("q", 1024, 2048), ("k/v", 1024, 1024), ("o", 2048, 1024), ("gate/up", 1024, 3072),
           ("down", 3072, 1024)]
 LAYER = {"q": 1, "k/v": 2, "o": 1, "gate/up": 2, "down": 1}  # products per layer of each shape
-COLUMNS = ("numpy", "mlas_amx", "mlas", "omnicore", "bare")
+COLUMNS = ("numpy", "mlas", "omnicore", "bare", "mlas_amx", "omnicore_amx", "bare_amx")
 HEAD = {"numpy": "numpy fp32", "mlas_amx": "MLAS AMX", "mlas": "MLAS VNNI", "omnicore": "omnicore int8",
-        "bare": "omnicore bare"}
+        "bare": "omnicore bare", "omnicore_amx": "omnicore int8 AMX", "bare_amx": "omnicore bare AMX"}
 
 
 # --- a one-node ONNX model, encoded by hand (the `onnx` package is not needed) ----------------
@@ -126,10 +127,11 @@ def child(group: str, threads: int, path: str | None, rounds: int) -> dict:
     from omnicore.model import int8_kernels as I
 
     settings.configure(threads=threads, parallel_kernels=threads > 1)
+    if group == "side":
+        refuse_amx()  # before onnxruntime loads (MLAS asks for AMX once, at its start) and
+        # before omnicore chooses its path
     if path:
         I.force_path(path)
-    if group == "side":
-        refuse_amx()  # before onnxruntime loads: MLAS asks for AMX once, at its start
     import onnxruntime as ort
 
     rng = np.random.default_rng(0)
@@ -143,16 +145,15 @@ def child(group: str, threads: int, path: str | None, rounds: int) -> dict:
                                     providers=["CPUExecutionProvider"])
         a = (I.quantize_rows(x)[0].astype(np.int16) + 128).astype(np.uint8)
         mlas = (lambda sess=sess, a=a: sess.run(None, {"A": a}))
-        if group == "amx":
-            runs["mlas_amx", name] = mlas
-            continue
         w8, xq = I.quantize_weight(w), I.quantize_rows(x)[0]
         wt, out, y = np.ascontiguousarray(w.T), np.empty((M, n), np.float32), np.empty((M, n), np.float32)
         assert np.array_equal(mlas()[0], I.int8_matmul(xq, w8))  # the same exact product
-        runs["numpy", name] = lambda x=x, wt=wt, out=out: np.matmul(x, wt, out=out)
-        runs["mlas", name] = mlas
-        runs["omnicore", name] = lambda x=x, w8=w8, y=y: I.int8_linear(x, w8, y)
-        runs["bare", name] = lambda xq=xq, w8=w8: I.int8_matmul(xq, w8)
+        tag = "_amx" if group == "amx" else ""
+        if not tag:
+            runs["numpy", name] = lambda x=x, wt=wt, out=out: np.matmul(x, wt, out=out)
+        runs["mlas" + tag, name] = mlas
+        runs["omnicore" + tag, name] = lambda x=x, w8=w8, y=y: I.int8_linear(x, w8, y)
+        runs["bare" + tag, name] = lambda xq=xq, w8=w8: I.int8_matmul(xq, w8)
     best = {key: float("inf") for key in runs}
     for _ in range(rounds):
         for key, fn in runs.items():
@@ -183,7 +184,7 @@ def main() -> None:
         return
     repo = str(Path(__file__).resolve().parent.parent)
     best: dict = {}
-    path = "?"
+    path = {}
     for threads in (int(t) for t in args.threads.split(",")):
         for group in ("side", "amx"):
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]),
@@ -192,21 +193,22 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--child", group, str(threads), "--rounds", str(args.rounds)]
             res = json.loads(subprocess.run(cmd + (["--path", args.path] if args.path else []), env=env,
                                             check=True, capture_output=True, text=True).stdout)
-            path = res["path"] if group == "side" else path
+            path[group] = res["path"]
             for column, rates in res["rates"].items():
                 best[threads, column] = rates
     print(f"int8 GEMMs, M = {M} rows, GOP/s (fastest burst of {args.rounds} rounds); omnicore's path: "
-          f"{path}; load average at the end {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+          f"{path['side']} (AMX refused), {path['amx']} (as it comes); load average at the end "
+          f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print("| threads | shape (K -> N) | " + " | ".join(HEAD[c] for c in COLUMNS)
-          + " | omnicore / MLAS VNNI | / MLAS AMX | omnicore / numpy |")
+          + " | omnicore / MLAS, VNNI | omnicore / MLAS, AMX | omnicore AMX / numpy |")
     print("|---:|---|" + "---:|" * (len(COLUMNS) + 3))
     for threads in (int(t) for t in args.threads.split(",")):
         rows = [(f"{name} ({k} -> {n})", {c: best[threads, c][name] for c in COLUMNS}) for name, k, n in SHAPES]
         rows.append(("**one layer's 7 products**", {c: _layer_rate(best[threads, c]) for c in COLUMNS}))
         for label, r in rows:
             print(f"| {threads} | {label} | " + " | ".join(f"{r[c]:.0f}" for c in COLUMNS)
-                  + f" | {r['omnicore'] / r['mlas']:.2f}x | {r['omnicore'] / r['mlas_amx']:.2f}x"
-                  + f" | {r['omnicore'] / r['numpy']:.1f}x |")
+                  + f" | {r['omnicore'] / r['mlas']:.2f}x | {r['omnicore_amx'] / r['mlas_amx']:.2f}x"
+                  + f" | {r['omnicore_amx'] / r['numpy']:.1f}x |")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ are skipped with the reason; their generated code is still checked for the instr
 microkernel's IR compiled for a core that has it)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -28,7 +29,8 @@ def path(request):
     name = request.param
     if name not in I.paths():
         pytest.skip(f"the {name} path cannot run here: this machine's compiler has no "
-                    f"{'dot-product' if name == 'sdot' else 'VNNI'} instruction for it ({I.paths()})")
+                    f"{ {'sdot': 'dot-product', 'amx': 'AMX tile'}.get(name, 'VNNI')} instruction "
+                    f"for it ({I.paths()})")
     I.force_path(name)
     yield name
     I.force_path(None)
@@ -211,11 +213,11 @@ def test_packed_weight_holds_the_plain_codes_and_counts_its_bytes():
     w = rng.standard_normal((45, 70)).astype(np.float32)
     w8 = I.quantize_weight(w)
     q, s = I.quantize_rows(w)
-    assert w8.q.shape == (2, 18, 32, 4) and w8.q.dtype == np.int8  # N 45 -> 64, K 70 -> 72
+    assert w8.q.shape == (2, 32, 32, 4) and w8.q.dtype == np.int8  # N 45 -> 64, K 70 -> 128
     assert np.array_equal(w8.codes(), q) and np.array_equal(w8.scale, s)
     assert np.array_equal(w8.colsum, q.sum(axis=1, dtype=np.int32))
-    assert w8.nbytes == 64 * 72 + 45 * 4 + 45 * 4
-    full = w8.q.transpose(0, 2, 1, 3).reshape(64, 72)
+    assert w8.nbytes == 64 * 128 + 45 * 4 + 45 * 4
+    full = w8.q.transpose(0, 2, 1, 3).reshape(64, 128)
     assert not full[45:].any() and not full[:, 70:].any()  # padding holds zero codes
 
 
@@ -232,7 +234,10 @@ def test_the_chosen_path_is_the_fastest_this_machine_runs():
     assert I.path() == I.paths()[0] and I.paths()[-1] == "plain"
     with pytest.raises(ValueError, match="cannot run here"):
         I.force_path("no-such-path")
-    if "avx512vnni" in I._compiler_features():
+    features = I._compiler_features()
+    if {"amx-int8", "amx-tile"} <= features and I._amx_permitted():
+        assert I.paths()[0] == "amx"
+    elif "avx512vnni" in features:
         assert I.paths()[0] == "vnni512"
 
 
@@ -270,6 +275,34 @@ def test_each_microkernel_compiles_to_its_dot_product_instruction():
     assert asm.count("vpdpbusd") == 16 and "zmm" in asm
 
 
+def test_the_amx_block_compiles_to_tile_instructions():
+    # The AMX path's block, compiled for a Sapphire Rapids (not run): a configuration, per
+    # 64 k two row tiles and two column tiles loaded and four products, four sums stored, a
+    # release.
+    import llvmlite.binding as ll
+    from llvmlite import ir
+
+    ll.initialize_all_targets()
+    ll.initialize_all_asmprinters()
+    mod = ir.Module("amx")
+    mod.triple = "x86_64-unknown-linux-gnu"
+    i8p, i64 = ir.IntType(8).as_pointer(), ir.IntType(64)
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i8p, i64, i8p, i64, i8p]), "block")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    I.emit_amx_configure(b, b.bitcast(b.alloca(ir.ArrayType(ir.IntType(8), 64)), i8p))
+    I.emit_amx_block(b, fn.args[0], fn.args[1], fn.args[2], fn.args[3], fn.args[4])
+    I.emit_amx_release(b)
+    b.ret_void()
+    m = ll.parse_assembly(str(mod))
+    m.verify()
+    tm = ll.Target.from_triple(mod.triple).create_target_machine(cpu="sapphirerapids", opt=3)
+    asm = tm.emit_assembly(m)
+    counts = {op: len(re.findall(rf"\t{op}\b", asm)) for op in
+              ("ldtilecfg", "tilezero", "tileloadd", "tdpbusd", "tilestored", "tilerelease")}
+    assert counts == dict(ldtilecfg=1, tilezero=4, tileloadd=4, tdpbusd=4, tilestored=4,
+                          tilerelease=1), counts
+
+
 _AVX_VNNI_ONLY = r"""
 import numpy as np
 from omnicore.model import int8_kernels as I
@@ -302,3 +335,32 @@ def test_an_avx_vnni_only_cpu_takes_the_256_bit_path(tmp_path):
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == "ok vnni256"
+
+
+_AMX_REFUSED = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+from bench_int8_gemm import refuse_amx  # a seccomp filter: arch_prctl's tile request -> EPERM
+refuse_amx()
+import numpy as np
+from omnicore.model import int8_kernels as I
+assert "amx" not in I.paths() and I.path() == I.paths()[0], I.paths()
+rng = np.random.default_rng(0)
+x = rng.standard_normal((40, 130)).astype(np.float32)
+w8 = I.quantize_weight(rng.standard_normal((45, 130)).astype(np.float32))
+assert np.array_equal(I.int8_linear(x, w8), I.int8_linear_plain(x, w8))
+print("ok", I.path())
+"""
+
+
+@pytest.mark.subprocess
+def test_a_process_linux_refuses_the_tile_state_takes_the_next_path():
+    # The CPU and the compiler have AMX, but the process may not use it (a seccomp filter, as
+    # some containers have): asking fails, and the path choice goes on to VNNI, not to a SIGILL.
+    if "amx" not in I.paths():
+        pytest.skip(f"this machine runs no AMX path ({I.paths()})")
+    bench = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks")
+    r = subprocess.run([sys.executable, "-c", _AMX_REFUSED, bench], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == f"ok {I.paths()[1]}"

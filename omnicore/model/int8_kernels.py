@@ -20,16 +20,19 @@ product equal to numpy's int64 one on every path this machine runs, `int8_linear
 `int8_linear_plain`, and the fused activation quantisation equal to `quantize_rows`):
   - the weights are quantised and packed once (`quantize_weight`) into 32-column panels,
     [N/32, K/4, 32, 4]: for each 4 k a panel holds 32 columns' 4 bytes side by side, the
-    operand of a dot-product instruction (N padded to 32, K to 4, with zero codes);
-  - each call quantises x, row by row, into row blocks [M/8, K/4, 8, 4] (one Numba loop: the
-    same float32 division and rint as `quantize_rows`), whose 4-byte groups the microkernel
-    broadcasts;
+    operand of a dot-product instruction (N padded to 32, K to 64, with zero codes);
+  - each call quantises x, row by row, in one Numba loop (the same float32 division and rint
+    as `quantize_rows`), into the path's layout: row blocks [M/8, K/4, 8, 4], whose 4-byte
+    groups the microkernel broadcasts, or rows as they are, [M, K] (AMX's tiles load rows);
   - a microkernel multiplies a tile of rows by a tile of columns over the whole K in one
     LLVM loop, its accumulators in registers: AVX512-VNNI `vpdpbusd` on 512 bits (8 rows x 32
     columns, 16 accumulators), its 256-bit form where only AVX-VNNI (or AVX512VL) has it (4 x 16),
-    Arm's `sdot` with the dot-product extension (4 x 16), plain Numba loops elsewhere;
-  - `vpdpbusd` multiplies unsigned by signed bytes: the activations are stored +128 (u8) and
-    128 x the channel's code sum is taken off after the K loop, which is exact in int32;
+    Arm's `sdot` with the dot-product extension (4 x 16), plain Numba loops elsewhere; where
+    the CPU has AMX-int8 (Xeon since Sapphire Rapids) and Linux grants the process its tile
+    state, 32 x 32 blocks on the tile unit (`tdpbusd`, 64 k an instruction), whose sums go
+    through memory to the epilogue;
+  - `vpdpbusd` and `tdpbusd` multiply unsigned by signed bytes: the activations are stored
+    +128 (u8) and 128 x the channel's code sum is taken off after the K loop (exact in int32);
   - the product goes back to float32 in the tile's epilogue, as the plain algorithm says.
 Which path runs is chosen once, from the features LLVM compiles for (llvmlite's host CPU
 features, or Numba's NUMBA_CPU_FEATURES where that is set; on Arm, the core LLVM names): the
@@ -42,13 +45,14 @@ q/k/v, gate/up).
 
 Dimension legend:
     M  rows (tokens)   K  input features   N  output features (a projection's [N, K] weight)
-    Mp, Kp, Np  M, K, N padded to the row block (8), the byte group (4), the panel (32)
+    Mp, Kp, Np  M, K, N padded to the row block (8; AMX 32), 64 (an AMX tile row), the panel (32)
     MR, NR  a microkernel tile's rows and columns
 """
 
 from __future__ import annotations
 
 import platform
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,6 +64,7 @@ _QMAX = np.float32(127.0)
 _MB = 8  # rows in a packed row block of activations
 _NP = 32  # columns in a packed panel of weights
 _KG = 4  # k in one byte group (one int32 lane of a dot-product instruction)
+_KP = 64  # K is padded to this (one AMX tile row's bytes); zero codes add nothing elsewhere
 _A_STRIDE = _MB * _KG  # bytes of a row block per byte group
 _B_STRIDE = _NP * _KG  # bytes of a panel per byte group
 _K_MAX = (2 ** 31 - 1) // (255 * 128)  # K up to which a shifted u8 x s8 sum fits in int32
@@ -130,7 +135,7 @@ def _up(n: int, m: int) -> int:
 def pack_weight(codes: np.ndarray) -> np.ndarray:
     """int8 codes [N, K] -> the panels the microkernels stream, [Np/32, Kp/4, 32, 4]."""
     n, k = codes.shape
-    full = np.zeros((_up(n, _NP), _up(k, _KG)), np.int8)  # [Np, Kp], zero codes where padded
+    full = np.zeros((_up(n, _NP), _up(k, _KP)), np.int8)  # [Np, Kp], zero codes where padded
     full[:n, :k] = codes
     panels = full.reshape(-1, _NP, full.shape[1] // _KG, _KG)  # [Np/32, 32, Kp/4, 4]
     return np.ascontiguousarray(panels.transpose(0, 2, 1, 3))  # -> [Np/32, Kp/4, 32, 4]
@@ -320,6 +325,121 @@ _tile_vnni256_epilogue = _tile_intrinsic("vnni256", epilogue=True)
 _tile_sdot_epilogue = _tile_intrinsic("sdot", epilogue=True)
 
 
+# AMX (Intel Xeon since Sapphire Rapids): eight tile registers of 16 rows x 64 bytes, and one
+# instruction (`tdpbusd`) that adds a [16, 64] u8 tile times a [64, 16] s8 tile (16 byte groups
+# of 16 columns x 4) into a [16, 16] int32 tile. A block is 32 rows x a 32-column panel: tiles
+# 0-3 its four [16, 16] quarters, 4-5 two row tiles of A (row-major codes, 64 k each), 6-7 the
+# panel's two column halves, read in the panel's own layout (a byte group every 128 bytes).
+_AMX_ROWS = 32
+_AMX_CONFIG = bytes([1] + [0] * 15 + [64, 0] * 8 + [0, 0] * 8 + [16] * 8 + [0] * 8)  # palette 1
+
+
+def _amx_fn(builder, name, *args):
+    from llvmlite import ir
+
+    module = builder.module
+    return module.globals.get(name) or ir.Function(module, ir.FunctionType(ir.VoidType(), args), name)
+
+
+def emit_amx_configure(builder, cfg_ptr) -> None:
+    """Emit the tile configuration of `emit_amx_block` (cfg_ptr: i8* at 64 bytes, written here):
+    once per thread before its blocks; `emit_amx_release` after them."""
+    from llvmlite import ir
+
+    i8 = ir.IntType(8)
+    builder.store(ir.Constant(ir.ArrayType(i8, 64), bytearray(_AMX_CONFIG)),
+                  builder.bitcast(cfg_ptr, ir.ArrayType(i8, 64).as_pointer()))
+    builder.call(_amx_fn(builder, "llvm.x86.ldtilecfg", cfg_ptr.type), [cfg_ptr])
+
+
+def emit_amx_release(builder) -> None:
+    builder.call(_amx_fn(builder, "llvm.x86.tilerelease"), [])
+
+
+def emit_amx_block(builder, a_ptr, a_stride, b_ptr, kc, c_ptr) -> None:
+    """Emit, at `builder`, the int32 sums of a 32-row x 32-column block over kc chunks of 64 k
+    into c [32, 32] (row-major): a_ptr i8* at the block's first row of A ([Mp, Kp] bytes,
+    a_stride i64 bytes a row), b_ptr i8* at its panel, c_ptr i8*. The tiles must be
+    configured (`emit_amx_configure`) on this thread."""
+    from llvmlite import ir
+
+    i8, i64 = ir.IntType(8), ir.IntType(64)
+    ptr = a_ptr.type
+    fn = lambda name, *args: _amx_fn(builder, name, *args)  # noqa: E731
+    zero, dot = fn("llvm.x86.tilezero", i8), fn("llvm.x86.tdpbusd", i8, i8, i8)
+    load, store = fn("llvm.x86.tileloadd64", i8, ptr, i64), fn("llvm.x86.tilestored64", i8, ptr, i64)
+    t = lambda n: ir.Constant(i8, n)  # noqa: E731  (a tile register's number)
+    c64 = lambda n: ir.Constant(i64, n)  # noqa: E731
+
+    def at(p, offset):
+        return builder.gep(p, [offset if isinstance(offset, ir.Value) else c64(offset)],
+                           source_etype=i8)
+    for q in range(4):
+        builder.call(zero, [t(q)])
+    entry = builder.block
+    loop = builder.append_basic_block("amx_loop")
+    done = builder.append_basic_block("amx_done")
+    builder.cbranch(builder.icmp_signed(">", kc, c64(0)), loop, done)
+    builder.position_at_end(loop)
+    i = builder.phi(i64)
+    pa = at(a_ptr, builder.mul(i, c64(64)))  # 64 k of the block's rows
+    pb = at(b_ptr, builder.mul(i, c64(16 * _B_STRIDE)))  # 16 byte groups of the panel
+    builder.call(load, [t(4), pa, a_stride])
+    builder.call(load, [t(5), at(pa, builder.mul(a_stride, c64(16))), a_stride])
+    builder.call(load, [t(6), pb, c64(_B_STRIDE)])
+    builder.call(load, [t(7), at(pb, 64), c64(_B_STRIDE)])
+    for q, (a, b) in enumerate(((4, 6), (4, 7), (5, 6), (5, 7))):
+        builder.call(dot, [t(q), t(a), t(b)])
+    i_next = builder.add(i, c64(1))
+    builder.cbranch(builder.icmp_signed("<", i_next, kc), loop, done)
+    i.add_incoming(c64(0), entry)
+    i.add_incoming(i_next, loop)
+    builder.position_at_end(done)
+    for q, offset in enumerate((0, 64, 16 * 128, 16 * 128 + 64)):  # quarters of c [32, 32]
+        builder.call(store, [t(q), at(c_ptr, offset), c64(128)])
+
+
+@jit.intrinsic
+def _amx_block(typingctx, a, a_off, a_stride, b, b_off, kc, c):
+    """A Numba intrinsic running `emit_amx_block`: the int32 sums of the 32 x 32 block whose
+    A rows start at byte a_off of a (a_stride bytes a row) and whose panel starts at byte b_off
+    of b, over kc chunks of 64 k, into c (32 * 32 int32)."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+
+    def codegen(context, builder, sig, args):
+        i8p = ir.IntType(8).as_pointer()
+
+        def data(k, off=None):
+            p = builder.bitcast(context.make_array(sig.args[k])(context, builder, args[k]).data, i8p)
+            if off is None:
+                return p
+            off = context.cast(builder, args[off], sig.args[off], types.int64)
+            return builder.gep(p, [off], source_etype=ir.IntType(8))
+        as64 = lambda k: context.cast(builder, args[k], sig.args[k], types.int64)  # noqa: E731
+        emit_amx_block(builder, data(0, 1), as64(2), data(3, 4), as64(5), data(6))
+        return context.get_dummy_value()
+    return types.void(a, a_off, a_stride, b, b_off, kc, c), codegen
+
+
+@jit.intrinsic
+def _amx_tiles(typingctx, on):
+    """Configure this thread's tiles for `_amx_block` (on: True) or release them (False)."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+
+    def codegen(context, builder, sig, args):
+        if sig.args[0].literal_value:
+            cfg = cgutils.alloca_once(builder, ir.ArrayType(ir.IntType(8), 64))
+            emit_amx_configure(builder, builder.bitcast(cfg, ir.IntType(8).as_pointer()))
+        else:
+            emit_amx_release(builder)
+        return context.get_dummy_value()
+    if not isinstance(on, types.BooleanLiteral):
+        return None
+    return types.void(on), codegen
+
+
 # ---------------------------------------------------------------------------------------------
 # Numba loops: activation quantisation and packing, the tiles' driver and epilogue
 # ---------------------------------------------------------------------------------------------
@@ -328,18 +448,22 @@ _ABS_BITS = np.int32(0x7FFFFFFF)  # a float32's bits without its sign
 _TINY = np.finfo(np.float32).tiny  # the smallest normal float32
 
 
-def _quantize_pack_impl(x, xbits, shift, ap, sx):
+def _quantize_pack_impl(x, xbits, shift, mb, groups, ap, sx):
     """Rows of x [M, K] (xbits: the same memory as int32) -> sx [M] and their codes + shift,
-    packed [Mp/8, Kp/4, 8, 4] in ap. A row block at a time: its 8 rows' codes side by side in
-    a small buffer, then written out in ap's order (sequential stores, not a 32-byte stride)."""
+    packed [Mp/mb, Kp/4, mb, 4] in ap (groups = Kp/4; mb = 1: row-major [Mp, Kp]). A row block
+    at a time: its rows' codes side by side in a small buffer, then written out in ap's order
+    (sequential stores, not a 32-byte stride). Rows past M (to ap's Mp) get zero codes."""
     m, k = x.shape
-    blocks = (m + _MB - 1) // _MB
-    groups = ap.size // (_A_STRIDE * blocks)  # Kp/4
-    words = ap.view(np.uint32)  # [Mp/8, Kp/4, 8]: a row's 4 bytes of a group are one word
+    blocks = ap.size // (groups * _KG * mb)  # Mp/mb
+    words = ap.view(np.uint32)  # [Mp/mb, Kp/4, mb]: a row's 4 bytes of a group are one word
     for blk in prange(blocks):
-        codes = np.full((_MB, groups * _KG), np.uint8(shift))  # [8, Kp]; padding: zero codes
-        for r in range(min(_MB, m - blk * _MB)):  # past M: the last block's padding rows
-            i = blk * _MB + r
+        if mb == 1:  # row-major: a row's codes go straight to their place
+            codes = ap[blk * groups * _KG:(blk + 1) * groups * _KG].reshape((1, groups * _KG))
+            codes[0, (k if blk < m else 0):] = np.uint8(shift)  # padding: zero codes
+        else:
+            codes = np.full((mb, groups * _KG), np.uint8(shift))  # [mb, Kp]; padding: zero codes
+        for r in range(min(mb, m - blk * mb)):  # past M: padding rows
+            i = blk * mb + r
             row, bits, out = x[i], xbits[i], codes[r]
             # max |x| on the bit patterns: for finite floats, ordered as the values (and an
             # int32 max vectorises, where a float one waits on NaN rules).
@@ -361,28 +485,30 @@ def _quantize_pack_impl(x, xbits, shift, ap, sx):
                     qv = np.float32(-127.0) if qv < np.float32(-127.0) else qv
                     qv = np.float32(127.0) if qv > np.float32(127.0) else qv
                     out[j] = np.uint8(np.int32(qv) + shift)
-        cw = codes.reshape(-1).view(np.uint32)  # [8 * Kp/4]: row r's group g at r * Kp/4 + g
-        base = blk * groups * _MB
+        if mb == 1:
+            continue
+        cw = codes.reshape(-1).view(np.uint32)  # [mb * Kp/4]: row r's group g at r * Kp/4 + g
+        base = blk * groups * mb
         for g in range(groups):
-            for r in range(_MB):
-                words[base + g * _MB + r] = cw[r * groups + g]
+            for r in range(mb):
+                words[base + g * mb + r] = cw[r * groups + g]
 
 
-def _pack_codes_impl(xq, shift, ap):
-    """Int8 codes xq [M, K] + shift -> packed [Mp/8, Kp/4, 8, 4] in ap (the bare product's A)."""
+def _pack_codes_impl(xq, shift, mb, groups, ap):
+    """Int8 codes xq [M, K] + shift -> packed [Mp/mb, Kp/4, mb, 4] in ap (the bare product's
+    A; rows past M get zero codes)."""
     m, k = xq.shape
-    groups = ap.size // (_A_STRIDE * ((m + _MB - 1) // _MB))
     words = ap.view(np.uint32)
-    for i in prange((m + _MB - 1) // _MB * _MB):
+    for i in prange(ap.size // (groups * _KG)):  # Mp
         codes = np.full(groups * _KG, np.uint8(shift))  # [Kp]
         if i < m:
             row = xq[i]
             for j in range(k):
                 codes[j] = np.uint8(np.int32(row[j]) + shift)
         cw = codes.view(np.uint32)
-        base = (i // _MB) * groups * _MB + i % _MB
+        base = (i // mb) * groups * mb + i % mb
         for g in range(groups):
-            words[base + g * _MB] = cw[g]
+            words[base + g * mb] = cw[g]
 
 
 _quantize_pack_nb, _quantize_pack_nb_par = jit.twice(_quantize_pack_impl, pooled=True)
@@ -521,20 +647,37 @@ def _gemm_plain_impl(ap, bp, kq, m, n, bias, sx, sw, out, acc):
             _epilogue(c, 4, 32, m0, n0, m, n, bias, sx, sw, out, acc)
 
 
+def _gemm_amx_impl(ap, bp, kq, m, n, bias, sx, sw, out, acc):
+    # A is row-major [Mp, Kp] here (Mp: M padded to 32 rows), the tile loads' layout.
+    for t in prange(_n_tasks(m, n, _AMX_ROWS, _NP)):
+        col, rt0, rt1 = _task(t, m, n, _AMX_ROWS, _NP)
+        c = np.empty(_AMX_ROWS * _NP, np.int32)  # [32, 32]
+        _amx_tiles(True)  # tile state is per thread: configured by each task, released after
+        for rt in range(rt0, rt1):
+            m0 = rt * _AMX_ROWS
+            _amx_block(ap, m0 * kq * _KG, kq * _KG, bp, col * kq * _B_STRIDE, kq // 16, c)
+            _epilogue(c, _AMX_ROWS, _NP, m0, col * _NP, m, n, bias, sx, sw, out, acc)
+        _amx_tiles(False)
+
+
 _GEMMS = {
+    "amx": jit.twice(_gemm_amx_impl, pooled=True),
     "vnni512": jit.twice(_gemm_vnni512_impl, pooled=True),
     "vnni256": jit.twice(_gemm_vnni256_impl, pooled=True),
     "sdot": jit.twice(_gemm_sdot_impl, pooled=True),
     "plain": jit.twice(_gemm_plain_impl, pooled=True),
 }
-_SHIFT = {"vnni512": 128, "vnni256": 128, "sdot": 0, "plain": 0}  # u8 x s8 needs the +128
+_SHIFT = {"amx": 128, "vnni512": 128, "vnni256": 128, "sdot": 0, "plain": 0}  # u8 x s8: +128
+# A's layout per path: rows per block ([Mp/mb, Kp/4, mb, 4]; 1: row-major) and M's padding
+_BLOCK_ROWS = {"amx": 1, "vnni512": _MB, "vnni256": _MB, "sdot": _MB, "plain": _MB}
+_ROW_PAD = {"amx": _AMX_ROWS, "vnni512": _MB, "vnni256": _MB, "sdot": _MB, "plain": _MB}
 
 
 # ---------------------------------------------------------------------------------------------
 # The path, chosen once
 # ---------------------------------------------------------------------------------------------
 
-PATHS = ("vnni512", "vnni256", "sdot", "plain")  # fastest first
+PATHS = ("amx", "vnni512", "vnni256", "sdot", "plain")  # fastest first
 _path: str | None = None
 
 
@@ -576,11 +719,34 @@ def _arm_dotprod(features: set[str]) -> bool:
     return any(line.startswith("Features") and "asimddp" in line.split() for line in info.splitlines())
 
 
+_amx_granted: bool | None = None
+
+
+def _amx_permitted() -> bool:
+    """Whether this process may use AMX tiles: Linux hands them out on request
+    (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)); without it the first tile
+    instruction is a SIGILL. Asked once; a refusal (an old kernel, a signal stack too small
+    for the tile state, another OS) leaves AMX out."""
+    global _amx_granted
+    if _amx_granted is None:
+        _amx_granted = False
+        if sys.platform == "linux" and platform.machine().lower() in ("x86_64", "amd64"):
+            import ctypes
+
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                _amx_granted = libc.syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl
+            except (OSError, AttributeError):
+                pass
+    return _amx_granted
+
+
 def paths() -> tuple[str, ...]:
     """The paths this machine can run (its compiler may emit their instructions), fastest first."""
     f = _compiler_features()
     arm = platform.machine().lower() in ("aarch64", "arm64")
-    ok = {"vnni512": not arm and "avx512vnni" in f,
+    ok = {"amx": not arm and {"amx-int8", "amx-tile"} <= f and _amx_permitted(),
+          "vnni512": not arm and "avx512vnni" in f,
           "vnni256": not arm and ("avxvnni" in f or {"avx512vnni", "avx512vl"} <= f),
           "sdot": arm and _arm_dotprod(f),
           "plain": True}
@@ -596,7 +762,7 @@ def path() -> str:
 
 
 def force_path(name: str | None) -> None:
-    """Run `name` ("vnni512", "vnni256", "sdot", "plain") from now on, or choose again (None).
+    """Run `name` ("amx", "vnni512", "vnni256", "sdot", "plain") from now on, or choose again (None).
     A path this machine cannot run is refused (ValueError), before anything compiles."""
     global _path
     if name is not None and name not in paths():
@@ -618,7 +784,7 @@ def idle_kernels(in_use: bool) -> set[str]:
     not in use, else the GEMMs of the paths other than `path()` and the bare product's packing
     (int8_matmul). (Which twin of the others runs, `jit.uncached` knows.)"""
     impls = {name: fn.__qualname__ for name, fn in (
-        ("vnni512", _gemm_vnni512_impl), ("vnni256", _gemm_vnni256_impl),
+        ("amx", _gemm_amx_impl), ("vnni512", _gemm_vnni512_impl), ("vnni256", _gemm_vnni256_impl),
         ("sdot", _gemm_sdot_impl), ("plain", _gemm_plain_impl))}
     twins = lambda q: {q, q + "_par"}  # noqa: E731  (jit.twice names the parallel twin so)
     every = set().union(*(twins(q) for q in impls.values()), twins(_quantize_pack_impl.__qualname__),
@@ -628,8 +794,10 @@ def idle_kernels(in_use: bool) -> set[str]:
     return every - twins(impls[path()]) - twins(_quantize_pack_impl.__qualname__)
 
 
-def _packed_a(m: int, k: int) -> np.ndarray:
-    return np.empty(_up(m, _MB) * _up(k, _KG), np.uint8)  # [Mp/8 * Kp/4 * 8 * 4]
+def _packed_a(m: int, k: int, name: str) -> tuple[np.ndarray, int, int]:
+    """A's buffer for path `name` ([Mp * Kp] bytes), its rows per block and Kp/4."""
+    kp = _up(k, _KP)
+    return np.empty(_up(m, _ROW_PAD[name]) * kp, np.uint8), _BLOCK_ROWS[name], kp // _KG
 
 
 def _run(name: str, ap, w: Int8Weight, m: int, sx, out, acc) -> None:
@@ -645,7 +813,7 @@ class Int8Rows:
     """Activations quantised and packed once (`quantize_activations`), for every projection
     of the same input (q/k/v, gate/up): `int8_linear` takes them in the float rows' place."""
 
-    packed: np.ndarray  # [Mp/8 * Kp/4 * 8 * 4] uint8: the codes + the path's shift, packed
+    packed: np.ndarray  # [Mp * Kp] uint8: the codes + the path's shift, in its A layout
     scale: np.ndarray  # [M] float32, sx
     shape: tuple  # (M, K) of the float rows
     path: str  # the path whose shift the codes carry
@@ -657,9 +825,9 @@ def quantize_activations(x: np.ndarray) -> Int8Rows:
     x = np.ascontiguousarray(x, dtype=np.float32)
     m, k = x.shape
     name = path()
-    ap, sx = _packed_a(m, k), np.empty(m, np.float32)
+    (ap, mb, groups), sx = _packed_a(m, k, name), np.empty(m, np.float32)
     quant = jit.serial_or_parallel(_quantize_pack_nb, _quantize_pack_nb_par, x.size, pooled=True)
-    quant(x, x.view(np.int32), np.int32(_SHIFT[name]), ap, sx)
+    quant(x, x.view(np.int32), np.int32(_SHIFT[name]), mb, groups, ap, sx)
     return Int8Rows(ap, sx, (m, k), name)
 
 
@@ -694,8 +862,9 @@ def int8_matmul(xq: np.ndarray, w: Int8Weight) -> np.ndarray:
     if k != w.n_in:
         raise ValueError(f"int8_matmul: xq has {k} features, the weight takes {w.n_in}")
     name = path()
-    ap = _packed_a(m, k)
-    jit.serial_or_parallel(_pack_codes_nb, _pack_codes_nb_par, xq.size)(xq, np.int32(_SHIFT[name]), ap)
+    ap, mb, groups = _packed_a(m, k, name)
+    jit.serial_or_parallel(_pack_codes_nb, _pack_codes_nb_par, xq.size)(
+        xq, np.int32(_SHIFT[name]), mb, groups, ap)
     acc = np.empty((m, w.n_out), np.int32)  # [M, N]
     if m:
         _run(name, ap, w, m, np.ones(m, np.float32), _EMPTY_F32, acc)
@@ -707,8 +876,8 @@ def quantize_rows_fast(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for tests): (int8 codes [M, K], float32 scales [M]), equal to the plain one's."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     m, k = x.shape
-    ap, sx = _packed_a(m, k), np.empty(m, np.float32)
-    _quantize_pack_nb(x, x.view(np.int32), np.int32(0), ap, sx)
-    blocks = ap.reshape(-1, _up(k, _KG) // _KG, _MB, _KG)  # [Mp/8, Kp/4, 8, 4]
+    (ap, mb, groups), sx = _packed_a(m, k, "plain"), np.empty(m, np.float32)
+    _quantize_pack_nb(x, x.view(np.int32), np.int32(0), mb, groups, ap, sx)
+    blocks = ap.reshape(-1, groups, _MB, _KG)  # [Mp/8, Kp/4, 8, 4]
     codes = blocks.transpose(0, 2, 1, 3).reshape(_up(m, _MB), -1)  # -> [Mp, Kp]
     return codes[:m, :k].view(np.int8).copy(), sx
