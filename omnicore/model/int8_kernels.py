@@ -405,7 +405,7 @@ def _amx_block(typingctx, a, a_off, a_stride, b, b_off, kc, c):
     A rows start at byte a_off of a (a_stride bytes a row) and whose panel starts at byte b_off
     of b, over kc chunks of 64 k, into c (32 * 32 int32)."""
     from llvmlite import ir
-    from numba.core import cgutils, types
+    from numba.core import types
 
     def codegen(context, builder, sig, args):
         i8p = ir.IntType(8).as_pointer()
