@@ -668,9 +668,9 @@ _GEMMS = {
     "plain": jit.twice(_gemm_plain_impl, pooled=True),
 }
 _SHIFT = {"amx": 128, "vnni512": 128, "vnni256": 128, "sdot": 0, "plain": 0}  # u8 x s8: +128
-# A's layout per path: rows per block ([Mp/mb, Kp/4, mb, 4]; 1: row-major) and M's padding
-_BLOCK_ROWS = {"amx": 1, "vnni512": _MB, "vnni256": _MB, "sdot": _MB, "plain": _MB}
-_ROW_PAD = {"amx": _AMX_ROWS, "vnni512": _MB, "vnni256": _MB, "sdot": _MB, "plain": _MB}
+# A's layout where it is not row blocks of 8 padded to 8: (rows per block, [Mp/mb, Kp/4, mb, 4],
+# 1 being row-major; the rows M is padded to)
+_A_LAYOUT = {"amx": (1, _AMX_ROWS)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -796,8 +796,8 @@ def idle_kernels(in_use: bool) -> set[str]:
 
 def _packed_a(m: int, k: int, name: str) -> tuple[np.ndarray, int, int]:
     """A's buffer for path `name` ([Mp * Kp] bytes), its rows per block and Kp/4."""
-    kp = _up(k, _KP)
-    return np.empty(_up(m, _ROW_PAD[name]) * kp, np.uint8), _BLOCK_ROWS[name], kp // _KG
+    kp, (mb, pad) = _up(k, _KP), _A_LAYOUT.get(name, (_MB, _MB))
+    return np.empty(_up(m, pad) * kp, np.uint8), mb, kp // _KG
 
 
 def _run(name: str, ap, w: Int8Weight, m: int, sx, out, acc) -> None:
