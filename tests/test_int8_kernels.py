@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from omnicore.model import cpu_features
 from omnicore.model import int8_kernels as I
 from omnicore.model import jit
 
@@ -105,6 +106,16 @@ def _linear_case(path_name, m, k, n, seed, scale):
 
 def test_int8_linear_equals_the_plain_algorithm(path, parallel):
     _linear_case(path)
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 128, 64), (70, 130, 100)])
+def test_int8_linear_equals_the_plain_algorithm_over_full_blocks_and_tails(path, parallel, m, k, n):
+    # Whole blocks of every path (AMX's 32 x 32, VNNI's 8 x 32) scale in the microkernel's
+    # own epilogue, the tails in the loop's: both are held here, with and without tails.
+    rng = np.random.default_rng(m + n)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w8 = I.quantize_weight(rng.standard_normal((n, k)).astype(np.float32))
+    assert np.array_equal(I.int8_linear(x, w8), I.int8_linear_plain(x, w8))
 
 
 def test_int8_linear_writes_into_out(path):
@@ -234,8 +245,8 @@ def test_the_chosen_path_is_the_fastest_this_machine_runs():
     assert I.path() == I.paths()[0] and I.paths()[-1] == "plain"
     with pytest.raises(ValueError, match="cannot run here"):
         I.force_path("no-such-path")
-    features = I._compiler_features()
-    if {"amx-int8", "amx-tile"} <= features and I._amx_permitted():
+    features = cpu_features.compiler_features()
+    if {"amx-int8", "amx-tile"} <= features and cpu_features.amx_permitted():
         assert I.paths()[0] == "amx"
     elif "avx512vnni" in features:
         assert I.paths()[0] == "vnni512"
@@ -323,7 +334,7 @@ print("ok", I.path())
 def test_an_avx_vnni_only_cpu_takes_the_256_bit_path(tmp_path):
     # Numba compiled for an Alder Lake's features (AVX-VNNI, no AVX-512) on this machine: the
     # path choice follows what the compiler may emit, and the VEX-encoded kernel runs equal.
-    if "avxvnni" not in I._compiler_features():
+    if "avxvnni" not in cpu_features.compiler_features():
         pytest.skip("this machine has no AVX-VNNI to run an Alder Lake's code on")
     import llvmlite.binding as ll
 

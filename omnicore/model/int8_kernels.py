@@ -29,13 +29,13 @@ product equal to numpy's int64 one on every path this machine runs, `int8_linear
     columns, 16 accumulators), its 256-bit form where only AVX-VNNI (or AVX512VL) has it (4 x 16),
     Arm's `sdot` with the dot-product extension (4 x 16), plain Numba loops elsewhere; where
     the CPU has AMX-int8 (Xeon since Sapphire Rapids) and Linux grants the process its tile
-    state, 32 x 32 blocks on the tile unit (`tdpbusd`, 64 k an instruction), whose sums go
-    through memory to the epilogue;
+    state, 32 x 32 blocks on the tile unit (`tdpbusd`, 64 k an instruction), whose sums are
+    stored to a small buffer (the tile unit converts nothing) and scaled from there in vectors;
   - `vpdpbusd` and `tdpbusd` multiply unsigned by signed bytes: the activations are stored
     +128 (u8) and 128 x the channel's code sum is taken off after the K loop (exact in int32);
   - the product goes back to float32 in the tile's epilogue, as the plain algorithm says.
-Which path runs is chosen once, from the features LLVM compiles for (llvmlite's host CPU
-features, or Numba's NUMBA_CPU_FEATURES where that is set; on Arm, the core LLVM names): the
+Which path runs is chosen once, from the features LLVM compiles for (`cpu_features`: llvmlite's
+host CPU features, or Numba's NUMBA_CPU_FEATURES where that is set; on Arm, the core LLVM names): the
 instruction must be one the compiler may emit, not only one the CPU has. `force_path` overrides it (tests, comparisons).
 Tiles run in parallel, column panels outermost (a panel stays in cache across row blocks),
 through the parallel twin: inside `jit.one_pool`, as the int8 backbone runs them (BLAS then
@@ -52,12 +52,11 @@ Dimension legend:
 from __future__ import annotations
 
 import platform
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import jit
+from . import cpu_features, jit
 from .jit import prange
 
 _QMAX = np.float32(127.0)
@@ -155,6 +154,8 @@ def quantize_weight(w: np.ndarray) -> Int8Weight:
 #
 # Numba's loop vectoriser turns an int32 sum of byte products into widening multiplies (no
 # faster than float32), so the tile is written in LLVM IR around the dot-product intrinsic.
+# They stay in the file of the loops that call them: Numba's kernel cache keys a compiled loop
+# to its own source file, so an edit to an intrinsic kept elsewhere would run stale code.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -245,28 +246,75 @@ def emit_tile(builder, tile: _Tile, a_ptr, b_ptr, kq, c_ptr, epilogue=None) -> N
                                 source_etype=i8)
                 builder.store(outs[r][v], builder.bitcast(p, vec.as_pointer()), align=4)
         return
+    emit_epilogue(builder, tile.rows, nv, tile.lanes, lambda r, v: outs[r][v], epilogue)
+
+
+def emit_epilogue(builder, rows: int, nv: int, lanes: int, sum_at, epilogue) -> None:
+    """Emit the scaling of a full tile's int32 sums (sum_at(r, v): row r's v-th <lanes x i32>,
+    of `rows` rows of nv vectors) into the output: out[r, j] = float32(c[r, j] - bias[j]) *
+    sx[r] * sw[j] (scaled, float32 out) or c[r, j] - bias[j] (int32 out), as `emit_tile`'s
+    `epilogue` describes."""
+    from llvmlite import ir
+
+    i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
     bias, sx, sw, out, stride, scaled = epilogue
-    f32 = ir.FloatType()
-    fvec = ir.VectorType(f32, tile.lanes)
+    vec, f32 = ir.VectorType(i32, lanes), ir.FloatType()
+    fvec = ir.VectorType(f32, lanes)
 
     def at(ptr, offset, ty):
         p = builder.gep(ptr, [offset if isinstance(offset, ir.Value) else ir.Constant(i64, offset)],
                         source_etype=i8)
         return builder.bitcast(p, ty.as_pointer())
-    col_bias = [builder.load(at(bias, 4 * tile.lanes * v, vec), align=4, typ=vec) for v in range(nv)]
-    col_sw = [builder.load(at(sw, 4 * tile.lanes * v, fvec), align=4, typ=fvec) for v in range(nv)]
-    for r in range(tile.rows):
+    col_bias = [builder.load(at(bias, 4 * lanes * v, vec), align=4, typ=vec) for v in range(nv)]
+    col_sw = [builder.load(at(sw, 4 * lanes * v, fvec), align=4, typ=fvec) for v in range(nv)]
+    for r in range(rows):
         row = builder.mul(stride, ir.Constant(i64, r))
         if scaled:
             s = builder.load(at(sx, 4 * r, f32), align=4, typ=f32)
             one = builder.insert_element(ir.Constant(fvec, ir.Undefined), s, ir.Constant(i32, 0))
             s_all = builder.shuffle_vector(one, ir.Constant(fvec, ir.Undefined), ir.Constant(vec, None))
         for v in range(nv):
-            val = builder.sub(outs[r][v], col_bias[v])  # exact: the true sum fits in int32
+            val = builder.sub(sum_at(r, v), col_bias[v])  # exact: the true sum fits in int32
             if scaled:  # float32(acc) * sx[m] * sw[n], left to right, IEEE (no fast-math flags)
                 val = builder.fmul(builder.fmul(builder.sitofp(val, fvec), s_all), col_sw[v])
-            p = builder.gep(out, [builder.add(row, ir.Constant(i64, 4 * tile.lanes * v))], source_etype=i8)
-            builder.store(val, builder.bitcast(p, val.type.as_pointer()), align=4)
+            builder.store(val, at(out, builder.add(row, ir.Constant(i64, 4 * lanes * v)), val.type),
+                          align=4)
+
+
+def _operands(context, builder, sig, args):
+    """An intrinsic's arguments as LLVM values: (i64(k): argument k as an i64, ptr(k, off):
+    array k's data as i8*, `off` bytes on, arr(k): array k's structure)."""
+    from llvmlite import ir
+    from numba.core import types
+
+    i8p = ir.IntType(8).as_pointer()
+
+    def arr(k):
+        return context.make_array(sig.args[k])(context, builder, args[k])
+
+    def i64(k):
+        return context.cast(builder, args[k], sig.args[k], types.int64)
+
+    def ptr(k, off=None):
+        data = builder.bitcast(arr(k).data, i8p)
+        return data if off is None else builder.gep(data, [off], source_etype=ir.IntType(8))
+    return i64, ptr, arr
+
+
+def _epilogue_operands(context, builder, sig, args, k):
+    """`emit_epilogue`'s operands from an intrinsic's arguments k.. (bias, sx, sw, out, m0,
+    n0): the tile's first column of bias and sw, its first row of sx, out at [m0, n0]."""
+    from llvmlite import ir
+    from numba.core import types
+
+    i64, ptr, arr = _operands(context, builder, sig, args)
+    four = ir.Constant(ir.IntType(64), 4)
+    m0, n0 = i64(k + 4), i64(k + 5)
+    stride = builder.extract_value(arr(k + 3).strides, 0)  # bytes between output rows
+    out = ptr(k + 3, builder.add(builder.mul(m0, stride), builder.mul(n0, four)))
+    col = builder.mul(n0, four)
+    return (ptr(k, col), ptr(k + 1, builder.mul(m0, four)), ptr(k + 2, col), out, stride,
+            sig.args[k + 3].dtype == types.float32)
 
 
 def _tile_intrinsic(name: str, epilogue: bool = False):
@@ -277,33 +325,16 @@ def _tile_intrinsic(name: str, epilogue: bool = False):
     tile = _TILES[name]
 
     def typer(a, a_off, b, b_off, kq, *rest):
-        from llvmlite import ir
         from numba.core import types
 
         def codegen(context, builder, sig, args):
-            i8, i8p = ir.IntType(8), ir.IntType(8).as_pointer()
-
-            def arr(k):
-                return context.make_array(sig.args[k])(context, builder, args[k])
-
-            def i64(k):
-                return context.cast(builder, args[k], sig.args[k], types.int64)
-
-            def ptr(k, off=None):
-                data = builder.bitcast(arr(k).data, i8p)
-                return data if off is None else builder.gep(data, [off], source_etype=i8)
-            four = ir.Constant(ir.IntType(64), 4)
+            i64, ptr, _ = _operands(context, builder, sig, args)
             a_ptr, b_ptr, kq_ = ptr(0, i64(1)), ptr(2, i64(3)), i64(4)
-            if not epilogue:
+            if epilogue:
+                emit_tile(builder, tile, a_ptr, b_ptr, kq_, None,
+                          _epilogue_operands(context, builder, sig, args, 5))
+            else:
                 emit_tile(builder, tile, a_ptr, b_ptr, kq_, ptr(5))
-                return context.get_dummy_value()
-            m0, n0 = i64(9), i64(10)
-            stride = builder.extract_value(arr(8).strides, 0)
-            out = ptr(8, builder.add(builder.mul(m0, stride), builder.mul(n0, four)))
-            col = builder.mul(n0, four)
-            emit_tile(builder, tile, a_ptr, b_ptr, kq_, None,
-                      (ptr(5, col), ptr(6, builder.mul(m0, four)), ptr(7, col), out, stride,
-                       sig.args[8].dtype == types.float32))
             return context.get_dummy_value()
         return types.void(a, a_off, b, b_off, kq, *rest), codegen
 
@@ -356,14 +387,15 @@ def emit_amx_release(builder) -> None:
     builder.call(_amx_fn(builder, "llvm.x86.tilerelease"), [])
 
 
-def emit_amx_block(builder, a_ptr, a_stride, b_ptr, kc, c_ptr) -> None:
+def emit_amx_block(builder, a_ptr, a_stride, b_ptr, kc, c_ptr, epilogue=None) -> None:
     """Emit, at `builder`, the int32 sums of a 32-row x 32-column block over kc chunks of 64 k
     into c [32, 32] (row-major): a_ptr i8* at the block's first row of A ([Mp, Kp] bytes,
     a_stride i64 bytes a row), b_ptr i8* at its panel, c_ptr i8*. The tiles must be
-    configured (`emit_amx_configure`) on this thread."""
+    configured (`emit_amx_configure`) on this thread. With `epilogue` (`emit_tile`'s), a full
+    block of the output is written from c as well, in vectors of 16 columns."""
     from llvmlite import ir
 
-    i8, i64 = ir.IntType(8), ir.IntType(64)
+    i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
     ptr = a_ptr.type
     fn = lambda name, *args: _amx_fn(builder, name, *args)  # noqa: E731
     zero, dot = fn("llvm.x86.tilezero", i8), fn("llvm.x86.tdpbusd", i8, i8, i8)
@@ -397,29 +429,44 @@ def emit_amx_block(builder, a_ptr, a_stride, b_ptr, kc, c_ptr) -> None:
     builder.position_at_end(done)
     for q, offset in enumerate((0, 64, 16 * 128, 16 * 128 + 64)):  # quarters of c [32, 32]
         builder.call(store, [t(q), at(c_ptr, offset), c64(128)])
+    if epilogue is not None:  # the tile unit has no conversions: the sums come back from c
+        vec = ir.VectorType(i32, 16)
+
+        def sum_at(r, v):
+            p = builder.bitcast(at(c_ptr, 4 * (r * _NP + 16 * v)), vec.as_pointer())
+            return builder.load(p, align=4, typ=vec)
+        emit_epilogue(builder, _AMX_ROWS, _NP // 16, 16, sum_at, epilogue)
 
 
-@jit.intrinsic
-def _amx_block(typingctx, a, a_off, a_stride, b, b_off, kc, c):
-    """A Numba intrinsic running `emit_amx_block`: the int32 sums of the 32 x 32 block whose
-    A rows start at byte a_off of a (a_stride bytes a row) and whose panel starts at byte b_off
-    of b, over kc chunks of 64 k, into c (32 * 32 int32)."""
-    from llvmlite import ir
-    from numba.core import types
+def _amx_intrinsic(epilogue: bool):
+    """A Numba intrinsic running `emit_amx_block`: block(a, a_off, a_stride, b, b_off, kc, c),
+    the int32 sums of the 32 x 32 block whose A rows start at byte a_off of a (a_stride bytes
+    a row) and whose panel starts at byte b_off of b, over kc chunks of 64 k, into c (32 * 32
+    int32); with `epilogue`, block(..., c, bias, sx, sw, out, m0, n0) also writes the full
+    block of out [M, N] at row m0, column n0 (as `_tile_intrinsic`'s)."""
 
-    def codegen(context, builder, sig, args):
-        i8p = ir.IntType(8).as_pointer()
+    def typer(a, a_off, a_stride, b, b_off, kc, c, *rest):
+        from numba.core import types
 
-        def data(k, off=None):
-            p = builder.bitcast(context.make_array(sig.args[k])(context, builder, args[k]).data, i8p)
-            if off is None:
-                return p
-            off = context.cast(builder, args[off], sig.args[off], types.int64)
-            return builder.gep(p, [off], source_etype=ir.IntType(8))
-        as64 = lambda k: context.cast(builder, args[k], sig.args[k], types.int64)  # noqa: E731
-        emit_amx_block(builder, data(0, 1), as64(2), data(3, 4), as64(5), data(6))
-        return context.get_dummy_value()
-    return types.void(a, a_off, a_stride, b, b_off, kc, c), codegen
+        def codegen(context, builder, sig, args):
+            i64, ptr, _ = _operands(context, builder, sig, args)
+            epi = _epilogue_operands(context, builder, sig, args, 7) if epilogue else None
+            emit_amx_block(builder, ptr(0, i64(1)), i64(2), ptr(3, i64(4)), i64(5), ptr(6), epi)
+            return context.get_dummy_value()
+        return types.void(a, a_off, a_stride, b, b_off, kc, c, *rest), codegen
+
+    if epilogue:
+        def intrinsic(typingctx, a, a_off, a_stride, b, b_off, kc, c, bias, sx, sw, out, m0, n0):
+            return typer(a, a_off, a_stride, b, b_off, kc, c, bias, sx, sw, out, m0, n0)
+    else:
+        def intrinsic(typingctx, a, a_off, a_stride, b, b_off, kc, c):
+            return typer(a, a_off, a_stride, b, b_off, kc, c)
+    intrinsic.__name__ = intrinsic.__qualname__ = f"_amx_block{'_epilogue' if epilogue else ''}"
+    return jit.intrinsic(intrinsic)
+
+
+_amx_block = _amx_intrinsic(False)
+_amx_block_epilogue = _amx_intrinsic(True)
 
 
 @jit.intrinsic
@@ -649,14 +696,24 @@ def _gemm_plain_impl(ap, bp, kq, m, n, bias, sx, sw, out, acc):
 
 def _gemm_amx_impl(ap, bp, kq, m, n, bias, sx, sw, out, acc):
     # A is row-major [Mp, Kp] here (Mp: M padded to 32 rows), the tile loads' layout.
+    raw = out.shape[0] == 0
     for t in prange(_n_tasks(m, n, _AMX_ROWS, _NP)):
         col, rt0, rt1 = _task(t, m, n, _AMX_ROWS, _NP)
         c = np.empty(_AMX_ROWS * _NP, np.int32)  # [32, 32]
         _amx_tiles(True)  # tile state is per thread: configured by each task, released after
         for rt in range(rt0, rt1):
-            m0 = rt * _AMX_ROWS
-            _amx_block(ap, m0 * kq * _KG, kq * _KG, bp, col * kq * _B_STRIDE, kq // 16, c)
-            _epilogue(c, _AMX_ROWS, _NP, m0, col * _NP, m, n, bias, sx, sw, out, acc)
+            m0, n0 = rt * _AMX_ROWS, col * _NP
+            a_off, b_off = m0 * kq * _KG, col * kq * _B_STRIDE
+            if m0 + _AMX_ROWS <= m and n0 + _NP <= n:  # a full block: the epilogue vectorised
+                if raw:
+                    _amx_block_epilogue(ap, a_off, kq * _KG, bp, b_off, kq // 16, c,
+                                        bias, sx, sw, acc, m0, n0)
+                else:
+                    _amx_block_epilogue(ap, a_off, kq * _KG, bp, b_off, kq // 16, c,
+                                        bias, sx, sw, out, m0, n0)
+            else:
+                _amx_block(ap, a_off, kq * _KG, bp, b_off, kq // 16, c)
+                _epilogue(c, _AMX_ROWS, _NP, m0, n0, m, n, bias, sx, sw, out, acc)
         _amx_tiles(False)
 
 
@@ -681,74 +738,14 @@ PATHS = ("amx", "vnni512", "vnni256", "sdot", "plain")  # fastest first
 _path: str | None = None
 
 
-def _compiler_features() -> set[str]:
-    """The CPU features LLVM compiles Numba's code for: NUMBA_CPU_FEATURES where set, else the
-    host's (llvmlite's detection; empty where it cannot tell, which leaves the plain path)."""
-    jit.start()
-    from numba.core import config
-    import llvmlite.binding as ll
-
-    feats = config.CPU_FEATURES
-    if not feats:
-        try:
-            feats = ll.get_host_cpu_features().flatten()
-        except RuntimeError:
-            feats = ""
-    return {f[1:] for f in feats.split(",") if f.startswith("+")}
-
-
-def _arm_dotprod(features: set[str]) -> bool:
-    """Whether LLVM compiles Arm's dot product for this core. Its host feature detection does not
-    map Linux's `asimddp` to `dotprod`, but the core it names (cortex-a76, neoverse-n1, apple-m1,
-    ...) brings the feature with it: so the named core, where the kernel reports the unit."""
-    if "dotprod" in features:
-        return True
-    from numba.core import config
-    import llvmlite.binding as ll
-
-    name = config.CPU_NAME or ll.get_host_cpu_name()
-    if name in ("", "generic"):
-        return False
-    if name.startswith("apple-"):  # every Apple core has it; macOS has no /proc/cpuinfo
-        return True
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            info = f.read()
-    except OSError:
-        return False
-    return any(line.startswith("Features") and "asimddp" in line.split() for line in info.splitlines())
-
-
-_amx_granted: bool | None = None
-
-
-def _amx_permitted() -> bool:
-    """Whether this process may use AMX tiles: Linux hands them out on request
-    (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)); without it the first tile
-    instruction is a SIGILL. Asked once; a refusal (an old kernel, a signal stack too small
-    for the tile state, another OS) leaves AMX out."""
-    global _amx_granted
-    if _amx_granted is None:
-        _amx_granted = False
-        if sys.platform == "linux" and platform.machine().lower() in ("x86_64", "amd64"):
-            import ctypes
-
-            try:
-                libc = ctypes.CDLL(None, use_errno=True)
-                _amx_granted = libc.syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl
-            except (OSError, AttributeError):
-                pass
-    return _amx_granted
-
-
 def paths() -> tuple[str, ...]:
     """The paths this machine can run (its compiler may emit their instructions), fastest first."""
-    f = _compiler_features()
+    f = cpu_features.compiler_features()
     arm = platform.machine().lower() in ("aarch64", "arm64")
-    ok = {"amx": not arm and {"amx-int8", "amx-tile"} <= f and _amx_permitted(),
+    ok = {"amx": not arm and {"amx-int8", "amx-tile"} <= f and cpu_features.amx_permitted(),
           "vnni512": not arm and "avx512vnni" in f,
           "vnni256": not arm and ("avxvnni" in f or {"avx512vnni", "avx512vl"} <= f),
-          "sdot": arm and _arm_dotprod(f),
+          "sdot": arm and cpu_features.arm_dotprod(f),
           "plain": True}
     return tuple(p for p in PATHS if ok[p])
 
