@@ -109,3 +109,25 @@ def test_one_pool_keeps_blas_on_one_thread_and_gives_its_threads_back():
     assert jit.blas_threads() == before
     with jit.one_pool(False) as on:  # off: nothing changes
         assert not on and jit.blas_threads() == before
+
+
+def test_an_embedders_own_numba_code_compiles_beside_omnicores_watch():
+    # Omnicore listens to every Numba compile in the process (watch_compiles); an app's own
+    # function of no module (made by exec, or with globals lacking __name__) must compile as
+    # it would without omnicore, watched or not, and go unreported.
+    import types
+
+    import numba
+
+    jit.start()
+    seen = []
+    stop = jit.watch_compiles(lambda event, name: seen.append(name))
+    try:
+        def double(x):
+            return 2 * x
+        orphan = types.FunctionType(double.__code__, {})  # no __name__: __module__ is None
+        assert orphan.__module__ is None
+        assert numba.njit(orphan)(21) == 42
+    finally:
+        stop()
+    assert seen == []

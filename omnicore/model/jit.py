@@ -229,8 +229,8 @@ def watch_compiles(fn):
 def _compile_event(event: str, data) -> None:
     """Numba's "numba:compile" event, passed on for omnicore's outermost kernels."""
     fn = data["dispatcher"].py_func
-    if not fn.__module__.startswith(__package__.split(".")[0] + "."):
-        return  # another library's Numba code, or Numba's own
+    if not (getattr(fn, "__module__", None) or "").startswith(__package__.split(".")[0] + "."):
+        return  # another library's Numba code, Numba's own, or a function of no module
     depth = getattr(_nesting, "depth", 0) - (event == "end")
     _nesting.depth = depth + (event == "start")
     if depth == 0:
