@@ -34,9 +34,10 @@ product equal to numpy's int64 one on every path this machine runs, `int8_linear
   - `vpdpbusd` and `tdpbusd` multiply unsigned by signed bytes: the activations are stored
     +128 (u8) and 128 x the channel's code sum is taken off after the K loop (exact in int32);
   - the product goes back to float32 in the tile's epilogue, as the plain algorithm says.
-Which path runs is chosen once, from the features LLVM compiles for (`cpu_features`: llvmlite's
-host CPU features, or Numba's NUMBA_CPU_FEATURES where that is set; on Arm, the core LLVM names): the
-instruction must be one the compiler may emit, not only one the CPU has. `force_path` overrides it (tests, comparisons).
+Which path runs is chosen once, from the features LLVM compiles for (`cpu_features`:
+llvmlite's host CPU features, or Numba's NUMBA_CPU_FEATURES where that is set; on Arm, the core
+LLVM names): the instruction must be one the compiler may emit, not only one the CPU has.
+`force_path` overrides it (tests, comparisons).
 Tiles run in parallel, column panels outermost (a panel stays in cache across row blocks),
 through the parallel twin: inside `jit.one_pool`, as the int8 backbone runs them (BLAS then
 keeps to one thread, so Numba's pool has the cores), or when parallel kernels are on.
