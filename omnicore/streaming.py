@@ -531,8 +531,8 @@ def stream(model, text, *, language=None, ref_audio=None, ref_text=None, voice_c
     text: a string, or an iterable of str fragments (e.g. LLM tokens), read as they arrive in a
     reader thread; each chunk starts as soon as its end is confirmed. Same keyword arguments as
     `generate` (one text only; `audio_chunk_duration` / `audio_chunk_threshold` are accepted and
-    unused: `rule` decides the chunks, by default `ChunkRule.with_first(first_chunk_seconds)`,
-    and a `rule` given wins over first_chunk_seconds; chunk 0 is unmasked in
+    unused: `rule` decides the chunks, by default `ChunkRule.with_first(first_chunk_seconds, ...,
+    first_chunk_max_seconds)`, and a `rule` given wins over both; chunk 0 is unmasked in
     `first_chunk_steps` steps when that is set; `duration` needs a string). on_step is called
     from the worker thread. decode_frames: frames of each chunk's first decode window (W; later windows are
     4 W: see `decode_windows`); the first window's peak also sets the gain without a voice
@@ -555,7 +555,8 @@ def stream(model, text, *, language=None, ref_audio=None, ref_text=None, voice_c
         budget = None
         if plan.gen.first_audio_seconds:  # and within what this machine makes in time
             budget = plan.first_budget(warmup.rate(model))
-        rule = ChunkRule.with_first(plan.gen.first_chunk_seconds, budget)
+        rule = ChunkRule.with_first(plan.gen.first_chunk_seconds, budget,
+                                    plan.gen.first_chunk_max_seconds or None)
     t0 = time.perf_counter()
     shared = _Shared(lookahead)
     if whole is not None:

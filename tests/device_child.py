@@ -44,7 +44,7 @@ STREAM_KW = dict(num_step=3, seed=7)
 LIVE_MODES = ("auto", "design", "clone")
 LIVE_STREAMS = {"live": dict(profile="live", first_chunk_steps=2),
                 "live_exact": dict(profile="live", first_chunk_steps=0, first_chunk_seconds=2.0,
-                                   first_audio_seconds=0.0),
+                                   first_chunk_max_seconds=0.0, first_audio_seconds=0.0),
                 "fast": dict(profile="fast")}
 # Transfer counting: greedy and sampled settings, one item and three of different lengths.
 TRANSFER_RUNS = {

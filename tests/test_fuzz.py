@@ -248,6 +248,7 @@ USUAL = {
     "fade_duration": st.floats(0, 1), "profile": st.sampled_from(["exact", "fast", "live"]),
     "prefix_refresh": st.integers(1, 3), "uncond_every": st.integers(1, 3),
     "first_chunk_steps": st.integers(0, 3), "first_chunk_seconds": st.floats(0.5, 3),
+    "first_chunk_max_seconds": st.sampled_from([0.0, 0.5, 2.0, 6.0]),
     "first_audio_seconds": st.sampled_from([0.0, 0.5, 3.5]),
     "language": st.sampled_from([None, "en", "zh", "French"]),
     "instruct": st.sampled_from([None, "female", "male, low pitch, british accent"]),

@@ -281,7 +281,7 @@ STREAM_TEXT = ("Lights off, please. The thermostat is set to twenty-one degrees 
                "Goodnight, and sleep well until the morning comes.")
 # The live knobs at their exact settings: nothing of live's own is left but fast.
 LIVE_AT_EXACT = dict(first_chunk_steps=0, first_chunk_seconds=FIRST_CHUNK_SECONDS,
-                     first_audio_seconds=0.0)
+                     first_chunk_max_seconds=0.0, first_audio_seconds=0.0)
 MAX_LONG_STEPS = 1000  # a request that outlasts a whole stream (it is cancelled after it)
 
 
@@ -320,6 +320,10 @@ def test_live_settings_and_bounds():
     # the default rule comes back at the exact setting
     assert ChunkRule.with_first(FIRST_CHUNK_SECONDS) == ChunkRule()
     assert ChunkRule.with_first(1.0) == ChunkRule(first_seconds=1.0, first_max_seconds=3.0)
+    # live caps chunk 0 at a word break after 2 s (a cap never comes before the clause's cut)
+    assert live.first_chunk_max_seconds == 2.0 and exact.first_chunk_max_seconds == 0.0
+    assert ChunkRule.with_first(1.0, None, 2.0) == ChunkRule(first_seconds=1.0, first_max_seconds=2.0)
+    assert ChunkRule.with_first(3.0, None, 2.0).first_max_seconds == 3.0
     for bad in (dict(first_chunk_steps=-1), dict(first_chunk_steps=1001), dict(first_chunk_steps=2.0),
                 dict(first_chunk_steps=True), dict(first_chunk_steps="4"),
                 dict(first_chunk_seconds=0.4), dict(first_chunk_seconds=15.5),
@@ -327,7 +331,9 @@ def test_live_settings_and_bounds():
                 dict(first_chunk_seconds=True), dict(first_chunk_seconds="1"),
                 dict(first_audio_seconds=-1.0), dict(first_audio_seconds=0.05),
                 dict(first_audio_seconds=61.0), dict(first_audio_seconds=float("nan")),
-                dict(first_audio_seconds="3")):
+                dict(first_audio_seconds="3"), dict(first_chunk_max_seconds=0.4),
+                dict(first_chunk_max_seconds=15.5), dict(first_chunk_max_seconds=float("nan")),
+                dict(first_chunk_max_seconds=True), dict(first_chunk_max_seconds="2")):
         for profile in ("exact", "live"):
             with pytest.raises(InputError, match=next(iter(bad))):
                 GenerationConfig.for_profile(profile, **bad)
@@ -364,7 +370,7 @@ def test_live_with_its_knobs_at_exact_settings_streams_what_fast_and_exact_strea
         np.testing.assert_array_equal(got[0], want[0])
     assert _streamed(model, STREAM_TEXT, profile="live", **kw)[2] != fast[2]  # a shorter chunk 0
     steps = _streamed(model, STREAM_TEXT, profile="live", first_chunk_steps=2,
-                      first_chunk_seconds=FIRST_CHUNK_SECONDS, **kw)
+                      first_chunk_seconds=FIRST_CHUNK_SECONDS, first_chunk_max_seconds=0.0, **kw)
     assert steps[2] == fast[2] and not np.array_equal(steps[1][0], fast[1][0])  # its own steps
     np.testing.assert_array_equal(model.synthesize(STREAM_TEXT, profile="live", **kw)[0].codes,
                                   model.synthesize(STREAM_TEXT, profile="fast", **kw)[0].codes)
@@ -433,13 +439,22 @@ def test_the_first_chunk_follows_first_chunk_seconds(model):
     assert len({w[0] for w in want.values()}) >= 3  # the knob moves the cut on this text
     assert want[2.0] == split_text(STREAM_TEXT)
     for seconds, chunks in want.items():
-        st = model.stream(STREAM_TEXT, profile="live", first_chunk_seconds=seconds, **kw)
+        st = model.stream(STREAM_TEXT, profile="live", first_chunk_seconds=seconds,
+                          first_chunk_max_seconds=0.0, **kw)
         list(st)
         assert st.text_chunks == chunks, seconds
     frags = (STREAM_TEXT[i:i + 3] for i in range(0, len(STREAM_TEXT), 3))  # as an LLM writes
     st = model.stream(frags, profile="live", **kw)
     list(st)
-    assert st.text_chunks == want[1.0]
+    assert st.text_chunks == split_text(STREAM_TEXT, ChunkRule.with_first(1.0, None, 2.0))
+    # a reply with no clause end in its first 2 s: live cuts it at the word break after 2 s,
+    # where the exact setting's cap (3x first_chunk_seconds) would wait for 3 s of words
+    live_cut = split_text(EARLY_CLAUSE, ChunkRule.with_first(1.0, None, 2.0))
+    assert len(live_cut[0]) < len(split_text(EARLY_CLAUSE, ChunkRule.with_first(1.0))[0])
+    frags = (EARLY_CLAUSE[i:i + 4] for i in range(0, len(EARLY_CLAUSE), 4))
+    st = model.stream(frags, profile="live", first_audio_seconds=0.0, **kw)
+    list(st)
+    assert st.text_chunks == live_cut
     st = model.stream(STREAM_TEXT, profile="live", rule=ChunkRule(), **kw)
     list(st)
     assert st.text_chunks == want[2.0]
@@ -608,7 +623,8 @@ def test_at_its_exact_setting_the_budget_changes_no_code(model, clone_prompt, ra
     rate(1e8)
     kw = dict(profile="live", num_step=4, first_chunk_steps=2, seed=8,
               **_voice(mode, clone_prompt), **GREEDY)
-    before = _streamed(model, NO_PUNCTUATION, rule=ChunkRule.with_first(1.0), **kw)
+    live_rule = ChunkRule.with_first(1.0, None, LIVE_PROFILE["first_chunk_max_seconds"])
+    before = _streamed(model, NO_PUNCTUATION, rule=live_rule, **kw)
     assert _plan(model, **_voice(mode, clone_prompt)).first_budget(1e8) < 2.0  # it would bind
     alone = _streamed(model, NO_PUNCTUATION, first_audio_seconds=0.0, **kw)
     assert alone[2] == before[2]

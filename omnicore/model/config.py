@@ -176,14 +176,17 @@ PROFILES = ("exact", "fast", "live")
 # The fast profile's settings: the steps and reuse periods measured by others on real weights.
 FAST_PROFILE = {"num_step": 16, "prefix_refresh": 8, "uncond_every": 3}
 # The live profile's: fast's, chunk 0 of a stream in 4 steps and cut at the first clause end
-# after 1 s of speech (docs/performance.md, "The live profile", derives both from the FLOPs),
-# or sooner, at the last word break whose unmasking fits 3.5 s on this machine (the 5 s goal
-# less the first decode window and text streamed in).
+# after 1 s of speech (docs/performance.md, "The live profile", derives both from the FLOPs)
+# or, with no clause end by then, at a word break after 2 s (a reply streamed in waits for
+# its words: at 3 s its first audio came 0.5-0.7 s later, benchmarks/README.md), or sooner,
+# at the last word break whose unmasking fits 3.5 s on this machine (the 5 s goal less the
+# first decode window and text streamed in).
 LIVE_PROFILE = {**FAST_PROFILE, "first_chunk_steps": 4, "first_chunk_seconds": 1.0,
-                "first_audio_seconds": 3.5}
+                "first_chunk_max_seconds": 2.0, "first_audio_seconds": 3.5}
 MAX_STEPS = 1000
 # A stream's chunk 0 ends at a clause end after this much speech (the exact setting of
-# first_chunk_seconds), or at a word break after FIRST_CHUNK_MAX_FACTOR times as much.
+# first_chunk_seconds), or at a word break after FIRST_CHUNK_MAX_FACTOR times as much (unless
+# first_chunk_max_seconds says otherwise).
 FIRST_CHUNK_SECONDS = 2.0
 FIRST_CHUNK_MAX_FACTOR = 3.0
 FIRST_CHUNK_SECONDS_RANGE = (0.5, 15.0)
@@ -211,7 +214,10 @@ class GenerationConfig:
     steps ~3 WER points worse than 32, 12-16 the same), and in auto / design mode chunk 0 is
     the voice reference of the later chunks. `first_chunk_seconds`: chunk 0 ends at the first
     sentence or clause end after this much estimated speech, or at a word break after
-    FIRST_CHUNK_MAX_FACTOR times as much. Shorter comes sooner but, in auto and design mode, is
+    `first_chunk_max_seconds` (0, its exact setting: FIRST_CHUNK_MAX_FACTOR times
+    first_chunk_seconds; never before first_chunk_seconds; live: 2 s, where text without an
+    early clause end would otherwise wait for 3 s of words). Shorter comes sooner but, in auto
+    and design mode, is
     a weaker voice reference for every later chunk (less of the voice to go on) and may sound
     choppy; with a voice prompt only chunk 0 itself pays. `first_audio_seconds` (0: off, its
     exact setting) is chunk 0's budget on this machine: whatever the punctuation, chunk 0 ends
@@ -237,6 +243,7 @@ class GenerationConfig:
     uncond_every: int = 1  # fast: the unconditional row every this many steps
     first_chunk_steps: int = 0  # live: a stream's chunk 0 in this many steps (0: num_step)
     first_chunk_seconds: float = FIRST_CHUNK_SECONDS  # live: where a stream's chunk 0 ends
+    first_chunk_max_seconds: float = 0.0  # live: chunk 0's word-break cap (0: 3x the above)
     first_audio_seconds: float = 0.0  # live: chunk 0's unmasking budget on this machine (0: none)
 
     def __post_init__(self):
@@ -267,6 +274,10 @@ class GenerationConfig:
         if not lo <= finite("first_chunk_seconds") <= hi:
             raise InputError(f"first_chunk_seconds must be between {lo:g} and {hi:g} seconds, got "
                              f"{self.first_chunk_seconds!r}")
+        if finite("first_chunk_max_seconds") != 0 and not lo <= self.first_chunk_max_seconds <= hi:
+            raise InputError(f"first_chunk_max_seconds must be 0 ({FIRST_CHUNK_MAX_FACTOR:g} x "
+                             f"first_chunk_seconds) or between {lo:g} and {hi:g} seconds, got "
+                             f"{self.first_chunk_max_seconds!r}")
         lo, hi = FIRST_AUDIO_SECONDS_RANGE
         if finite("first_audio_seconds") != 0 and not lo <= self.first_audio_seconds <= hi:
             raise InputError(f"first_audio_seconds must be 0 (no budget) or between {lo:g} and "

@@ -600,13 +600,15 @@ class ChunkRule:
                 raise InputError(f"ChunkRule.{name} must be a finite number >= 0, got {v!r}")
 
     @classmethod
-    def with_first(cls, seconds: float, budget_seconds: float | None = None) -> "ChunkRule":
+    def with_first(cls, seconds: float, budget_seconds: float | None = None,
+                   max_seconds: float | None = None) -> "ChunkRule":
         """The default rule with chunk 0 ending at a sentence or clause end after `seconds` of
-        speech, or at a word break after FIRST_CHUNK_MAX_FACTOR times that (a stream's
-        GenerationConfig.first_chunk_seconds; at 2 s this is the default rule itself), or
-        within `budget_seconds` (first_budget_seconds)."""
-        return cls(first_seconds=seconds, first_max_seconds=FIRST_CHUNK_MAX_FACTOR * seconds,
-                   first_budget_seconds=budget_seconds)
+        speech, or at a word break after `max_seconds` (None: FIRST_CHUNK_MAX_FACTOR times
+        `seconds`; never before `seconds`; a stream's GenerationConfig.first_chunk_seconds and
+        first_chunk_max_seconds: at 2 s and None this is the default rule itself), or within
+        `budget_seconds` (first_budget_seconds)."""
+        cap = max(max_seconds, seconds) if max_seconds else FIRST_CHUNK_MAX_FACTOR * seconds
+        return cls(first_seconds=seconds, first_max_seconds=cap, first_budget_seconds=budget_seconds)
 
 
 class TextChunker:

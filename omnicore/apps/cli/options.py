@@ -55,6 +55,9 @@ FIELD_HELP = {
                          "steps of the others)",
     "first_chunk_seconds": "a stream's first chunk ends at a clause end after this many "
                            "seconds of speech",
+    "first_chunk_max_seconds": "a stream's first chunk with no clause end by then ends at a "
+                               "word break after this many seconds of speech (0: three times "
+                               "--first-chunk-seconds)",
     "first_audio_seconds": "a stream's first chunk ends at the last word break whose estimated "
                            "unmasking fits this many seconds on this machine (0: no budget; "
                            "live: 3.5)",
