@@ -68,7 +68,8 @@ STRETCH_GOAL_S = 2.5
 MCP_TIMEOUT_S = 60.0  # the TypeScript MCP SDK's default request timeout (speak answers whole)
 # The most aggressive first chunk still offered: 3 steps, cut at a clause end after 0.5 s of
 # speech or a word break after 1.5 s (below 3 steps a pass is nearly one-shot prediction).
-STRETCH = {"profile": "live", "first_chunk_steps": 3, "first_chunk_seconds": 0.5}
+STRETCH = {"profile": "live", "first_chunk_steps": 3, "first_chunk_seconds": 0.5,
+           "first_chunk_max_seconds": 1.5}
 
 
 def free_port() -> int:

@@ -5,7 +5,8 @@ is from `exact`'s, on your own weights.
     python3 benchmarks/compare_profiles.py --model k2-fsa/OmniVoice [--profile fast|live]
         [--texts FILE] [--voice CLIP=TRANSCRIPT ...] [--instruct TEXT ...] [--seeds N]
         [--exact-steps N] [--fast-steps N] [--prefix-refresh N] [--uncond-every N]
-        [--first-chunk-steps N] [--first-chunk-seconds S] [--precision P] [--save DIR]
+        [--first-chunk-steps N] [--first-chunk-seconds S] [--first-chunk-max-seconds S]
+        [--precision P] [--save DIR]
         [--json FILE]
     python3 benchmarks/compare_profiles.py --model k2-fsa/OmniVoice --profile exact --precision int8
 
@@ -118,6 +119,8 @@ def parse_args(argv=None):
     ap.add_argument("--uncond-every", type=int, help="the profile's uncond_every")
     ap.add_argument("--first-chunk-steps", type=int, help="live: chunk 0's steps")
     ap.add_argument("--first-chunk-seconds", type=float, help="live: where chunk 0 is cut")
+    ap.add_argument("--first-chunk-max-seconds", type=float,
+                    help="live: where chunk 0 with no clause end by then is cut (0: 3x the above)")
     ap.add_argument("--max-texts", type=int, help="use only the first N texts")
     ap.add_argument("--precision", default="fp32",
                     help="the compared side's precision profile (default fp32; exact stays fp32)")
@@ -224,7 +227,9 @@ def main(argv=None) -> dict:
     fast_kw = {k: v for k, v in (("num_step", args.fast_steps), ("prefix_refresh", args.prefix_refresh),
                                  ("uncond_every", args.uncond_every),
                                  ("first_chunk_steps", args.first_chunk_steps),
-                                 ("first_chunk_seconds", args.first_chunk_seconds)) if v is not None}
+                                 ("first_chunk_seconds", args.first_chunk_seconds),
+                                 ("first_chunk_max_seconds", args.first_chunk_max_seconds))
+               if v is not None}
     print(header(args.profile), flush=True)
     exact_kw = {} if args.exact_steps is None else {"num_step": args.exact_steps}
     rows = compare(model, texts, voices(model, args), args.seeds, fast_kw, exact_kw, args.save,
