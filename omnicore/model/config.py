@@ -178,7 +178,7 @@ FAST_PROFILE = {"num_step": 16, "prefix_refresh": 8, "uncond_every": 3}
 # The live profile's: fast's, chunk 0 of a stream in 4 steps and cut at the first clause end
 # after 1 s of speech (docs/performance.md, "The live profile", derives both from the FLOPs)
 # or, with no clause end by then, at a word break after 2 s (a reply streamed in waits for
-# its words: at 3 s its first audio came 0.5-0.7 s later, benchmarks/README.md), or sooner,
+# its words: at 3 s its first audio came 0.5-0.75 s later, benchmarks/README.md), or sooner,
 # at the last word break whose unmasking fits 3.5 s on this machine (the 5 s goal less the
 # first decode window and text streamed in).
 LIVE_PROFILE = {**FAST_PROFILE, "first_chunk_steps": 4, "first_chunk_seconds": 1.0,
@@ -217,9 +217,8 @@ class GenerationConfig:
     `first_chunk_max_seconds` (0, its exact setting: FIRST_CHUNK_MAX_FACTOR times
     first_chunk_seconds; never before first_chunk_seconds; live: 2 s, where text without an
     early clause end would otherwise wait for 3 s of words). Shorter comes sooner but, in auto
-    and design mode, is
-    a weaker voice reference for every later chunk (less of the voice to go on) and may sound
-    choppy; with a voice prompt only chunk 0 itself pays. `first_audio_seconds` (0: off, its
+    and design mode, is a weaker voice reference for every later chunk (less of the voice to go
+    on) and may sound choppy; with a voice prompt only chunk 0 itself pays. `first_audio_seconds` (0: off, its
     exact setting) is chunk 0's budget on this machine: whatever the punctuation, chunk 0 ends
     at the last word break whose estimated unmasking (cost.pass_flops over the rate `omnicore
     warmup` measured) fits it, so a slower machine gets a shorter chunk 0 (at least one word).
