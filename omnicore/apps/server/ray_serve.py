@@ -56,10 +56,6 @@ AHEAD = 8
 INBOX = 64  # a WebSocket's messages Front holds for its Speaker
 OBJECT_STORE_BYTES = 256 * 1024 ** 2
 VOICE_SLOTS = 64  # voices a Speaker keeps for routing (serve.multiplexed's LRU)
-# A local Ray shares its cores with the replicas: Serve's controller checking its state every
-# 0.5 s instead of 0.1 s takes a quarter of the CPU it took per request (benchmarks/README.md,
-# run R5), and scaling and health decisions come at most 0.4 s later. A value set wins.
-CONTROL_LOOP = ("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")
 log = logging.getLogger("omnicore.serve")
 
 
@@ -444,13 +440,6 @@ def build(serve, model: str, state: dict, *, precision: str, profile: str, repli
     return front.bind(speaker.bind(model, state, precision, profile))
 
 
-def local_ray() -> tuple[dict, dict]:
-    """ray.init's arguments for a local Ray on this machine's cores (a small object store:
-    requests and audio pieces), and the environment its processes get (CONTROL_LOOP)."""
-    return ({"address": "local", "num_cpus": os.cpu_count(), "object_store_memory": OBJECT_STORE_BYTES,
-             "include_dashboard": False}, dict([CONTROL_LOOP]))
-
-
 def run(model: str, address: str | None, host: str, port: int, state: dict, *, precision: str,
         profile: str, replicas: int, autoscale: tuple[int, int] | None, cpus: float,
         gpus: float, max_queue: int) -> None:
@@ -460,10 +449,9 @@ def run(model: str, address: str | None, host: str, port: int, state: dict, *, p
     ray, serve = import_serve()
     started = False
     if not ray.is_initialized():
-        local, env = local_ray()
-        if not address:  # the local Ray's processes, Serve's controller among them, inherit it
-            for key, value in env.items():
-                os.environ.setdefault(key, value)
+        # no address: this machine's cores, a small object store (requests, audio pieces)
+        local = {"address": "local", "num_cpus": os.cpu_count(),
+                 "object_store_memory": OBJECT_STORE_BYTES, "include_dashboard": False}
         # A local raylet has 30 s to register (Ray's fixed limit), which a loaded machine can
         # miss: a local start is tried twice.
         for attempt in range(1 if address else 2):
