@@ -556,7 +556,7 @@ def stream(model, text, *, language=None, ref_audio=None, ref_text=None, voice_c
         if plan.gen.first_audio_seconds:  # and within what this machine makes in time
             budget = plan.first_budget(warmup.rate(model))
         rule = ChunkRule.with_first(plan.gen.first_chunk_seconds, budget,
-                                    plan.gen.first_chunk_max_seconds or None)
+                                    plan.gen.first_chunk_max_seconds)
     t0 = time.perf_counter()
     shared = _Shared(lookahead)
     if whole is not None:

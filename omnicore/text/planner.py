@@ -603,7 +603,7 @@ class ChunkRule:
     def with_first(cls, seconds: float, budget_seconds: float | None = None,
                    max_seconds: float | None = None) -> "ChunkRule":
         """The default rule with chunk 0 ending at a sentence or clause end after `seconds` of
-        speech, or at a word break after `max_seconds` (None: FIRST_CHUNK_MAX_FACTOR times
+        speech, or at a word break after `max_seconds` (0 or None: FIRST_CHUNK_MAX_FACTOR times
         `seconds`; never before `seconds`; a stream's GenerationConfig.first_chunk_seconds and
         first_chunk_max_seconds: at 2 s and None this is the default rule itself), or within
         `budget_seconds` (first_budget_seconds)."""
