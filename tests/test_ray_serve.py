@@ -126,7 +126,8 @@ def _alive(pid: int) -> bool:
 
 class RayHead:
     """A local Ray head in a child process (2 CPUs, Serve's proxy at `port`), started in the
-    background: `address()` waits for it. Its output goes to `log`."""
+    background: `address()` waits for it. Its output goes to `log`. It runs as the local Ray
+    of `omnicore serve --ray` does (ray_serve.QUIET: Serve's controller at a 0.5 s loop)."""
 
     CODE = ("import signal, sys, ray\n"
             "ray.init(address='local', num_cpus=2, object_store_memory={store},"
@@ -141,7 +142,7 @@ class RayHead:
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", self.CODE.format(store=ray_serve.OBJECT_STORE_BYTES)],
-                stdout=out, stderr=subprocess.STDOUT)
+                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **ray_serve.QUIET})
         self._address = None
 
     def address(self) -> str:
@@ -306,12 +307,39 @@ def test_voice_affinity_loads_each_prompt_at_most_once_per_replica(ray_server):
         mine = {k: v for k, v in loads.items() if f'voice="{voice}"' in k}
         assert mine and all(n <= 1 for n in mine.values()), loads
         assert sum(v for k, v in requests.items() if f'voice="{voice}"' in k) == 10, requests
-    # Serve routes a voice to the replica holding it: once both are placed (the first
-    # requests), every later request of a voice lands where its earlier ones did.
+    # A voice's requests go to its home replica from the first one on, with no wait for
+    # Serve's controller to learn where it is (ray_router.py): with Serve's own routing and
+    # the controller at 0.5 s, a voice's second request, 2 requests later, could land on
+    # the other replica and load it there too.
     where = {}
-    for voice, replica in served[4:]:
+    for voice, replica in served:
         assert where.setdefault(voice, replica) == replica, served
     assert _metric(text, "omnicore_cluster_voice_hit_rate")[""] >= 0.8
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_a_voices_next_request_goes_home_before_serves_controller_knows(ray_server):
+    """A voice's second request, sent the moment its first one's response starts, long before
+    Serve's controller (at 0.5 s) has told the router where the voice is: it goes to the
+    same replica (ray_router.VoiceRouter). Serve's own routing sent it to either replica."""
+    import httpx
+
+    url, _ = ray_server
+    voices = ("cyd", "dee", "eve", "fay")
+    for name, pitch in zip(voices, (130.0, 170.0, 240.0, 300.0)):
+        _clone(url, name, pitch)
+    for i, voice in enumerate(voices):
+        body = {"model": "tts-1", "voice": voice, "response_format": "pcm", "num_step": 2}
+        with httpx.stream("POST", url + "/v1/audio/speech", timeout=120,
+                          json={**body, "input": "A first request.", "seed": i}) as first:
+            assert first.status_code == 200
+            second = httpx.post(url + "/v1/audio/speech", timeout=120,
+                                json={**body, "input": "A second one.", "seed": i})
+            assert second.status_code == 200, second.text
+            assert (second.headers["x-omnicore-replica"]
+                    == first.headers["x-omnicore-replica"]), voice
+            first.read()
 
 
 def _thread_nices(pid: int) -> set[int]:

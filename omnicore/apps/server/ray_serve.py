@@ -56,6 +56,12 @@ AHEAD = 8
 INBOX = 64  # a WebSocket's messages Front holds for its Speaker
 OBJECT_STORE_BYTES = 256 * 1024 ** 2
 VOICE_SLOTS = 64  # voices a Speaker keeps for routing (serve.multiplexed's LRU)
+ROUTER = "omnicore.apps.server.ray_router:VoiceRouter"
+# A local Ray's Serve controller polls every 0.5 s, not Serve's 0.1 s: on a machine whose cores
+# the engines keep busy, its loop and the GCS calls it makes were most of Ray's own CPU, and
+# each slice of it is taken from an engine thread that its BLAS partner then waits for. Voice
+# placement does not wait for the controller (ray_router.py); the environment's own value wins.
+QUIET = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5"}
 log = logging.getLogger("omnicore.serve")
 
 
@@ -411,7 +417,9 @@ def build(serve, model: str, state: dict, *, precision: str, profile: str, repli
                "ray_actor_options": {"num_cpus": cpus, "num_gpus": gpus,
                                      "runtime_env": {"env_vars": env}},
                "max_ongoing_requests": max_queue, "health_check_period_s": 2,
-               "health_check_timeout_s": 30, "graceful_shutdown_timeout_s": 30}
+               "health_check_timeout_s": 30, "graceful_shutdown_timeout_s": 30,
+               # a voice's requests go to its home replica the moment it has one (ray_router.py)
+               "request_router_config": {"request_router_class": ROUTER}}
     if autoscale is None:
         options["num_replicas"] = replicas
     else:
@@ -452,6 +460,9 @@ def run(model: str, address: str | None, host: str, port: int, state: dict, *, p
         # no address: this machine's cores, a small object store (requests, audio pieces)
         local = {"address": "local", "num_cpus": os.cpu_count(),
                  "object_store_memory": OBJECT_STORE_BYTES, "include_dashboard": False}
+        if not address:  # read by the processes the local Ray starts, from this environment
+            for key, value in QUIET.items():
+                os.environ.setdefault(key, value)
         # A local raylet has 30 s to register (Ray's fixed limit), which a loaded machine can
         # miss: a local start is tried twice.
         for attempt in range(1 if address else 2):
