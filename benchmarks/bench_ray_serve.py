@@ -3,7 +3,7 @@
 under a burst, and replicas SIGKILLed mid-stream.
 
     python3 benchmarks/bench_ray_serve.py [--model DIR] [--parts P,...] [--runs 5] [--rounds 1]
-        [--replicas 1] [--cpus-per-replica K] [--steps 8] [--kills 10]
+        [--replicas 1] [--cpus-per-replica K] [--steps 8] [--paired N] [--kills 10]
         [--markdown FILE] [--json FILE]
 
 --model defaults to weights/tiny-random (the tiny checkpoint: Ray's own costs show, the model's
@@ -18,7 +18,10 @@ process at a time.
                warm-up request, then --runs times the same streamed OpenAI request: the SDK's
                `audio.speech.with_streaming_response.create` (pcm, a designed library voice,
                --steps steps, seeded), timed to its first audio byte. Reported: the medians,
-               and Serve's over the single server's (the goal: within 10 %)
+               and Serve's over the single server's (the goal: within 10 %). With --paired N,
+               both servers up at once and N pairs of that request, one to each in
+               alternating order, the side not timed stopped (SIGSTOP, with every process it
+               started): pairs seconds apart see the same machine; reported also pair by pair
   autoscale    `--autoscale 1:2`: 8 concurrent streams, then quiet; the replicas Serve runs,
                sampled each second from /metrics (omnicore_cluster_replica), and Serve's own
                controller log lines of the scaling decisions
@@ -40,6 +43,7 @@ The first byte at full size, Serve on one replica of both cores against the sing
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -185,15 +189,19 @@ def sdk_first_byte(url: str, text: str, seed: int, steps: int) -> float:
 
 
 def first_byte(model: str, tmp: Path, runs: int, rounds: int, replicas: int, cpus: int,
-               steps: int) -> dict:
+               steps: int, paired: int = 0) -> dict:
     """The single server with `cpus` threads against Serve with `replicas` of `cpus` each,
-    one after the other, `rounds` times (the order alternating against drift)."""
+    one after the other, `rounds` times (the order alternating against drift); or, with
+    `paired`, both up at once and `paired` pairs of requests, one to each in alternating
+    order, the other side's every process stopped (SIGSTOP) while one is timed."""
     single = f"omnicore serve ({cpus} thread{'s' * (cpus > 1)})"
     ray = f"omnicore serve --ray --replicas {replicas} --cpus-per-replica {cpus}"
     layouts = {single: ((), cpus), ray: (("--ray", "--replicas", str(replicas),
                                           "--cpus-per-replica", str(cpus)), None)}
     times = {name: [] for name in layouts}
-    for k in range(rounds):
+    if paired:
+        times = paired_first_byte(model, tmp, layouts, paired, steps)
+    for k in range(rounds if not paired else 0):
         for name in (list(layouts) if k % 2 == 0 else list(layouts)[::-1]):
             flags, threads = layouts[name]
             proc, url = start(model, tmp, free_port(), *flags, log=tmp / f"fb{k}-{len(flags)}.log",
@@ -209,10 +217,58 @@ def first_byte(model: str, tmp: Path, runs: int, rounds: int, replicas: int, cpu
     out = {name: {"median_s": statistics.median(t), "runs": t} for name, t in times.items()}
     ratio = out[ray]["median_s"] / out[single]["median_s"]
     out["serve_over_single"] = ratio
+    if paired:
+        pairs = [r / s for s, r in zip(times[single], times[ray])]
+        out["pair_ratios"] = pairs
+        print(f"pairs, Serve / single: median {statistics.median(pairs):.3f} "
+              f"{[round(x, 3) for x in pairs]}", flush=True)
     print(f"first byte median: single {out[single]['median_s']:.3f} s, Serve "
           f"{out[ray]['median_s']:.3f} s: Serve / single = {ratio:.3f} "
           f"({'within' if ratio <= 1.10 else 'NOT within'} 10 %)", flush=True)
     return out
+
+
+def hold(pid: int, stopped: bool) -> None:
+    """Stop (or continue) a server and every process it started: for `--ray`, its local Ray
+    (GCS, raylet, agents, the Serve actors and replicas), so none of it runs beside the other."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.Error:
+        return
+    for p in procs if stopped else procs[::-1]:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGSTOP if stopped else signal.SIGCONT)
+
+
+def paired_first_byte(model: str, tmp: Path, layouts: dict, pairs: int, steps: int) -> dict:
+    """Both servers loaded and warm, then `pairs` pairs of the same request, the order
+    alternating; while one side is timed the other is stopped, and a side just continued
+    gets 2 s to catch up on its timers (Ray's loops, health checks) before its request.
+    Pairs taken seconds apart see the same machine, where rounds minutes apart did not."""
+    servers = {}
+    try:
+        for name, (flags, threads) in layouts.items():
+            servers[name] = start(model, tmp, free_port(), *flags,
+                                  log=tmp / f"paired-{len(flags)}.log", threads=threads)
+            sdk_first_byte(servers[name][1], "Warm up.", 0, steps)
+        times = {name: [] for name in layouts}
+        for k in range(pairs):
+            for name in (list(layouts) if k % 2 == 0 else list(layouts)[::-1]):
+                for other, (proc, _) in servers.items():
+                    hold(proc.pid, other != name)
+                time.sleep(2)
+                times[name].append(sdk_first_byte(servers[name][1],
+                                                  "Hello, how can I help you today?", 1, steps))
+            print(f"pair {k + 1}: " + ", ".join(f"{n} {t[-1]:.3f}" for n, t in times.items()),
+                  flush=True)
+        return times
+    finally:
+        for proc, _ in servers.values():
+            hold(proc.pid, False)
+            stop(proc)
 
 
 def autoscale(model: str, tmp: Path) -> dict:
@@ -355,10 +411,14 @@ def markdown(res: dict) -> str:
     if "first_byte" in res:
         fb = dict(res["first_byte"])
         ratio = fb.pop("serve_over_single")
+        pairs = fb.pop("pair_ratios", None)
         out += ["| server | first byte, median (s) | runs (s) |", "|---|---:|---|"]
         out += [f"| {k} | {v['median_s']:.3f} | {', '.join(f'{x:.3f}' for x in v['runs'])} |"
                 for k, v in fb.items()]
         out += ["", f"Serve / single server, medians: {ratio:.3f}"]
+        if pairs:
+            out += [f"Serve / single server, pair by pair: median {statistics.median(pairs):.3f} "
+                    f"({', '.join(f'{x:.3f}' for x in pairs)})"]
     if "autoscale" in res:
         a = res["autoscale"]
         out += ["", f"Autoscale 1:2: peak {a['peak']} replicas, {a['final']} at the end; burst "
@@ -388,6 +448,9 @@ def main() -> int:
     ap.add_argument("--cpus-per-replica", type=int, default=os.cpu_count(),
                     help="first byte: a replica's CPUs and the single server's threads")
     ap.add_argument("--steps", type=int, default=8, help="first byte: the request's num_step")
+    ap.add_argument("--paired", type=int, default=0,
+                    help="first byte: both servers up, this many pairs of requests, the side "
+                         "not timed stopped (instead of --rounds)")
     ap.add_argument("--kills", type=int, default=10)
     ap.add_argument("--parts", default="first_byte,autoscale,affinity,faults")
     ap.add_argument("--work", help="keep the servers' logs and voices in this folder "
@@ -403,7 +466,8 @@ def main() -> int:
         parts = args.parts.split(",")
         if "first_byte" in parts:
             res["first_byte"] = first_byte(args.model, tmp, args.runs, args.rounds,
-                                           args.replicas, args.cpus_per_replica, args.steps)
+                                           args.replicas, args.cpus_per_replica, args.steps,
+                                           args.paired)
         if "autoscale" in parts:
             res["autoscale"] = autoscale(args.model, tmp)
         if "affinity" in parts:

@@ -11,7 +11,8 @@ Front is a relay of a few lines (num_cpus 0): every route is `omnicore serve`'s 
 Speaker. Clients (the OpenAI SDK) never send Serve's `serve_multiplexed_model_id` header, so
 Front reads the speech body's `voice` and routes on it with `ray.serve.multiplexed`: a Speaker
 keeps the voices it served (`Speaker.voice_prompt`, the library's prompt cache underneath), and
-Serve sends a voice to a replica that holds it. The voices folder stays the one library,
+Front's router sends a voice to its home, the replica that last took it (ray_router.py), then
+to one that holds it. The voices folder stays the one library,
 written atomically under its lock (library.py): on several nodes a folder every node sees.
 
 Faults: a Speaker lost before the response started is a 503 the client can retry (Serve sends
