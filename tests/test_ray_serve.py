@@ -127,7 +127,7 @@ def _alive(pid: int) -> bool:
 class RayHead:
     """A local Ray head in a child process (2 CPUs, Serve's proxy at `port`), started in the
     background: `address()` waits for it. Its output goes to `log`. It runs as the local Ray
-    of `omnicore serve --ray` does (ray_serve.QUIET: Serve's controller at a 0.5 s loop)."""
+    of `omnicore serve --ray` does (ray_serve.local_ray: Serve's controller at a 0.5 s loop)."""
 
     CODE = ("import signal, sys, ray\n"
             "ray.init(address='local', num_cpus=2, object_store_memory={store},"
@@ -139,10 +139,11 @@ class RayHead:
     def __init__(self, log: Path):
         self.port = free_port()  # the first server on it starts Serve's proxy here; all use it
         self.log = log
+        _, env = ray_serve.local_ray()  # as `omnicore serve --ray` starts its local Ray
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", self.CODE.format(store=ray_serve.OBJECT_STORE_BYTES)],
-                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **ray_serve.QUIET})
+                stdout=out, stderr=subprocess.STDOUT, env={**env, **os.environ})
         self._address = None
 
     def address(self) -> str:
@@ -374,6 +375,41 @@ def test_a_replica_runs_at_the_single_servers_priority_and_threads(ray_server):
         env = dict(kv.split("=", 1) for kv in
                    Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
         assert {k: env.get(k) for k in pools} == pools, replica
+
+
+def _descendants(pid: int) -> list[int]:
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    found, todo = [], [pid]
+    while todo:
+        kids = [p for p, parent in parents.items() if parent == todo[0]]
+        found += kids
+        todo = todo[1:] + kids
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_serves_controller_on_a_local_ray_polls_at_the_runs_interval(ray_head, ray_server):
+    """A local Ray shares its cores with the replicas, so `omnicore serve --ray` starts it with
+    Serve's controller checking its state less often (ray_serve.QUIET); the controller, a
+    process the local Ray started, carries the setting (its default: 0.1 s)."""
+    (key, value), = ray_serve.QUIET.items()
+    assert float(value) > 0.1
+    controllers = []
+    for pid in _descendants(ray_head.proc.pid):
+        with contextlib.suppress(OSError):  # a worker may end meanwhile
+            if b"ServeController" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                controllers.append(pid)
+    assert controllers, "no Serve controller under the local Ray"
+    for pid in controllers:
+        env = dict(kv.split("=", 1) for kv in
+                   Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
+        assert env.get(key) == value, env.get(key)
 
 
 # Serve's proxy's own request id (a client's X-Request-Id aside): a UUID

@@ -449,6 +449,13 @@ def build(serve, model: str, state: dict, *, precision: str, profile: str, repli
     return front.bind(speaker.bind(model, state, precision, profile))
 
 
+def local_ray() -> tuple[dict, dict]:
+    """ray.init's arguments for a local Ray on this machine's cores (a small object store:
+    requests and audio pieces), and the environment its processes get (QUIET)."""
+    return ({"address": "local", "num_cpus": os.cpu_count(),
+             "object_store_memory": OBJECT_STORE_BYTES, "include_dashboard": False}, dict(QUIET))
+
+
 def run(model: str, address: str | None, host: str, port: int, state: dict, *, precision: str,
         profile: str, replicas: int, autoscale: tuple[int, int] | None, cpus: float,
         gpus: float, max_queue: int) -> None:
@@ -458,11 +465,9 @@ def run(model: str, address: str | None, host: str, port: int, state: dict, *, p
     ray, serve = import_serve()
     started = False
     if not ray.is_initialized():
-        # no address: this machine's cores, a small object store (requests, audio pieces)
-        local = {"address": "local", "num_cpus": os.cpu_count(),
-                 "object_store_memory": OBJECT_STORE_BYTES, "include_dashboard": False}
+        local, env = local_ray()
         if not address:  # read by the processes the local Ray starts, from this environment
-            for key, value in QUIET.items():
+            for key, value in env.items():
                 os.environ.setdefault(key, value)
         # A local raylet has 30 s to register (Ray's fixed limit), which a loaded machine can
         # miss: a local start is tried twice.
