@@ -127,11 +127,14 @@ def _alive(pid: int) -> bool:
 class RayHead:
     """A local Ray head in a child process (2 CPUs, Serve's proxy at `port`), started in the
     background: `address()` waits for it. Its output goes to `log`. It runs as the local Ray
-    of `omnicore serve --ray` does (ray_serve.local_ray: Serve's controller at a 0.5 s loop)."""
+    of `omnicore serve --ray` does (ray_serve.local_ray: Serve's controller at a 0.5 s loop,
+    Ray's metrics not collected; drop_log_monitor)."""
 
     CODE = ("import signal, sys, ray\n"
             "ray.init(address='local', num_cpus=2, object_store_memory={store},"
             " include_dashboard=False, logging_level='ERROR', log_to_driver=False)\n"
+            "from omnicore.apps.server.ray_serve import drop_log_monitor\n"
+            "drop_log_monitor(ray)\n"
             "print('gcs', ray.get_runtime_context().gcs_address, flush=True)\n"
             "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # atexit: ray.shutdown()\n"
             "signal.pause()\n")
@@ -394,22 +397,25 @@ def _descendants(pid: int) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.subprocess
-def test_serves_controller_on_a_local_ray_polls_at_the_runs_interval(ray_head, ray_server):
+def test_a_local_ray_is_quiet_on_the_engines_cores(ray_head, ray_server):
     """A local Ray shares its cores with the replicas, so `omnicore serve --ray` starts it with
-    Serve's controller checking its state less often (ray_serve.QUIET); the controller, a
-    process the local Ray started, carries the setting (its default: 0.1 s)."""
-    (key, value), = ray_serve.QUIET.items()
-    assert float(value) > 0.1
-    controllers = []
+    Serve's controller checking its state less often (its default: 0.1 s) and Ray's metrics
+    not collected (ray_serve.QUIET): the controller, a process the local Ray started, carries
+    both. Its log monitor, which nothing here reads, is gone."""
+    assert float(ray_serve.QUIET["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"]) > 0.1
+    assert ray_serve.QUIET["RAY_enable_metrics_collection"] == "false"
+    cmdlines = {}
     for pid in _descendants(ray_head.proc.pid):
         with contextlib.suppress(OSError):  # a worker may end meanwhile
-            if b"ServeController" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                controllers.append(pid)
+            cmdlines[pid] = Path(f"/proc/{pid}/cmdline").read_bytes()
+    controllers = [pid for pid, cmd in cmdlines.items() if b"ServeController" in cmd]
     assert controllers, "no Serve controller under the local Ray"
     for pid in controllers:
         env = dict(kv.split("=", 1) for kv in
                    Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
-        assert env.get(key) == value, env.get(key)
+        assert {k: env.get(k) for k in ray_serve.QUIET} == ray_serve.QUIET
+    assert any(b"raylet" in cmd for cmd in cmdlines.values())  # the head's own processes seen
+    assert not [cmd for cmd in cmdlines.values() if b"log_monitor" in cmd]
 
 
 # Serve's proxy's own request id (a client's X-Request-Id aside): a UUID

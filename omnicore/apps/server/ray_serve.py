@@ -8,7 +8,9 @@ hold it.
               ASGI scope and body; its ASGI messages stream back through Front to the proxy
 
 Front is a relay of a few lines (num_cpus 0): every route is `omnicore serve`'s own, run by a
-Speaker. Clients (the OpenAI SDK) never send Serve's `serve_multiplexed_model_id` header, so
+Speaker. Front also keeps the cluster's voice tally, which the Speakers report to and read for
+`/metrics` (one process fewer than an actor of its own: every Ray actor wakes 100 times a
+second, on the cores the engines use). Clients (the OpenAI SDK) never send Serve's `serve_multiplexed_model_id` header, so
 Front reads the speech body's `voice` and routes on it with `ray.serve.multiplexed`: a Speaker
 keeps the voices it served (`Speaker.voice_prompt`, the library's prompt cache underneath), and
 Front's router sends a voice to its home, the replica that last took it (ray_router.py), then
@@ -44,7 +46,6 @@ import threading
 from ...errors import ConfigError, InputError
 
 APP = "omnicore"
-TALLY = "omnicore-voice-tally"
 INSTALL = "pip install 'omnicore[ray]'"
 # Conversations one replica carries at once, as the autoscaler's target (Serve's
 # target_ongoing_requests): a GPU's measured batch (docs/performance.md, NVIDIA H200: 8 at
@@ -58,11 +59,12 @@ INBOX = 64  # a WebSocket's messages Front holds for its Speaker
 OBJECT_STORE_BYTES = 256 * 1024 ** 2
 VOICE_SLOTS = 64  # voices a Speaker keeps for routing (serve.multiplexed's LRU)
 ROUTER = "omnicore.apps.server.ray_router:VoiceRouter"
-# A local Ray's Serve controller polls every 0.5 s, not Serve's 0.1 s: on a machine whose cores
-# the engines keep busy, its loop and the GCS calls it makes were most of Ray's own CPU, and
-# each slice of it is taken from an engine thread that its BLAS partner then waits for. Voice
-# placement does not wait for the controller (ray_router.py); the environment's own value wins.
-QUIET = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5"}
+# A local Ray shares its cores with the engines, and each slice of its own CPU is taken from an
+# engine thread that its BLAS partner then waits for. So its Serve controller polls every 0.5 s,
+# not Serve's 0.1 s (voice placement does not wait for it: ray_router.py), and Ray's own
+# metrics, which nothing here reads (the dashboard is off; `/metrics` is omnicore's), are not
+# collected. The environment's own values win.
+QUIET = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5", "RAY_enable_metrics_collection": "false"}
 log = logging.getLogger("omnicore.serve")
 
 
@@ -130,8 +132,8 @@ def json_response(status: int, message: str, code: str) -> list[dict]:
 
 
 class VoiceTally:
-    """The cluster's voice affinity (a named Ray actor, no CPU): each Speaker reports, per
-    voice, the requests it served and how often its library parsed that voice's file."""
+    """The cluster's voice affinity, kept by Front: each Speaker reports, per voice, the
+    requests it served and how often its library parsed that voice's file."""
 
     def __init__(self):
         self.rows: dict[tuple[str, str], tuple[int, int]] = {}  # (replica, voice) -> (req, loads)
@@ -189,13 +191,10 @@ class Speaker:
         self.replica = getattr(ctx, "replica_id", None)
         self.replica = getattr(self.replica, "unique_id", None) or str(ctx.replica_tag)
         self.served: dict[str, int] = {}
-        try:
-            self.tally = ray.get_actor(TALLY, namespace=APP)
-            self.tally.hello.remote(self.replica, ray.util.get_node_ip_address(), os.getpid())
-        except ValueError:  # no tally (deployed by hand): the replica serves without it
-            self.tally = None
-        else:
-            self.server.metrics_extra = lambda: ray.get(self.tally.text.remote(), timeout=10)
+        # the tally, in Front (calls queue until it is up; none waits for an answer)
+        self.front = serve.get_deployment_handle("Front", APP)
+        self.front.hello.remote(self.replica, ray.util.get_node_ip_address(), os.getpid())
+        self.server.metrics_extra = lambda: self.front.tally.remote().result(timeout_s=10)
         log_model(log, self.server, model)
 
     async def voice_prompt(self, voice: str):
@@ -231,13 +230,10 @@ class Speaker:
     async def socket(self, scope: dict, conn: str):
         """Run the app on one WebSocket; yields what it sends, and takes what the client sends
         from the Front replica holding the connection (`next_message`), one call each."""
-        from ray import serve
-
-        front = serve.get_deployment_handle("Front", APP)
         gone = asyncio.Event()
 
         async def receive():
-            got = asyncio.ensure_future(front.next_message.remote(conn))
+            got = asyncio.ensure_future(self.front.next_message.remote(conn))
             left = asyncio.ensure_future(gone.wait())
             await asyncio.wait({got, left}, return_when=asyncio.FIRST_COMPLETED)
             left.cancel()
@@ -281,14 +277,14 @@ class Speaker:
                 await asyncio.wait({task}, timeout=0.05)
 
     def __del__(self):  # Serve stops the replica (scaled down, deleted)
-        if getattr(self, "tally", None) is not None:
-            self.tally.bye.remote(self.replica)
+        if getattr(self, "front", None) is not None:
+            with contextlib.suppress(Exception):  # the application is going too
+                self.front.bye.remote(self.replica)
 
     def report(self, voice: str) -> None:
         self.served[voice] = self.served.get(voice, 0) + 1
-        if self.tally is not None:
-            self.tally.served.remote(self.replica, voice, self.served[voice],
-                                     self.server.voices.loads.get(voice, 0))
+        self.front.served.remote(self.replica, voice, self.served[voice],
+                                 self.server.voices.loads.get(voice, 0))
 
 
 class Front:
@@ -440,9 +436,22 @@ def build(serve, model: str, state: dict, *, precision: str, profile: str, repli
     class FrontDeployment:
         def __init__(self, speaker_app):
             self.speaker_app = speaker_app  # binds the Speaker deployment into the application
+            self.voices = VoiceTally()
 
         async def next_message(self, conn: str) -> dict:
             return await next_message(conn)
+
+        def hello(self, replica: str, node: str, pid: int) -> None:
+            self.voices.hello(replica, node, pid)
+
+        def bye(self, replica: str) -> None:
+            self.voices.bye(replica)
+
+        def served(self, replica: str, voice: str, requests: int, loads: int) -> None:
+            self.voices.served(replica, voice, requests, loads)
+
+        def tally(self) -> str:
+            return self.voices.text()
 
     front = serve.deployment(name="Front", num_replicas=1, max_ongoing_requests=1000,
                              ray_actor_options={"num_cpus": 0})(FrontDeployment)
@@ -454,6 +463,16 @@ def local_ray() -> tuple[dict, dict]:
     requests and audio pieces), and the environment its processes get (QUIET)."""
     return ({"address": "local", "num_cpus": os.cpu_count(),
              "object_store_memory": OBJECT_STORE_BYTES, "include_dashboard": False}, dict(QUIET))
+
+
+def drop_log_monitor(ray) -> None:
+    """Stop a local Ray's log monitor, just started by ray.init here. It forwards workers'
+    output to drivers, and none here asks for it (log_to_driver=False); its scan of the log
+    folder every 0.1 s was a tenth of the local Ray's own CPU. The logs stay in Ray's session
+    folder. Ray's own Node call, the one ray.shutdown uses; where a Ray lacks it, it runs on."""
+    worker = getattr(getattr(ray, "_private", None), "worker", None)
+    with contextlib.suppress(AttributeError, KeyError):
+        worker._global_node.kill_log_monitor(check_alive=False)
 
 
 def run(model: str, address: str | None, host: str, port: int, state: dict, *, precision: str,
@@ -475,6 +494,8 @@ def run(model: str, address: str | None, host: str, port: int, state: dict, *, p
             try:
                 ray.init(**({"address": address} if address else local),
                          logging_level="ERROR", log_to_driver=False)
+                if not address:
+                    drop_log_monitor(ray)
                 break
             except Exception as exc:  # noqa: BLE001 - Ray's start or join failed: one line
                 ray.shutdown()  # what a half-started local Ray left
@@ -485,10 +506,7 @@ def run(model: str, address: str | None, host: str, port: int, state: dict, *, p
         started = not address
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    tally = None
     try:
-        tally = ray.remote(num_cpus=0)(VoiceTally).options(
-            name=TALLY, namespace=APP, get_if_exists=True).remote()
         serve.start(http_options={"host": host, "port": port})
         app = build(serve, model, state, precision=precision, profile=profile,
                     replicas=replicas, autoscale=autoscale, cpus=cpus, gpus=gpus,
@@ -514,8 +532,6 @@ def run(model: str, address: str | None, host: str, port: int, state: dict, *, p
             serve.delete(APP)
         except Exception:  # noqa: BLE001 - nothing was deployed, or Ray is already gone
             pass
-        if tally is not None:
-            ray.kill(tally)
         if started:
             serve.shutdown()
             ray.shutdown()
