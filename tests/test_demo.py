@@ -1139,10 +1139,10 @@ def test_browser_stop_ends_a_long_run_within_one_step(server, browser, artefacts
     page.css("#auto-stop").click()
     page.wait().until(lambda d: "Stopped" in page.css("#timings").text)
     ended, total, asked = _stop_report(page.css("#timings").text)
-    # Stop came with steps left, and took effect at the next one. The counts are the piece's
-    # when streamed: a Stop after a piece's second-last step ends the run at its last, and
-    # the pieces after it are never made.
-    assert asked < total and ended <= asked + 1
+    # Stop took effect at the next step. The counts are the piece's when streamed: a Stop
+    # after a piece's second-last step ends the run at its last, one after its last step (a
+    # slow moment: Stop came as piece 1 ended) ends it there, and no later piece is made.
+    assert asked <= total and ended <= min(asked + 1, total)
     page.screenshot("7-stopped")
 
 
