@@ -8,14 +8,14 @@ hold it.
               ASGI scope and body; its ASGI messages stream back through Front to the proxy
 
 Front is a relay of a few lines (num_cpus 0): every route is `omnicore serve`'s own, run by a
-Speaker. Front also keeps the cluster's voice tally, which the Speakers report to and read for
-`/metrics` (one process fewer than an actor of its own: every Ray actor wakes 100 times a
-second, on the cores the engines use). Clients (the OpenAI SDK) never send Serve's `serve_multiplexed_model_id` header, so
+Speaker. Clients (the OpenAI SDK) never send Serve's `serve_multiplexed_model_id` header, so
 Front reads the speech body's `voice` and routes on it with `ray.serve.multiplexed`: a Speaker
 keeps the voices it served (`Speaker.voice_prompt`, the library's prompt cache underneath), and
 Front's router sends a voice to its home, the replica that last took it (ray_router.py), then
-to one that holds it. The voices folder stays the one library,
-written atomically under its lock (library.py): on several nodes a folder every node sees.
+to one that holds it. The voices folder stays the one library, written atomically under its
+lock (library.py): on several nodes a folder every node sees. Front also keeps the cluster's
+voice tally, which the Speakers report to and `/metrics` reads (not an actor of its own: every
+Ray actor wakes 100 times a second, on the cores the engines use).
 
 Faults: a Speaker lost before the response started is a 503 the client can retry (Serve sends
 new requests to live replicas); one lost mid-stream aborts the connection, so the client's read
