@@ -198,10 +198,9 @@ def first_byte(model: str, tmp: Path, runs: int, rounds: int, replicas: int, cpu
     ray = f"omnicore serve --ray --replicas {replicas} --cpus-per-replica {cpus}"
     layouts = {single: ((), cpus), ray: (("--ray", "--replicas", str(replicas),
                                           "--cpus-per-replica", str(cpus)), None)}
-    times = {name: [] for name in layouts}
-    if paired:
-        times = paired_first_byte(model, tmp, layouts, paired, steps)
-    for k in range(rounds if not paired else 0):
+    times = (paired_first_byte(model, tmp, layouts, paired, steps) if paired
+             else {name: [] for name in layouts})
+    for k in range(0 if paired else rounds):
         for name in (list(layouts) if k % 2 == 0 else list(layouts)[::-1]):
             flags, threads = layouts[name]
             proc, url = start(model, tmp, free_port(), *flags, log=tmp / f"fb{k}-{len(flags)}.log",

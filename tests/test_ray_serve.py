@@ -131,10 +131,10 @@ class RayHead:
     Ray's metrics not collected; drop_log_monitor)."""
 
     CODE = ("import signal, sys, ray\n"
-            "ray.init(address='local', num_cpus=2, object_store_memory={store},"
-            " include_dashboard=False, logging_level='ERROR', log_to_driver=False)\n"
-            "from omnicore.apps.server.ray_serve import drop_log_monitor\n"
-            "drop_log_monitor(ray)\n"
+            "from omnicore.apps.server import ray_serve\n"
+            "local, _ = ray_serve.local_ray()\n"
+            "ray.init(**{**local, 'num_cpus': 2}, logging_level='ERROR', log_to_driver=False)\n"
+            "ray_serve.drop_log_monitor(ray)\n"
             "print('gcs', ray.get_runtime_context().gcs_address, flush=True)\n"
             "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # atexit: ray.shutdown()\n"
             "signal.pause()\n")
@@ -145,7 +145,7 @@ class RayHead:
         _, env = ray_serve.local_ray()  # as `omnicore serve --ray` starts its local Ray
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", self.CODE.format(store=ray_serve.OBJECT_STORE_BYTES)],
+                [sys.executable, "-c", self.CODE],
                 stdout=out, stderr=subprocess.STDOUT, env={**env, **os.environ})
         self._address = None
 

@@ -194,7 +194,7 @@ class Speaker:
         # the tally, in Front (calls queue until it is up; none waits for an answer)
         self.front = serve.get_deployment_handle("Front", APP)
         self.front.hello.remote(self.replica, ray.util.get_node_ip_address(), os.getpid())
-        self.server.metrics_extra = lambda: self.front.tally.remote().result(timeout_s=10)
+        self.server.metrics_extra = lambda: self.front.text.remote().result(timeout_s=10)
         log_model(log, self.server, model)
 
     async def voice_prompt(self, voice: str):
@@ -433,25 +433,13 @@ def build(serve, model: str, state: dict, *, precision: str, profile: str, repli
     front_app = Front(MAX_UPLOAD_BYTES + 64 * 1024)  # a form's fields beside its largest upload
 
     @serve.ingress(front_app)
-    class FrontDeployment:
+    class FrontDeployment(VoiceTally):  # the tally's calls are the deployment's methods
         def __init__(self, speaker_app):
+            super().__init__()
             self.speaker_app = speaker_app  # binds the Speaker deployment into the application
-            self.voices = VoiceTally()
 
         async def next_message(self, conn: str) -> dict:
             return await next_message(conn)
-
-        def hello(self, replica: str, node: str, pid: int) -> None:
-            self.voices.hello(replica, node, pid)
-
-        def bye(self, replica: str) -> None:
-            self.voices.bye(replica)
-
-        def served(self, replica: str, voice: str, requests: int, loads: int) -> None:
-            self.voices.served(replica, voice, requests, loads)
-
-        def tally(self) -> str:
-            return self.voices.text()
 
     front = serve.deployment(name="Front", num_replicas=1, max_ongoing_requests=1000,
                              ray_actor_options={"num_cpus": 0})(FrontDeployment)
